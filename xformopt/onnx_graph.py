@@ -1,0 +1,57 @@
+"""Small facts about an ONNX graph that passes and reports need: op counts, INT8 coverage, size."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+# Operators ONNX Runtime's transformer optimizer produces; reported before/after `fuse`.
+FUSED_OPS = (
+    "Attention",
+    "MultiHeadAttention",
+    "EmbedLayerNormalization",
+    "SkipLayerNormalization",
+    "LayerNormalization",
+    "BiasGelu",
+    "FastGelu",
+    "Gelu",
+    "GemmFastGelu",
+    "BiasSkipLayerNormalization",
+)
+
+# Float ops that carry a weight matrix and are candidates for INT8.
+FLOAT_GEMM_OPS = ("MatMul", "Gemm", "Attention")
+# What those ops become once quantized (QOperator dynamic/static, or the runtime's fused forms).
+INT8_GEMM_OPS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QGemm", "QLinearMatMul")
+
+
+def load_graph(model_path: Path):
+    import onnx
+
+    return onnx.load(str(model_path), load_external_data=False)
+
+
+def op_counts(model) -> Counter:
+    return Counter(node.op_type for node in model.graph.node)
+
+
+def weighted_gemms(model) -> list[dict]:
+    """Float MatMul/Gemm/Attention nodes and whether their second input is a constant weight."""
+    initializers = {init.name for init in model.graph.initializer}
+    constants = {out for node in model.graph.node if node.op_type == "Constant" for out in node.output}
+    weights = initializers | constants
+    rows = []
+    for node in model.graph.node:
+        if node.op_type in FLOAT_GEMM_OPS:
+            weight = node.input[1] if len(node.input) > 1 else ""
+            rows.append({"name": node.name, "op": node.op_type, "has_weight": weight in weights})
+    return rows
+
+
+def fused_counts(model) -> dict[str, int]:
+    counts = op_counts(model)
+    return {op: counts.get(op, 0) for op in FUSED_OPS}
+
+
+def dir_size_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())

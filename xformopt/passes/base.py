@@ -1,0 +1,60 @@
+"""What every pass is: a typed options model, a declared stage, and a run that verifies itself.
+
+Passes work directory to directory: a torch stage is a Hugging Face model directory, an ONNX stage
+is a directory holding ``model.onnx`` plus the tokenizer and config files. That makes each pass a
+shell command of its own, a cache entry of its own, and a stage the report can evaluate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from xformopt.models import ModelSpec
+from xformopt.targets import Target
+
+Kind = Literal["hf", "onnx"]
+
+
+class PassOptions(BaseModel):
+    """Base of every pass's options: unknown keys are errors, never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class PassContext:
+    spec: ModelSpec
+    target: Target
+    sample_texts: Sequence[str]  # real held-out texts for parity checks and fused/unfused timing
+    threads: int
+    host_flags: set[str] = field(default_factory=set)
+    log: Callable[[str], None] = lambda message: None
+
+    @property
+    def host_runs_target(self) -> bool:
+        from xformopt.targets import host_supports
+
+        return host_supports(self.target, self.host_flags)
+
+
+class Pass:
+    """A pass declares its name, its stage, what it consumes and produces, and what it needs."""
+
+    name: ClassVar[str]
+    stage: ClassVar[Literal["torch", "onnx"]]
+    consumes: ClassVar[Kind]
+    produces: ClassVar[Kind]
+    needs: ClassVar[tuple[str, ...]] = ()  # e.g. ("calibration_data",), ("training_data", "teacher")
+    must_not_follow: ClassVar[dict[str, str]] = {}  # earlier pass -> why this one cannot come after it
+    Options: ClassVar[type[PassOptions]] = PassOptions
+    summary: ClassVar[str] = ""
+
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: PassOptions) -> dict:
+        """Write the new stage into ``dst`` (an empty directory) and return the pass record:
+        what changed and the figures that verify it. Raise PassFailed when verification fails."""
+        raise NotImplementedError

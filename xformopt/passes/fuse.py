@@ -1,0 +1,177 @@
+"""fuse: ONNX Runtime's transformer fusions, verified by count and kept only where they pay.
+
+ORT's fused CPU kernels (Attention, SkipLayerNormalization, ...) are usually faster, but not on
+every CPU and shape. So the pass builds candidates (fully fused, attention left unfused, and the
+unfused input), times them against each other interleaved on real held-out texts at batch 1 on
+this host, and keeps the fastest. ``expect`` checks what *can* be fused (the fully fused candidate):
+a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from xformopt.errors import PassFailed
+from xformopt.onnx_graph import fused_counts, load_graph
+from xformopt.passes.base import Pass, PassContext, PassOptions
+
+Candidate = Literal["all", "no_attention", "none"]
+
+# FusionOptions switches each candidate turns off (on top of what the target disables).
+CANDIDATES: dict[str, tuple[str, ...]] = {
+    "all": (),
+    "no_attention": ("enable_attention",),
+    "none": (),  # the unfused input graph, copied as is
+}
+
+
+FUSION_ORDER = ("all", "no_attention", "none")  # most fused first
+
+
+class FuseOptions(PassOptions):
+    select: Literal["fastest", "all", "none"] = Field(
+        "fastest", description="fastest: time candidates and keep the quickest; all: keep full fusion"
+    )
+    candidates: list[Candidate] = Field(["all", "no_attention", "none"], min_length=1)
+    expect: dict[str, int] = Field(default_factory=dict, description="minimum fused-op counts, e.g. {Attention: 6}")
+    expect_full: bool = Field(True, description="every layer's attention and layer norms must fuse")
+    timing_rounds: int = Field(40, ge=3, description="interleaved rounds when selecting the fastest")
+    tolerance: float = Field(
+        0.05, ge=0, description="keep the most-fused candidate whose median is within this fraction of the fastest"
+    )
+
+
+def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tuple[str, ...]) -> dict[str, int]:
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    fusion = FusionOptions(ctx.spec.ort_model_type)
+    for switch in (*ctx.target.fusion_disabled, *disabled):
+        setattr(fusion, switch, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = optimize_model(
+            str(src_model),
+            model_type=ctx.spec.ort_model_type,
+            num_heads=ctx.spec.num_heads,
+            hidden_size=ctx.spec.hidden_size,
+            optimization_options=fusion,
+            opt_level=0,  # python fusions only: the saved graph stays portable to any CPU
+        )
+    model.save_model_to_file(str(out_model))
+    return fused_counts(model.model)
+
+
+def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
+    """What ONNX Runtime's own C++ optimizers fuse in a graph when a session loads it.
+
+    Explains near-ties: ORT fuses parts of an unfused graph at load time (LayerNorm, Gelu, some
+    attention patterns), so "unfused" is never fully unfused at run time.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(scratch / "runtime.onnx")
+    ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    return {op: n for op, n in fused_counts(load_graph(scratch / "runtime.onnx")).items() if n}
+
+
+def full_fusion_expectation(ctx: PassContext) -> dict[str, int]:
+    """What a BERT-family encoder must reach: one Attention per layer and two SkipLayerNorms."""
+    layers = ctx.spec.num_layers
+    return {"Attention": layers, "SkipLayerNormalization": 2 * layers}
+
+
+def time_candidates(ctx: PassContext, dirs: dict[str, Path], rounds: int) -> dict[str, dict]:
+    from xformopt.bench.latency import run_interleaved
+    from xformopt.predictors import OrtPredictor
+
+    predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads) for name, d in dirs.items()}
+    tokenizer_owner = next(iter(predictors.values()))
+    encoded = [tokenizer_owner.tokenize([t]) for t in ctx.sample_texts[:64]]
+    calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
+    stats = run_interleaved(calls, len(encoded), warmup=5, iterations=rounds)
+    return {name: s.to_dict() for name, s in stats.items()}
+
+
+class FusePass(Pass):
+    name = "fuse"
+    stage = "onnx"
+    consumes = "onnx"
+    produces = "onnx"
+    Options = FuseOptions
+    must_not_follow = {"quantize": "fusions match float subgraphs; put fuse before quantize"}
+    summary = "ONNX Runtime transformer fusions (Attention, SkipLayerNorm, ...), counted and timed"
+
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> dict:
+        before = fused_counts(load_graph(src / "model.onnx"))
+        work = dst / ".candidates"
+        candidates: dict[str, Path] = {}
+        counts: dict[str, dict[str, int]] = {}
+        wanted = ["all"] if options.select == "all" else ["none"] if options.select == "none" else options.candidates
+        for name in dict.fromkeys(["all", *wanted]):  # "all" is always built: it proves fusability
+            cdir = work / name
+            shutil.copytree(src, cdir, ignore=shutil.ignore_patterns(".*"))
+            if name != "none":
+                ctx.log(f"fusing ({name})")
+                counts[name] = build_fused(src / "model.onnx", cdir / "model.onnx", ctx, CANDIDATES[name])
+            else:
+                counts[name] = before
+            candidates[name] = cdir
+
+        expected = {**(full_fusion_expectation(ctx) if options.expect_full else {}), **options.expect}
+        missing = {op: (counts["all"].get(op, 0), n) for op, n in expected.items() if counts["all"].get(op, 0) < n}
+        if missing:
+            detail = ", ".join(f"{op} {got}/{want}" for op, (got, want) in missing.items())
+            raise PassFailed(f"fusion fell short of what was expected: {detail} (fused counts {counts['all']})")
+
+        timings: dict[str, dict] = {}
+        if options.select == "fastest" and len(wanted) > 1:
+            timed = {name: candidates[name] for name in wanted}
+            if ctx.host_runs_target:
+                ctx.log(f"timing {', '.join(timed)} interleaved ({options.timing_rounds} rounds)")
+                timings = time_candidates(ctx, timed, options.timing_rounds)
+                chosen, reason = choose(timings, options.tolerance)
+            else:
+                chosen, reason = "all", f"host lacks target {ctx.target.name}: not timed here, kept full fusion"
+        else:
+            chosen = wanted[0]
+            reason = f"select={options.select}"
+
+        at_load = runtime_fusions(src / "model.onnx", work)
+        for item in candidates[chosen].iterdir():
+            shutil.move(str(item), dst / item.name)
+        shutil.rmtree(work)
+        return {
+            "fused_before": before,
+            "fused_possible": counts["all"],
+            "fused_kept": counts[chosen],
+            "expected": expected,
+            "ort_fuses_unfused_at_load": at_load,
+            "kept": chosen,
+            "reason": reason,
+            "timings_ms": {name: {k: t[k] for k in ("median_ms", "p90_ms", "n")} for name, t in timings.items()},
+        }
+
+
+def choose(timings: dict[str, dict], tolerance: float) -> tuple[str, str]:
+    """The most-fused candidate whose median is within ``tolerance`` of the fastest.
+
+    Differences of a few percent at batch 1 are within run-to-run noise on a busy host; between
+    near-equals the fused graph wins, because its fusions are fixed in the file (portable to any
+    session setting) and quantize turns its Attention nodes into QAttention.
+    """
+    medians = {name: t["median_ms"] for name, t in timings.items()}
+    fastest = min(medians.values())
+    summary = ", ".join(f"{n} {m:.2f} ms" for n, m in sorted(medians.items(), key=lambda kv: kv[1]))
+    by_fusion = [name for name in FUSION_ORDER if name in medians]
+    chosen = next(name for name in by_fusion if medians[name] <= fastest * (1 + tolerance))
+    if medians[chosen] == fastest:
+        return chosen, f"fastest median at batch 1 on this host ({summary})"
+    return chosen, f"within {tolerance:.0%} of the fastest, and more fused (median at batch 1: {summary})"

@@ -1,0 +1,234 @@
+"""Run a recipe: validate, run (or reuse) each pass, evaluate and time every stage, write the artifact.
+
+Order of work is chosen so that bad input fails in seconds, before anything is exported: the model,
+target, output path, held-out data and pass chain are all checked first.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from xformopt import cache, models, targets
+from xformopt.artifact import MANIFEST_SCHEMA, atomic_dir, check_output, copy_stage, hash_dir, write_json
+from xformopt.data import TextDataset, load_text_dataset
+from xformopt.errors import InputError
+from xformopt.passes import get_pass
+from xformopt.passes.base import PassContext
+from xformopt.recipe import Recipe
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Stage:
+    """A model the report evaluates: the PyTorch baseline or the output of one pass."""
+
+    name: str
+    kind: str  # "hf" | "onnx"
+    path: Path
+    pass_record: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    out: Path
+    manifest: dict
+    report: dict
+
+
+def default_heldout() -> Path:
+    from xformopt.resources import vader_split_path
+
+    return vader_split_path("test")
+
+
+def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
+    ev = recipe.evaluation
+    path = Path(ev.data) if ev.data else default_heldout()
+    dataset = load_text_dataset(
+        path,
+        text_column=ev.text_column,
+        text_pair_column=ev.text_pair_column,
+        label_column=ev.label_column,
+        label2id=spec.label2id or None,
+        require_labels=spec.task == "text-classification",
+        limit=ev.limit,
+        seed=ev.seed,
+    )
+    return dataset
+
+
+def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, workdir: Path) -> tuple[list[Stage], list[dict]]:
+    """Run (or reuse from the cache) each pass; returns the stages and the per-pass records."""
+    versions = cache.library_versions()
+    stages = [Stage("pytorch", "hf", ctx.spec.path)]
+    input_key = hash_dir(ctx.spec.path)
+    records = []
+    for i, step in enumerate(recipe.passes, start=1):
+        pass_cls = get_pass(step.name)
+        options = pass_cls.Options.model_validate(step.options)
+        key = cache.pass_key(input_key, step.name, step.options, ctx.target.name, ctx.spec.task, versions)
+        src = stages[-1].path
+        started = time.perf_counter()
+        hit = cache.lookup(key) if use_cache else None
+        if hit:
+            out_dir, record = hit
+            log(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
+        else:
+            log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
+
+            def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
+                return pass_cls().run(ctx, src, dst, options)
+
+            if use_cache:
+                out_dir, record = cache.build(key, work)
+            else:
+                out_dir = workdir / f"{i:02d}-{step.name}"
+                out_dir.mkdir()
+                record = work(out_dir)
+        seconds = time.perf_counter() - started
+        log(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s")
+        records.append({
+            "pass": step.name,
+            "options": step.options,
+            "cache_key": key,
+            "reused": bool(hit),
+            "seconds": round(seconds, 3),
+            "record": record,
+        })
+        stages.append(Stage(step.name, pass_cls.produces, out_dir, record))
+        input_key = key
+    return stages, records
+
+
+def run(
+    model: str,
+    recipe: Recipe,
+    out: Path,
+    *,
+    force: bool = False,
+    use_cache: bool = True,
+    trust_remote_code: bool = False,
+    log: Log = lambda m: None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> RunResult:
+    from xformopt.bench.host import cpu_flags, host_info, usable_cpus
+    from xformopt.evaluate.run import evaluate_stages
+    from xformopt.report.build import build_report
+
+    check_output(out, force)
+    target = targets.resolve(recipe.target)
+    spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
+    heldout = load_heldout(recipe, spec)
+    threads = recipe.evaluation.threads or usable_cpus()
+    flags = cpu_flags()
+    ctx = PassContext(spec, target, heldout.texts, threads, flags, log)
+    if not ctx.host_runs_target:
+        log(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
+    log(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
+        f"held-out {len(heldout)} rows from {heldout.source}")
+
+    with tempfile.TemporaryDirectory(prefix="xformopt-run-") as workdir:
+        stages, records = run_passes(recipe, ctx, use_cache, log, Path(workdir))
+        evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
+        host = host_info()
+        report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
+        manifest = {
+            "schema": MANIFEST_SCHEMA,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "input": {
+                "source": spec.source, "path": str(spec.path), "sha256": hash_dir(spec.path),
+                "model_type": spec.model_type, "task": spec.task,
+            },
+            "target": target.to_dict(),
+            "host": host,
+            "versions": cache.library_versions(),
+            "recipe": recipe.to_dict(),
+            "heldout": {"source": heldout.source, "rows": len(heldout)},
+            "passes": records,
+        }
+        final = stages[-1]
+        with atomic_dir(out, force) as tmp:
+            if final.kind == "onnx":
+                copy_stage(final.path, tmp)
+            else:  # a recipe of torch passes only: the artifact is a Hugging Face directory
+                shutil.copytree(final.path, tmp, dirs_exist_ok=True)
+            from xformopt.report.render import write_report_files
+
+            write_json(tmp / "manifest.json", manifest)
+            write_report_files(report, tmp)
+    return RunResult(out, manifest, report)
+
+
+def check_stage_dir(path: Path, kind: str) -> None:
+    """The input of a single-pass command must be the kind of stage that pass consumes."""
+    if not path.exists():
+        raise InputError(f"input not found: {path}")
+    if kind == "onnx":
+        model = path / "model.onnx"
+        if not model.is_file():
+            raise InputError(f"{path} has no model.onnx; pass the output folder of `xformopt export`")
+        try:
+            import onnx
+
+            onnx.load(str(model), load_external_data=False)
+        except Exception as exc:  # onnx raises DecodeError, ValueError, ... for a damaged file
+            raise InputError(f"{model} is not a valid ONNX model ({type(exc).__name__}); re-export it") from None
+
+
+def run_single(
+    pass_name: str,
+    model: str,
+    out: Path,
+    options: dict,
+    *,
+    target: str = "auto",
+    task: str | None = None,
+    data: str | None = None,
+    force: bool = False,
+    trust_remote_code: bool = False,
+    log: Log = lambda m: None,
+) -> dict:
+    """One pass as a shell command: MODEL (or a previous stage's folder) in, a stage folder out.
+
+    The output carries a manifest whose pass list extends the input's, so a chain of commands
+    records the same history ``optimize`` would.
+    """
+    from xformopt.bench.host import cpu_flags, usable_cpus
+    from xformopt.recipe import validate_options
+
+    pass_cls = get_pass(pass_name)
+    check_output(out, force)
+    validated = validate_options(pass_name, options, f"xformopt {pass_name}")
+    if pass_cls.consumes == "onnx":
+        check_stage_dir(Path(model), "onnx")
+    spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
+    resolved_target = targets.resolve(target)
+    heldout = load_text_dataset(Path(data) if data else default_heldout(), label2id=None, limit=200, seed=0)
+    ctx = PassContext(spec, resolved_target, heldout.texts, usable_cpus(), cpu_flags(), log)
+    previous = {}
+    if (spec.path / "manifest.json").is_file():
+        from xformopt.artifact import read_manifest
+
+        previous = read_manifest(spec.path)
+    started = time.perf_counter()
+    with atomic_dir(out, force) as tmp:
+        record = pass_cls().run(ctx, spec.path, tmp, validated)
+        entry = {"pass": pass_name, "options": validated.model_dump(), "seconds": round(time.perf_counter() - started, 3), "record": record}
+        manifest = {
+            "schema": MANIFEST_SCHEMA,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "input": previous.get("input") or {"source": model, "path": str(spec.path), "sha256": hash_dir(spec.path),
+                                               "model_type": spec.model_type, "task": spec.task},
+            "target": resolved_target.to_dict(),
+            "versions": cache.library_versions(),
+            "passes": [*previous.get("passes", []), entry],
+        }
+        write_json(tmp / "manifest.json", manifest)
+    return entry

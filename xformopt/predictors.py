@@ -1,0 +1,131 @@
+"""Run one stage (the PyTorch model or an ONNX graph) on raw texts, tokenization included.
+
+Every stage is evaluated and timed through the same interface, so the PyTorch baseline and each
+ONNX stage see identical tokenization, identical pooling and identical thread settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from xformopt.models import ModelSpec, load_tokenizer, load_torch_model
+
+MAX_LENGTH = 512
+
+
+def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Sentence embeddings as sentence-transformers computes them: masked mean of token states."""
+    mask = mask[..., None].astype(hidden.dtype)
+    return (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
+
+
+class Predictor:
+    """texts -> logits (classification) or mean-pooled embeddings (feature extraction)."""
+
+    def __init__(self, spec: ModelSpec, tokenizer, max_length: int = MAX_LENGTH):
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.max_length = min(max_length, getattr(tokenizer, "model_max_length", max_length) or max_length)
+
+    def tokenize(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        return dict(
+            self.tokenizer(
+                list(texts),
+                list(pairs) if pairs is not None else None,
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="np",
+            )
+        )
+
+    def run_encoded(self, encoded: dict[str, np.ndarray]) -> np.ndarray:
+        raise NotImplementedError
+
+    def raw_outputs(self, encoded: dict[str, np.ndarray]) -> np.ndarray:
+        """The graph's first output as-is (logits or token states): what export parity compares."""
+        raise NotImplementedError
+
+    def __call__(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> np.ndarray:
+        return self.run_encoded(self.tokenize(texts, pairs))
+
+    def predict(self, texts: Sequence[str], pairs: Sequence[str] | None = None, batch_size: int = 32) -> np.ndarray:
+        # Sort by length so each batch pads little; restore the caller's order at the end.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out: list[np.ndarray] = []
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            out.append(self(
+                [texts[i] for i in idx],
+                [pairs[i] for i in idx] if pairs is not None else None,
+            ))
+        result = np.concatenate(out, axis=0)
+        restored = np.empty_like(result)
+        restored[order] = result
+        return restored
+
+    def _finish(self, first_output: np.ndarray, encoded: dict[str, np.ndarray]) -> np.ndarray:
+        if self.spec.task == "feature-extraction":
+            return mean_pool(first_output, encoded["attention_mask"])
+        return first_output
+
+
+class TorchPredictor(Predictor):
+    def __init__(self, spec: ModelSpec, model_dir: Path | None = None, threads: int | None = None):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        model_dir = model_dir or spec.path
+        super().__init__(spec, load_tokenizer(model_dir, spec.trust_remote_code))
+        self.model = load_torch_model(spec, model_dir)
+        self._torch = torch
+
+    def raw_outputs(self, encoded):
+        with self._torch.inference_mode():
+            inputs = {k: self._torch.from_numpy(v) for k, v in encoded.items()}
+            return self.model(**inputs)[0].float().numpy()
+
+    def run_encoded(self, encoded):
+        return self._finish(self.raw_outputs(encoded), encoded)
+
+
+def ort_session(model_path: Path, threads: int | None = None, level: str = "all"):
+    """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # Idle workers sleep instead of spin-waiting: spinning pools steal the cores that the other
+    # variants of an interleaved comparison (and the tokenizer) need. Measured on a 2-core host:
+    # MiniLM at batch 1 took 6.1 ms with spinning and 2.6 ms without.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    options.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[level]
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+
+
+class OrtPredictor(Predictor):
+    def __init__(self, spec: ModelSpec, model_dir: Path, threads: int | None = None, tokenizer_dir: Path | None = None):
+        super().__init__(spec, load_tokenizer(tokenizer_dir or model_dir, spec.trust_remote_code))
+        self.session = ort_session(model_dir / "model.onnx", threads)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+
+    def raw_outputs(self, encoded):
+        feed = {name: encoded[name].astype(np.int64) for name in self.input_names if name in encoded}
+        for name in self.input_names:  # e.g. token_type_ids the tokenizer did not return
+            feed.setdefault(name, np.zeros_like(encoded["input_ids"], dtype=np.int64))
+        return self.session.run(None, feed)[0]
+
+    def run_encoded(self, encoded):
+        return self._finish(self.raw_outputs(encoded), encoded)

@@ -1,0 +1,216 @@
+"""Recipes: a declarative pass chain, validated before any work starts.
+
+A recipe is YAML (``yaml.safe_load`` only). Validation errors name the line and the field; a pass
+in the wrong order names both passes and the reason. The resolved recipe (defaults filled in) is
+saved in every artifact's manifest, so an artifact always carries the exact recipe that made it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from xformopt.errors import InputError
+from xformopt.passes import REGISTRY, get_pass
+
+RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
+
+
+class EvaluationSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data: str | None = Field(None, description="held-out file; default: the vendored VADER test split")
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    limit: int | None = Field(None, ge=1, description="evaluate on at most this many rows (seeded sample)")
+    seed: int = 0
+    threads: int | None = Field(None, ge=1, description="intra-op threads; default: the CPUs this process may use")
+    latency_rounds: int = Field(100, ge=3, description="interleaved timing rounds at batch 1")
+    warmup: int = Field(10, ge=0)
+
+
+class PassStep(BaseModel):
+    """One step: a registered pass name and its validated options."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def to_yaml_obj(self) -> dict:
+        return {self.name: self.options}
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "custom"
+    description: str = ""
+    target: str = "auto"
+    task: str | None = None
+    passes: list[PassStep] = Field(min_length=1)
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+
+    @field_validator("passes", mode="before")
+    @classmethod
+    def _steps(cls, value):
+        """Accept ``- export`` and ``- export: {opset: 17}`` forms."""
+        if not isinstance(value, list):
+            return value
+        steps = []
+        for item in value:
+            if isinstance(item, str):
+                steps.append({"name": item, "options": {}})
+            elif isinstance(item, dict) and len(item) == 1 and "name" not in item:
+                (name, options), = item.items()
+                steps.append({"name": name, "options": options or {}})
+            else:
+                steps.append(item)
+        return steps
+
+    def to_dict(self) -> dict:
+        data = self.model_dump()
+        data["passes"] = [step.to_yaml_obj() for step in self.passes]
+        return data
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def _line_index(text: str) -> dict[tuple, int]:
+    """Map each YAML path (keys and list indices) to its 1-based line, for error messages."""
+    lines: dict[tuple, int] = {}
+
+    def walk(node, path):
+        lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key, val in node.value:
+                lines[path + (key.value,)] = key.start_mark.line + 1
+                walk(val, path + (key.value,))
+                lines[path + (key.value,)] = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, val in enumerate(node.value):
+                walk(val, path + (i,))
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    if root is not None:
+        walk(root, ())
+    return lines
+
+
+def _where(lines: dict[tuple, int], path: tuple, origin: str) -> str:
+    for cut in range(len(path), -1, -1):  # nearest enclosing node that has a line
+        if path[:cut] in lines:
+            return f"{origin}:{lines[path[:cut]]}"
+    return origin
+
+
+def _yaml_path(loc: tuple, raw: dict) -> tuple:
+    """pydantic's loc for passes is (passes, i, options, key); YAML has (passes, i, name, key)."""
+    if len(loc) >= 2 and loc[0] == "passes" and isinstance(loc[1], int):
+        steps = raw.get("passes") or []
+        item = steps[loc[1]] if loc[1] < len(steps) else None
+        if isinstance(item, dict) and len(item) == 1:
+            name = next(iter(item))
+            rest = tuple(p for p in loc[2:] if p != "options")
+            return ("passes", loc[1], name, *rest)
+    return loc
+
+
+def validate(raw: Any, origin: str = "<recipe>", text: str = "") -> Recipe:
+    """Validate a parsed recipe: schema, then each pass's options, then the ordering contract."""
+    lines = _line_index(text) if text else {}
+    if not isinstance(raw, dict):
+        raise InputError(f"{origin}: a recipe is a YAML mapping with a 'passes' list; see `xformopt recipes show default`")
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        path = _yaml_path(tuple(err["loc"]), raw)
+        field = ".".join(str(p) for p in path) or "recipe"
+        raise InputError(f"{_where(lines, path, origin)}: {field}: {err['msg']}") from None
+
+    for i, step in enumerate(recipe.passes):
+        path = ("passes", i, step.name)
+        if step.name not in REGISTRY:
+            raise InputError(
+                f"{_where(lines, path, origin)}: unknown pass {step.name!r}; known passes: {', '.join(REGISTRY)}"
+            )
+        step.options = validate_options(step.name, step.options, origin, lines, path).model_dump()
+    check_order(recipe, lines, origin)
+    return recipe
+
+
+def validate_options(name: str, options: Any, origin: str, lines: dict | None = None, path: tuple = ()):
+    """A pass's options through its own pydantic model; errors name the line and the field."""
+    try:
+        return get_pass(name).Options.model_validate(options)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        sub = path + tuple(err["loc"])
+        field = ".".join(str(p) for p in sub) or name
+        raise InputError(f"{_where(lines or {}, sub, origin)}: {field}: {err['msg']}") from None
+
+
+def check_order(recipe: Recipe, lines: dict[tuple, int] | None = None, origin: str = "<recipe>") -> None:
+    """Each pass must consume what the previous one produced, and may forbid certain predecessors."""
+    lines = lines or {}
+    kind = "hf"  # every chain starts from a Hugging Face (PyTorch) model
+    seen: list[str] = []
+    for i, step in enumerate(recipe.passes):
+        cls = get_pass(step.name)
+        where = _where(lines, ("passes", i, step.name), origin)
+        if cls.consumes != kind:
+            before = f"after {seen[-1]!r}" if seen else "first"
+            stage = "a PyTorch model" if cls.consumes == "hf" else "an ONNX model"
+            raise InputError(
+                f"{where}: pass {step.name!r} cannot run {before}: it needs {stage} "
+                f"({cls.stage} stage); torch passes (prune, distill) go before export, onnx passes after it"
+            )
+        for earlier in seen:
+            if earlier in cls.must_not_follow:
+                raise InputError(
+                    f"{where}: pass {step.name!r} cannot run after {earlier!r}: {cls.must_not_follow[earlier]}"
+                )
+        kind = cls.produces
+        seen.append(step.name)
+
+
+def load(path_or_name: str) -> Recipe:
+    """A recipe from a YAML path, or a shipped recipe by name (``default``, ``fp32-fused``, ...)."""
+    path = Path(path_or_name)
+    if not path.is_file():
+        shipped = RECIPES_DIR / f"{path_or_name}.yaml"
+        if not shipped.is_file():
+            raise InputError(
+                f"recipe not found: {path_or_name} (not a file, and not a shipped recipe: {', '.join(shipped_names())})"
+            )
+        path = shipped
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InputError(f"{path}{line}: broken YAML: {problem}; fix the recipe file") from None
+    return validate(raw, str(path), text)
+
+
+def shipped_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def from_flags(*, target: str, task: str | None, quantize: bool = True, fuse: bool = True, opset: int = 17) -> Recipe:
+    """The recipe the CLI flags describe when no --recipe is given (same object, same checks)."""
+    passes: list = [{"export": {"opset": opset}}]
+    if fuse:
+        passes.append("fuse")
+    if quantize:
+        passes.append({"quantize": {"mode": "dynamic"}})
+    return validate({"name": "cli", "target": target, "task": task, "passes": passes})

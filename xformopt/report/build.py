@@ -1,0 +1,69 @@
+"""The report document: one row per stage, the PyTorch fp32 baseline first, deltas against it.
+
+``REPORT_SCHEMA`` is versioned: a field is never renamed or removed within a version, so CI jobs
+that read report.json with jq keep working.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from xformopt.bench.host import host_fingerprint
+from xformopt.evaluate.stage import headline
+
+REPORT_SCHEMA = "xformopt.report/1"
+
+
+def _onnx_facts(record: dict) -> dict:
+    facts = {}
+    if "fused_kept" in record:
+        facts["fused_ops"] = {k: v for k, v in record["fused_kept"].items() if v}
+        facts["fusion_kept"] = record["kept"]
+        facts["fusion_reason"] = record["reason"]
+    if "coverage" in record:
+        cov = record["coverage"]
+        facts["int8_gemms"] = cov["int8"]
+        facts["weighted_gemms"] = cov["weighted_gemms"]
+        facts["float_gemms"] = [g["name"] for g in cov["kept_float"]]
+    return facts
+
+
+def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> dict:
+    metric = headline(spec.task)
+    base = evaluation[stages[0].name]["metrics"]
+    rows, facts = [], {}
+    for stage in stages:
+        ev = evaluation[stage.name]
+        facts.update(_onnx_facts(stage.pass_record))  # a stage inherits what earlier passes did
+        deltas = {
+            name: m["value"] - base[name]["value"] for name, m in ev["metrics"].items() if name in base
+        }
+        rows.append({
+            "name": stage.name,
+            "kind": "pytorch" if stage.kind == "hf" else "onnx",
+            "size_bytes": ev["size_bytes"],
+            "metrics": ev["metrics"],
+            "delta_to_baseline": deltas,
+            "latency": ev["latency"],
+            "speedup": ev["speedup"],
+            **({"graph": dict(facts)} if stage.kind == "onnx" else {}),
+        })
+    return {
+        "schema": REPORT_SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "model": {"source": spec.source, "model_type": spec.model_type, "task": spec.task},
+        "target": target.name,
+        "target_on_host": target_on_host,
+        "headline_metric": metric,
+        "settings": {
+            "mode": "real",
+            "batch": 1,
+            "threads": threads,
+            "heldout": {"source": heldout.source, "rows": len(heldout)},
+            "rounds": recipe.evaluation.latency_rounds,
+            "warmup": recipe.evaluation.warmup,
+        },
+        "host": host,
+        "host_fingerprint": host_fingerprint(host),
+        "stages": rows,
+    }

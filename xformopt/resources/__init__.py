@@ -1,0 +1,22 @@
+"""Data files shipped inside the package (plain folders, not subpackages).
+
+``vader_movie/``: binary movie-review sentiment splits built by
+``scripts/build_vader_dataset.py``; see ``vader_movie/README.md`` for provenance.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+VADER_SPLITS = ("train", "validation", "test")
+
+# Resolved from this file rather than the CWD, so it works from a checkout and from an
+# installed wheel alike (the package must ship ``resources/vader_movie/*`` as package data).
+_ROOT = Path(__file__).resolve().parent
+
+
+def vader_split_path(split: str) -> Path:
+    """Path of the vendored ``vader_movie/<split>.jsonl`` file."""
+    if split not in VADER_SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(VADER_SPLITS)}")
+    return _ROOT / "vader_movie" / f"{split}.jsonl"

@@ -1,0 +1,120 @@
+"""Hardware profiles as data, and host detection.
+
+A profile decides what the passes emit for a CPU family: INT8 formats (weights signed or unsigned,
+reduce-range where the instruction set saturates without VNNI, per-channel scales), which ONNX
+Runtime fusions are allowed, and the session settings used to time the result. Adding a target is
+adding a row to ``PROFILES``, not an if-chain in a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from xformopt.errors import InputError
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    weight_type: str  # "int8" | "uint8"
+    activation_type: str  # "uint8" | "int8"
+    reduce_range: bool  # 7-bit weights: avoids u8*s8 pair-sum saturation in VPMADDUBSW (no VNNI)
+    per_channel: bool
+    quant_format: str  # "QOperator" | "QDQ" (static quantization, issue 4)
+    op_types: tuple[str, ...]  # ops quantized by default
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    description: str
+    requires: tuple[str, ...]  # host CPU flags (any-of groups joined by "|") the kernels need
+    quant: QuantFormat
+    simd_multiple: int  # kept dimensions round to this after pruning (issue 5)
+    fusion_disabled: tuple[str, ...] = ()  # FusionOptions attributes to turn off for this target
+    session: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_X86_OPS = ("MatMul", "Attention", "Gemm")
+
+# ONNX Runtime's CPU INT8 GEMM on x86 computes u8 activations x s8 weights. Without VNNI it uses
+# VPMADDUBSW, whose 16-bit pair sums can saturate with full 8-bit weights, so those targets reduce
+# weights to 7 bits (ORT's documented remedy). VNNI accumulates straight into 32 bits: full range.
+PROFILES: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            name="avx2",
+            description="x86-64 with AVX2/FMA (Haswell and later, Zen 1-3)",
+            requires=("avx2",),
+            quant=QuantFormat("int8", "uint8", True, False, "QOperator", _X86_OPS),
+            simd_multiple=8,
+        ),
+        Target(
+            name="avx512",
+            description="x86-64 with AVX-512 F/BW but no VNNI (Skylake-SP)",
+            requires=("avx512f", "avx512bw"),
+            quant=QuantFormat("int8", "uint8", True, True, "QOperator", _X86_OPS),
+            simd_multiple=16,
+        ),
+        Target(
+            name="avx512_vnni",
+            description="x86-64 with AVX-512 VNNI (Cascade Lake+, Ice Lake+, Zen 4/5)",
+            requires=("avx512f", "avx512bw", "avx512_vnni|avx512vnni"),
+            quant=QuantFormat("int8", "uint8", False, True, "QOperator", _X86_OPS),
+            simd_multiple=16,
+        ),
+        Target(
+            name="avx_vnni",
+            description="x86-64 with AVX-VNNI but no AVX-512 (Alder Lake and later client cores)",
+            requires=("avx2", "avx_vnni"),
+            quant=QuantFormat("int8", "uint8", False, True, "QOperator", _X86_OPS),
+            simd_multiple=8,
+        ),
+        Target(
+            name="arm64",
+            description="64-bit Arm with NEON dot-product (Graviton 2+, Apple M-series, Ampere)",
+            requires=("asimd",),
+            # Arm kernels take signed or unsigned weights at full range; S8 weights with per-channel
+            # scales are ORT's recommended default there.
+            quant=QuantFormat("int8", "uint8", False, True, "QOperator", _X86_OPS),
+            simd_multiple=16,
+        ),
+    )
+}
+
+DETECTION_ORDER = ("avx512_vnni", "avx512", "avx_vnni", "avx2", "arm64")
+
+
+def host_supports(target: Target, flags: set[str]) -> bool:
+    """True when every requirement (an any-of group separated by '|') is in the host's flags."""
+    return all(any(opt in flags for opt in req.split("|")) for req in target.requires)
+
+
+def detect(flags: set[str] | None = None) -> Target:
+    """The best profile the host runs; raises when none does (e.g. x86 without AVX2)."""
+    if flags is None:
+        from xformopt.bench.host import cpu_flags
+
+        flags = cpu_flags()
+    for name in DETECTION_ORDER:
+        if host_supports(PROFILES[name], flags):
+            return PROFILES[name]
+    raise InputError(
+        "could not detect a supported target on this host (needs AVX2, AVX-512 or Arm NEON); "
+        f"pass --target with one of: {', '.join(PROFILES)}"
+    )
+
+
+def resolve(name: str) -> Target:
+    """A profile by name; ``auto`` detects the host."""
+    if name == "auto":
+        return detect()
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise InputError(
+            f"unknown target {name!r}; choose one of: auto, {', '.join(PROFILES)} (see `xformopt targets list`)"
+        ) from None
