@@ -6,6 +6,7 @@ target, output path, held-out data and pass chain are all checked first.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from xformopt import cache, models, targets
 from xformopt.artifact import MANIFEST_SCHEMA, atomic_dir, check_output, copy_stage, hash_dir, write_json
 from xformopt.data import TextDataset, load_text_dataset
-from xformopt.errors import InputError
+from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
 from xformopt.recipe import Recipe
@@ -64,6 +65,18 @@ def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
     return dataset
 
 
+def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
+    """Run one pass; an unexpected library error becomes a PassFailed that names the pass."""
+    try:
+        return pass_cls().run(ctx, src, dst, options)
+    except XformoptError:
+        raise
+    except Exception as exc:
+        if os.environ.get("XFORMOPT_DEBUG"):
+            raise
+        raise PassFailed(f"pass {pass_cls.name!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
 def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, workdir: Path) -> tuple[list[Stage], list[dict]]:
     """Run (or reuse from the cache) each pass; returns the stages and the per-pass records."""
     versions = cache.library_versions()
@@ -84,7 +97,7 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
             log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
 
             def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
-                return pass_cls().run(ctx, src, dst, options)
+                return execute(pass_cls, ctx, src, dst, options)
 
             if use_cache:
                 out_dir, record = cache.build(key, work)
@@ -219,7 +232,7 @@ def run_single(
         previous = read_manifest(spec.path)
     started = time.perf_counter()
     with atomic_dir(out, force) as tmp:
-        record = pass_cls().run(ctx, spec.path, tmp, validated)
+        record = execute(pass_cls, ctx, spec.path, tmp, validated)
         entry = {"pass": pass_name, "options": validated.model_dump(), "seconds": round(time.perf_counter() - started, 3), "record": record}
         manifest = {
             "schema": MANIFEST_SCHEMA,

@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         output.error("interrupted")
         sys.exit(130)
+    except Exception as exc:  # a bug or a library failure: one line, exit 3, traceback on request
+        if os.environ.get("XFORMOPT_DEBUG"):
+            raise
+        output.error(f"{type(exc).__name__}: {exc} (set XFORMOPT_DEBUG=1 for the traceback)")
+        sys.exit(3)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

