@@ -176,7 +176,19 @@ def run(
 
             write_json(tmp / "manifest.json", manifest)
             write_report_files(report, tmp)
+            save_reference(tmp, evaluation["reference_outputs"], heldout)
     return RunResult(out, manifest, report)
+
+
+def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
+    """The fp32 baseline's outputs on the held-out rows, so `bench` can score agreement/cosine
+    without loading PyTorch. Plain .npy (no pickle) plus the row ids they belong to."""
+    import numpy as np
+
+    ref = directory / "reference"
+    ref.mkdir()
+    np.save(ref / "baseline_outputs.npy", np.asarray(outputs, dtype=np.float32), allow_pickle=False)
+    write_json(ref / "rows.json", {"source": heldout.source, "row_ids": heldout.row_ids})
 
 
 def check_stage_dir(path: Path, kind: str) -> None:

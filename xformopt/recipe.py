@@ -8,7 +8,7 @@ saved in every artifact's manifest, so an artifact always carries the exact reci
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -31,6 +31,11 @@ class EvaluationSettings(BaseModel):
     threads: int | None = Field(None, ge=1, description="intra-op threads; default: the CPUs this process may use")
     latency_rounds: int = Field(100, ge=3, description="interleaved timing rounds at batch 1")
     warmup: int = Field(10, ge=0)
+    repeats: int = Field(5, ge=1, description="solo timing repeats of the artifact (their spread is the noise)")
+    modes: list[Literal["real", "fixed", "throughput"]] = Field(["real"], min_length=1)
+    batch: list[int] = Field([1, 8, 32], min_length=1, description="batch sizes for fixed/throughput modes")
+    seq: list[int] = Field([32, 128, 512], min_length=1, description="sequence lengths for fixed mode")
+    fixed_rounds: int = Field(20, ge=3, description="interleaved rounds per fixed (batch, seq) cell")
 
 
 class PassStep(BaseModel):

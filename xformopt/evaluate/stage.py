@@ -12,8 +12,11 @@ def headline(task: str) -> str:
     return "accuracy" if task == "text-classification" else "cosine_to_baseline"
 
 
-def score(task: str, outputs: np.ndarray, baseline: np.ndarray, labels: list[int] | None) -> dict:
-    """Metrics for ``outputs`` (logits or embeddings); ``baseline`` is the PyTorch fp32 model's."""
+def score(task: str, outputs: np.ndarray, baseline: np.ndarray, labels: list[int] | None, probe=None) -> dict:
+    """Metrics for ``outputs`` (logits or embeddings); ``baseline`` is the PyTorch fp32 model's.
+
+    ``probe`` (feature extraction with labels) adds the accuracy of a linear probe fitted on the
+    baseline's embeddings."""
     if task == "text-classification":
         pred, base_pred = outputs.argmax(-1), baseline.argmax(-1)
         metrics = {"agreement_with_baseline": proportion(pred == base_pred)}
@@ -21,4 +24,7 @@ def score(task: str, outputs: np.ndarray, baseline: np.ndarray, labels: list[int
             y = np.asarray(labels)
             metrics = {"accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y), **metrics}
         return metrics
-    return {"cosine_to_baseline": cosine_to_baseline(outputs, baseline)}
+    metrics = {"cosine_to_baseline": cosine_to_baseline(outputs, baseline)}
+    if probe is not None:
+        metrics["probe_accuracy"] = probe.score(outputs)
+    return metrics

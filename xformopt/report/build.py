@@ -30,10 +30,11 @@ def _onnx_facts(record: dict) -> dict:
 
 def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> dict:
     metric = headline(spec.task)
-    base = evaluation[stages[0].name]["metrics"]
+    per_stage = evaluation["stages"]
+    base = per_stage[stages[0].name]["metrics"]
     rows, facts = [], {}
     for stage in stages:
-        ev = evaluation[stage.name]
+        ev = per_stage[stage.name]
         facts.update(_onnx_facts(stage.pass_record))  # a stage inherits what earlier passes did
         deltas = {
             name: m["value"] - base[name]["value"] for name, m in ev["metrics"].items() if name in base
@@ -62,8 +63,13 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
             "heldout": {"source": heldout.source, "rows": len(heldout)},
             "rounds": recipe.evaluation.latency_rounds,
             "warmup": recipe.evaluation.warmup,
+            "repeats": recipe.evaluation.repeats,
+            "seed": recipe.evaluation.seed,
+            "thread_pools": "no spin-waiting (ORT allow_spinning=0, OMP_WAIT_POLICY=PASSIVE)",
         },
         "host": host,
         "host_fingerprint": host_fingerprint(host),
         "stages": rows,
+        "artifact": evaluation["artifact"],
+        **{k: evaluation[k] for k in ("fixed", "throughput") if k in evaluation},
     }
