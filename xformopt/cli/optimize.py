@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from xformopt.cli import output
+from xformopt.errors import InputError
 
 EXAMPLES = """
 Examples:
@@ -15,7 +16,30 @@ Examples:
     xformopt optimize minilm --target avx512_vnni -o out/
     xformopt optimize ./my-bert --recipe fp32-fused --data test.csv --label-column y -o out/
     xformopt optimize ./my-bert -o out/ --json | jq '.stages[] | {name, speedup}'
+    xformopt optimize minilm --mode real,fixed --batch 1,8 --seq 32,128,512 -o out/
 """
+
+
+def csv_list(value: str | None, flag: str) -> list[str] | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise InputError(f"{flag} is empty; give a comma-separated list")
+    return items
+
+
+def csv_ints(value: str | None, flag: str) -> list[int] | None:
+    items = csv_list(value, flag)
+    if items is None:
+        return None
+    try:
+        numbers = [int(v) for v in items]
+    except ValueError:
+        raise InputError(f"{flag} takes whole numbers separated by commas, e.g. 1,8,32 (got {value!r})") from None
+    if min(numbers) < 1:
+        raise InputError(f"{flag} values must be at least 1 (got {value!r})")
+    return numbers
 
 
 def default_output(model: str) -> Path:
@@ -34,6 +58,10 @@ def optimize(
     label_column: str = typer.Option(None, "--label-column", help="Label column [default: guessed]."),
     limit: int = typer.Option(None, "--limit", min=1, help="Evaluate on at most N held-out rows (seeded sample)."),
     threads: int = typer.Option(None, "--threads", min=1, help="Intra-op threads [default: CPUs this process may use]."),
+    seed: int = typer.Option(None, "--seed", help="Seed for held-out sub-sampling and timing order [default: 0]."),
+    mode: str = typer.Option(None, "--mode", help="Latency modes, comma-separated: real, fixed, throughput [default: real]."),
+    batch: str = typer.Option(None, "--batch", help="Batch sizes for fixed/throughput, e.g. 1,8,32."),
+    seq: str = typer.Option(None, "--seq", help="Sequence lengths for fixed mode, e.g. 32,128,512."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or store finished passes."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own Python code (off by default)."),
@@ -53,7 +81,8 @@ def optimize(
     evaluation = {
         k: v for k, v in {
             "data": str(data) if data else None, "text_column": text_column, "text_pair_column": text_pair_column,
-            "label_column": label_column, "limit": limit, "threads": threads,
+            "label_column": label_column, "limit": limit, "threads": threads, "seed": seed,
+            "modes": csv_list(mode, "--mode"), "batch": csv_ints(batch, "--batch"), "seq": csv_ints(seq, "--seq"),
         }.items() if v is not None
     }
     r = recipe.validate({**r.to_dict(), **updates, "evaluation": {**r.evaluation.model_dump(), **evaluation}}, "<command line>")
