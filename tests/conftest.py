@@ -164,7 +164,7 @@ def tiny_encoder(tmp_path_factory, tokenizer_dir) -> Path:
 def tiny_distilbert(tmp_path_factory, tokenizer_dir) -> Path:
     """A tiny random DistilBertForSequenceClassification with a fast tokenizer."""
     import torch
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification, DistilBertTokenizerFast
 
     torch.manual_seed(2)
     config = DistilBertConfig(
@@ -173,7 +173,13 @@ def tiny_distilbert(tmp_path_factory, tokenizer_dir) -> Path:
         id2label=LABELS, label2id={v: k for k, v in LABELS.items()},
     )
     model = DistilBertForSequenceClassification(config).eval()
-    return _save(model, tokenizer_dir, tmp_path_factory.mktemp("tiny-distilbert-cls"))
+    directory = tmp_path_factory.mktemp("tiny-distilbert-cls")
+    model.save_pretrained(directory)
+    # DistilBERT's own tokenizer class: it returns no token_type_ids (the model takes none).
+    tokenizer = DistilBertTokenizerFast(vocab_file=str(tokenizer_dir / "vocab.txt"), do_lower_case=True, model_max_length=128)
+    assert tokenizer.is_fast
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 # --------------------------------------------------------------------------- CLI
@@ -198,3 +204,48 @@ def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- pass contexts and stages
+
+
+def make_ctx(model_dir: Path, texts, target: str = "avx512_vnni", host_flags: set[str] | None = None, log=None):
+    """A PassContext for MODEL_DIR, as the pipeline builds it (host flags default to none: no timing)."""
+    from xformopt import models, targets
+    from xformopt.passes.base import PassContext
+
+    spec = models.resolve(str(model_dir))
+    messages: list[str] = []
+    ctx = PassContext(spec, targets.PROFILES[target], list(texts), 2, set(host_flags or ()), log or messages.append)
+    ctx.messages = messages  # type: ignore[attr-defined]  # what the pass logged, for assertions
+    return ctx
+
+
+def run_pass(name: str, ctx, src: Path, dst: Path, **options) -> dict:
+    from xformopt.passes import get_pass
+
+    cls = get_pass(name)
+    dst.mkdir(parents=True, exist_ok=False)
+    return cls().run(ctx, src, dst, cls.Options.model_validate(options))
+
+
+@pytest.fixture(scope="session")
+def exported_classifier(tmp_path_factory, tiny_classifier, sample_texts) -> tuple[Path, dict]:
+    """The tiny classifier exported once per session: (stage dir, export record)."""
+    dst = tmp_path_factory.mktemp("stages") / "exported"
+    record = run_pass("export", make_ctx(tiny_classifier, sample_texts), tiny_classifier, dst)
+    return dst, record
+
+
+@pytest.fixture(scope="session")
+def fused_classifier(tmp_path_factory, tiny_classifier, exported_classifier, sample_texts) -> tuple[Path, dict]:
+    """The exported tiny classifier, fully fused (select=all): (stage dir, fuse record)."""
+    dst = tmp_path_factory.mktemp("stages") / "fused"
+    record = run_pass("fuse", make_ctx(tiny_classifier, sample_texts), exported_classifier[0], dst, select="all")
+    return dst, record
+
+
+def onnx_op_counts(model_path: Path) -> Counter:
+    import onnx
+
+    return Counter(n.op_type for n in onnx.load(str(model_path), load_external_data=False).graph.node)

@@ -55,3 +55,13 @@ def fused_counts(model) -> dict[str, int]:
 
 def dir_size_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+PROTOBUF_LIMIT = 2 * 1024**3  # a single ONNX protobuf file cannot exceed 2 GB
+
+
+def needs_external_data(model_path: Path) -> bool:
+    """True when the weights must live beside the graph (model.onnx_data) rather than inside it."""
+    model_path = Path(model_path)
+    total = sum(p.stat().st_size for p in model_path.parent.glob(model_path.name + "*"))
+    return total > PROTOBUF_LIMIT * 0.9  # margin: fusion and quantization add initializers

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field
 
 from xformopt.errors import PassFailed
-from xformopt.onnx_graph import fused_counts, load_graph
+from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
 Candidate = Literal["all", "no_attention", "none"]
@@ -63,7 +63,7 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
             optimization_options=fusion,
             opt_level=0,  # python fusions only: the saved graph stays portable to any CPU
         )
-    model.save_model_to_file(str(out_model))
+    model.save_model_to_file(str(out_model), use_external_data_format=needs_external_data(src_model))
     return fused_counts(model.model)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import Field
 
 from xformopt.errors import PassFailed
-from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, op_counts, weighted_gemms
+from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, needs_external_data, op_counts, weighted_gemms
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
 
@@ -98,7 +98,7 @@ class QuantizePass(Pass):
 
         formats = resolved_formats(ctx, options)
         for item in src.iterdir():
-            if item.name != "model.onnx" and not item.name.startswith("."):
+            if not item.name.startswith("model.onnx") and not item.name.startswith("."):
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, dst / item.name)
         ctx.log(
             f"quantizing dynamic INT8 (weights {formats['weight_type']}, per-channel {formats['per_channel']}, "
@@ -115,6 +115,7 @@ class QuantizePass(Pass):
                 reduce_range=formats["reduce_range"],
                 weight_type=QuantType.QInt8 if formats["weight_type"] == "int8" else QuantType.QUInt8,
                 nodes_to_exclude=options.exclude_nodes,
+                use_external_data_format=needs_external_data(src / "model.onnx"),
                 # ONNX shape inference cannot type the outputs of fused contrib ops (Attention,
                 # SkipLayerNormalization); they are float32, which is what this tells the quantizer.
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
