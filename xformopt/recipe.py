@@ -162,10 +162,12 @@ def validate_options(name: str, options: Any, origin: str, lines: dict | None = 
         raise InputError(f"{_where(lines or {}, sub, origin)}: {field}: {err['msg']}") from None
 
 
-def check_order(recipe: Recipe, lines: dict[tuple, int] | None = None, origin: str = "<recipe>") -> None:
-    """Each pass must consume what the previous one produced, and may forbid certain predecessors."""
+def check_order(recipe: Recipe, lines: dict[tuple, int] | None = None, origin: str = "<recipe>", start: str = "hf") -> None:
+    """Each pass must consume what the previous one produced, and may forbid certain predecessors.
+
+    A recipe starts from a Hugging Face (PyTorch) model; a single-pass command from its input's kind."""
     lines = lines or {}
-    kind = "hf"  # every chain starts from a Hugging Face (PyTorch) model
+    kind = start
     seen: list[str] = []
     for i, step in enumerate(recipe.passes):
         cls = get_pass(step.name)

@@ -55,18 +55,25 @@ def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
 
 
 def int8_coverage(before, after) -> dict:
-    """How many weighted GEMMs run in INT8 now, and which stayed in float."""
+    """How many weighted GEMMs run in INT8 now, and which stayed in float.
+
+    Counted, not matched by name: ORT's quantizer rewrites a Gemm as ``<name>_MatMul`` + Add even
+    when it leaves it in float, so a name lookup would count that Gemm as quantized.
+    """
     weighted = [g for g in weighted_gemms(before) if g["has_weight"]]
-    remaining = {g["name"]: g for g in weighted_gemms(after)}
-    kept_float = [
-        {"name": g["name"], "op": g["op"]} for g in weighted if g["name"] in remaining and remaining[g["name"]]["has_weight"]
-    ]
+    still_float = [g for g in weighted_gemms(after) if g["has_weight"]]
     activation_only = [g["name"] for g in weighted_gemms(before) if not g["has_weight"]]
     counts = op_counts(after)
+    original = {g["name"]: g["op"] for g in weighted}
+
+    def source(g: dict) -> dict:  # report a float Gemm under its original name and op
+        name = g["name"].removesuffix("_MatMul")
+        return {"name": name, "op": original[name]} if name in original else {"name": g["name"], "op": g["op"]}
+
     return {
         "weighted_gemms": len(weighted),
-        "int8": len(weighted) - len(kept_float),
-        "kept_float": kept_float,
+        "int8": len(weighted) - len(still_float),
+        "kept_float": [source(g) for g in still_float],
         "activation_matmuls_float": len(activation_only),  # e.g. Q.K^T in unfused attention: no weight
         "int8_ops": {op: counts[op] for op in INT8_GEMM_OPS if counts.get(op)},
     }
@@ -114,7 +121,8 @@ class QuantizePass(Pass):
                 per_channel=formats["per_channel"],
                 reduce_range=formats["reduce_range"],
                 weight_type=QuantType.QInt8 if formats["weight_type"] == "int8" else QuantType.QUInt8,
-                nodes_to_exclude=options.exclude_nodes,
+                # The quantizer renames a Gemm to "<name>_MatMul" before it applies exclusions.
+                nodes_to_exclude=[n for name in options.exclude_nodes for n in (name, f"{name}_MatMul")],
                 use_external_data_format=needs_external_data(src / "model.onnx"),
                 # ONNX shape inference cannot type the outputs of fused contrib ops (Attention,
                 # SkipLayerNormalization); they are float32, which is what this tells the quantizer.

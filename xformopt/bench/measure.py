@@ -1,0 +1,304 @@
+"""Measure an artifact as ``xformopt optimize`` measured it: same rows, same settings, timed alone.
+
+The bench document (schema ``xformopt.bench/1``) has these top-level keys, always all of them::
+
+    schema            "xformopt.bench/1"
+    created           ISO-8601 UTC time of the measurement
+    artifact_path     the artifact directory as given on the command line
+    model             {source, model_type, task} (from the artifact's report)
+    target            hardware profile the artifact was built for
+    headline_metric   "accuracy" (classification) or "cosine_to_baseline" (embeddings)
+    settings          {mode "real", batch 1, threads, rounds, warmup, repeats, seed,
+                       heldout {source, rows, row_ids_sha256}, thread_pools}
+    host              bench.host.host_info() of the machine that ran the bench
+    host_fingerprint  bench.host.host_fingerprint(host)
+    artifact          {stage, latency: <modes.solo_repeats dict>, metrics}: the same shape as
+                      report.json's "artifact", so either document can be the next --baseline
+    notes             list of strings: what was skipped or assumed (e.g. baseline-relative metrics
+                      skipped because --data selects other rows)
+    comparison        see gate.compare: {baseline, baseline_schema, baseline_created, gated,
+                      comparable, settings_mismatch, host_mismatch, host_mismatch_allowed, reason,
+                      limits, checks: [{name, kind, unit, baseline, current, change,
+                      change_pct | change_points, limit, tolerance, threshold, verdict, message,
+                      evidence}], passed}. Without --baseline it compares against the artifact's
+                      own report.json with gated=false (informative, never fails the command).
+
+A field is never renamed or removed within a schema version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from xformopt.artifact import MANIFEST_SCHEMA, read_manifest
+from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
+from xformopt.errors import InputError
+
+Log = Callable[[str], None]
+
+THREAD_POOLS = "no spin-waiting (ORT allow_spinning=0, OMP_WAIT_POLICY=PASSIVE)"
+TOP_LEVEL_KEYS = ("schema", "created", "artifact_path", "model", "target", "headline_metric", "settings",
+                  "host", "host_fingerprint", "artifact", "notes", "comparison")
+
+
+@dataclass
+class Artifact:
+    """A checked artifact directory: its manifest, report, recipe evaluation settings and model spec."""
+
+    path: Path
+    manifest: dict
+    report: dict
+    evaluation: object  # recipe.EvaluationSettings
+    spec: object  # models.ModelSpec
+
+
+@dataclass
+class Overrides:
+    """Command-line choices; None means "as the artifact's report/recipe did"."""
+
+    data: Path | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    limit: int | None = None
+    seed: int | None = None
+    threads: int | None = None
+    rounds: int | None = None
+    warmup: int | None = None
+    repeats: int | None = None
+
+
+@dataclass
+class Plan:
+    """What will be measured: settings as they go into the bench document, and the held-out rows."""
+
+    settings: dict
+    heldout: object  # data.TextDataset
+    notes: list[str] = field(default_factory=list)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise InputError(f"{path.parent} has no {what}; pass the -o folder of `xformopt optimize`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); re-run optimize") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} is not a JSON object; re-run optimize")
+    return data
+
+
+def load_artifact(path: Path) -> Artifact:
+    """Check the artifact's files (manifest, report, model.onnx, config, tokenizer) without loading the model."""
+    from pydantic import ValidationError
+
+    from xformopt import models
+    from xformopt.recipe import EvaluationSettings
+    from xformopt.report.build import REPORT_SCHEMA
+
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"artifact not found: {path}; pass the -o folder of `xformopt optimize`")
+    if not path.is_dir():
+        raise InputError(f"{path} is a file; pass the artifact directory (the -o folder of `xformopt optimize`)")
+    manifest = read_manifest(path)
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        got = manifest.get("schema") if isinstance(manifest, dict) else None
+        raise InputError(f"{path / 'manifest.json'} has schema {got!r}, expected {MANIFEST_SCHEMA!r}; re-run optimize")
+    recipe = manifest.get("recipe")
+    if not isinstance(recipe, dict) or not isinstance(recipe.get("evaluation"), dict):
+        raise InputError(f"{path / 'manifest.json'} records no recipe: bench needs the -o folder of `xformopt optimize`, "
+                         "not of a single-pass command")
+    try:
+        evaluation = EvaluationSettings.model_validate(recipe["evaluation"])
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(f"{path / 'manifest.json'}: recipe.evaluation.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    report = _read_json(path / "report.json", "report.json")
+    if report.get("schema") != REPORT_SCHEMA:
+        raise InputError(f"{path / 'report.json'} has schema {report.get('schema')!r}, expected {REPORT_SCHEMA!r}; re-run optimize")
+    check_document(report, str(path / "report.json"))  # settings, host and the artifact's latency
+    if not isinstance(report.get("model"), dict):
+        raise InputError(f"{path / 'report.json'} lacks its 'model' section; re-run optimize")
+    if not (path / "model.onnx").is_file():
+        raise InputError(f"{path} has no model.onnx; bench times the ONNX artifact of `xformopt optimize`")
+    task = (manifest.get("input") or {}).get("task") or report["model"].get("task")
+    spec = models.resolve(str(path), task)
+    if not (path / "tokenizer.json").is_file():
+        raise InputError(f"{path} has no tokenizer.json; the artifact is incomplete, re-run optimize")
+    return Artifact(path, manifest, report, evaluation, spec)
+
+
+def row_ids_digest(row_ids) -> str:
+    return hashlib.sha256(json.dumps([int(i) for i in row_ids]).encode()).hexdigest()[:16]
+
+
+def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan:
+    """Settings and held-out rows: the flags where given, else what the artifact's report used."""
+    from xformopt.bench.host import usable_cpus
+    from xformopt.data import load_text_dataset
+    from xformopt.pipeline import default_heldout
+
+    ev, reported = artifact.evaluation, artifact.report["settings"]
+    notes: list[str] = []
+    recipe_data = Path(ev.data) if ev.data else default_heldout()
+    if opts.data is None and not Path(str(recipe_data).split("::")[0]).exists():
+        raise InputError(f"the artifact was evaluated on {ev.data}, which is not found from here; "
+                         "pass --data PATH to the same file")
+    data_path = Path(opts.data) if opts.data is not None else recipe_data
+    if opts.data is None or _same_path(data_path, recipe_data):
+        # The recipe's data: its column choices are the defaults, so the same rows come back.
+        columns = tuple(flag if flag is not None else default for flag, default in
+                        ((opts.text_column, ev.text_column), (opts.text_pair_column, ev.text_pair_column),
+                         (opts.label_column, ev.label_column)))
+    else:
+        columns = (opts.text_column, opts.text_pair_column, opts.label_column)
+    seed = opts.seed if opts.seed is not None else reported.get("seed", ev.seed)
+    limit = opts.limit if opts.limit is not None else ev.limit
+    heldout = load_text_dataset(
+        data_path, text_column=columns[0], text_pair_column=columns[1], label_column=columns[2],
+        label2id=artifact.spec.label2id or None, require_labels=artifact.spec.task == "text-classification",
+        limit=limit, seed=seed,
+    )
+    usable = usable_cpus()
+    threads = opts.threads or reported.get("threads") or ev.threads or usable
+    if threads != usable:
+        log(f"note: timing with {threads} threads ({'--threads' if opts.threads else 'as the report did'}), "
+            f"but this process may use {usable} CPUs")
+        notes.append(f"{threads} threads, {usable} CPUs usable by this process")
+    settings = {
+        "mode": "real",
+        "batch": 1,
+        "threads": int(threads),
+        "rounds": int(opts.rounds or reported.get("rounds") or ev.latency_rounds),
+        "warmup": int(opts.warmup if opts.warmup is not None else reported.get("warmup", ev.warmup)),
+        "repeats": int(opts.repeats or reported.get("repeats") or ev.repeats),
+        "seed": int(seed),
+        "heldout": {"source": heldout.source, "rows": len(heldout), "row_ids_sha256": row_ids_digest(heldout.row_ids)},
+        "thread_pools": THREAD_POOLS,
+    }
+    return Plan(settings, heldout, notes)
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
+def load_reference(artifact: Artifact):
+    """The fp32 baseline's outputs on the held-out rows and their rows.json, or None when absent."""
+    import numpy as np
+
+    ref = artifact.path / "reference"
+    outputs_path, rows_path = ref / "baseline_outputs.npy", ref / "rows.json"
+    if not outputs_path.is_file() or not rows_path.is_file():
+        return None
+    rows = _read_json(rows_path, "reference/rows.json")
+    try:
+        outputs = np.load(outputs_path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise InputError(f"{outputs_path} is not a readable .npy file ({exc}); re-run optimize") from None
+    if not isinstance(rows.get("row_ids"), list) or len(rows["row_ids"]) != len(outputs):
+        raise InputError(f"{rows_path} does not describe {outputs_path.name} ({len(outputs)} rows); re-run optimize")
+    return outputs, rows
+
+
+def open_predictor(artifact: Artifact, threads: int):
+    """The artifact's ONNX Runtime predictor; a damaged model or tokenizer is bad input (exit 2)."""
+    from xformopt.predictors import OrtPredictor
+
+    try:
+        return OrtPredictor(artifact.spec, artifact.path, threads=threads)
+    except InputError:
+        raise
+    except Exception as exc:  # onnxruntime / tokenizers raise their own types for damaged files
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise InputError(f"cannot load the artifact {artifact.path} ({type(exc).__name__}: {reason}); re-run optimize") from None
+
+
+def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str], log: Log):
+    """Metrics as optimize computed them for the artifact (evaluate.stage.score) when the held-out rows
+    are the reference rows; otherwise label metrics only (no fp32 baseline outputs for other rows)."""
+    import numpy as np
+
+    from xformopt.evaluate.metrics import accuracy, macro_f1
+    from xformopt.evaluate.probe import Probe
+    from xformopt.evaluate.stage import score
+
+    task = artifact.spec.task
+    reference = load_reference(artifact)
+    same_rows = False
+    if reference is None:
+        reason = "the artifact has no reference/ (fp32 baseline outputs)"
+    else:
+        ref_outputs, rows = reference
+        same_rows = (
+            [int(i) for i in rows["row_ids"]] == [int(i) for i in heldout.row_ids]
+            and heldout_identity({"source": rows.get("source", "")})["source"] == heldout_identity({"source": heldout.source})["source"]
+        )
+        reason = "the held-out rows differ from the rows of reference/rows.json"
+        if same_rows and ref_outputs.shape[1:] != np.asarray(outputs).shape[1:]:
+            raise InputError(f"{artifact.path / 'reference'} holds outputs of shape {ref_outputs.shape[1:]}, the model gives "
+                             f"{np.asarray(outputs).shape[1:]}; the artifact is inconsistent, re-run optimize")
+    if same_rows:
+        probe = Probe(ref_outputs, heldout.labels, seed) if task == "feature-extraction" and Probe.usable(heldout.labels) else None
+        return score(task, outputs, ref_outputs, heldout.labels, probe)
+    skipped = "agreement_with_baseline" if task == "text-classification" else "cosine_to_baseline and probe_accuracy"
+    note = f"{skipped} skipped: {reason}"
+    log(f"note: {note}")
+    notes.append(note)
+    if task == "text-classification" and heldout.labels is not None:
+        pred, y = np.asarray(outputs).argmax(-1), np.asarray(heldout.labels)
+        return {"accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y)}
+    return {}
+
+
+def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
+    """Score and time the artifact; returns the bench document without its ``comparison``."""
+    from xformopt.bench import modes
+    from xformopt.bench.host import host_fingerprint, host_info
+
+    s, heldout = run.settings, run.heldout
+    notes = list(run.notes)
+    predictor = open_predictor(artifact, s["threads"])
+    log(f"evaluating {artifact.path} on {len(heldout)} held-out rows")
+    outputs = predictor.predict(heldout.texts, heldout.text_pairs)
+    metrics = metrics_for(artifact, heldout, outputs, s["seed"], notes, log)
+    log(f"timing the artifact alone ({s['repeats']} repeats x {s['rounds']} rounds, {s['threads']} threads)")
+    # Exactly as evaluate.run.evaluate_stages times report["artifact"].
+    latency = modes.solo_repeats(predictor, heldout.texts, heldout.text_pairs, rounds=s["rounds"],
+                                 warmup=s["warmup"], repeats=s["repeats"], seed=s["seed"])
+    host = host_info()
+    report = artifact.report
+    return {
+        "schema": BENCH_SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "artifact_path": str(artifact.path),
+        "model": report.get("model"),
+        "target": report.get("target"),
+        "headline_metric": report.get("headline_metric"),
+        "settings": s,
+        "host": host,
+        "host_fingerprint": host_fingerprint(host),
+        "artifact": {"stage": report["artifact"].get("stage"), "latency": latency, "metrics": metrics},
+        "notes": notes,
+    }
+
+
+def preview(artifact: Artifact, run: Plan) -> dict:
+    """The parts of the bench document known before timing (for comparability checks up front)."""
+    from xformopt.bench.host import host_fingerprint, host_info
+
+    host = host_info()
+    return {"schema": BENCH_SCHEMA, "settings": run.settings, "host": host, "host_fingerprint": host_fingerprint(host),
+            "headline_metric": artifact.report.get("headline_metric")}
