@@ -275,7 +275,7 @@ def artifact_copy(artifact, tmp_path) -> Path:
 @pytest.mark.parametrize(("name", "text", "expected"), [
     ("report.json", "{not json", "report.json is not valid JSON"),
     ("report.json", '{"schema": "xformopt.report/99"}', "has schema 'xformopt.report/99'"),
-    ("manifest.json", "[]", "manifest.json has schema None"),
+    ("manifest.json", "[]", "manifest.json is not a JSON object"),
     ("report.json", '{"schema": "xformopt.report/1", "settings": {}, "artifact": {}, "host": {}}', "has no artifact latency"),
     ("model.onnx", "not an onnx model", "cannot load the artifact"),
     ("reference/rows.json", '{"row_ids": [1, 2]}', "does not describe baseline_outputs.npy"),

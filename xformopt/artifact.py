@@ -85,11 +85,39 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def read_manifest(artifact: Path) -> dict:
-    path = Path(artifact) / "manifest.json"
+def load_json(path: Path, *, missing: str, fix: str) -> dict:
+    """A JSON object from ``path``; every problem is one InputError line (``missing`` when the file
+    is absent, otherwise what is wrong followed by ``fix``)."""
+    path = Path(path)
     if not path.is_file():
-        raise InputError(f"{artifact} is not an xformopt artifact (no manifest.json); pass the -o folder of `xformopt optimize`")
+        raise InputError(missing)
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); re-run optimize") from None
+        raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); {fix}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path} ({type(exc).__name__}); {fix}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path} is not a JSON object; {fix}")
+    return data
+
+
+def read_manifest(artifact: Path) -> dict:
+    return load_json(
+        Path(artifact) / "manifest.json",
+        missing=f"{artifact} is not an xformopt artifact (no manifest.json); pass the -o folder of `xformopt optimize`",
+        fix="re-run optimize",
+    )
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write to a temp file next to ``path``, then rename it into place (never a half-written file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

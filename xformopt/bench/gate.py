@@ -44,12 +44,12 @@ but do not widen the limit.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
 from xformopt.bench.host import FINGERPRINT_FIELDS, FINGERPRINT_VERSIONS, host_fingerprint
+from xformopt.artifact import load_json
 from xformopt.errors import InputError
 from xformopt.report.build import REPORT_SCHEMA
 
@@ -94,15 +94,8 @@ def format_fraction(value: float) -> str:
 
 def load_baseline(path: str | Path) -> dict:
     """Read and check a baseline (report.json or bench JSON); every problem is a one-line InputError."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"baseline not found: {path}; pass a report.json of `xformopt optimize` or a JSON of `xformopt bench -o`")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"baseline {path} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read baseline {path}: {exc}") from None
+    hint = "pass a report.json of `xformopt optimize` or a JSON of `xformopt bench -o`"
+    doc = load_json(Path(path), missing=f"baseline not found: {path}; {hint}", fix=hint)
     return check_document(doc, f"baseline {path}")
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from xformopt.artifact import MANIFEST_SCHEMA, read_manifest
 from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
+from xformopt.artifact import load_json
 from xformopt.errors import InputError
 
 Log = Callable[[str], None]
@@ -83,17 +84,8 @@ class Plan:
 
 
 def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise InputError(f"{path.parent} has no {what}; pass the -o folder of `xformopt optimize`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); re-run optimize") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path} is not a JSON object; re-run optimize")
-    return data
+    return load_json(path, missing=f"{path.parent} has no {what}; pass the -o folder of `xformopt optimize`",
+                     fix="re-run optimize")
 
 
 def load_artifact(path: Path) -> Artifact:

@@ -41,14 +41,14 @@ def _root(
 
 
 def _register() -> None:
-    from xformopt.cli import bench, optimize, passes, recipes, targets
+    from xformopt.cli import bench, optimize, passes, recipes, report, targets
 
     optimize.register(app)
     bench.register(app)
+    report.register(app)
     passes.register(app)
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")
-    __import__("xformopt.cli.report", fromlist=["register"]).register(app)
 
 
 _register()

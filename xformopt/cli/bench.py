@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from xformopt.cli import output
+from xformopt.artifact import write_text_atomic as write_atomic
 from xformopt.errors import GateFailed, InputError
 
 EXAMPLES = """
@@ -28,19 +29,6 @@ not comparable (other settings, or another host without --allow-host-mismatch).
 Latency regression iff new_median > old_median * (1 + limit) + noise, with
 noise = 2 * sqrt(old_spread^2 + new_spread^2) and spread = half the range of the repeat medians.
 """
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file next to ``path``, then rename it into place (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def check_writable(path: Path | None, flag: str) -> None:
@@ -199,8 +187,9 @@ def bench(
     junit: Path = typer.Option(None, "--junit", help="Also write the checks as JUnit XML to this file."),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the bench document (JSON) to this file, atomically."),
 ) -> None:
-    """Re-measure ARTIFACT as `optimize` did (same rows, solo batch-1 timing in repeats) and,
-    with --baseline, fail (exit 1) when its median latency or headline metric regressed.
+    """Re-measure an artifact; with --baseline, exit 1 on a latency or accuracy regression.
+
+    ARTIFACT is measured as `optimize` measured it (same rows, solo batch-1 timing in repeats).
 
     Only like is compared with like: a baseline with other settings (threads, seed, held-out rows)
     is refused, and one from another host too unless --allow-host-mismatch.

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import typer
 
 from xformopt.cli import output
+from xformopt.artifact import load_json
 from xformopt.errors import InputError
 
 EXAMPLES = """
@@ -29,15 +29,9 @@ def load_report(directory: Path) -> tuple[dict, Path]:
         raise InputError(f"{path} does not exist; pass the output directory of `xformopt optimize` (its -o)")
     if path.is_dir():
         path = path / "report.json"
-        if not path.is_file():
-            raise InputError(f"{directory} has no report.json; run `xformopt optimize MODEL -o {directory}` to make one")
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); re-run `xformopt optimize` to rewrite it") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path} ({type(exc).__name__}); check the path and its permissions") from None
-    schema = report.get("schema") if isinstance(report, dict) else None
+    report = load_json(path, missing=f"{directory} has no report.json; run `xformopt optimize MODEL -o {directory}` to make one",
+                       fix="re-run `xformopt optimize` to rewrite it")
+    schema = report.get("schema")
     if schema != REPORT_SCHEMA:
         raise InputError(
             f"{path} has schema {schema!r}, this xformopt reads {REPORT_SCHEMA!r}; "
