@@ -74,7 +74,7 @@ def optimize(
     report.json, report.md) is written atomically to -o.
     """
     from xformopt import pipeline, recipe
-    from xformopt.report.render import console_table
+    from xformopt.report.console import console_table
 
     r = recipe.load(recipe_name) if recipe_name else recipe.from_flags(target=target or "auto", task=task)
     updates = {k: v for k, v in {"target": target, "task": task}.items() if v is not None}

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from xformopt.cli import output
 from xformopt.artifact import load_json
+from xformopt.cli import output
 from xformopt.errors import InputError
 
 EXAMPLES = """
@@ -55,7 +55,9 @@ def report(
     accuracy_latency.png and (with fixed-shape timings) latency_seq.png are re-drawn from the JSON
     with this version's renderer; report.json itself is never changed.
     """
-    from xformopt.report.render import console_table, markdown, write_derived_files
+    from xformopt.report.console import console_table
+    from xformopt.report.markdown import markdown
+    from xformopt.report.render import write_derived_files
 
     if as_json and as_markdown:
         raise InputError("--json and --markdown are exclusive; pick one")

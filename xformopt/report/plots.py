@@ -60,7 +60,7 @@ def _figure(**kwargs):
 
 
 def _title(fig, report: dict, what: str) -> None:
-    from xformopt.report.render import host_text
+    from xformopt.report.cells import host_text
 
     model = report.get("model") or {}
     fig.suptitle(f"{model.get('source', '?')} \u2192 {report.get('target', '?')}: {what}",
@@ -163,7 +163,7 @@ def plot_accuracy_latency(report: dict, path: Path) -> Path:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
-    from xformopt.report.render import fmt_speedup, metric_label
+    from xformopt.report.cells import fmt_speedup, metric_label
 
     metric = report["headline_metric"]
     stages = report["stages"]
@@ -242,7 +242,7 @@ def plot_latency_seq(report: dict, path: Path) -> Path:
     import matplotlib
     from matplotlib.ticker import FixedLocator, NullLocator
 
-    from xformopt.report.render import fixed_grid
+    from xformopt.report.cells import fixed_grid
 
     stages, shapes, cells = fixed_grid(report)
     if not shapes:

@@ -1,0 +1,129 @@
+"""GitHub-flavoured Markdown of a report, fit for a pull-request comment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from xformopt.report.cells import (
+    DASH,
+    artifact_text,
+    fixed_rows,
+    fused_text,
+    fusion_choice,
+    graph_rows,
+    int8_text,
+    metric_label,
+    rows_for_display,
+    settings_text,
+    target_warning,
+    throughput_rows,
+)
+
+
+def _md_escape(text: str) -> str:
+    return str(text).replace("|", "\\|")
+
+
+def _md_table(header: list[str], body: list[list[str]], left: Iterable[int] = (0,)) -> list[str]:
+    left = set(left)
+    lines = [
+        "| " + " | ".join(_md_escape(h) for h in header) + " |",
+        "|" + "|".join(":---" if i in left else "---:" for i in range(len(header))) + "|",
+    ]
+    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in body]
+    return lines
+
+
+def markdown(report: dict, images: Iterable[str] = ()) -> str:
+    """GitHub-flavoured Markdown for a pull-request comment.
+
+    The headline table comes first; graph facts, fixed shapes, throughput, host and settings sit in
+    a collapsed ``<details>`` block. ``images`` names the plot files (relative to report.md) that
+    exist and may be embedded."""
+    images = set(images)
+    metric = report["headline_metric"]
+    model = report.get("model") or {}
+    s = report.get("settings") or {}
+    host = report.get("host") or {}
+    lines = [
+        f"### xformopt: {model.get('source', '?')} \u2192 `{report.get('target', '?')}`",
+        "",
+        f"{model.get('task', '?')}{' (' + model['model_type'] + ')' if model.get('model_type') else ''} \u00b7 "
+        f"headline metric: {metric_label(metric).lower()} \u00b7 latency at {settings_text(report)} \u00b7 "
+        f"{host.get('cpu_model', 'unknown CPU')}.",
+        "",
+    ]
+    warning = target_warning(report)
+    if warning:
+        lines += ["> [!WARNING]", f"> {warning}", ""]
+    header, body = rows_for_display(report)
+    lines += _md_table(header, body)
+    lines.append("")
+    artifact = artifact_text(report, markup="md")
+    if artifact:
+        lines += [artifact, ""]
+    if "accuracy_latency.png" in images:
+        lines += [f"![{metric_label(metric)} vs latency per stage](accuracy_latency.png)", ""]
+
+    details: list[str] = []
+    rows = graph_rows(report)
+    if rows and any(r["graph"] for r in rows):
+        details += ["#### Graph", ""]
+        for row in rows:
+            graph = row["graph"]
+            fused = fused_text(graph.get("fused_ops"), abbreviate=False)
+            facts = ["no fusions" if fused == DASH else f"fused {fused}"]
+            if "int8_gemms" in graph:
+                floats = graph.get("float_gemms") or []
+                facts.append(f"INT8 GEMMs {int8_text(graph)}")
+                facts.append("float GEMMs: " + (", ".join(f"`{g}`" for g in floats) if floats else "none"))
+            details.append(f"- `{row['name']}`: " + "; ".join(facts))
+        choice = fusion_choice(report)
+        if choice:
+            details.append(f"- fusion kept `{choice[0]}`: {choice[1]}")
+        details.append("")
+    if report.get("fixed"):
+        h, b = fixed_rows(report, speedup_label=None)
+        details += ["#### Fixed shapes: median latency (ms)", "", *_md_table(h, b, left=()), ""]
+        if "latency_seq.png" in images:
+            details += ["![Median latency vs sequence length](latency_seq.png)", ""]
+    if report.get("throughput"):
+        h, b = throughput_rows(report)
+        details += ["#### Throughput", "", *_md_table(h, b, left=(0, 4)), ""]
+    if host:
+        versions = host.get("versions") or {}
+        details += [
+            "#### Host",
+            "",
+            f"- CPU: {host.get('cpu_model', '?')} ({host.get('machine', '?')}), "
+            f"{host.get('cores_usable', '?')} of {host.get('cores_logical', '?')} cores usable"
+            + (f", {host['memory_total_gb']} GB" if host.get("memory_total_gb") else ""),
+        ]
+        if host.get("cpu_flags"):
+            details.append(f"- flags: {', '.join(host['cpu_flags'])}")
+        if versions:
+            details.append("- " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+        if host.get("os"):
+            details.append(f"- {host['os']}, Python {host.get('python', '?')}")
+        if report.get("host_fingerprint"):
+            details.append(f"- fingerprint `{report['host_fingerprint']}`")
+        details.append("")
+    if s:
+        heldout = s.get("heldout") or {}
+        details += ["#### Settings", ""]
+        details.append(
+            f"- latency: mode {s.get('mode', 'real')}, batch {s.get('batch', 1)}, {s.get('threads', '?')} threads, "
+            f"{s.get('rounds', '?')} interleaved rounds, warmup {s.get('warmup', '?')}, "
+            f"artifact timed alone in {s.get('repeats', '?')} repeats, seed {s.get('seed', '?')}"
+        )
+        if s.get("thread_pools"):
+            details.append(f"- thread pools: {s['thread_pools']}")
+        if heldout:
+            details.append(f"- held-out: {heldout.get('rows', '?')} rows from `{heldout.get('source', '?')}`")
+        if report.get("created"):
+            details.append(f"- created {report['created']}, schema `{report.get('schema', '?')}`")
+        details.append("")
+    if details:
+        lines += ["<details>", "<summary>Graph, host, settings" + (", fixed shapes" if report.get("fixed") else "")
+                  + (", throughput" if report.get("throughput") else "") + "</summary>", "", *details, "</details>"]
+    return "\n".join(lines).rstrip("\n") + "\n"
