@@ -187,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name in SPLITS:
         with open(args.out_dir / f"{name}.jsonl", "w", encoding="utf-8", newline="\n") as f:
-            for r in splits[name]:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in splits[name])
     (args.out_dir / "LICENSE").write_bytes(licence)
     sha256 = hashlib.sha256(data).hexdigest()
     (args.out_dir / "README.md").write_text(readme(splits, stats, sha256), encoding="utf-8", newline="\n")

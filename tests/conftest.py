@@ -187,7 +187,11 @@ def tiny_encoder(tmp_path_factory, tokenizer_dir) -> Path:
 def tiny_distilbert(tmp_path_factory, tokenizer_dir) -> Path:
     """A tiny random DistilBertForSequenceClassification with a fast tokenizer."""
     import torch
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification, DistilBertTokenizerFast
+    from transformers import (
+        DistilBertConfig,
+        DistilBertForSequenceClassification,
+        DistilBertTokenizerFast,
+    )
 
     torch.manual_seed(2)
     config = DistilBertConfig(

@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from conftest import error_lines, run_cli, write_heldout
+
 from xformopt.bench import modes
 from xformopt.bench.host import host_fingerprint
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import onnx_op_counts
+
 from xformopt.onnx_graph import load_graph, weighted_gemms
 from xformopt.recipe import RECIPES_DIR
 

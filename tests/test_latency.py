@@ -11,7 +11,6 @@ import pytest
 from xformopt.bench import latency
 from xformopt.bench.latency import LatencyStats, compare, run_interleaved, summarize
 
-
 # ----------------------------------------------------------------------------- summarize
 
 

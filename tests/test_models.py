@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import HAS_MINILM, TINY
+
 from xformopt import models
 from xformopt.errors import InputError
 

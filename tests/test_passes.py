@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import TINY, make_ctx, onnx_op_counts, run_pass
 from onnx import numpy_helper
 
-from conftest import TINY, make_ctx, onnx_op_counts, run_pass
 from xformopt.errors import PassFailed
 from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, weighted_gemms
 from xformopt.passes import all_passes, get_pass
@@ -33,6 +33,7 @@ def weighted_gemm_count(model_path: Path) -> int:
 def test_registry_declares_stages():
     declared = {cls.name: (cls.stage, cls.consumes, cls.produces) for cls in all_passes()}
     assert declared == {
+        "prune": ("torch", "hf", "hf"),
         "export": ("torch", "hf", "onnx"),
         "fuse": ("onnx", "onnx", "onnx"),
         "quantize": ("onnx", "onnx", "onnx"),

@@ -44,7 +44,8 @@ def test_shipped_recipes_load_and_validate(name):
 
 
 def test_shipped_names_lists_both():
-    assert recipe.shipped_names() == ["default", "fp32-fused"]
+    names = recipe.shipped_names()
+    assert names[:2] == ["default", "fp32-fused"] and "prune-int8" in names and names == sorted(names)
 
 
 def test_default_recipe_chain():
@@ -136,7 +137,7 @@ def test_wrong_type_in_evaluation_names_line_and_field(tmp_path):
     assert "evaluation.latency_rounds" in message
 
 
-@pytest.mark.parametrize("form", ["- prune", "- prune: {amount: 0.5}"])
+@pytest.mark.parametrize("form", ["- distill", "- distill: {amount: 0.5}"])
 def test_unknown_pass_name_names_line_and_known_passes(tmp_path, form):
     path = write(tmp_path, f"""
         name: mine
@@ -146,7 +147,7 @@ def test_unknown_pass_name_names_line_and_known_passes(tmp_path, form):
     """)
     message = load_error(path)
     assert message.startswith(f"{path}:4: ")
-    assert "unknown pass 'prune'" in message
+    assert "unknown pass 'distill'" in message
     assert "export, fuse, quantize" in message
 
 

@@ -47,6 +47,7 @@ class ModelSpec:
     hidden_size: int
     label2id: dict[str, int] = field(default_factory=dict)
     trust_remote_code: bool = False
+    pruned: bool = False  # config.pruned_heads is set: attention widths differ from num_heads x head_dim
 
     @property
     def ort_model_type(self) -> str:
@@ -146,6 +147,7 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
         hidden_size=int(hidden),
         label2id=label2id,
         trust_remote_code=trust_remote_code,
+        pruned=bool(config.get("pruned_heads")),
     )
 
 

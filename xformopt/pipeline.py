@@ -16,7 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from xformopt import cache, models, targets
-from xformopt.artifact import MANIFEST_SCHEMA, atomic_dir, check_output, copy_stage, hash_dir, write_json
+from xformopt.artifact import (
+    MANIFEST_SCHEMA,
+    atomic_dir,
+    check_output,
+    copy_stage,
+    hash_dir,
+    write_json,
+)
 from xformopt.data import TextDataset, load_text_dataset
 from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
@@ -177,7 +184,23 @@ def run(
             write_json(tmp / "manifest.json", manifest)
             write_report_files(report, tmp)
             save_reference(tmp, evaluation["reference_outputs"], heldout)
+    raise_if_budget_missed(records, out)
     return RunResult(out, manifest, report)
+
+
+def raise_if_budget_missed(entries: list[dict], out: Path) -> None:
+    """A pass that wrote its best effort but missed its accuracy budget fails the run (exit 1),
+    after the artifact is written, so the result can still be inspected."""
+    from xformopt.errors import GateFailed
+
+    for entry in entries:
+        if entry["record"].get("budget_met") is False:
+            b = entry["record"].get("budget", {})
+            raise GateFailed(
+                f"{entry['pass']}: accuracy budget not met: {b.get('metric')} drop {b.get('drop')} points > allowed "
+                f"{b.get('allowed_drop_points')} with up to {b.get('max_float_nodes')} node(s) in float; the best "
+                f"candidate was written to {out} (raise max_float_nodes, loosen the budget, or try another calibration)"
+            )
 
 
 def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
@@ -264,4 +287,5 @@ def run_single(
             "passes": [*previous.get("passes", []), entry],
         }
         write_json(tmp / "manifest.json", manifest)
+    raise_if_budget_missed([entry], out)
     return entry

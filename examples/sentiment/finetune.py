@@ -19,15 +19,25 @@ import json
 import random
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, get_linear_schedule_with_warmup
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    get_linear_schedule_with_warmup,
+)
 from transformers.utils import logging as hf_logging
 
 try:
@@ -126,7 +136,10 @@ def train(model, tokenizer, texts, labels, args) -> None:
 def save(model, tokenizer, output: Path, info: dict) -> None:
     """Write into a temp sibling dir, then rename into place, so a crash never leaves half a model."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    # Not tempfile.mkdtemp: its 0700 mode would end up on the published model folder.
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)  # leftover of a killed run with a recycled pid
+    tmp.mkdir()
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

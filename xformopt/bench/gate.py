@@ -48,8 +48,12 @@ import math
 import re
 from pathlib import Path
 
-from xformopt.bench.host import FINGERPRINT_FIELDS, FINGERPRINT_VERSIONS, host_fingerprint
 from xformopt.artifact import load_json
+from xformopt.bench.host import (
+    FINGERPRINT_FIELDS,
+    FINGERPRINT_VERSIONS,
+    host_fingerprint,
+)
 from xformopt.errors import InputError
 from xformopt.report.build import REPORT_SCHEMA
 

@@ -35,9 +35,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from xformopt.artifact import MANIFEST_SCHEMA, read_manifest
+from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
 from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
-from xformopt.artifact import load_json
 from xformopt.errors import InputError
 
 Log = Callable[[str], None]

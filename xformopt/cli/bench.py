@@ -11,8 +11,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from xformopt.cli import output
 from xformopt.artifact import write_text_atomic as write_atomic
+from xformopt.cli import output
 from xformopt.errors import GateFailed, InputError
 
 EXAMPLES = """

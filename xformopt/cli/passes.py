@@ -30,6 +30,19 @@ def _finish(entry: dict, out: Path, as_json: bool) -> None:
 def summary(entry: dict) -> str:
     """One line saying what the pass changed and how it was verified."""
     rec = entry["record"]
+    if entry["pass"] == "prune":
+        s, q = rec["sparsity_achieved"], rec["quality_before_recovery"]
+        metric = "accuracy" if "accuracy" in q["pruned"] else "cosine_to_unpruned"
+        before = q["unpruned"].get(metric, 1.0)
+        line = (f"{rec['before']['layers']}->{rec['after']['layers']} layers, heads {rec['after']['heads_per_layer']}, "
+                f"FFN {rec['after']['ffn_per_layer'][0]}; FLOPs -{s['at_reference']:.0%} at {rec['reference_length']} tokens, "
+                f"params {rec['params']['before']:,}->{rec['params']['after']:,}; {metric} {before:.4f}->{q['pruned'][metric]:.4f} "
+                f"(before recovery, {rec['importance']['method']} importance)")
+        if "latency" in rec:
+            lat = rec["latency"]
+            line += (f"; ONNX fused batch 1: {lat['unpruned_ms']['median_ms']:.2f} -> {lat['pruned_ms']['median_ms']:.2f} ms "
+                     f"({lat['speedup_median']:.2f}x, {lat['measured_on']})")
+        return line
     if entry["pass"] == "export":
         p = rec["parity"]
         return f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} at lengths {p['sequence_lengths']}"
@@ -38,8 +51,18 @@ def summary(entry: dict) -> str:
         return f"kept {rec['kept']} ({kept}); {rec['reason']}"
     if entry["pass"] == "quantize":
         c = rec["coverage"]
-        return (f"{c['int8']}/{c['weighted_gemms']} weighted GEMMs in INT8 ({json.dumps(c['int8_ops'])}), "
+        mode = rec.get("mode", "dynamic")
+        if mode == "static":
+            cal = rec["calibration"]
+            mode = f"static {rec['formats']['format']}, {cal['method']} on {cal['rows']} rows"
+        line = (f"{mode}: {c['int8']}/{c['weighted_gemms']} weighted GEMMs in INT8 ({json.dumps(c['int8_ops'])}), "
                 f"{len(c['kept_float'])} kept in float; output cosine vs float {rec['agreement']['mean_cosine']:.4f}")
+        if "budget" in rec:
+            b = rec["budget"]
+            line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "
+                     f"{b['metric_after']:.2f} (drop {b['drop']:.2f} <= {b['allowed_drop_points']:.2f}), "
+                     f"{len(b['kept_float'])} returned to float after {len(b['search'])} candidate(s)")
+        return line
     return json.dumps(rec)[:200]
 
 
@@ -88,7 +111,12 @@ def fuse(
 def quantize(
     stage: Path = typer.Argument(..., help="An ONNX stage directory (output of export or fuse)."),
     out: Path = OUT,
-    mode: str = typer.Option("dynamic", "--mode", help="dynamic (weights INT8 offline, activations at run time)."),
+    mode: str = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time) or static (calibrated)."),
+    calibration_data: Path = typer.Option(
+        None, "--calibration-data", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
+    calibration_method: str = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
+    max_accuracy_drop: str = typer.Option(
+        None, "--max-accuracy-drop", help="Accuracy budget: metric points (0.5) or relative ('1%'); over it, harmful nodes return to float."),
     target: str = TARGET,
     data: Path = DATA,
     force: bool = FORCE,
@@ -96,15 +124,54 @@ def quantize(
 ) -> None:
     """Quantize an ONNX stage to INT8 with the target's formats; report INT8 and float GEMMs.
 
-    Example: xformopt quantize f/ -o q/ --target avx512_vnni
+    Example: xformopt quantize f/ -o q/ --mode static --calibration-method percentile --max-accuracy-drop 0.5
+
+    Exits 1 when the accuracy budget cannot be met (the best candidate is still written).
     """
     from xformopt.pipeline import run_single
 
-    entry = run_single("quantize", str(stage), out, {"mode": mode}, target=target,
+    options: dict = {"mode": mode, "calibration_method": calibration_method}
+    if calibration_data:
+        options["calibration_data"] = str(calibration_data)
+    if max_accuracy_drop is not None:
+        options["max_accuracy_drop"] = max_accuracy_drop
+    entry = run_single("quantize", str(stage), out, options, target=target,
+                       data=str(data) if data else None, force=force, log=output.log)
+    _finish(entry, out, as_json)
+
+
+def prune(
+    model: str = typer.Argument(..., help="Local HF directory, cached hub id, or alias (BERT-family encoder)."),
+    out: Path = OUT,
+    sparsity: float = typer.Option(None, "--sparsity", help="Fraction of encoder FLOPs to remove (0-0.9), e.g. 0.5."),
+    heads_per_layer: int = typer.Option(None, "--heads-per-layer", help="Explicit: attention heads kept per layer."),
+    ffn_dim: int = typer.Option(None, "--ffn-dim", help="Explicit: FFN width kept (rounded to the target's SIMD multiple)."),
+    layers: int = typer.Option(None, "--layers", help="Explicit: number of encoder layers kept."),
+    strategy: str = typer.Option("auto", "--strategy", help="How --sparsity is allocated: auto, width, or depth."),
+    importance: str = typer.Option("taylor", "--importance", help="taylor (gradients on data) or magnitude (data-free)."),
+    samples: int = typer.Option(256, "--samples", help="Importance sample size (seeded)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for the samples and probes."),
+    latency: bool = typer.Option(True, "--latency/--no-latency", help="Export, fuse and time pruned vs unpruned ONNX."),
+    task: str = typer.Option(None, "--task", help="text-classification or feature-extraction [default: from the config]."),
+    target: str = TARGET,
+    data: Path = typer.Option(None, "--data", help="Texts (and labels) for importance and accuracy [default: vendored train/test splits]."),
+    force: bool = FORCE,
+    as_json: bool = JSON,
+) -> None:
+    """Prune attention heads, FFN neurons and layers (structured: smaller matrices, real CPU speed).
+
+    Example: xformopt prune examples/sentiment/model -o pruned/ --sparsity 0.5
+    """
+    from xformopt.pipeline import run_single
+
+    options = {"sparsity": sparsity, "heads_per_layer": heads_per_layer, "ffn_dim": ffn_dim, "layers": layers,
+               "strategy": strategy, "importance": importance, "samples": samples, "seed": seed,
+               "measure_latency": latency, "data": str(data) if data else None}
+    entry = run_single("prune", model, out, options, target=target, task=task,
                        data=str(data) if data else None, force=force, log=output.log)
     _finish(entry, out, as_json)
 
 
 def register(app: typer.Typer) -> None:
-    for command in (export, fuse, quantize):
+    for command in (prune, export, fuse, quantize):
         app.command(command.__name__)(command)

@@ -7,6 +7,7 @@ from importlib import import_module
 from xformopt.passes.base import Pass
 
 REGISTRY: dict[str, str] = {
+    "prune": "xformopt.passes.prune:PrunePass",
     "export": "xformopt.passes.export:ExportPass",
     "fuse": "xformopt.passes.fuse:FusePass",
     "quantize": "xformopt.passes.quantize:QuantizePass",

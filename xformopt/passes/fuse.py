@@ -58,8 +58,10 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
         model = optimize_model(
             str(src_model),
             model_type=ctx.spec.ort_model_type,
-            num_heads=ctx.spec.num_heads,
-            hidden_size=ctx.spec.hidden_size,
+            # Pruned heads (config.pruned_heads) leave each layer its own head count: 0 makes ORT read
+            # num_heads and the attention width per layer from the graph's Reshape shapes.
+            num_heads=0 if ctx.spec.pruned else ctx.spec.num_heads,
+            hidden_size=0 if ctx.spec.pruned else ctx.spec.hidden_size,
             optimization_options=fusion,
             opt_level=0,  # python fusions only: the saved graph stays portable to any CPU
         )
@@ -80,6 +82,21 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
     options.optimized_model_filepath = str(scratch / "runtime.onnx")
     ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     return {op: n for op, n in fused_counts(load_graph(scratch / "runtime.onnx")).items() if n}
+
+
+def stage_context(ctx: PassContext, src: Path) -> PassContext:
+    """The context with the shape of the graph being fused: after a torch pass such as prune, its
+    layer count and heads differ from the pipeline's input model's (expect_full counts its layers)."""
+    import dataclasses
+
+    from xformopt import models
+
+    if not (src / "config.json").is_file():
+        return ctx
+    own = models.resolve(str(src), ctx.spec.task, trust_remote_code=ctx.spec.trust_remote_code)
+    spec = dataclasses.replace(ctx.spec, num_layers=own.num_layers, num_heads=own.num_heads,
+                               hidden_size=own.hidden_size, pruned=own.pruned)
+    return dataclasses.replace(ctx, spec=spec)
 
 
 def full_fusion_expectation(ctx: PassContext) -> dict[str, int]:
@@ -110,6 +127,7 @@ class FusePass(Pass):
     summary = "ONNX Runtime transformer fusions (Attention, SkipLayerNorm, ...), counted and timed"
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> dict:
+        ctx = stage_context(ctx, src)
         before = fused_counts(load_graph(src / "model.onnx"))
         work = dst / ".candidates"
         candidates: dict[str, Path] = {}

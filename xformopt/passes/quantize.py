@@ -1,24 +1,50 @@
 """quantize: INT8 with ONNX Runtime's quantizer, formats chosen by the target profile.
 
-This issue ships dynamic quantization (weights INT8 offline, activations quantized per batch at
-run time); static calibration and the accuracy budget build on the same pass. The pass counts
-what really runs in INT8 and names every weighted MatMul/Gemm left in float, and fails when it
-quantized nothing: a silent no-op is the failure users complain about most.
+Two modes. ``dynamic``: weights INT8 offline, activations quantized per batch at run time.
+``static``: activation ranges calibrated offline on a calibration set (by default a sample of the
+vendored *train* split, disjoint from the report's test rows), written as QOperator or QDQ as the
+target says. The pass counts what really runs in INT8, names every weighted MatMul/Gemm left in
+float, and fails when it quantized nothing: a silent no-op is the failure users complain about most.
+
+Static on a fused graph. The calibrator and quantizer need every tensor typed; ORT's contrib ops
+are typed by symbolic shape inference first (``calibration.prepare_for_static``), so static works
+on the graph ``fuse`` produced and the ordering contract holds. ORT has no static kernel for the
+fused ``Attention`` op (it is only in the dynamic QOperator registry: QAttention takes a
+dynamically quantized input), so in static mode the MatMuls/Gemms are quantized statically and
+each fused Attention's QKV projection dynamically (QAttention). Leaving it float instead was
+measured slower (MiniLM, batch 1, median vs fp32: 0.605 float Attention, 0.425 QAttention); the
+record counts both kinds.
+
+Accuracy budget (``max_accuracy_drop``). After quantizing, the task metric is measured on a budget
+split (the vendored *validation* split by default: neither the calibration nor the report's rows)
+against the float input graph. Over budget, the weighted GEMMs are ranked by harm (local output
+error under quantization, ``calibration.harm_scores``) and the most harmful return to float, 1, 2,
+4, 8 ... nodes, then bisected; the passing candidates are timed interleaved at batch 1 and the
+fastest kept. When none passes within ``max_float_nodes``, the best is written with
+``budget_met: false`` and the run exits 1 after the artifact is written.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from xformopt.errors import PassFailed
-from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, needs_external_data, op_counts, weighted_gemms
+from xformopt.onnx_graph import (
+    INT8_GEMM_OPS,
+    load_graph,
+    needs_external_data,
+    op_counts,
+    weighted_gemms,
+)
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
 
@@ -34,23 +60,72 @@ def _root_log_level(level: int):
 
 
 class QuantizeOptions(PassOptions):
-    mode: Literal["dynamic"] = Field("dynamic", description="dynamic INT8 (static arrives with calibration)")
+    mode: Literal["dynamic", "static"] = Field("dynamic", description="dynamic (activations per batch) or static (calibrated)")
     per_channel: bool | None = Field(None, description="per-channel weight scales; default: the target's")
     reduce_range: bool | None = Field(None, description="7-bit weights; default: the target's")
     op_types: list[str] | None = Field(None, description="op types to quantize; default: the target's")
     exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
     min_agreement: float = Field(0.9, ge=0, le=1, description="sanity floor: output cosine vs. the float graph")
+    quant_format: Literal["QOperator", "QDQ"] | None = Field(None, description="static: graph format; default: the target's")
+    activation_type: Literal["uint8", "int8"] | None = Field(None, description="static: activation type; default: the target's")
+    activation_symmetric: bool | None = Field(None, description="static: zero-point 0 activations; default: the target's")
+    calibration_data: str | None = Field(None, description="calibration texts (same formats as --data); default: vendored train split")
+    calibration_method: Literal["minmax", "entropy", "percentile"] = Field("minmax", description="static: range estimator")
+    calibration_limit: int | None = Field(256, ge=1, description="calibrate on at most this many rows (seeded sample)")
+    calibration_batch_size: int = Field(8, ge=1, description="rows per calibration batch")
+    calibration_chunk_batches: int = Field(16, ge=1, description="batches of intermediate outputs held before a flush")
+    max_accuracy_drop: float | str | None = Field(
+        None, description="budget: absolute metric points (0.5) or relative to the float value ('1%'); none: no budget"
+    )
+    budget_data: str | None = Field(None, description="budget evaluation texts; default: vendored validation split")
+    budget_limit: int | None = Field(None, ge=1, description="budget rows (seeded sample); default: all (0.5 points needs ~1000 rows)")
+    max_float_nodes: int | None = Field(None, ge=0, description="most GEMMs the budget may return to float; default: half")
+    timing_rounds: int = Field(40, ge=3, description="interleaved rounds when timing passing candidates")
+
+    @field_validator("max_accuracy_drop", mode="before")
+    @classmethod
+    def _budget(cls, value):
+        if value is None or isinstance(value, bool):
+            return None if value is None else _bad_budget(value)
+        if isinstance(value, (int, float)):
+            return float(value) if value >= 0 else _bad_budget(value)
+        text = str(value).strip()
+        if re.fullmatch(r"\d+(\.\d+)?%", text):
+            return text
+        try:
+            number = float(text)
+        except ValueError:
+            return _bad_budget(value)
+        return number if number >= 0 else _bad_budget(value)
+
+
+def _bad_budget(value):
+    raise ValueError(f"max_accuracy_drop must be points >= 0 (e.g. 0.5) or a percentage of the float value (e.g. '1%'), got {value!r}")
+
+
+def allowed_drop(budget: float | str, float_points: float) -> float:
+    """The budget in metric points: absolute, or a percentage of the float graph's value."""
+    if isinstance(budget, str):
+        return float(budget.rstrip("%")) / 100 * float_points
+    return float(budget)
 
 
 def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
     q = ctx.target.quant
+
+    def pick(option, default):
+        return default if option is None else option
+
+    static = options.mode == "static"
     return {
         "weight_type": q.weight_type,
-        "activation_type": "uint8",  # dynamic quantization always quantizes activations to uint8
-        "per_channel": q.per_channel if options.per_channel is None else options.per_channel,
-        "reduce_range": q.reduce_range if options.reduce_range is None else options.reduce_range,
+        # dynamic quantization always quantizes activations to asymmetric uint8, in QOperator form
+        "activation_type": pick(options.activation_type, q.activation_type) if static else "uint8",
+        "activation_symmetric": pick(options.activation_symmetric, q.activation_symmetric) if static else False,
+        "per_channel": pick(options.per_channel, q.per_channel),
+        "reduce_range": pick(options.reduce_range, q.reduce_range),
         "op_types": list(options.op_types or q.op_types),
-        "format": "QOperator",
+        "format": pick(options.quant_format, q.quant_format) if static else "QOperator",
     }
 
 
@@ -97,37 +172,35 @@ class QuantizePass(Pass):
     produces = "onnx"
     Options = QuantizeOptions
     must_not_follow = {"quantize": "the graph is already quantized"}
-    summary = "INT8 quantization (dynamic), formats from the target; counts INT8 and float GEMMs"
+    summary = "INT8 quantization (dynamic or calibrated static), formats from the target, optional accuracy budget"
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
-        import onnx
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
         formats = resolved_formats(ctx, options)
         for item in src.iterdir():
             if not item.name.startswith("model.onnx") and not item.name.startswith("."):
                 (shutil.copytree if item.is_dir() else shutil.copy2)(item, dst / item.name)
-        ctx.log(
-            f"quantizing dynamic INT8 (weights {formats['weight_type']}, per-channel {formats['per_channel']}, "
-            f"reduce-range {formats['reduce_range']})"
-        )
-        # ORT logs a hint to run quant_pre_process first; that step (symbolic shape inference) is for
-        # static calibration and chokes on fused contrib ops, so the hint is silenced here.
-        with _root_log_level(logging.ERROR):
-            quantize_dynamic(
-                src / "model.onnx",
-                dst / "model.onnx",
-                op_types_to_quantize=formats["op_types"],
-                per_channel=formats["per_channel"],
-                reduce_range=formats["reduce_range"],
-                weight_type=QuantType.QInt8 if formats["weight_type"] == "int8" else QuantType.QUInt8,
-                # The quantizer renames a Gemm to "<name>_MatMul" before it applies exclusions.
-                nodes_to_exclude=[n for name in options.exclude_nodes for n in (name, f"{name}_MatMul")],
-                use_external_data_format=needs_external_data(src / "model.onnx"),
-                # ONNX shape inference cannot type the outputs of fused contrib ops (Attention,
-                # SkipLayerNormalization); they are float32, which is what this tells the quantizer.
-                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-            )
+        work = dst / ".quantize"
+        work.mkdir()
+        record: dict = {"mode": options.mode, "formats": formats}
+        try:
+            if options.mode == "static":
+                build, record["calibration"], prepared, ranges, harm_reader = self._static(ctx, src, work, options, formats)
+            else:
+                ctx.log(
+                    f"quantizing dynamic INT8 (weights {formats['weight_type']}, per-channel {formats['per_channel']}, "
+                    f"reduce-range {formats['reduce_range']})"
+                )
+                build, prepared, ranges, harm_reader = _dynamic_builder(src, options, formats), src / "model.onnx", None, None
+            first = work / "candidate-0"
+            build(first, list(options.exclude_nodes))
+            chosen = first
+            if options.max_accuracy_drop is not None:
+                chosen, record["budget"] = budget_search(ctx, options, formats, src, work, build, prepared, ranges, harm_reader)
+                record["budget_met"] = record["budget"]["budget_met"]
+            for item in chosen.iterdir():
+                shutil.move(str(item), dst / item.name)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
         coverage = int8_coverage(load_graph(src / "model.onnx"), load_graph(dst / "model.onnx"))
         if coverage["int8"] == 0:
             raise PassFailed(
@@ -135,9 +208,267 @@ class QuantizePass(Pass):
                 f"became INT8 (op types {formats['op_types']})"
             )
         agreement = output_agreement(ctx, src, dst)
-        if agreement["mean_cosine"] < options.min_agreement:
+        if agreement["mean_cosine"] < options.min_agreement and record.get("budget_met", True):
             raise PassFailed(
                 f"INT8 outputs disagree with float: mean cosine {agreement['mean_cosine']:.3f} "
                 f"< {options.min_agreement} (saturation? try a target with reduce_range)"
             )
-        return {"mode": options.mode, "formats": formats, "coverage": coverage, "agreement": agreement}
+        return {**record, "coverage": coverage, "agreement": agreement}
+
+    def _static(self, ctx: PassContext, src: Path, work: Path, options: QuantizeOptions, formats: dict):
+        from xformopt.models import load_tokenizer
+        from xformopt.passes import calibration as cal
+
+        prepared = work / "prepared.onnx"
+        prep = cal.prepare_for_static(src / "model.onnx", prepared)
+        dataset = cal.load_split(options.calibration_data, "train", ctx.spec, options.calibration_limit, 0, labels=False)
+        ctx.log(f"calibrating static INT8 ({options.calibration_method}) on {len(dataset)} rows from {dataset.source}")
+        reader = cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), dataset.texts,
+                                     cal.graph_input_names(prepared), batch_size=options.calibration_batch_size,
+                                     pairs=dataset.text_pairs)
+        cache = work / "calibration.json"
+        stats = cal.calibrate(prepared, reader, options.calibration_method, formats["op_types"], cache, work,
+                              chunk_batches=options.calibration_chunk_batches,
+                              symmetric=formats["activation_symmetric"], log=ctx.log)
+        ctx.log(f"calibrated {stats['tensors']} tensors in {stats['chunks']} chunk(s) of <= {stats['chunk_batches']} batches "
+                f"({stats['seconds']:.1f}s)")
+        record = {**cal.dataset_record(dataset, "calibration"), **stats, "prepare": prep}
+        return _static_builder(prepared, cache, options, formats), record, prepared, cal.tensor_ranges(cache), reader
+
+
+def _weight_type(formats: dict):
+    from onnxruntime.quantization import QuantType
+
+    return QuantType.QInt8 if formats["weight_type"] == "int8" else QuantType.QUInt8
+
+
+def _excluded(names: list[str]) -> list[str]:
+    # The quantizer renames a Gemm to "<name>_MatMul" before it applies exclusions.
+    return [n for name in names for n in (name, f"{name}_MatMul")]
+
+
+def _dynamic(model_in: Path, model_out: Path, formats: dict, op_types: list[str], exclude: list[str]) -> None:
+    import onnx
+    from onnxruntime.quantization import quantize_dynamic
+
+    # ORT logs a hint to run quant_pre_process first; that step is for static calibration (the static
+    # path runs its symbolic shape inference itself), so the hint is silenced here.
+    with _root_log_level(logging.ERROR):
+        quantize_dynamic(
+            model_in,
+            model_out,
+            op_types_to_quantize=op_types,
+            per_channel=formats["per_channel"],
+            reduce_range=formats["reduce_range"],
+            weight_type=_weight_type(formats),
+            nodes_to_exclude=_excluded(exclude),
+            use_external_data_format=needs_external_data(model_in),
+            # ONNX shape inference cannot type the outputs of fused contrib ops (Attention,
+            # SkipLayerNormalization); they are float32, which is what this tells the quantizer.
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+
+
+def _dynamic_builder(src: Path, options: QuantizeOptions, formats: dict):
+    def build(out_dir: Path, exclude: list[str]) -> None:
+        out_dir.mkdir()
+        _dynamic(src / "model.onnx", out_dir / "model.onnx", formats, formats["op_types"], exclude)
+
+    return build
+
+
+def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, formats: dict):
+    import onnx
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    from xformopt.passes.calibration import METHODS
+
+    static_ops = [op for op in formats["op_types"] if op != "Attention"]
+
+    def build(out_dir: Path, exclude: list[str]) -> None:
+        out_dir.mkdir()
+        target = out_dir / "model.onnx"
+        with _root_log_level(logging.ERROR):
+            quantize_static(
+                prepared,
+                target,
+                None,  # ranges come from the calibration cache: calibrated once, reused by every candidate
+                quant_format=getattr(QuantFormat, formats["format"]),
+                op_types_to_quantize=static_ops,
+                per_channel=formats["per_channel"],
+                reduce_range=formats["reduce_range"],
+                activation_type=QuantType.QInt8 if formats["activation_type"] == "int8" else QuantType.QUInt8,
+                weight_type=_weight_type(formats),
+                nodes_to_exclude=_excluded(exclude),
+                calibrate_method=getattr(CalibrationMethod, METHODS[options.calibration_method]),
+                use_external_data_format=needs_external_data(prepared),
+                calibration_cache_path=cache,
+                extra_options={
+                    "ActivationSymmetric": formats["activation_symmetric"],
+                    "WeightSymmetric": True,
+                    "DefaultTensorType": onnx.TensorProto.FLOAT,
+                },
+            )
+        if "Attention" in formats["op_types"] and op_counts(load_graph(target)).get("Attention"):
+            # No static kernel for the fused Attention op: its QKV projection goes dynamic (QAttention).
+            _dynamic(target, target, formats, ["Attention"], exclude)
+
+    return build
+
+
+# --------------------------------------------------------------------------- accuracy budget
+
+
+def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, reference: np.ndarray | None) -> float:
+    """The task metric in points (0-100) on the budget split.
+
+    Classification with labels: accuracy. Otherwise agreement with (classification) or mean cosine
+    to (feature extraction) the float graph's outputs ``reference``.
+    """
+    from xformopt.predictors import OrtPredictor
+
+    out = OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict(
+        dataset.texts, dataset.text_pairs)
+    if ctx.spec.task == "text-classification":
+        if dataset.labels is not None:
+            return 100.0 * float((out.argmax(-1) == np.asarray(dataset.labels)).mean())
+        if reference is None:
+            return 100.0
+        return 100.0 * float((out.argmax(-1) == reference.argmax(-1)).mean())
+    if reference is None:
+        return 100.0
+    cos = (out * reference).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(reference, axis=1) + 1e-12)
+    return 100.0 * float(cos.mean())
+
+
+def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
+    from xformopt.predictors import OrtPredictor
+
+    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(dataset.texts, dataset.text_pairs)
+
+
+TIMING_TOLERANCE = 0.05
+
+
+def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work: Path, build, prepared: Path,
+                  ranges: dict | None, harm_reader) -> tuple[Path, dict]:
+    """Return the most harmful GEMMs to float until the metric drop fits the budget; the fastest passing wins."""
+    from xformopt.models import load_tokenizer
+    from xformopt.passes import calibration as cal
+
+    labels = ctx.spec.task == "text-classification"
+    dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0, labels=labels)
+    reference = float_reference(ctx, src, dataset)
+    float_points = budget_metric(ctx, src, src, dataset, reference)
+    allowed = allowed_drop(options.max_accuracy_drop, float_points)
+    metric = ("accuracy" if labels and dataset.labels is not None else
+              "agreement_with_float" if labels else "cosine_to_float")
+    ctx.log(f"accuracy budget: {metric} of the float graph {float_points:.2f} on {len(dataset)} budget rows; "
+            f"allowed drop {allowed:.3f} points")
+
+    candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"]
+                  and g["name"] not in options.exclude_nodes]
+    max_float = len(candidates) // 2 if options.max_float_nodes is None else min(options.max_float_nodes, len(candidates))
+    tried: list[dict] = []
+    dirs: dict[int, Path] = {}
+
+    def attempt(k: int, ranked: list[str]) -> dict:
+        out = work / f"candidate-{k}"
+        if k:
+            build(out, [*options.exclude_nodes, *ranked[:k]])
+        started = time.perf_counter()
+        points = budget_metric(ctx, out, src, dataset, reference)
+        row = {"float_nodes": k, "kept_float": ranked[:k], "metric": round(points, 4),
+               "drop": round(float_points - points, 4), "passes": float_points - points <= allowed + 1e-9,
+               "eval_seconds": round(time.perf_counter() - started, 2)}
+        ctx.log(f"budget candidate with {k} node(s) in float: {metric} {points:.2f} "
+                f"(drop {row['drop']:.3f}, {'within' if row['passes'] else 'over'} budget)")
+        tried.append(row)
+        dirs[k] = out
+        return row
+
+    ranking: list[dict] = []
+    ranked: list[str] = []
+    row = attempt(0, ranked)
+    if not row["passes"] and max_float > 0:
+        started = time.perf_counter()
+        harm_reader = harm_reader or cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), dataset.texts,
+                                                         cal.graph_input_names(src / "model.onnx"), pairs=dataset.text_pairs)
+        scores = cal.harm_scores(prepared, candidates, harm_reader, formats, ranges, work)
+        ops = {g["name"]: g["op"] for g in candidates}
+        ranking = [{"name": n, "op": ops[n], "harm": round(h, 6)} for n, h in sorted(scores.items(), key=lambda kv: -kv[1])]
+        ranked = [r["name"] for r in ranking]
+        ctx.log(f"ranked {len(ranked)} GEMMs by harm in {time.perf_counter() - started:.1f}s; most harmful: "
+                + ", ".join(f"{r['name']} ({r['harm']:.4f})" for r in ranking[:3]))
+        k, failed = 1, 0
+        while True:  # 1, 2, 4, 8 ... then max_float
+            row = attempt(k, ranked)
+            if row["passes"] or k >= max_float:
+                break
+            failed, k = k, min(2 * k, max_float)
+        if row["passes"]:  # bisect between the last failing and the first passing count
+            lo, hi = failed, k
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if attempt(mid, ranked)["passes"]:
+                    hi = mid
+                else:
+                    lo = mid
+
+    passing = [r for r in tried if r["passes"]]
+    timings: dict = {}
+    if len(passing) > 1 and ctx.host_runs_target:
+        timings = time_candidates(ctx, {f"float{r['float_nodes']}": dirs[r["float_nodes"]] for r in passing},
+                                  src, dataset, options.timing_rounds)
+        for r in passing:
+            r["median_ms"] = round(timings[f"float{r['float_nodes']}"]["median_ms"], 4)
+        fastest = min(r["median_ms"] for r in passing)
+        # Like fuse: between near-equals (timing noise at batch 1) the most-quantized candidate wins.
+        best = min((r for r in passing if r["median_ms"] <= fastest * (1 + TIMING_TOLERANCE)),
+                   key=lambda r: r["float_nodes"])
+        reason = (f"fewest float nodes among passing candidates within {TIMING_TOLERANCE:.0%} of the fastest "
+                  f"median at batch 1 (interleaved)")
+    elif passing:
+        best = min(passing, key=lambda r: r["float_nodes"])
+        reason = "the only passing candidate" if len(passing) == 1 else "fewest float nodes (host lacks the target: not timed)"
+    else:
+        best = min(tried, key=lambda r: (r["drop"], r["float_nodes"]))
+        reason = f"no candidate within budget (up to {max_float} nodes in float); wrote the smallest drop"
+    harm = {r["name"]: r for r in ranking}
+    budget = {
+        "budget_met": bool(passing),
+        "max_accuracy_drop": options.max_accuracy_drop,
+        "allowed_drop_points": round(allowed, 4),
+        "metric": metric,
+        "float_metric": round(float_points, 4),
+        "metric_after": best["metric"],
+        "drop": best["drop"],
+        "data": cal.dataset_record(dataset, "budget"),
+        "max_float_nodes": max_float,
+        "kept_float": [{"name": n, "op": harm[n]["op"], "harm": harm[n]["harm"],
+                        "why": f"harm rank {i + 1} of {len(ranking)}"} for i, n in enumerate(best["kept_float"])],
+        "harm_ranking": ranking,
+        "search": tried,
+        "chosen": best["float_nodes"],
+        "reason": reason,
+    }
+    ctx.log(f"budget {'met' if passing else 'NOT met'}: {metric} {best['metric']:.2f} (drop {best['drop']:.3f} "
+            f"<= {allowed:.3f}? {bool(passing)}), {best['float_nodes']} node(s) in float; {reason}")
+    return dirs[best["float_nodes"]], budget
+
+
+def time_candidates(ctx, dirs: dict[str, Path], tokenizer_dir: Path, dataset, rounds: int) -> dict[str, dict]:
+    from xformopt.bench.latency import run_interleaved
+    from xformopt.predictors import OrtPredictor
+
+    predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
+    first = next(iter(predictors.values()))
+    encoded = [first.tokenize([t]) for t in dataset.texts[:64]]
+    calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
+    ctx.log(f"timing {len(calls)} passing candidates interleaved at batch 1 ({rounds} rounds)")
+    return {name: s.to_dict() for name, s in run_interleaved(calls, len(encoded), warmup=5, iterations=rounds).items()}
