@@ -222,7 +222,46 @@ def test_bench_json_is_a_valid_baseline(artifact, report, tmp_path, capsys, timi
     assert comparison["baseline_schema"] == "xformopt.bench/1" and comparison["passed"]
 
 
+def test_metric_text_percentages_match_the_report():
+    from xformopt.cli.bench import _metric_text
+
+    assert _metric_text("accuracy", {"value": 0.905, "n": 200, "ci95": [0.86, 0.94]}) == "90.50% (95% CI 86.0-94.0%), n=200"
+    assert _metric_text("agreement_with_baseline", {"value": 0.99, "n": 200}) == "99.00%, n=200"
+    # macro_f1 is a 0-1 score in the report (0.905), not a percentage
+    assert _metric_text("macro_f1", {"value": 0.905, "n": 200, "ci95": [0.86, 0.94]}) == "0.9050 (95% CI 0.8600-0.9400), n=200"
+
+
 # --------------------------------------------------------------------------- refusals (exit 2)
+
+
+def test_gate_without_the_headline_metric_in_the_baseline_exits_2(artifact, report, tmp_path, capsys, timing):
+    timing(report["artifact"]["latency"])
+    doctored = copy.deepcopy(report)
+    del doctored["artifact"]["metrics"]["accuracy"]
+    code, out, err = run_cli(["bench", artifact, "--baseline", write(tmp_path / "no-acc.json", doctored)], capsys)
+    assert code == 2 and "gate passed" not in out
+    lines = [line for line in error_lines(err) if line.startswith("error:")]
+    assert len(lines) == 1 and lines[0] == error_lines(err)[-1]
+    assert lines[0].startswith("error: cannot gate: the headline metric accuracy could not be compared (the baseline has no accuracy)")
+
+
+def test_gate_on_an_artifact_without_reference_exits_2(artifact_copy, capsys, timing):
+    # As for an embeddings artifact without reference/: the headline metric is baseline-relative.
+    report_path = artifact_copy / "report.json"
+    doc = json.loads(report_path.read_text())
+    doc["headline_metric"] = "cosine_to_baseline"
+    doc["artifact"]["metrics"]["cosine_to_baseline"] = {"value": 0.999, "n": 24, "stderr": 0.0001, "p1": 0.99}
+    report_path.write_text(json.dumps(doc))
+    shutil.rmtree(artifact_copy / "reference")
+    timing(doc["artifact"]["latency"])
+    code, out, err = run_cli(["bench", artifact_copy, "--baseline", report_path], capsys)
+    assert code == 2 and "gate passed" not in out
+    errors = [line for line in error_lines(err) if line.startswith("error:")]
+    assert len(errors) == 1
+    assert errors[0].startswith("error: cannot gate: the headline metric cosine_to_baseline could not be compared")
+    assert "reference/" in errors[0] and "held-out data" in errors[0]
+    # Without --baseline the same run is informative and still exits 0.
+    assert run_cli(["bench", artifact_copy], capsys)[0] == 0
 
 
 def test_host_mismatch_refused_then_allowed(artifact, report, tmp_path, capsys, timing):

@@ -393,3 +393,29 @@ def test_export_of_an_onnx_stage_is_input_error(exported_classifier, tmp_path, c
     code, _, err = run_cli(["export", exported_classifier[0], "-o", tmp_path / "e2"], capsys)
     assert_input_error(code, err)
     assert not (tmp_path / "e2").exists()
+
+
+def test_a_pass_command_never_carries_its_input_reports(tiny_classifier, heldout_file, tmp_path, capsys):
+    """`quantize a/ -o q/` of an optimize artifact must not pass off a's report as q's."""
+    e, q = tmp_path / "e", tmp_path / "q"
+    code, _, err = run_cli(["export", tiny_classifier, "-o", e, "--data", heldout_file], capsys)
+    assert code == 0, err
+    for name in ("report.json", "report.md", "accuracy_latency.png"):
+        (e / name).write_text("from an earlier run")
+    (e / "reference").mkdir()
+    code, _, err = run_cli(["quantize", e, "-o", q, "--data", heldout_file], capsys)
+    assert code == 0, err
+    assert sorted(p.name for p in q.iterdir() if p.name.startswith(("report", "accuracy", "reference"))) == []
+    assert (q / "tokenizer.json").is_file() and (q / "config.json").is_file()
+
+
+def test_a_chain_keeps_the_task_its_first_command_chose(tiny_classifier, heldout_file, tmp_path, capsys):
+    e, f = tmp_path / "e", tmp_path / "f"
+    code, _, err = run_cli(["export", tiny_classifier, "-o", e, "--task", "feature-extraction", "--data", heldout_file], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["fuse", e, "-o", f, "--select", "all", "--data", heldout_file, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads((f / "manifest.json").read_text())["input"]["task"] == "feature-extraction"
+    from xformopt import models
+
+    assert models.detect_task(json.loads((tiny_classifier / "config.json").read_text())) == "text-classification"

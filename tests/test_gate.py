@@ -132,8 +132,34 @@ def test_both_failures_in_one_line():
 
 def test_missing_metric_is_skipped_not_failed():
     new = document(metrics={})
-    result = gate.compare(document(), new)
+    result = gate.compare(document(), new, gated=False)
     assert verdicts(result)["accuracy"] == "skipped" and result["passed"]
+
+
+def test_gate_refuses_when_the_headline_metric_is_skipped():
+    # A gate that compared latency only must not pass: exit 2, saying why and how to fix it.
+    new = document(metric="cosine_to_baseline", value=0.999, metrics={})
+    new["notes"] = ["cosine_to_baseline and probe_accuracy skipped: the artifact has no reference/ (fp32 baseline outputs)"]
+    with pytest.raises(InputError) as info:
+        gate.compare(document(metric="cosine_to_baseline", value=0.999), new)
+    message = info.value.message
+    assert "\n" not in message and message.startswith("cannot gate: the headline metric cosine_to_baseline could not be compared")
+    assert "(cosine_to_baseline and probe_accuracy skipped: the artifact has no reference/ (fp32 baseline outputs))" in message
+    assert "artifact's own held-out data" in message and "keep the artifact's reference/ folder" in message
+    assert "gate passed" not in message
+
+
+def test_gate_refuses_when_the_baseline_lacks_the_headline_metric():
+    with pytest.raises(InputError) as info:
+        gate.compare(document(metrics={}), document())
+    message = info.value.message
+    assert message.startswith("cannot gate: the headline metric accuracy could not be compared (the baseline has no accuracy)")
+    assert "gate against a baseline that has accuracy" in message
+
+
+def test_gate_refuses_without_notes_too():
+    with pytest.raises(InputError, match=r"could not be compared \(this run has no accuracy\)"):
+        gate.compare(document(), document(metrics={}))
 
 
 # --------------------------------------------------------------------------- like with like
@@ -280,7 +306,9 @@ def test_junit_informative_and_skipped_checks_are_skipped():
     assert root.get("failures") == "0" and root.get("skipped") == "2"
     assert all(case.find("skipped") is not None for case in root.findall("testcase"))
 
-    missing = gate.compare(document(), document(metrics={}))
+    # A gated comparison with a skipped check (compare refuses to gate one whose headline metric is
+    # skipped, so it is built from the informative one): the check is <skipped>, nothing fails.
+    missing = {**gate.compare(document(), document(metrics={}), gated=False), "gated": True}
     root = ET.fromstring(junit_xml(missing))
     assert (root.get("failures"), root.get("skipped")) == ("0", "1")
     assert root.findall("testcase")[1].find("skipped").get("message").startswith("accuracy skipped")

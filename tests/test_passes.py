@@ -11,7 +11,7 @@ import pytest
 from conftest import TINY, make_ctx, onnx_op_counts, run_pass
 from onnx import numpy_helper
 
-from xformopt.errors import PassFailed
+from xformopt.errors import InputError, PassFailed
 from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, weighted_gemms
 from xformopt.passes import all_passes, get_pass
 from xformopt.passes.export import compare, parity_texts
@@ -121,7 +121,7 @@ def test_parity_texts_needs_three_lengths(tiny_classifier):
     from xformopt.models import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_classifier)
-    with pytest.raises(PassFailed, match="at least 3 different token lengths"):
+    with pytest.raises(InputError, match="at least 3 different token lengths"):
         parity_texts(["good", "bad", "a good film"], tokenizer)
     texts = ["good", "a good film", "a good film , really", "a good film , really , truly and deeply"]
     picked = parity_texts(texts, tokenizer, count=4)
@@ -297,6 +297,32 @@ def test_choose_fused_fastest_and_subset():
     assert chosen == "all" and reason.startswith("fastest median")
     assert "all 1.00 ms, none 3.00 ms" in reason
     assert choose({"no_attention": _t(2.0), "none": _t(2.05)}, 0.05)[0] == "no_attention"
+
+
+def test_preferred_within_tolerance_is_the_rule_fuse_and_quantize_share():
+    from xformopt.passes.timing import preferred_within_tolerance
+
+    medians = {0: 1.06, 2: 1.04, 4: 1.0}  # quantize: float-node counts, fewest preferred
+    assert preferred_within_tolerance(medians, sorted(medians), 0.05) == 2
+    assert preferred_within_tolerance(medians, sorted(medians), 0.10) == 0
+    assert preferred_within_tolerance(medians, sorted(medians), 0.0) == 4
+    assert preferred_within_tolerance({"none": 1.0}, ("all", "no_attention", "none"), 0.05) == "none"  # absent names skipped
+
+
+def test_quantize_summary_says_when_the_budget_was_not_met():
+    from xformopt.cli.passes import summary
+
+    def entry(met: bool, drop: float) -> dict:
+        budget = {"budget_met": met, "metric": "accuracy", "float_metric": 87.0, "metric_after": 87.0 - drop, "drop": drop,
+                  "allowed_drop_points": 0.5, "kept_float": [], "search": [{}, {}]}
+        record = {"coverage": {"int8": 12, "weighted_gemms": 12, "int8_ops": {"MatMulInteger": 12}, "kept_float": []},
+                  "agreement": {"mean_cosine": 0.99}, "budget": budget}
+        return {"pass": "quantize", "record": record}
+
+    met = summary(entry(True, 0.25))
+    assert "budget met: accuracy 87.00 -> 86.75 (drop 0.25 <= 0.50)" in met and "NOT met" not in met
+    missed = summary(entry(False, 1.5))
+    assert "budget NOT met: accuracy 87.00 -> 85.50 (drop 1.50 > 0.50)" in missed and "<=" not in missed
 
 
 # --------------------------------------------------------------------------- quantize

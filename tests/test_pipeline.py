@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xformopt import cache, pipeline, recipe
+from xformopt import pipeline, recipe
+from xformopt.bench import host
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
 from xformopt.errors import InputError, PassFailed
 from xformopt.report.build import REPORT_SCHEMA
@@ -64,7 +65,7 @@ def test_manifest_contents(first_run, tiny_classifier):
     assert manifest["schema"] == MANIFEST_SCHEMA
     assert manifest["recipe"] == tiny_recipe(Path(manifest["recipe"]["evaluation"]["data"])).to_dict()
     assert manifest["recipe"]["name"] == "tiny"
-    assert set(manifest["versions"]) == set(cache.LIBRARIES)
+    assert set(manifest["versions"]) == set(host.LIBRARIES)
     import onnxruntime
     import torch
 

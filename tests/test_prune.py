@@ -263,12 +263,59 @@ def test_cli_prune_writes_manifest(tiny_classifier, tmp_path, capsys):
 @pytest.mark.parametrize("args, fragment", [
     (["--sparsity", "1.5"], "sparsity"),
     (["--sparsity", "-0.1"], "sparsity"),
+    (["--sparsity", "0"], "sparsity"),  # removes nothing: not a prune
     ([], "give a target"),
     (["--sparsity", "0.5", "--layers", "1"], "exclusive"),
 ])
 def test_cli_bad_options_exit_2(tiny_classifier, tmp_path, capsys, args, fragment):
     code, _, err = run_cli(["prune", tiny_classifier, "-o", tmp_path / "p", *args], capsys)
     assert code == 2 and fragment in err
+    assert not (tmp_path / "p").exists()
+
+
+def test_zero_sparsity_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="greater than 0"):
+        P.PruneOptions(sparsity=0)
+    with pytest.raises(ValidationError):
+        P.PruneOptions(sparsity=0.0)
+    assert P.PruneOptions(sparsity=0.001).sparsity == 0.001
+
+
+def test_removes_nothing_and_explicit_check():
+    shape = P.Shape(hidden=64, head_dim=16, heads=[4, 4], ffn=[128, 128])
+    full = P.Plan([0, 1], {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}, {0: list(range(128)), 1: list(range(128))}, 128)
+    assert P.removes_nothing(full, shape)
+    assert not P.removes_nothing(P.Plan([0], {0: [0, 1, 2, 3]}, {0: list(range(128))}, 128), shape)
+    assert not P.removes_nothing(P.Plan([0, 1], {0: [0, 1, 2], 1: [0, 1, 2, 3]}, full.ffn, 128), shape)
+    assert not P.removes_nothing(P.Plan([0, 1], full.heads, {0: list(range(64)), 1: list(range(64))}, 64), shape)
+    for clipped in (dict(layers=99, ffn_dim=99999), dict(heads_per_layer=4), dict(layers=2), dict(ffn_dim=120)):
+        with pytest.raises(InputError) as info:
+            P.check_explicit_prunes(shape, P.PruneOptions(**clipped), 16)
+        message = info.value.message
+        assert message.startswith("nothing to prune: ") and "\n" not in message
+        assert "2 layers, 4 heads per layer, FFN 128" in message
+        assert message.endswith("ask for fewer heads/FFN/layers or sparsity > 0")
+    assert "layers=99, ffn_dim=99999" in str(pytest.raises(
+        InputError, P.check_explicit_prunes, shape, P.PruneOptions(layers=99, ffn_dim=99999), 16).value)
+    for real in (dict(layers=1), dict(heads_per_layer=3), dict(ffn_dim=64), dict(layers=99, ffn_dim=64)):
+        P.check_explicit_prunes(shape, P.PruneOptions(**real), 16)  # removes something: no error
+
+
+def test_pass_refuses_a_prune_that_removes_nothing(tiny_classifier, sample_texts, tmp_path):
+    ctx = make_ctx(tiny_classifier, sample_texts)
+    with pytest.raises(InputError, match=r"^nothing to prune: layers=99, ffn_dim=99999 keeps the model's whole shape"):
+        run_pass("prune", ctx, tiny_classifier, tmp_path / "clipped", layers=99, ffn_dim=99999, **FAST)
+    # 1% of the FLOPs rounds back to the full FFN width (a multiple of 16) and every head: nothing removed.
+    with pytest.raises(InputError, match=r"^nothing to prune: sparsity 0.01 rounds back to the model's whole shape"):
+        run_pass("prune", ctx, tiny_classifier, tmp_path / "tiny", sparsity=0.01, **FAST)
+
+
+def test_cli_prune_that_removes_nothing_exits_2(tiny_classifier, tmp_path, capsys):
+    code, _, err = run_cli(["prune", tiny_classifier, "-o", tmp_path / "p", "--layers", "99", "--ffn-dim", "99999",
+                            "--no-latency", "--samples", "16"], capsys)
+    assert code == 2 and "nothing to prune" in err and "ask for fewer heads/FFN/layers or sparsity > 0" in err
     assert not (tmp_path / "p").exists()
 
 

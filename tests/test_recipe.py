@@ -218,6 +218,14 @@ def test_export_twice_rejected():
     assert "PyTorch model" in info.value.message
 
 
+@pytest.mark.parametrize("passes", [["export", "fuse", "fuse", "quantize"], [{"prune": {"sparsity": 0.3}}, {"prune": {"sparsity": 0.3}}, "export"]])
+def test_a_pass_twice_is_rejected(passes):
+    """The report has one stage per pass name: a repeated pass would scramble its rows."""
+    with pytest.raises(InputError) as info:
+        recipe.validate({"passes": passes})
+    assert "appears twice" in info.value.message
+
+
 def test_fuse_after_quantize_rejected(tmp_path):
     path = write(tmp_path, """
         passes:

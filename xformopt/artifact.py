@@ -70,13 +70,27 @@ def hash_dir(path: Path) -> str:
     return digest.hexdigest()
 
 
-def copy_stage(stage_dir: Path, dst: Path) -> None:
-    """Copy a stage's model, tokenizer and config files into the artifact."""
+# What a run writes beside the model: never carried from one stage or artifact into the next, so
+# `xformopt quantize a/ -o q/` cannot pass off a's report as q's.
+RUN_OUTPUTS = ("manifest.json", "report.json", "report.md", "reference", "*.png")
+
+
+def is_run_output(name: str) -> bool:
+    """Hidden bookkeeping or a file a run writes beside the model (report, manifest, plots)."""
+    import fnmatch
+
+    return name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in RUN_OUTPUTS)
+
+
+def copy_stage(stage_dir: Path, dst: Path, *, with_model: bool = True) -> None:
+    """Copy a stage's model, tokenizer and config files (not the run outputs beside them) into dst."""
     for item in Path(stage_dir).iterdir():
-        if item.name.startswith("."):
+        if is_run_output(item.name):
+            continue
+        if not with_model and item.name.startswith("model.onnx"):
             continue
         if item.is_dir():
-            shutil.copytree(item, dst / item.name)
+            shutil.copytree(item, dst / item.name, dirs_exist_ok=True)
         else:
             shutil.copy2(item, dst / item.name)
 

@@ -1,6 +1,7 @@
 """Finished passes, keyed by a hash of everything that decides their output.
 
-Key = input stage hash + pass name + resolved options + target + task + library versions. Olive's
+Key = input stage hash + pass name + resolved options + target + task + library versions + the
+context the pass ran in (sample texts, threads, CPU, content of data files it reads). Olive's
 cache omits library versions; we include them, since a new onnxruntime can fuse differently.
 """
 
@@ -16,25 +17,9 @@ from pathlib import Path
 
 from xformopt.artifact import write_json
 
-LIBRARIES = ("xformopt", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
-
 
 def cache_root() -> Path:
     return Path(os.environ.get("XFORMOPT_CACHE_DIR") or Path.home() / ".cache" / "xformopt") / "passes"
-
-
-def library_versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    import xformopt
-
-    out = {}
-    for name in LIBRARIES:
-        try:
-            out[name] = xformopt.__version__ if name == "xformopt" else version(name)
-        except PackageNotFoundError:
-            out[name] = "not installed"
-    return out
 
 
 def pass_key(input_key: str, name: str, options: dict, target: str, task: str, versions: dict) -> str:
@@ -48,9 +33,13 @@ def pass_key(input_key: str, name: str, options: dict, target: str, task: str, v
 def lookup(key: str) -> tuple[Path, dict] | None:
     entry = cache_root() / key
     record = entry / ".record.json"
-    if record.is_file():
+    if not record.is_file():
+        return None
+    try:
         return entry, json.loads(record.read_text())
-    return None
+    except (json.JSONDecodeError, OSError):  # a damaged entry is a miss, rebuilt below
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
 
 
 def build(key: str, run: Callable[[Path], dict]) -> tuple[Path, dict]:
@@ -63,10 +52,12 @@ def build(key: str, run: Callable[[Path], dict]) -> tuple[Path, dict]:
         record = run(tmp)
         write_json(tmp / ".record.json", record)
         entry = root / key
-        if entry.exists():  # a concurrent run finished first: keep theirs
-            shutil.rmtree(tmp)
-        else:
+        try:
             tmp.rename(entry)
+        except OSError:  # a concurrent run finished the same key first: keep theirs
+            if not (entry / ".record.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -7,7 +7,6 @@ target, output path, held-out data and pass chain are all checked first.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from xformopt.artifact import (
     hash_dir,
     write_json,
 )
+from xformopt.bench.host import library_versions
 from xformopt.data import TextDataset, load_text_dataset
 from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
@@ -84,16 +84,52 @@ def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
         raise PassFailed(f"pass {pass_cls.name!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, workdir: Path) -> tuple[list[Stage], list[dict]]:
+def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
+    """Input problems a pass or a latency mode would only meet minutes into the run: fail now."""
+    import json
+
+    for step in recipe.passes:
+        for name, value in step.options.items():
+            if name.endswith("data") and isinstance(value, str) and value and not Path(value.split("::")[0]).exists():
+                raise InputError(f"{step.name}.{name}: data file not found: {value}")
+    ev = recipe.evaluation
+    if "fixed" in ev.modes:
+        limit = json.loads((spec.path / "config.json").read_text()).get("max_position_embeddings")
+        if limit and spec.model_type in ("roberta", "xlm-roberta", "camembert"):
+            limit -= 2  # their position ids start after the padding index
+        if limit and max(ev.seq) > limit:
+            raise InputError(f"--seq {max(ev.seq)} is longer than the model's {limit} positions; use lengths up to {limit}")
+
+
+def context_key(ctx: PassContext, options: dict) -> dict:
+    """What else decides a pass's output: the texts it verifies and times on, the threads and host
+    it times with (fuse keeps the fastest candidate), and the content of data files it reads."""
+    import hashlib
+
+    from xformopt.artifact import sha256_file
+    from xformopt.bench.host import cpu_model
+
+    texts = hashlib.sha256("\x1f".join(ctx.sample_texts).encode()).hexdigest()
+    files = {}
+    for name, value in options.items():
+        if isinstance(value, str) and value and Path(value.split("::")[0]).exists():
+            path = Path(value.split("::")[0])
+            files[name] = sha256_file(path) if path.is_file() else hash_dir(path)
+    return {"texts": texts, "threads": ctx.threads, "cpu": cpu_model(), "files": files}
+
+
+def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, workdir: Path,
+               input_key: str | None = None) -> tuple[list[Stage], list[dict]]:
     """Run (or reuse from the cache) each pass; returns the stages and the per-pass records."""
-    versions = cache.library_versions()
+    versions = library_versions()
     stages = [Stage("pytorch", "hf", ctx.spec.path)]
-    input_key = hash_dir(ctx.spec.path)
+    input_key = input_key or hash_dir(ctx.spec.path)
     records = []
     for i, step in enumerate(recipe.passes, start=1):
         pass_cls = get_pass(step.name)
         options = pass_cls.Options.model_validate(step.options)
-        key = cache.pass_key(input_key, step.name, step.options, ctx.target.name, ctx.spec.task, versions)
+        key = cache.pass_key(input_key, step.name, step.options, ctx.target.name, ctx.spec.task,
+                             {**versions, "context": context_key(ctx, step.options)})
         src = stages[-1].path
         started = time.perf_counter()
         hit = cache.lookup(key) if use_cache else None
@@ -145,6 +181,7 @@ def run(
     check_output(out, force)
     target = targets.resolve(recipe.target)
     spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
+    check_inputs(recipe, spec)
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or usable_cpus()
     flags = cpu_flags()
@@ -155,7 +192,8 @@ def run(
         f"held-out {len(heldout)} rows from {heldout.source}")
 
     with tempfile.TemporaryDirectory(prefix="xformopt-run-") as workdir:
-        stages, records = run_passes(recipe, ctx, use_cache, log, Path(workdir))
+        input_hash = hash_dir(spec.path)
+        stages, records = run_passes(recipe, ctx, use_cache, log, Path(workdir), input_hash)
         evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
         host = host_info()
         report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
@@ -163,22 +201,19 @@ def run(
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "input": {
-                "source": spec.source, "path": str(spec.path), "sha256": hash_dir(spec.path),
+                "source": spec.source, "path": str(spec.path), "sha256": input_hash,
                 "model_type": spec.model_type, "task": spec.task,
             },
             "target": target.to_dict(),
             "host": host,
-            "versions": cache.library_versions(),
+            "versions": library_versions(),
             "recipe": recipe.to_dict(),
             "heldout": {"source": heldout.source, "rows": len(heldout)},
             "passes": records,
         }
         final = stages[-1]
         with atomic_dir(out, force) as tmp:
-            if final.kind == "onnx":
-                copy_stage(final.path, tmp)
-            else:  # a recipe of torch passes only: the artifact is a Hugging Face directory
-                shutil.copytree(final.path, tmp, dirs_exist_ok=True)
+            copy_stage(final.path, tmp)  # model.onnx, or a Hugging Face directory after torch passes only
             from xformopt.report.render import write_report_files
 
             write_json(tmp / "manifest.json", manifest)
@@ -259,15 +294,18 @@ def run_single(
     check_output(out, force)
     validated = validate_options(pass_name, options, f"xformopt {pass_name}")
     check_stage_dir(Path(model), pass_cls.consumes)
-    spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
-    resolved_target = targets.resolve(target)
-    heldout = load_text_dataset(Path(data) if data else default_heldout(), label2id=None, limit=200, seed=0)
-    ctx = PassContext(spec, resolved_target, heldout.texts, usable_cpus(), cpu_flags(), log)
     previous = {}
-    if (spec.path / "manifest.json").is_file():
+    if (Path(model) / "manifest.json").is_file():
         from xformopt.artifact import read_manifest
 
-        previous = read_manifest(spec.path)
+        previous = read_manifest(Path(model))
+    # A chain keeps the task its first command chose (e.g. export --task feature-extraction).
+    task = task or (previous.get("input") or {}).get("task")
+    spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
+    resolved_target = targets.resolve(target)
+    # Texts only (for parity checks and timing): labels are not read, so no label flags are needed.
+    heldout = load_text_dataset(Path(data) if data else default_heldout(), label_column="", limit=200, seed=0)
+    ctx = PassContext(spec, resolved_target, heldout.texts, usable_cpus(), cpu_flags(), log)
     # The same ordering contract as a recipe: the input's pass history plus this pass.
     history = [entry["pass"] for entry in previous.get("passes", [])]
     start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage
@@ -283,7 +321,7 @@ def run_single(
             "input": previous.get("input") or {"source": model, "path": str(spec.path), "sha256": hash_dir(spec.path),
                                                "model_type": spec.model_type, "task": spec.task},
             "target": resolved_target.to_dict(),
-            "versions": cache.library_versions(),
+            "versions": library_versions(),
             "passes": [*previous.get("passes", []), entry],
         }
         write_json(tmp / "manifest.json", manifest)

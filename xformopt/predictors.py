@@ -96,6 +96,14 @@ class TorchPredictor(Predictor):
         return self._finish(self.raw_outputs(encoded), encoded)
 
 
+def thread_pool_setting() -> str:
+    """How the thread pools wait, as this process really has it (recorded in every report)."""
+    import os
+
+    omp = os.environ.get("OMP_WAIT_POLICY", "unset: OpenMP's default, which spins")
+    return f"ONNX Runtime allow_spinning=0; PyTorch OMP_WAIT_POLICY={omp}"
+
+
 def ort_session(model_path: Path, threads: int | None = None, level: str = "all"):
     """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible)."""
     import onnxruntime as ort

@@ -148,6 +148,13 @@ def validate(raw: Any, origin: str = "<recipe>", text: str = "") -> Recipe:
             )
         step.options = validate_options(step.name, step.options, origin, lines, path).model_dump()
     check_order(recipe, lines, origin)
+    names = [step.name for step in recipe.passes]
+    for i, name in enumerate(names):
+        if name in names[:i]:  # after check_order, which gives the specific reason where there is one
+            raise InputError(
+                f"{_where(lines, ('passes', i, name), origin)}: pass {name!r} appears twice; each pass runs once "
+                "per recipe (the report has one stage per pass): merge the two steps"
+            )
     return recipe
 
 

@@ -81,7 +81,8 @@ PROFILES: dict[str, Target] = {
         Target(
             name="arm64",
             description="64-bit Arm with NEON dot-product (Graviton 2+, Apple M-series, Ampere)",
-            requires=("asimd",),
+            # Linux's /proc/cpuinfo says asimd; macOS's sysctl says neon / advsimd.
+            requires=("asimd|neon|advsimd",),
             # Arm kernels take signed or unsigned weights at full range; S8 weights with per-channel
             # scales are ORT's recommended default there. Static stays u8 asymmetric QOperator until
             # measured on an Arm host: ORT suggests symmetric s8 activations in QDQ form for Arm, which

@@ -39,7 +39,9 @@ compared in points: ``points = 100 * value``, so ``--max-accuracy-drop 0.5`` all
 percentage points of accuracy, or 0.005 of cosine. A regression iff
 ``100 * (old - new) > max_accuracy_drop``. Both runs score the same rows with the same model
 file, so the metric is (near) deterministic; the confidence intervals are reported as evidence
-but do not widen the limit.
+but do not widen the limit. A gate (``--baseline``) whose headline metric cannot be compared
+(one side lacks it, e.g. an embeddings artifact without ``reference/``, or other ``--data``) is
+refused with an InputError (exit 2) rather than passed on latency alone.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from xformopt.bench.host import (
 )
 from xformopt.errors import InputError
 from xformopt.report.build import REPORT_SCHEMA
+from xformopt.report.cells import PERCENT_METRICS
 
 BENCH_SCHEMA = "xformopt.bench/1"
 KNOWN_SCHEMAS = (REPORT_SCHEMA, BENCH_SCHEMA)
@@ -304,7 +307,7 @@ def metric_check(name: str, old_metrics: dict, new_metrics: dict, max_drop_point
 
 
 def _fmt_metric(name: str, value: float) -> str:
-    return f"{100 * value:.2f}%" if name == "accuracy" or name.endswith("_accuracy") else f"{value:.4f}"
+    return f"{100 * value:.2f}%" if name in PERCENT_METRICS else f"{value:.4f}"
 
 
 def compare(
@@ -320,8 +323,9 @@ def compare(
     """The ``comparison`` section of a bench document.
 
     ``gated``: a CI gate (``--baseline``). A gated comparison refuses incomparable documents with an
-    InputError; an informative one (the artifact's own report, no ``--baseline``) records why they
-    are not comparable and still lists the checks.
+    InputError, and so one whose headline metric could not be compared (a gate that checked only
+    latency must not pass as a whole); an informative one (the artifact's own report, no
+    ``--baseline``) records why they are not comparable and still lists the checks.
     """
     verdict = comparability(baseline, current, allow_host_mismatch or not gated)
     if gated and not verdict["comparable"]:
@@ -334,6 +338,8 @@ def compare(
         latency_check(baseline["artifact"]["latency"], current["artifact"]["latency"], max_latency_regression),
         metric_check(headline, baseline["artifact"].get("metrics") or {}, current["artifact"].get("metrics") or {}, max_accuracy_drop),
     ]
+    if gated and checks[1]["verdict"] == SKIPPED:
+        raise InputError(headline_skipped_message(headline, current))
     return {
         "baseline": baseline_path,
         "baseline_schema": baseline.get("schema"),
@@ -344,6 +350,21 @@ def compare(
         "checks": checks,
         "passed": all(c["verdict"] != REGRESSION for c in checks),
     }
+
+
+def headline_skipped_message(headline: str, current: dict) -> str:
+    """One line for a gate whose headline metric could not be compared: why, and how to fix it."""
+    current_has = _number(((current["artifact"].get("metrics") or {}).get(headline) or {}).get("value"))
+    if current_has:  # the baseline lacks it
+        why = f"the baseline has no {headline}"
+        fix = (f"gate against a baseline that has {headline}: a report.json of `xformopt optimize` or a JSON of "
+               f"`xformopt bench -o` measured on the artifact's own held-out rows")
+    else:
+        notes = [n for n in current.get("notes") or [] if isinstance(n, str) and headline in n and "skipped" in n]
+        why = notes[0] if notes else f"this run has no {headline}"
+        fix = ("bench on the artifact's own held-out data (the data its report used; no other --data/--limit) and keep "
+               "the artifact's reference/ folder (the fp32 baseline outputs)")
+    return f"cannot gate: the headline metric {headline} could not be compared ({why}); {fix}"
 
 
 def failure_message(comparison: dict) -> str | None:

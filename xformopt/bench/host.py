@@ -43,7 +43,8 @@ RELEVANT_FLAGS = frozenset(
     }
 )
 
-LIBRARIES = ("xformopt", "torch", "transformers", "onnx", "onnxruntime", "optimum", "numpy")
+# The libraries that shape results: recorded in every report and manifest, and part of every cache key.
+LIBRARIES = ("xformopt", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime", "numpy")
 
 NOT_INSTALLED = "not installed"
 

@@ -38,10 +38,10 @@ from pathlib import Path
 from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
 from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
 from xformopt.errors import InputError
+from xformopt.predictors import thread_pool_setting
 
 Log = Callable[[str], None]
 
-THREAD_POOLS = "no spin-waiting (ORT allow_spinning=0, OMP_WAIT_POLICY=PASSIVE)"
 TOP_LEVEL_KEYS = ("schema", "created", "artifact_path", "model", "target", "headline_metric", "settings",
                   "host", "host_fingerprint", "artifact", "notes", "comparison")
 
@@ -174,7 +174,7 @@ def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan
         "repeats": int(opts.repeats or reported.get("repeats") or ev.repeats),
         "seed": int(seed),
         "heldout": {"source": heldout.source, "rows": len(heldout), "row_ids_sha256": row_ids_digest(heldout.row_ids)},
-        "thread_pools": THREAD_POOLS,
+        "thread_pools": thread_pool_setting(),
     }
     return Plan(settings, heldout, notes)
 

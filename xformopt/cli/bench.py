@@ -14,6 +14,7 @@ from rich.table import Table
 from xformopt.artifact import write_text_atomic as write_atomic
 from xformopt.cli import output
 from xformopt.errors import GateFailed, InputError
+from xformopt.report.cells import PERCENT_METRICS
 
 EXAMPLES = """
 Examples:
@@ -50,7 +51,7 @@ def check_writable(path: Path | None, flag: str) -> None:
 
 def _metric_text(name: str, metric: dict) -> str:
     value = metric["value"]
-    pct = name == "accuracy" or name.endswith("accuracy") or name in ("macro_f1", "agreement_with_baseline")
+    pct = name in PERCENT_METRICS  # as the report shows them: macro_f1 is a 0-1 score, not a percentage
     text = f"{100 * value:.2f}%" if pct else f"{value:.4f}"
     if "ci95" in metric:
         lo, hi = metric["ci95"]
@@ -84,7 +85,7 @@ def _value(check: dict, key: str) -> str:
         return "-"
     if check["kind"] == "latency":
         return f"{value:.2f} ms"
-    return f"{100 * value:.2f}%" if check["name"].endswith("accuracy") else f"{value:.4f}"
+    return f"{100 * value:.2f}%" if check["name"] in PERCENT_METRICS else f"{value:.4f}"
 
 
 def comparison_table(comparison: dict) -> Table:
@@ -102,7 +103,7 @@ def comparison_table(comparison: dict) -> Table:
             limit = f"+{100 * c['limit']:g}%"
             tolerance = f"noise {c['tolerance']:.2f} ms"
         else:
-            cosine = not c["name"].endswith("accuracy")
+            cosine = c["name"] not in PERCENT_METRICS
             change = f"{c['change']:+.4f}" if cosine else f"{c['change_points']:+.2f} pt"
             limit = f"-{c['limit'] / 100:g}" if cosine else f"-{c['limit']:g} pt"
             tolerance = "-"

@@ -60,7 +60,7 @@ def summary(entry: dict) -> str:
         if "budget" in rec:
             b = rec["budget"]
             line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "
-                     f"{b['metric_after']:.2f} (drop {b['drop']:.2f} <= {b['allowed_drop_points']:.2f}), "
+                     f"{b['metric_after']:.2f} (drop {b['drop']:.2f} {'<=' if b['budget_met'] else '>'} {b['allowed_drop_points']:.2f}), "
                      f"{len(b['kept_float'])} returned to float after {len(b['search'])} candidate(s)")
         return line
     return json.dumps(rec)[:200]
@@ -143,7 +143,7 @@ def quantize(
 def prune(
     model: str = typer.Argument(..., help="Local HF directory, cached hub id, or alias (BERT-family encoder)."),
     out: Path = OUT,
-    sparsity: float = typer.Option(None, "--sparsity", help="Fraction of encoder FLOPs to remove (0-0.9), e.g. 0.5."),
+    sparsity: float = typer.Option(None, "--sparsity", help="Fraction of encoder FLOPs to remove (more than 0, at most 0.9), e.g. 0.5."),
     heads_per_layer: int = typer.Option(None, "--heads-per-layer", help="Explicit: attention heads kept per layer."),
     ffn_dim: int = typer.Option(None, "--ffn-dim", help="Explicit: FFN width kept (rounded to the target's SIMD multiple)."),
     layers: int = typer.Option(None, "--layers", help="Explicit: number of encoder layers kept."),

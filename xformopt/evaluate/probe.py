@@ -18,9 +18,14 @@ class Probe:
 
         y = np.asarray(labels)
         rng = np.random.default_rng(seed)
-        order = rng.permutation(len(y))
-        cut = int(len(y) * train_fraction)
-        self.train_idx, self.test_idx = np.sort(order[:cut]), np.sort(order[cut:])
+        # Stratified: each class is split in the same proportion, so both halves hold every class.
+        train, test = [], []
+        for cls in np.unique(y):
+            members = rng.permutation(np.flatnonzero(y == cls))
+            cut = max(1, int(len(members) * train_fraction))
+            train.append(members[:cut])
+            test.append(members[cut:])
+        self.train_idx, self.test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
         self.labels = y
         self.classifier = LogisticRegression(max_iter=2000).fit(baseline_embeddings[self.train_idx], y[self.train_idx])
 

@@ -76,7 +76,7 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
             "speedup": speedup[name],
             "size_bytes": model_bytes(stage),
         }
-        for name, stage in zip(predictors, stages)
+        for name, stage in ((stage.name, stage) for stage in stages)
     }
     return {
         "stages": per_stage,

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
-from xformopt.errors import PassFailed
+from xformopt.errors import InputError, PassFailed
+from xformopt.evaluate.metrics import row_cosine
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
 
@@ -35,7 +36,10 @@ def parity_texts(texts, tokenizer, count: int = 4) -> list[str]:
         by_length.setdefault(len(tokenizer(text)["input_ids"]), text)
     lengths = sorted(by_length)
     if len(lengths) < 3:
-        raise PassFailed("export parity needs sample texts of at least 3 different token lengths")
+        raise InputError(
+            f"export parity needs held-out texts of at least 3 different token lengths (got {len(texts)} texts); "
+            "raise --limit or pass a larger --data"
+        )
     picks = np.linspace(0, len(lengths) - 1, num=min(count, len(lengths))).round().astype(int)
     return [by_length[lengths[i]] for i in sorted(set(picks))]
 
@@ -45,11 +49,7 @@ def compare(reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | Non
     if mask is not None and reference.ndim == 3:  # token states: ignore padding positions
         keep = mask.astype(bool)
         reference, candidate = reference[keep], candidate[keep]
-    reference = reference.reshape(len(reference), -1)
-    candidate = candidate.reshape(len(candidate), -1)
-    cos = (reference * candidate).sum(1) / (
-        np.linalg.norm(reference, axis=1) * np.linalg.norm(candidate, axis=1) + 1e-12
-    )
+    cos = row_cosine(reference, candidate)
     return {"max_abs_diff": float(np.abs(reference - candidate).max()), "min_cosine": float(cos.min())}
 
 

@@ -16,9 +16,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 Candidate = Literal["all", "no_attention", "none"]
 
@@ -105,18 +107,6 @@ def full_fusion_expectation(ctx: PassContext) -> dict[str, int]:
     return {"Attention": layers, "SkipLayerNormalization": 2 * layers}
 
 
-def time_candidates(ctx: PassContext, dirs: dict[str, Path], rounds: int) -> dict[str, dict]:
-    from xformopt.bench.latency import run_interleaved
-    from xformopt.predictors import OrtPredictor
-
-    predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads) for name, d in dirs.items()}
-    tokenizer_owner = next(iter(predictors.values()))
-    encoded = [tokenizer_owner.tokenize([t]) for t in ctx.sample_texts[:64]]
-    calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
-    stats = run_interleaved(calls, len(encoded), warmup=5, iterations=rounds)
-    return {name: s.to_dict() for name, s in stats.items()}
-
-
 class FusePass(Pass):
     name = "fuse"
     stage = "onnx"
@@ -135,7 +125,8 @@ class FusePass(Pass):
         wanted = ["all"] if options.select == "all" else ["none"] if options.select == "none" else options.candidates
         for name in dict.fromkeys(["all", *wanted]):  # "all" is always built: it proves fusability
             cdir = work / name
-            shutil.copytree(src, cdir, ignore=shutil.ignore_patterns(".*"))
+            cdir.mkdir(parents=True)
+            copy_stage(src, cdir)
             if name != "none":
                 ctx.log(f"fusing ({name})")
                 counts[name] = build_fused(src / "model.onnx", cdir / "model.onnx", ctx, CANDIDATES[name])
@@ -154,7 +145,7 @@ class FusePass(Pass):
             timed = {name: candidates[name] for name in wanted}
             if ctx.host_runs_target:
                 ctx.log(f"timing {', '.join(timed)} interleaved ({options.timing_rounds} rounds)")
-                timings = time_candidates(ctx, timed, options.timing_rounds)
+                timings = time_stage_dirs(ctx, timed, options.timing_rounds)
                 chosen, reason = choose(timings, options.tolerance)
             else:
                 chosen, reason = "all", f"host lacks target {ctx.target.name}: not timed here, kept full fusion"
@@ -188,8 +179,7 @@ def choose(timings: dict[str, dict], tolerance: float) -> tuple[str, str]:
     medians = {name: t["median_ms"] for name, t in timings.items()}
     fastest = min(medians.values())
     summary = ", ".join(f"{n} {m:.2f} ms" for n, m in sorted(medians.items(), key=lambda kv: kv[1]))
-    by_fusion = [name for name in FUSION_ORDER if name in medians]
-    chosen = next(name for name in by_fusion if medians[name] <= fastest * (1 + tolerance))
+    chosen = preferred_within_tolerance(medians, FUSION_ORDER, tolerance)
     if medians[chosen] == fastest:
         return chosen, f"fastest median at batch 1 on this host ({summary})"
     return chosen, f"within {tolerance:.0%} of the fastest, and more fused (median at batch 1: {summary})"

@@ -80,6 +80,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from xformopt.artifact import is_run_output
 from xformopt.errors import InputError, PassFailed
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
@@ -90,7 +91,7 @@ AUTO_TIE = 0.02  # candidates within 2% of the best sample loss prefer fewer lay
 
 class PruneOptions(PassOptions):
     sparsity: float | None = Field(
-        None, ge=0.0, le=0.9, description="fraction of encoder FLOPs (at reference_length) to remove"
+        None, gt=0.0, le=0.9, description="fraction of encoder FLOPs (at reference_length) to remove (> 0)"
     )
     heads_per_layer: int | None = Field(None, ge=1, description="explicit: attention heads kept in every layer")
     ffn_dim: int | None = Field(None, ge=1, description="explicit: FFN width kept in every layer")
@@ -446,6 +447,31 @@ def width_plan(head_scores, ffn_scores, keep_layers: list[int], head_fraction: f
     )
 
 
+def removes_nothing(plan: Plan, shape0: Shape) -> bool:
+    """True when ``plan`` keeps every layer, head and FFN neuron of ``shape0``: a prune that is a copy."""
+    return len(plan.keep_layers) == shape0.num_layers and all(
+        len(plan.heads[i]) == shape0.heads[i] and len(plan.ffn[i]) == shape0.ffn[i] for i in plan.keep_layers)
+
+
+def shape_text(shape: Shape) -> str:
+    heads = shape.heads[0] if len(set(shape.heads)) == 1 else "/".join(map(str, shape.heads))
+    ffn = shape.ffn[0] if len(set(shape.ffn)) == 1 else "/".join(map(str, shape.ffn))
+    return f"{shape.num_layers} layers, {heads} heads per layer, FFN {ffn}"
+
+
+def check_explicit_prunes(shape0: Shape, options: PruneOptions, multiple: int) -> None:
+    """Fail before any importance work when explicit targets, clipped to the model and rounded to the
+    SIMD multiple, keep the model's shape (e.g. ``layers: 99, ffn_dim: 99999``). The kept counts do
+    not depend on the importance scores, so neutral scores decide it."""
+    neutral = explicit_plan([np.zeros(h) for h in shape0.heads], [np.zeros(f) for f in shape0.ffn],
+                            [0.0] * shape0.num_layers, shape0, options, multiple)
+    if removes_nothing(neutral, shape0):
+        asked = ", ".join(f"{k}={getattr(options, k)}" for k in ("layers", "heads_per_layer", "ffn_dim")
+                          if getattr(options, k) is not None)
+        raise InputError(f"nothing to prune: {asked} keeps the model's whole shape ({shape_text(shape0)}; targets "
+                         f"above it are clipped to it); ask for fewer heads/FFN/layers or sparsity > 0")
+
+
 HEAD_FRACTIONS = (1.0, 0.75, 0.5)  # heads kept (global ranking); the FFN width is solved for the rest
 
 
@@ -655,6 +681,8 @@ class PrunePass(Pass):
         torch.manual_seed(options.seed)
         model = load_torch_model(ctx.spec, src)
         model.requires_grad_(False)
+        if options.sparsity is None:
+            check_explicit_prunes(current_shape(model, arch), options, ctx.target.simd_multiple)
         tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
         accepts = set(inspect.signature(model.forward).parameters)
         labelled = task == "text-classification"
@@ -703,14 +731,20 @@ class PrunePass(Pass):
             method.update({"samples": 0, "candidate_choice": "rule (no data): fewest layers dropped, most heads kept"})
 
         if options.sparsity is not None:
-            if options.sparsity == 0:
-                plans = [explicit_plan(head_scores, ffn_scores, layer_scores, shape0,
-                                       PruneOptions(layers=shape0.num_layers), multiple)]
-            else:
-                plans = candidate_plans(head_scores, ffn_scores, layer_scores, shape0, options.sparsity,
-                                        options.strategy, multiple, options.reference_length)
+            plans = candidate_plans(head_scores, ffn_scores, layer_scores, shape0, options.sparsity,
+                                    options.strategy, multiple, options.reference_length)
+            # A small sparsity can round back to the full shape (the FFN width is a SIMD multiple, and
+            # 5% of the target is tolerated): such a candidate removes nothing and is not a prune.
+            plans = [p for p in plans if not removes_nothing(p, shape0)]
+            if not plans:
+                raise InputError(f"nothing to prune: sparsity {options.sparsity} rounds back to the model's whole shape "
+                                 f"({shape_text(shape0)}; FFN widths are multiples of {multiple}); ask for fewer "
+                                 f"heads/FFN/layers or a larger sparsity")
         else:
             plans = [explicit_plan(head_scores, ffn_scores, layer_scores, shape0, options, multiple)]
+            if removes_nothing(plans[0], shape0):  # check_explicit_prunes already refused this; kept as a guard
+                raise InputError(f"nothing to prune: the explicit targets keep the model's whole shape "
+                                 f"({shape_text(shape0)}); ask for fewer heads/FFN/layers or sparsity > 0")
         if options.importance == "taylor":
             plan = self.choose(model, arch, plans, imp_b, task, imp_ref, ctx)
         else:  # data-free: the allocation measured fastest-for-accuracy (no layer dropped, heads kept; see above)
@@ -727,7 +761,7 @@ class PrunePass(Pass):
         model.save_pretrained(dst)
         for item in src.iterdir():  # tokenizer and any other non-weight files
             if item.is_file() and not (dst / item.name).exists() and not item.name.endswith(
-                    (".safetensors", ".bin", ".pt", ".h5", ".msgpack")) and item.name not in ("manifest.json",):
+                    (".safetensors", ".bin", ".pt", ".h5", ".msgpack")) and not is_run_output(item.name):
                 shutil.copy2(item, dst / item.name)
         removed_layers = [i for i in range(shape0.num_layers) if i not in plan.keep_layers]
         f_ref0 = encoder_flops(shape0, options.reference_length)["total"]

@@ -37,7 +37,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
+from xformopt.evaluate.metrics import row_cosine
 from xformopt.onnx_graph import (
     INT8_GEMM_OPS,
     load_graph,
@@ -46,6 +48,7 @@ from xformopt.onnx_graph import (
     weighted_gemms,
 )
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 
 @contextmanager
@@ -161,7 +164,7 @@ def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
     texts = list(ctx.sample_texts[:32])
     ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict(texts)
     got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads).predict(texts)
-    cos = (ref * got).sum(1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1) + 1e-12)
+    cos = row_cosine(ref, got)
     return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "texts": len(texts)}
 
 
@@ -176,9 +179,7 @@ class QuantizePass(Pass):
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         formats = resolved_formats(ctx, options)
-        for item in src.iterdir():
-            if not item.name.startswith("model.onnx") and not item.name.startswith("."):
-                (shutil.copytree if item.is_dir() else shutil.copy2)(item, dst / item.name)
+        copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"
         work.mkdir()
         record: dict = {"mode": options.mode, "formats": formats}
@@ -342,7 +343,7 @@ def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datase
         return 100.0 * float((out.argmax(-1) == reference.argmax(-1)).mean())
     if reference is None:
         return 100.0
-    cos = (out * reference).sum(1) / (np.linalg.norm(out, axis=1) * np.linalg.norm(reference, axis=1) + 1e-12)
+    cos = row_cosine(out, reference)
     return 100.0 * float(cos.mean())
 
 
@@ -423,14 +424,15 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     passing = [r for r in tried if r["passes"]]
     timings: dict = {}
     if len(passing) > 1 and ctx.host_runs_target:
-        timings = time_candidates(ctx, {f"float{r['float_nodes']}": dirs[r["float_nodes"]] for r in passing},
-                                  src, dataset, options.timing_rounds)
+        ctx.log(f"timing {len(passing)} passing candidates interleaved at batch 1 ({options.timing_rounds} rounds)")
+        timings = time_stage_dirs(ctx, {f"float{r['float_nodes']}": dirs[r["float_nodes"]] for r in passing},
+                                  options.timing_rounds, texts=dataset.texts, tokenizer_dir=src)
         for r in passing:
             r["median_ms"] = round(timings[f"float{r['float_nodes']}"]["median_ms"], 4)
-        fastest = min(r["median_ms"] for r in passing)
         # Like fuse: between near-equals (timing noise at batch 1) the most-quantized candidate wins.
-        best = min((r for r in passing if r["median_ms"] <= fastest * (1 + TIMING_TOLERANCE)),
-                   key=lambda r: r["float_nodes"])
+        by_nodes = {r["float_nodes"]: r for r in passing}
+        best = by_nodes[preferred_within_tolerance({k: r["median_ms"] for k, r in by_nodes.items()},
+                                                   sorted(by_nodes), TIMING_TOLERANCE)]
         reason = (f"fewest float nodes among passing candidates within {TIMING_TOLERANCE:.0%} of the fastest "
                   f"median at batch 1 (interleaved)")
     elif passing:
@@ -460,15 +462,3 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     ctx.log(f"budget {'met' if passing else 'NOT met'}: {metric} {best['metric']:.2f} (drop {best['drop']:.3f} "
             f"<= {allowed:.3f}? {bool(passing)}), {best['float_nodes']} node(s) in float; {reason}")
     return dirs[best["float_nodes"]], budget
-
-
-def time_candidates(ctx, dirs: dict[str, Path], tokenizer_dir: Path, dataset, rounds: int) -> dict[str, dict]:
-    from xformopt.bench.latency import run_interleaved
-    from xformopt.predictors import OrtPredictor
-
-    predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
-    first = next(iter(predictors.values()))
-    encoded = [first.tokenize([t]) for t in dataset.texts[:64]]
-    calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
-    ctx.log(f"timing {len(calls)} passing candidates interleaved at batch 1 ({rounds} rounds)")
-    return {name: s.to_dict() for name, s in run_interleaved(calls, len(encoded), warmup=5, iterations=rounds).items()}

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 from xformopt.bench.host import host_fingerprint
 from xformopt.evaluate.stage import headline
+from xformopt.predictors import thread_pool_setting
 
 REPORT_SCHEMA = "xformopt.report/1"
 
@@ -65,7 +66,7 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
             "warmup": recipe.evaluation.warmup,
             "repeats": recipe.evaluation.repeats,
             "seed": recipe.evaluation.seed,
-            "thread_pools": "no spin-waiting (ORT allow_spinning=0, OMP_WAIT_POLICY=PASSIVE)",
+            "thread_pools": thread_pool_setting(),
         },
         "host": host,
         "host_fingerprint": host_fingerprint(host),

@@ -1,0 +1,54 @@
+"""Timing shared by the passes that pick among candidate graphs (fuse, quantize's budget search).
+
+Both time their candidates the same way (interleaved batch-1 calls on real texts, see
+:func:`xformopt.bench.latency.run_interleaved`) and pick the same way: among candidates whose
+median is within a tolerance of the fastest, the most preferred one wins, because differences of a
+few percent at batch 1 are run-to-run noise on a busy host. The model code lives here, not in
+``xformopt.bench.latency``, which stays free of it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+TIMED_TEXTS = 64
+WARMUP_CALLS = 5
+
+
+def time_stage_dirs(
+    ctx,
+    dirs: Mapping[str, Path],
+    rounds: int,
+    texts: Sequence[str] | None = None,
+    tokenizer_dir: Path | None = None,
+) -> dict[str, dict]:
+    """Time the ONNX stage directories ``dirs`` interleaved at batch 1 on up to 64 real texts.
+
+    ``texts``: the texts to time on [default: ``ctx.sample_texts``]; ``tokenizer_dir``: where the
+    tokenizer lives when the directories have none of their own [default: each directory]. Every
+    candidate is fed the same encodings (tokenized once, by the first candidate's tokenizer).
+    Returns each name's latency summary (:meth:`LatencyStats.to_dict`).
+    """
+    from xformopt.bench.latency import run_interleaved
+    from xformopt.predictors import OrtPredictor
+
+    predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
+    first = next(iter(predictors.values()))
+    source = ctx.sample_texts if texts is None else texts
+    encoded = [first.tokenize([t]) for t in list(source)[:TIMED_TEXTS]]
+    calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
+    stats = run_interleaved(calls, len(encoded), warmup=WARMUP_CALLS, iterations=rounds)
+    return {name: s.to_dict() for name, s in stats.items()}
+
+
+def preferred_within_tolerance(medians: Mapping[K, float], preference: Iterable[K], tolerance: float) -> K:
+    """The first of ``preference`` (most preferred first) whose median is within ``tolerance`` of the
+    fastest: ``median <= fastest * (1 + tolerance)`` (exactly at the limit counts as within).
+
+    Names in ``preference`` without a median are skipped; the fastest always qualifies, so a
+    preference that lists every timed name always yields one."""
+    fastest = min(medians.values())
+    return next(name for name in preference if name in medians and medians[name] <= fastest * (1 + tolerance))
