@@ -179,7 +179,8 @@ def test_version(capsys):
 @pytest.mark.parametrize(
     "command",
     [[], ["optimize"], ["export"], ["fuse"], ["quantize"], ["recipes"], ["recipes", "list"], ["recipes", "show"],
-     ["targets"], ["targets", "list"], ["targets", "detect"]],
+     ["targets"], ["targets", "list"], ["targets", "detect"], ["passes"], ["passes", "list"], ["prune"],
+     ["bench"], ["report"]],
     ids=lambda c: " ".join(c) or "xformopt",
 )
 def test_help_has_an_example(command, capsys):
@@ -419,3 +420,15 @@ def test_a_chain_keeps_the_task_its_first_command_chose(tiny_classifier, heldout
     from xformopt import models
 
     assert models.detect_task(json.loads((tiny_classifier / "config.json").read_text())) == "text-classification"
+
+
+def test_passes_list_shows_each_registered_pass(capsys):
+    from xformopt.passes import REGISTRY
+
+    code, out, err = run_cli(["passes", "list", "--json"], capsys)
+    assert code == 0, err
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert set(rows) == set(REGISTRY)
+    assert rows["export"]["consumes"] == "hf" and rows["export"]["produces"] == "onnx"
+    assert rows["fuse"]["must_not_follow"] == {"quantize": "fusions match float subgraphs; put fuse before quantize"}
+    assert all(row["summary"] and row["needs"] for row in rows.values())

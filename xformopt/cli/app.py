@@ -41,12 +41,13 @@ def _root(
 
 
 def _register() -> None:
-    from xformopt.cli import bench, optimize, passes, recipes, report, targets
+    from xformopt.cli import bench, catalog, optimize, passes, recipes, report, targets
 
     optimize.register(app)
     bench.register(app)
     report.register(app)
     passes.register(app)
+    app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")
 

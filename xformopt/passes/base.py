@@ -49,7 +49,7 @@ class Pass:
     stage: ClassVar[Literal["torch", "onnx"]]
     consumes: ClassVar[Kind]
     produces: ClassVar[Kind]
-    needs: ClassVar[tuple[str, ...]] = ()  # e.g. ("calibration_data",), ("training_data", "teacher")
+    needs: ClassVar[tuple[str, ...]] = ()  # the data it reads, in words (shown by `xformopt passes list`)
     must_not_follow: ClassVar[dict[str, str]] = {}  # earlier pass -> why this one cannot come after it
     Options: ClassVar[type[PassOptions]] = PassOptions
     summary: ClassVar[str] = ""

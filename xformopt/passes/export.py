@@ -84,6 +84,7 @@ class ExportPass(Pass):
     produces = "onnx"
     Options = ExportOptions
     summary = "PyTorch -> ONNX (dynamic batch/sequence axes), parity-checked against PyTorch"
+    needs = ("held-out texts (parity)",)
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
         from optimum.exporters.onnx import main_export

@@ -115,6 +115,7 @@ class FusePass(Pass):
     Options = FuseOptions
     must_not_follow = {"quantize": "fusions match float subgraphs; put fuse before quantize"}
     summary = "ONNX Runtime transformer fusions (Attention, SkipLayerNorm, ...), counted and timed"
+    needs = ("held-out texts (timing candidates)",)
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> dict:
         ctx = stage_context(ctx, src)

@@ -670,6 +670,7 @@ class PrunePass(Pass):
     produces = "hf"
     Options = PruneOptions
     summary = "structured pruning (heads, FFN neurons, layers) from data-driven importance; a stock HF checkpoint"
+    needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: PruneOptions) -> dict:
         import torch

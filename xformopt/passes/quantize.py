@@ -176,6 +176,7 @@ class QuantizePass(Pass):
     Options = QuantizeOptions
     must_not_follow = {"quantize": "the graph is already quantized"}
     summary = "INT8 quantization (dynamic or calibrated static), formats from the target, optional accuracy budget"
+    needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         formats = resolved_formats(ctx, options)
