@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from xformopt import pipeline, recipe
-from xformopt.bench import host
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
+from xformopt.bench import host
 from xformopt.errors import InputError, PassFailed
 from xformopt.report.build import REPORT_SCHEMA
 

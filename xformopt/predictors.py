@@ -96,6 +96,15 @@ class TorchPredictor(Predictor):
         return self._finish(self.raw_outputs(encoded), encoded)
 
 
+def ort_feed(encoded: dict, input_names) -> dict[str, np.ndarray]:
+    """The int64 inputs an ONNX graph takes; a graph input the tokenizer did not return (e.g.
+    token_type_ids) gets zeros."""
+    feed = {name: encoded[name].astype(np.int64) for name in input_names if name in encoded}
+    for name in input_names:
+        feed.setdefault(name, np.zeros_like(encoded["input_ids"], dtype=np.int64))
+    return feed
+
+
 def thread_pool_setting() -> str:
     """How the thread pools wait, as this process really has it (recorded in every report)."""
     import os
@@ -133,10 +142,7 @@ class OrtPredictor(Predictor):
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def raw_outputs(self, encoded):
-        feed = {name: encoded[name].astype(np.int64) for name in self.input_names if name in encoded}
-        for name in self.input_names:  # e.g. token_type_ids the tokenizer did not return
-            feed.setdefault(name, np.zeros_like(encoded["input_ids"], dtype=np.int64))
-        return self.session.run(None, feed)[0]
+        return self.session.run(None, ort_feed(encoded, self.input_names))[0]
 
     def run_encoded(self, encoded):
         return self._finish(self.raw_outputs(encoded), encoded)

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.data import TextDataset, load_text_dataset
+from xformopt.predictors import ort_feed
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
@@ -99,9 +100,7 @@ class TextBatchReader:
         self.position = end
         encoded = self.tokenizer(texts, pairs, padding=True, truncation=True, max_length=self.max_length,
                                  return_tensors="np")
-        feed = {name: encoded[name].astype(np.int64) for name in self.input_names if name in encoded}
-        for name in self.input_names:  # e.g. token_type_ids a tokenizer does not return
-            feed.setdefault(name, np.zeros_like(encoded["input_ids"], dtype=np.int64))
+        feed = ort_feed(encoded, self.input_names)
         self.batches += 1
         self.max_batch_rows = max(self.max_batch_rows, len(texts))
         return feed
