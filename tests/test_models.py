@@ -93,10 +93,10 @@ def test_file_instead_of_directory(tmp_path):
 
 
 def test_unsupported_model_type_lists_supported(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
     message = resolve_error(str(tmp_path))
-    assert "unsupported architecture 'gpt2'" in message
-    for supported in ("bert", "distilbert", "roberta", "xlm-roberta", "electra"):
+    assert "unsupported architecture 't5'" in message
+    for supported in ("bert", "distilbert", "roberta", "xlm-roberta", "electra", "gpt2", "llama"):
         assert supported in message
 
 

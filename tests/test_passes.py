@@ -34,6 +34,7 @@ def test_registry_declares_stages():
     declared = {cls.name: (cls.stage, cls.consumes, cls.produces) for cls in all_passes()}
     assert declared == {
         "prune": ("torch", "hf", "hf"),
+        "distill": ("torch", "hf", "hf"),
         "export": ("torch", "hf", "onnx"),
         "fuse": ("onnx", "onnx", "onnx"),
         "quantize": ("onnx", "onnx", "onnx"),

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, make_ctx, onnx_op_counts, run_cli, run_pass
+from conftest import (
+    LABELS,
+    TINY,
+    make_ctx,
+    onnx_op_counts,
+    read_jsonl,
+    run_cli,
+    run_pass,
+)
 
 from xformopt.errors import InputError
 from xformopt.passes import get_pass
@@ -344,7 +352,7 @@ def test_shipped_recipe_orders_prune_first():
 
     r = recipe.load("prune-int8")
     assert [s.name for s in r.passes] == ["prune", "export", "fuse", "quantize"]
-    assert r.passes[0].options["sparsity"] == 0.5
+    assert r.passes[0].options["sparsity"] == 0.5 and r.passes[0].options["prefer"] == "balanced"
 
 
 def test_distilbert_prunes_exports_and_fuses(tiny_distilbert, sample_texts, tmp_path):
@@ -374,3 +382,348 @@ def test_recipe_prune_then_onnx_passes(tiny_classifier, heldout_file, tmp_path):
     assert records["prune"]["after"]["layers"] == 1
     assert records["fuse"]["expected"] == {"Attention": 1, "SkipLayerNormalization": 2}
     assert records["fuse"]["fused_kept"]["Attention"] == 1
+
+
+# --------------------------------------------------------------------------- choosing among candidates
+
+
+def fake_plan(layers: int, heads: int, loss: float, ms: float | None = None, note: str | None = None) -> P.Plan:
+    keep = list(range(layers))
+    return P.Plan(keep, {i: list(range(heads)) for i in keep}, {i: [0] for i in keep}, 1,
+                  note=note or f"{layers} layers, {heads} heads", sample_loss=loss, median_ms=ms)
+
+
+def sentiment_like() -> list[P.Plan]:
+    """Losses and latencies shaped like the MiniLM sentiment classifier's candidates at sparsity 0.5 (unpruned
+    sample loss 0.33): every dropped layer is faster at equal FLOPs, and the deepest cut loses most."""
+    return [fake_plan(6, 12, 0.4725, 3.97, "A"), fake_plan(6, 9, 0.4792, 3.96, "B"), fake_plan(5, 10, 0.4904, 3.77, "C"),
+            fake_plan(4, 8, 0.4964, 3.58, "D"), fake_plan(3, 6, 0.5568, 3.25, "E")]
+
+
+def test_loss_limit():
+    assert P.loss_limit(0.33, 0.47, 0.25) == pytest.approx(0.33 + 1.25 * 0.14)
+    assert P.loss_limit(0.33, 0.47, 0.0) == pytest.approx(0.47 * 1.02)  # never tighter than the 2% tie
+    assert P.loss_limit(0.0, 0.01, 1.0) == pytest.approx(0.02)  # feature extraction: the unpruned MSE is 0
+    assert P.loss_limit(0.5, 0.4, 0.25) == pytest.approx(0.408)  # a candidate better than unpruned: 2% of it
+
+
+def test_balanced_takes_the_fastest_within_the_loss_limit():
+    plans = sentiment_like()
+    chosen, info = P.select_plan(plans, "balanced", base_loss=0.33, loss_tolerance=0.25, speed_tolerance=0.03)
+    assert chosen.note == "D"  # E is faster still, but its loss is outside 0.33 + 1.25 x 0.1425
+    assert info["qualified"] == ["A", "B", "C", "D"] and info["loss_limit"] == pytest.approx(0.508125)
+    assert [p.qualified for p in plans] == [True, True, True, True, False]
+    assert info["reason"].startswith("balanced: 4 of 5 candidates within the loss limit 0.5081")
+    assert "fastest (3.580 ms)" in info["reason"]
+    # A tighter tolerance leaves A and B, 0.3% apart in speed: a tie, which the lower loss wins.
+    chosen, info = P.select_plan(plans, "balanced", base_loss=0.33, loss_tolerance=0.1, speed_tolerance=0.03)
+    assert chosen.note == "A"
+    assert "lowest sample loss (0.4725) among those within 3% of the fastest (B: 3.960 ms" in info["reason"]
+    # No speed tolerance: B, the strictly fastest of the two.
+    assert P.select_plan(plans, "balanced", 0.33, 0.1, 0.0)[0].note == "B"
+
+
+def test_speed_and_accuracy_preferences():
+    plans = sentiment_like()
+    assert P.select_plan(plans, "speed", 0.33, 0.25, 0.03)[0].note == "E"
+    plans[3].median_ms = 3.3  # D within 3% of E: the tie goes to the lower loss
+    chosen, info = P.select_plan(plans, "speed", 0.33, 0.25, 0.03)
+    assert chosen.note == "D" and info["qualified"] == list("ABCDE")
+    chosen, info = P.select_plan(plans, "accuracy", 0.33, 0.25, 0.03)
+    assert chosen.note == "A" and info["reason"] == "lowest sample loss 0.4725"
+    # accuracy keeps the old rule: within 2% of the best loss, fewer layers first, whatever the timings say.
+    near = [fake_plan(6, 12, 0.500, 1.0, "wide"), fake_plan(5, 12, 0.505, 9.0, "shallow")]
+    chosen, info = P.select_plan(near, "accuracy", 0.3, 0.25, 0.03)
+    assert chosen.note == "shallow" and "within 2% of the lowest sample loss" in info["reason"]
+
+
+def test_untimed_balanced_counts_fewer_layers_as_faster():
+    plans = [fake_plan(len(p.keep_layers), p.kept_heads, p.sample_loss, None, p.note) for p in sentiment_like()]
+    chosen, info = P.select_plan(plans, "balanced", 0.33, 0.25, 0.03)
+    assert chosen.note == "D" and info["speed_tolerance"] is None and "fewer layers" in info["speed_order"]
+    plans.append(fake_plan(4, 6, 0.4950, None, "D2"))  # same depth as D: the lower loss wins
+    assert P.select_plan(plans, "balanced", 0.33, 0.25, 0.03)[0].note == "D2"
+
+
+def test_distinct_drops_repeated_plans():
+    a, b, c = fake_plan(2, 4, 0.1), fake_plan(2, 4, 0.2), fake_plan(1, 4, 0.1)
+    kept = P.distinct([a, b, c])
+    assert len(kept) == 2 and kept[0] is a and kept[1] is c
+
+
+@pytest.mark.parametrize("prefer", ["balanced", "speed"])
+def test_pass_chooses_by_injected_latency(tiny_classifier, sample_texts, tmp_path, monkeypatch, prefer):
+    """The pass records every candidate's loss and (here: fake) latency, and its choice is what the rule gives
+    on those figures. The plan with the most layers and heads is made 'fastest' by far."""
+    calls = []
+
+    def fake_time_plans(ctx, model, arch, plans, tokenizer_dir, rounds):
+        calls.append((len(plans), rounds, Path(tokenizer_dir)))
+        for plan in plans:  # more heads kept = faster, 1 ms per head: far outside any speed tolerance
+            plan.median_ms, plan.p90_ms, plan.fused_attention = 10.0 - plan.kept_heads, 9.9, len(plan.keep_layers)
+        return {"unpruned_ms": {"median_ms": 20.0, "p90_ms": 25.0}, "what": "fake"}
+
+    monkeypatch.setattr(P, "time_plans", fake_time_plans)
+    record = run_pass("prune", make_ctx(tiny_classifier, sample_texts, target="avx2"), tiny_classifier, tmp_path / "p",
+                      sparsity=0.5, prefer=prefer, time_candidates=True, candidate_rounds=7, **FAST)
+    assert calls == [(len(record["candidates"]), 7, tiny_classifier)] and len(record["candidates"]) >= 3
+    selection = record["selection"]
+    assert selection["timed"] and selection["prefer"] == prefer and selection["timing"]["what"] == "fake"
+    for c in record["candidates"]:
+        assert {"plan", "layers", "heads", "ffn", "sample_loss", "loss_increase", "loss_se_vs_best", "qualified",
+                "median_ms", "speedup_vs_unpruned"} <= set(c)
+        assert c["speedup_vs_unpruned"] == round(20.0 / c["median_ms"], 3)
+    plans = [fake_plan(c["layers"], 1, c["sample_loss"], c["median_ms"], c["plan"]) for c in record["candidates"]]
+    defaults = P.PruneOptions(sparsity=0.5)
+    want, _ = P.select_plan(plans, prefer, selection["unpruned_sample_loss"], defaults.loss_tolerance,
+                            defaults.speed_tolerance)
+    assert record["chosen"] == want.note and selection["reason"]
+    if prefer == "speed":
+        chosen = next(c for c in record["candidates"] if c["plan"] == record["chosen"])
+        assert chosen["heads"] == max(c["heads"] for c in record["candidates"])
+    assert [c["plan"] for c in record["candidates"] if c["qualified"]] == selection["qualified"]
+
+
+def test_pass_without_timing_is_deterministic_and_says_so(tiny_classifier, sample_texts, tmp_path, monkeypatch):
+    """measure_latency off (what --no-latency gives) and time_candidates unset: nothing is exported for the
+    choice; a timing failure falls back the same way and records the error."""
+    monkeypatch.setattr(P, "time_plans", lambda *a, **k: pytest.fail("timed: time_candidates follows measure_latency"))
+    ctx = make_ctx(tiny_classifier, sample_texts, target="avx2")
+    record = run_pass("prune", ctx, tiny_classifier, tmp_path / "a", sparsity=0.5, **FAST)
+    assert record["selection"]["timed"] is False and "fewer layers" in record["selection"]["speed_order"]
+    assert all("median_ms" not in c for c in record["candidates"])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter exploded")
+
+    monkeypatch.setattr(P, "time_plans", broken)
+    failed = run_pass("prune", ctx, tiny_classifier, tmp_path / "b", sparsity=0.5, time_candidates=True, **FAST)
+    assert failed["selection"]["timing"] == {"error": "RuntimeError: exporter exploded"}
+    assert failed["chosen"] == record["chosen"] and failed["weights_sha256"] == record["weights_sha256"]
+
+
+def test_accuracy_preference_is_not_timed(tiny_classifier, sample_texts, tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "time_plans", lambda *a, **k: pytest.fail("prefer=accuracy must not time"))
+    record = run_pass("prune", make_ctx(tiny_classifier, sample_texts, target="avx2"), tiny_classifier, tmp_path / "p",
+                      sparsity=0.5, prefer="accuracy", time_candidates=True, **FAST)
+    best = min(record["candidates"], key=lambda c: c["sample_loss"])
+    assert record["selection"]["prefer"] == "accuracy" and not record["selection"]["timed"]
+    assert record["chosen"] == best["plan"] or "within 2%" in record["selection"]["reason"]
+
+
+def test_real_candidate_timing_record(pruned_classifier):
+    """The module fixture times its candidates for real (measure_latency on): every one was exported and fused
+    fully, and the record carries the medians (values not asserted: wall-clock)."""
+    _, record = pruned_classifier
+    selection = record["selection"]
+    assert selection["timed"] and selection["prefer"] == "balanced"
+    assert selection["timing"]["rounds"] == 128 and selection["timing"]["unpruned_fused_attention"] == TINY["layers"]
+    for c in record["candidates"]:
+        assert c["median_ms"] > 0 and c["fused_attention"] == c["layers"] and c["speedup_vs_unpruned"] > 0
+    assert record["chosen"] in [c["plan"] for c in record["candidates"] if c["qualified"]]
+
+
+@pytest.mark.parametrize("fixture", ["tiny_encoder", "tiny_distilbert"])
+def test_real_candidate_timing_embeddings_and_distilbert(fixture, request, sample_texts, tmp_path):
+    """Candidate timing for real on a feature-extraction model and on DistilBERT: every candidate (and the
+    unpruned model) exports and fuses one Attention per layer, so none is timed unfused."""
+    model = request.getfixturevalue(fixture)
+    record = run_pass("prune", make_ctx(model, sample_texts, target="avx2"), model, tmp_path / "p", sparsity=0.5,
+                      time_candidates=True, candidate_rounds=3, **FAST)
+    selection = record["selection"]
+    assert selection["timed"] and selection["timing"]["unpruned_fused_attention"] == TINY["layers"]
+    assert len(record["candidates"]) > 1 and "latency" not in record
+    for c in record["candidates"]:
+        assert c["median_ms"] > 0 and c["fused_attention"] == c["layers"]
+
+
+# --------------------------------------------------------------------------- other BERT-family encoders
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer_dir(tmp_path_factory) -> Path:
+    """A tiny byte-level BPE tokenizer of RoBERTa's kind (<s>=0, <pad>=1, </s>=2; no token_type_ids), trained on
+    the vendored train split: no network."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import RobertaTokenizerFast
+
+    from xformopt.resources import vader_split_path
+
+    directory = tmp_path_factory.mktemp("bpe")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([r["text"] for r in read_jsonl(vader_split_path("train"))], vocab_size=600,
+                            min_frequency=2, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                            show_progress=False)
+    bpe.save_model(str(directory))
+    tokenizer = RobertaTokenizerFast(vocab_file=str(directory / "vocab.json"), merges_file=str(directory / "merges.txt"),
+                                     model_max_length=128)
+    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 0, 2)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+FAMILIES = ("roberta", "xlm-roberta", "camembert", "electra")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def tiny_family(request, tmp_path_factory, tokenizer_dir, bpe_tokenizer_dir) -> Path:
+    """A tiny random classifier of each remaining BERT-like family, saved with save_pretrained.
+
+    RoBERTa-style models (roberta, xlm-roberta, camembert) count positions from pad_token_id + 1, so 128 tokens
+    need 130 position embeddings, and take a BPE tokenizer whose pad id is 1. ELECTRA gets a smaller embedding
+    size than its hidden size (its embeddings_project layer) and the WordPiece tokenizer."""
+    import torch
+    import transformers
+
+    family = request.param
+    torch.manual_seed(3)
+    common = dict(hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"], num_attention_heads=TINY["heads"],
+                  intermediate_size=TINY["intermediate"], num_labels=2, id2label=LABELS,
+                  label2id={v: k for k, v in LABELS.items()})
+    if family == "electra":
+        tokenizer = transformers.ElectraTokenizerFast(vocab_file=str(tokenizer_dir / "vocab.txt"), do_lower_case=True,
+                                                      model_max_length=128)
+        config = transformers.ElectraConfig(vocab_size=len(tokenizer), embedding_size=32, max_position_embeddings=128,
+                                            **common)
+    else:
+        tokenizer = transformers.RobertaTokenizerFast.from_pretrained(bpe_tokenizer_dir)
+        config_class = {"roberta": transformers.RobertaConfig, "xlm-roberta": transformers.XLMRobertaConfig,
+                        "camembert": transformers.CamembertConfig}[family]
+        config = config_class(vocab_size=len(tokenizer), max_position_embeddings=128 + 2, type_vocab_size=1,
+                              pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                              eos_token_id=tokenizer.eos_token_id, **common)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    assert model.config.model_type == family
+    directory = tmp_path_factory.mktemp(f"tiny-{family}")
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def logits_of(model, path: Path, texts) -> np.ndarray:
+    import inspect
+
+    import torch
+    from transformers import AutoTokenizer
+
+    enc = AutoTokenizer.from_pretrained(path)(list(texts), padding=True, truncation=True, max_length=64,
+                                              return_tensors="pt")
+    accepts = set(inspect.signature(model.forward).parameters)
+    with torch.no_grad():
+        return model(**{k: v for k, v in enc.items() if k in accepts}).logits.numpy()
+
+
+def test_family_masked_pruned_and_reloaded_agree(tiny_family, sample_texts, tmp_path):
+    """Per family: non-uniform heads, a narrower FFN and a dropped layer. The unpruned model with those units
+    masked, the pruned model in memory, and the saved checkpoint loaded by stock from_pretrained (no missing,
+    unexpected or resized weights) compute the same logits."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    model = load(tiny_family)
+    arch = P.arch_for(model.config.model_type)
+    heads, ffn, _ = P.magnitude_importance(model, arch)
+    shape0 = P.current_shape(model, arch)
+    assert (shape0.num_layers, shape0.heads, shape0.ffn) == (2, [4, 4], [128, 128])
+    target = 0.33 * P.encoder_flops(shape0, 128)["total"]
+    plan = P.width_plan(heads, ffn, [1], 0.75, shape0, 8, target, 128)
+    plan.heads[1] = [0, 2, 3]
+    texts = sample_texts[:6]
+    masks = P.Masks(model, arch)
+    for i in range(2):
+        masks.head[i], masks.ffn[i] = torch.zeros(4), torch.zeros(128)
+        if i in plan.keep_layers:
+            masks.head[i][plan.heads[i]] = 1
+            masks.ffn[i][plan.ffn[i]] = 1
+    masks.skip([0])
+    masked = logits_of(model, tiny_family, texts)
+    masks.close()
+    P.apply_plan(model, arch, plan)
+    in_memory = logits_of(model, tiny_family, texts)
+    np.testing.assert_allclose(in_memory, masked, atol=1e-5)
+    out = tmp_path / "pruned"
+    model.save_pretrained(out)
+    for item in tiny_family.iterdir():
+        if not (out / item.name).exists() and not item.name.endswith(".safetensors"):
+            (out / item.name).write_bytes(item.read_bytes())
+    loaded, info = AutoModelForSequenceClassification.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert loaded.config.num_hidden_layers == 1 and loaded.config.intermediate_size == plan.ffn_width
+    assert loaded.config.pruned_heads == {"0": [1]} or loaded.config.pruned_heads == {0: [1]}
+    np.testing.assert_allclose(logits_of(loaded.eval(), out, texts), in_memory, atol=1e-5)
+
+
+def test_family_prune_pass_output_loads(tiny_family, sample_texts, tmp_path):
+    """The pass end to end (Taylor, sparsity 0.5): the checkpoint loads with AutoModelForSequenceClassification
+    and scores the held-out rows exactly as the pass's in-memory model did."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    ctx = make_ctx(tiny_family, sample_texts, target="avx2")
+    options = dict(sparsity=0.5, **FAST)
+    record = run_pass("prune", ctx, tiny_family, tmp_path / "p", **options)
+    assert abs(record["sparsity_achieved"]["at_reference"] - 0.5) < 0.1
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "p").eval()
+    assert loaded.config.model_type == ctx.spec.model_type
+    assert loaded.config.num_hidden_layers == record["after"]["layers"]
+    assert loaded.config.intermediate_size == record["after"]["ffn_per_layer"][0]
+    arch = P.arch_for(loaded.config.model_type)
+    assert P.current_shape(loaded, arch).heads == record["after"]["heads_per_layer"]
+    _, held = P.load_sets(ctx, P.PruneOptions(**options), True)
+    import inspect
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "p")
+    batches = P.make_batches(tokenizer, held.texts, held.text_pairs, held.labels, 16, 128,
+                             set(inspect.signature(loaded.forward).parameters))
+    assert P.quality(loaded, batches, "text-classification", None) == record["quality_before_recovery"]["pruned"]
+
+
+@pytest.mark.parametrize("tiny_family", ["roberta", "electra"], indirect=True)
+def test_family_pruned_exports_and_fuses_fully(tiny_family, sample_texts, tmp_path):
+    """RoBERTa (position offset, no token_type_ids) and ELECTRA (embedding projection), pruned with per-layer
+    head counts: the export pass's parity check holds and every remaining layer fuses."""
+    import torch
+
+    record = run_pass("prune", make_ctx(tiny_family, sample_texts, target="avx2"), tiny_family, tmp_path / "p",
+                      heads_per_layer=3, ffn_dim=64, **FAST)
+    assert record["after"]["heads_per_layer"] == [3, 3] and record["pruned_heads"]
+    pruned = tmp_path / "p"
+    ctx = make_ctx(pruned, sample_texts)
+    assert ctx.spec.pruned
+    run_pass("export", ctx, pruned, tmp_path / "e")
+    fused = run_pass("fuse", ctx, tmp_path / "e", tmp_path / "f", select="all")
+    assert fused["expected"] == {"Attention": 2, "SkipLayerNormalization": 4}
+    counts = onnx_op_counts(tmp_path / "f" / "model.onnx")
+    assert counts["Attention"] == 2 and counts["SkipLayerNormalization"] == 4
+    from xformopt.predictors import OrtPredictor
+
+    onnx_model = OrtPredictor(ctx.spec, tmp_path / "f", threads=1)
+    enc = onnx_model.tokenize(sample_texts[:3])
+    model = load(pruned)
+    with torch.no_grad():
+        want = model(**{k: torch.from_numpy(v) for k, v in enc.items()}).logits.numpy()
+    np.testing.assert_allclose(onnx_model.raw_outputs(enc), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "t5", "llama"])
+def test_pass_refuses_other_architectures(tiny_classifier, sample_texts, tmp_path, model_type):
+    """Whatever resolves a model (decoders now resolve for export/fuse/quantize), prune itself refuses a
+    non-BERT family first, with one line naming the supported ones."""
+    import dataclasses
+
+    ctx = make_ctx(tiny_classifier, sample_texts)
+    ctx = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, model_type=model_type))
+    with pytest.raises(InputError) as info:
+        run_pass("prune", ctx, tiny_classifier, tmp_path / "p", sparsity=0.5, **FAST)
+    message = info.value.message
+    assert message == (f"unsupported architecture {model_type!r} for pass 'prune': it takes BERT-family encoders "
+                       "(bert, roberta, xlm-roberta, electra, camembert, distilbert)")
+    assert not any((tmp_path / "p").iterdir())  # refused before any work
+
+
+def test_cli_t5_exits_2(tmp_path, capsys):
+    model = tmp_path / "t5"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8, "num_layers": 1, "num_heads": 2}))
+    code, _, err = run_cli(["prune", model, "-o", tmp_path / "p", "--sparsity", "0.5"], capsys)
+    assert code == 2 and "unsupported architecture 't5'" in err
+    assert not (tmp_path / "p").exists()

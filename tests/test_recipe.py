@@ -137,7 +137,7 @@ def test_wrong_type_in_evaluation_names_line_and_field(tmp_path):
     assert "evaluation.latency_rounds" in message
 
 
-@pytest.mark.parametrize("form", ["- distill", "- distill: {amount: 0.5}"])
+@pytest.mark.parametrize("form", ["- sparsify", "- sparsify: {amount: 0.5}"])
 def test_unknown_pass_name_names_line_and_known_passes(tmp_path, form):
     path = write(tmp_path, f"""
         name: mine
@@ -147,8 +147,8 @@ def test_unknown_pass_name_names_line_and_known_passes(tmp_path, form):
     """)
     message = load_error(path)
     assert message.startswith(f"{path}:4: ")
-    assert "unknown pass 'distill'" in message
-    assert "export, fuse, quantize" in message
+    assert "unknown pass 'sparsify'" in message
+    assert "prune, distill, export, fuse, quantize" in message
 
 
 def test_broken_yaml_reports_a_line(tmp_path):

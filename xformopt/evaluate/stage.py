@@ -9,6 +9,8 @@ from xformopt.evaluate.metrics import accuracy, cosine_to_baseline, macro_f1, pr
 
 def headline(task: str) -> str:
     """The metric a report leads with for a task."""
+    if task == "text-generation":
+        return "perplexity"
     return "accuracy" if task == "text-classification" else "cosine_to_baseline"
 
 

@@ -8,6 +8,7 @@ from xformopt.passes.base import Pass
 
 REGISTRY: dict[str, str] = {
     "prune": "xformopt.passes.prune:PrunePass",
+    "distill": "xformopt.passes.distill:DistillPass",
     "export": "xformopt.passes.export:ExportPass",
     "fuse": "xformopt.passes.fuse:FusePass",
     "quantize": "xformopt.passes.quantize:QuantizePass",

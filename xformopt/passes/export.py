@@ -89,6 +89,10 @@ class ExportPass(Pass):
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
         from optimum.exporters.onnx import main_export
 
+        if ctx.spec.is_decoder:  # with past key/values, parity at every decode step: xformopt/decoder/export.py
+            from xformopt.decoder.export import export_decoder
+
+            return export_decoder(ctx, src, dst, options)
         ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) at opset {options.opset}")
         with warnings.catch_warnings(), _quiet_loggers("optimum", "transformers", "torch.onnx"):
             warnings.simplefilter("ignore")

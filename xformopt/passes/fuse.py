@@ -53,6 +53,10 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     from onnxruntime.transformers.optimizer import optimize_model
 
     fusion = FusionOptions(ctx.spec.ort_model_type)
+    if ctx.spec.is_decoder:  # shape inference cannot bound past/total lengths: one harmless warning per Slice
+        import logging
+
+        logging.getLogger("symbolic_shape_infer").setLevel(logging.ERROR)
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)
     with warnings.catch_warnings():
@@ -103,6 +107,10 @@ def stage_context(ctx: PassContext, src: Path) -> PassContext:
 
 def full_fusion_expectation(ctx: PassContext) -> dict[str, int]:
     """What a BERT-family encoder must reach: one Attention per layer and two SkipLayerNorms."""
+    if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
+        from xformopt.decoder.fusion import expectation
+
+        return expectation(ctx.spec)
     layers = ctx.spec.num_layers
     return {"Attention": layers, "SkipLayerNormalization": 2 * layers}
 
@@ -146,7 +154,10 @@ class FusePass(Pass):
             timed = {name: candidates[name] for name in wanted}
             if ctx.host_runs_target:
                 ctx.log(f"timing {', '.join(timed)} interleaved ({options.timing_rounds} rounds)")
-                timings = time_stage_dirs(ctx, timed, options.timing_rounds)
+                timer = time_stage_dirs
+                if ctx.spec.is_decoder:  # one cached decode step, not a whole-text forward
+                    from xformopt.decoder.fusion import time_decoder_dirs as timer
+                timings = timer(ctx, timed, options.timing_rounds)
                 chosen, reason = choose(timings, options.tolerance)
             else:
                 chosen, reason = "all", f"host lacks target {ctx.target.name}: not timed here, kept full fusion"
@@ -154,6 +165,11 @@ class FusePass(Pass):
             chosen = wanted[0]
             reason = f"select={options.select}"
 
+        decoder = {}
+        if ctx.spec.is_decoder:  # whether attention fused: loud when it did not (xformopt/decoder/fusion.py)
+            from xformopt.decoder.fusion import attention_record
+
+            decoder = {"decoder": attention_record(ctx.spec, counts["all"], ctx.log)}
         at_load = runtime_fusions(src / "model.onnx", work)
         for item in candidates[chosen].iterdir():
             shutil.move(str(item), dst / item.name)
@@ -167,6 +183,7 @@ class FusePass(Pass):
             "kept": chosen,
             "reason": reason,
             "timings_ms": {name: {k: t[k] for k in ("median_ms", "p90_ms", "n")} for name, t in timings.items()},
+            **decoder,
         }
 
 

@@ -179,6 +179,11 @@ class QuantizePass(Pass):
     needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
+        if ctx.spec.is_decoder and (options.mode == "static" or options.max_accuracy_drop is not None):
+            from xformopt.errors import InputError
+
+            raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
+                             "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
         formats = resolved_formats(ctx, options)
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"
@@ -209,7 +214,10 @@ class QuantizePass(Pass):
                 f"quantize changed nothing: none of {coverage['weighted_gemms']} weighted MatMul/Gemm nodes "
                 f"became INT8 (op types {formats['op_types']})"
             )
-        agreement = output_agreement(ctx, src, dst)
+        agree = output_agreement
+        if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
+            from xformopt.decoder.fusion import logits_agreement as agree
+        agreement = agree(ctx, src, dst)
         if agreement["mean_cosine"] < options.min_agreement and record.get("budget_met", True):
             raise PassFailed(
                 f"INT8 outputs disagree with float: mean cosine {agreement['mean_cosine']:.3f} "

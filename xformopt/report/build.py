@@ -72,5 +72,5 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
         "host_fingerprint": host_fingerprint(host),
         "stages": rows,
         "artifact": evaluation["artifact"],
-        **{k: evaluation[k] for k in ("fixed", "throughput") if k in evaluation},
+        **{k: evaluation[k] for k in ("fixed", "throughput", "generation") if k in evaluation},
     }

@@ -13,12 +13,14 @@ METRIC_LABELS = {
     "macro_f1": "Macro-F1",
     "agreement_with_baseline": "Agreement",
     "probe_accuracy": "Probe acc.",
+    "perplexity": "Perplexity",
+    "next_token_agreement": "Next-token agr.",
 }
 # Shown next to the headline metric when a stage has them, in this order.
-SECONDARY_METRICS = ("macro_f1", "agreement_with_baseline", "probe_accuracy")
-PERCENT_METRICS = frozenset({"accuracy", "agreement_with_baseline", "probe_accuracy"})
+SECONDARY_METRICS = ("macro_f1", "agreement_with_baseline", "probe_accuracy", "next_token_agreement")
+PERCENT_METRICS = frozenset({"accuracy", "agreement_with_baseline", "probe_accuracy", "next_token_agreement"})
 # Metrics measured against the baseline's own outputs: on the baseline row they are 1 by definition.
-RELATIVE_METRICS = frozenset({"cosine_to_baseline", "agreement_with_baseline"})
+RELATIVE_METRICS = frozenset({"cosine_to_baseline", "agreement_with_baseline", "next_token_agreement"})
 
 FUSED_ABBREVIATIONS = {
     "Attention": "Attn",
@@ -187,8 +189,10 @@ def settings_text(report: dict) -> str:
     s = report.get("settings") or {}
     heldout = s.get("heldout") or {}
     rows = f" ({heldout['rows']} rows)" if "rows" in heldout else ""
+    decoder = (report.get("model") or {}).get("task") == "text-generation"
     parts = [
-        f"batch {s.get('batch', 1)} over real held-out texts{rows}",
+        f"one cached decode step at batch 1 after real held-out prompts; perplexity on {heldout.get('rows', '?')} held-out texts"
+        if decoder else f"batch {s.get('batch', 1)} over real held-out texts{rows}",
         f"{s.get('threads', '?')} threads",
         f"{s.get('rounds', '?')} interleaved rounds",
     ]
@@ -278,6 +282,13 @@ def fixed_rows(report: dict, speedup_label: str | None = "Speedup") -> tuple[lis
             row.append(fmt_speedup(b["median_ms"] / f["median_ms"]) if b and f and f["median_ms"] > 0 else DASH)
         body.append(row)
     return header, body
+
+
+def generation_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    """Decoders: time to first token, per-token latency and tokens/s, with and without the KV cache."""
+    from xformopt.decoder.bench import rows
+
+    return rows(report["generation"])
 
 
 def throughput_rows(report: dict) -> tuple[list[str], list[list[str]]]:

@@ -26,6 +26,7 @@ from xformopt.report.cells import (
     fmt_speedup,
     fused_text,
     fusion_choice,
+    generation_rows,
     graph_rows,
     host_text,
     int8_text,
@@ -101,6 +102,8 @@ class ReportView:
         half = ci_half(m)
         if metric == "cosine_to_baseline":
             return "yellow" if m.get("value", 1.0) < 0.99 else ""
+        if metric == "perplexity":  # lower is better
+            return "red" if delta is not None and half is not None and delta > half else ""
         if delta is not None and half is not None and delta < -half:
             return "red"
         return ""
@@ -203,6 +206,17 @@ class ReportView:
             table.add_row(*row)
         return table
 
+    def generation_table(self) -> Table | None:
+        if not self.report.get("generation"):
+            return None
+        header, body = generation_rows(self.report)
+        table = _table(title="Generation \u00b7 greedy, batch 1, ms, with and without the KV cache (interleaved)")
+        for i, name in enumerate(header):
+            table.add_column(name, justify="left" if i in (2, 3) else "right", no_wrap=i in (2, 5))
+        for row in body:
+            table.add_row(*row)
+        return table
+
     def notes(self) -> Table:
         """Wrapped lines (a grid wraps even on a soft-wrapping console)."""
         report = self.report
@@ -244,7 +258,7 @@ class ReportView:
                 grid.add_column(overflow="fold")
                 grid.add_row(note)
                 parts.append(grid)
-        for extra in (self.fixed_table(), self.throughput_table()):
+        for extra in (self.fixed_table(), self.throughput_table(), self.generation_table()):
             if extra is not None:
                 parts += [Text(), extra]
         parts += [Text(), self.caption()]

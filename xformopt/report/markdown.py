@@ -87,6 +87,11 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
         details += ["#### Fixed shapes: median latency (ms)", "", *_md_table(h, b, left=()), ""]
         if "latency_seq.png" in images:
             details += ["![Median latency vs sequence length](latency_seq.png)", ""]
+    if report.get("generation"):
+        from xformopt.report.cells import generation_rows
+
+        h, b = generation_rows(report)
+        details += ["#### Generation (greedy, batch 1, with and without the KV cache)", "", *_md_table(h, b, left=(2, 3)), ""]
     if report.get("throughput"):
         h, b = throughput_rows(report)
         details += ["#### Throughput", "", *_md_table(h, b, left=(0, 4)), ""]

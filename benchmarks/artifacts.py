@@ -1,0 +1,83 @@
+"""Several finished artifacts against each other: accuracy on the held-out rows, batch-1 latency in one
+interleaved run on real held-out texts (tokenization included); ratios against the first artifact.
+
+    python benchmarks/artifacts.py examples/sentiment/model out/int8 out/prune-distill-int8 --rounds 600
+
+The first positional argument is the original model (it gives the task, labels and the PyTorch
+baseline accuracy); each further argument is an artifact directory holding model.onnx. Never run as a
+test: speed claims live here and in `xformopt bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see README "How latency is measured"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", help="the original Hugging Face model (baseline and labels)")
+    parser.add_argument("artifacts", nargs="+", type=Path, help="artifact directories (model.onnx inside)")
+    parser.add_argument("--limit", type=int, default=None, help="held-out rows scored (default: all)")
+    parser.add_argument("--timing-rows", type=int, default=500, help="held-out texts cycled through when timing")
+    parser.add_argument("--rounds", type=int, default=600, help="interleaved batch-1 rounds")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-pytorch", action="store_true", help="leave the PyTorch baseline out of the timing")
+    args = parser.parse_args()
+
+    import numpy as np
+
+    from xformopt import models
+    from xformopt.bench.host import host_info, usable_cpus
+    from xformopt.bench.modes import real
+    from xformopt.data import load_text_dataset
+    from xformopt.evaluate.stage import headline, score
+    from xformopt.pipeline import default_heldout
+    from xformopt.predictors import OrtPredictor, TorchPredictor
+
+    spec = models.resolve(args.model)
+    threads = args.threads or usable_cpus()
+    heldout = load_text_dataset(default_heldout(), label2id=spec.label2id, limit=args.limit, seed=0)
+    labels = heldout.labels if spec.task == "text-classification" else None
+    predictors = {"pytorch": TorchPredictor(spec, threads=threads)}
+    for path in args.artifacts:
+        name = path.name
+        while name in predictors:
+            name += "'"
+        predictors[name] = OrtPredictor(spec, path, threads=threads)
+
+    print(f"scoring {len(heldout)} held-out rows", file=sys.stderr)
+    baseline = predictors["pytorch"].predict(heldout.texts, heldout.text_pairs)
+    metric = headline(spec.task)
+    scores = {name: score(spec.task, baseline if name == "pytorch" else p.predict(heldout.texts, heldout.text_pairs),
+                          baseline, labels)[metric]["value"] for name, p in predictors.items()}
+
+    timed = {k: v for k, v in predictors.items() if not (args.no_pytorch and k == "pytorch")}
+    rng = np.random.default_rng(0)
+    rows = rng.choice(len(heldout), size=min(args.timing_rows, len(heldout)), replace=False)
+    texts = [heldout.texts[i] for i in rows]
+    pairs = [heldout.text_pairs[i] for i in rows] if heldout.text_pairs else None
+    print(f"timing {len(timed)} variants, {args.rounds} interleaved rounds", file=sys.stderr)
+    stats = real(timed, texts, pairs, rounds=args.rounds, warmup=20)
+
+    host = host_info()
+    first = args.artifacts[0].name
+    print(f"{spec.source} ({spec.task}) on {host['cpu_model']}, {threads} threads; {len(heldout)} rows scored; "
+          f"batch 1, {len(texts)} real held-out texts cycled, {args.rounds} interleaved rounds")
+    print(f"{'variant':<28} {metric:>10} {'p50 ms':>8} {'p90 ms':>8} {f'speed-up vs {first}':>24}")
+    for name, value in scores.items():
+        lat = stats.get(name)
+        if lat is None:
+            print(f"{name:<28} {value:>10.4f} {'-':>8} {'-':>8} {'-':>24}")
+            continue
+        ratio = stats[first].median_ms / lat.median_ms if first in stats else float("nan")
+        print(f"{name:<28} {value:>10.4f} {lat.median_ms:>8.2f} {lat.p90_ms:>8.2f} {ratio:>23.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,388 @@
+"""Decoders with a KV cache: export parity at several past lengths, fusion and INT8, the generation
+loop (greedy, seeded sampling, cache mechanics), prompt checks, and the CLI commands.
+
+Models are built in code (xformopt.decoder.toy): a byte-level BPE trained on the vendored text and
+2-layer, 64-wide GPT-2 / Llama configs. The GPT-2 is trained for a few seconds so its perplexity is
+far below its vocabulary size (a random model sits near it whatever the runtime does). No test times
+anything: speed claims live in benchmarks/generation.py and `xformopt bench`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import error_lines, make_ctx, run_cli, run_pass
+
+from xformopt.errors import InputError, PassFailed
+
+NEW_TOKENS = 32
+INT8_PPL_TOLERANCE = 0.01  # INT8 perplexity within 1% of PyTorch's (measured: +0.02% on the tiny GPT-2)
+PROMPT = "The movie was"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2(tmp_path_factory):
+    from xformopt.decoder.toy import build_decoder
+
+    return build_decoder(tmp_path_factory.mktemp("tiny-gpt2"), "gpt2", train_steps=60, train_batch=8)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    from xformopt.decoder.toy import build_decoder
+
+    return build_decoder(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def gpt2_stages(tmp_path_factory, tiny_gpt2, sample_texts):
+    """export -> fuse (all) -> quantize (dynamic) of the tiny GPT-2: {name: (dir, record)}."""
+    root = tmp_path_factory.mktemp("gpt2-stages")
+    ctx = make_ctx(tiny_gpt2, sample_texts)
+    stages = {}
+    stages["export"] = (root / "e", run_pass("export", ctx, tiny_gpt2, root / "e"))
+    stages["fuse"] = (root / "f", run_pass("fuse", ctx, root / "e", root / "f", select="all"))
+    stages["quantize"] = (root / "q", run_pass("quantize", ctx, root / "f", root / "q"))
+    return stages
+
+
+@pytest.fixture(scope="session")
+def llama_exported(tmp_path_factory, tiny_llama, sample_texts):
+    dst = tmp_path_factory.mktemp("llama-stages") / "e"
+    return dst, run_pass("export", make_ctx(tiny_llama, sample_texts), tiny_llama, dst)
+
+
+def _torch(model_dir):
+    from xformopt.decoder.runtime import TorchDecoder
+
+    return TorchDecoder(model_dir, threads=2)
+
+
+def _onnx(stage_dir, **kw):
+    from xformopt.decoder.runtime import OrtDecoder
+
+    return OrtDecoder(stage_dir, threads=2, **kw)
+
+
+def _prompt_ids(model_dir, text=PROMPT):
+    from xformopt.models import load_tokenizer
+
+    return list(load_tokenizer(model_dir)(text)["input_ids"])
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def test_decoders_resolve_as_text_generation(tiny_gpt2, tiny_llama, tiny_classifier):
+    from xformopt import models
+
+    gpt2 = models.resolve(str(tiny_gpt2))
+    assert (gpt2.task, gpt2.num_layers, gpt2.num_heads, gpt2.hidden_size) == ("text-generation", 2, 4, 64)
+    assert gpt2.is_decoder and gpt2.ort_model_type == "gpt2"
+    assert models.resolve(str(tiny_llama)).task == "text-generation"
+    with pytest.raises(InputError, match="is a decoder"):
+        models.resolve(str(tiny_gpt2), "text-classification")
+    with pytest.raises(InputError, match="is an encoder"):
+        models.resolve(str(tiny_classifier), "text-generation")
+
+
+# --------------------------------------------------------------------------- export
+
+
+def test_gpt2_export_is_one_graph_with_dynamic_past_in_ort_layout(gpt2_stages):
+    import onnx
+
+    directory, record = gpt2_stages["export"]
+    assert record["cache_layout"] == "stacked"
+    axes = record["dynamic_axes"]
+    assert axes["input_ids"] == ["batch_size", "sequence_length"]
+    assert axes["past_0"] == [2, "batch_size", 4, "past_sequence_length", 16]
+    assert axes["attention_mask"] == ["batch_size", "total_sequence_length"]
+    outputs = {o.name for o in onnx.load(directory / "model.onnx", load_external_data=False).graph.output}
+    assert {"logits", "present_0", "present_1"} <= outputs
+    parity = record["parity"]
+    # Every step of a multi-step greedy decode, from the prompt step (past 0) on, at several prompt lengths.
+    assert 0 in parity["past_lengths"] and len(parity["prompt_lengths"]) >= 3 and len(parity["past_lengths"]) >= 20
+    assert parity["max_abs_diff"] < 1e-4 and parity["greedy_argmax_mismatches"] == 0
+    assert parity["padded_batch"]["batch"] == 2
+    for name in ("tokenizer.json", "config.json", "generation_config.json"):
+        assert (directory / name).is_file()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("past_length", [0, 1, 7, 40])
+def test_export_parity_at_past_length(family, past_length, gpt2_stages, llama_exported, tiny_gpt2, tiny_llama):
+    """Prefill `past_length` tokens, then run 3 new tokens against that cache: logits and the
+    present key/values match PyTorch (one graph: past 0 is the prompt step)."""
+    model_dir, stage = (tiny_gpt2, gpt2_stages["export"][0]) if family == "gpt2" else (tiny_llama, llama_exported[0])
+    rng = np.random.default_rng(past_length)
+    ids = rng.integers(1, 900, size=(1, past_length + 3))
+    torch_runner, onnx_runner = _torch(model_dir), _onnx(stage)
+    t_state = o_state = None
+    if past_length:
+        _, t_state = torch_runner.forward(ids[:, :past_length])
+        _, o_state = onnx_runner.forward(ids[:, :past_length])
+    ref, t_state = torch_runner.forward(ids[:, past_length:], t_state)
+    got, o_state = onnx_runner.forward(ids[:, past_length:], o_state)
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    assert o_state.length == past_length + 3
+    cache = onnx_runner.cache_arrays(o_state)
+    layer0 = t_state.cache.layers[0]
+    if family == "gpt2":
+        present = cache["past_0"]  # (2, batch, heads, total, head_dim): keys and values stacked
+        np.testing.assert_allclose(present[0], layer0.keys.numpy(), atol=1e-5)
+        np.testing.assert_allclose(present[1], layer0.values.numpy(), atol=1e-5)
+    else:
+        np.testing.assert_allclose(cache["past_key_values.0.key"], layer0.keys.numpy(), atol=1e-5)
+        np.testing.assert_allclose(cache["past_key_values.0.value"], layer0.values.numpy(), atol=1e-5)
+
+
+def test_llama_export_uses_optimum_split_layout(llama_exported):
+    _, record = llama_exported
+    assert record["cache_layout"] == "split" and "optimum" in record["exporter"]
+    assert record["parity"]["max_abs_diff"] < 1e-4 and 0 in record["parity"]["past_lengths"]
+
+
+# --------------------------------------------------------------------------- fuse and quantize
+
+
+def test_gpt2_fuses_attention_with_past_and_quantizes_it(gpt2_stages):
+    fused = gpt2_stages["fuse"][1]
+    assert fused["fused_kept"]["Attention"] == 2 and fused["fused_kept"]["SkipLayerNormalization"] == 4
+    assert fused["expected"] == {"Attention": 2, "SkipLayerNormalization": 4}
+    assert fused["decoder"]["attention_fused"] is True
+    quantized = gpt2_stages["quantize"][1]
+    coverage = quantized["coverage"]
+    assert coverage["int8"] == coverage["weighted_gemms"] > 0
+    assert coverage["int8_ops"]["QAttention"] == 2
+    assert quantized["agreement"]["measured_on"] == "logits at every position"
+    assert quantized["agreement"]["mean_cosine"] > 0.99
+
+
+def test_llama_attention_that_does_not_fuse_is_loud(llama_exported, tiny_llama, sample_texts, tmp_path):
+    ctx = make_ctx(tiny_llama, sample_texts)
+    record = run_pass("fuse", ctx, llama_exported[0], tmp_path / "f", select="all")
+    assert record["fused_kept"]["RotaryEmbedding"] == 4 and record["fused_kept"]["SkipSimplifiedLayerNormalization"] == 4
+    assert record["decoder"]["attention_fused"] is False and "0 of 2 attention layers fused" in record["decoder"]["attention_note"]
+    assert any(m.startswith("WARNING: 0 of 2 attention layers fused") for m in ctx.messages)
+    with pytest.raises(PassFailed, match="MultiHeadAttention 0/2"):
+        run_pass("fuse", make_ctx(tiny_llama, sample_texts), llama_exported[0], tmp_path / "f2", select="all",
+                 expect={"MultiHeadAttention": 2})
+
+
+def test_decoder_quantize_refuses_static_and_budget(gpt2_stages, tiny_gpt2, sample_texts, tmp_path):
+    ctx = make_ctx(tiny_gpt2, sample_texts)
+    with pytest.raises(InputError, match="dynamic INT8 only"):
+        run_pass("quantize", ctx, gpt2_stages["fuse"][0], tmp_path / "s", mode="static")
+    with pytest.raises(InputError, match="dynamic INT8 only"):
+        run_pass("quantize", ctx, gpt2_stages["fuse"][0], tmp_path / "b", max_accuracy_drop=0.5)
+
+
+def test_passes_without_decoder_support_refuse_it_up_front(tiny_gpt2, tmp_path, capsys):
+    code, _, err = run_cli(["prune", tiny_gpt2, "-o", tmp_path / "p", "--sparsity", "0.5"], capsys)
+    assert code == 2 and "unsupported architecture 'gpt2' for pass 'prune'" in err
+    assert not (tmp_path / "p").exists()
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def test_fp32_artifact_greedy_matches_transformers_generate_over_32_tokens(gpt2_stages, tiny_gpt2):
+    from transformers import AutoModelForCausalLM
+
+    from xformopt.decoder.generate import generate
+
+    prompt = _prompt_ids(tiny_gpt2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2).eval()
+    import torch
+
+    reference = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                               eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    for stage in ("export", "fuse"):
+        result = generate(_onnx(gpt2_stages[stage][0]), prompt, NEW_TOKENS)
+        assert result.new_ids == reference, stage
+        assert len(result.new_ids) == NEW_TOKENS and len(result.step_s) == NEW_TOKENS - 1
+
+
+def test_int8_artifact_perplexity_within_tolerance(gpt2_stages, tiny_gpt2):
+    from xformopt.decoder.perplexity import load_token_lists, perplexity
+    from xformopt.models import load_tokenizer
+
+    lists, _ = load_token_lists(None, load_tokenizer(tiny_gpt2), 128, limit=60)
+    base = perplexity(_torch(tiny_gpt2), lists)["value"]
+    int8 = perplexity(_onnx(gpt2_stages["quantize"][0]), lists)["value"]
+    fp32 = perplexity(_onnx(gpt2_stages["fuse"][0]), lists)["value"]
+    assert base < 400  # trained: far below the ~1000 of a random model with this vocabulary
+    assert abs(fp32 - base) / base < 1e-4
+    assert abs(int8 - base) / base < INT8_PPL_TOLERANCE
+
+
+def test_cache_runs_one_token_per_step_and_gives_the_same_tokens(gpt2_stages, tiny_gpt2):
+    from xformopt.decoder.generate import generate
+
+    prompt, n = _prompt_ids(tiny_gpt2), 12
+    cached, recomputed = _onnx(gpt2_stages["fuse"][0]), _onnx(gpt2_stages["fuse"][0])
+    a = generate(cached, prompt, n, use_cache=True)
+    b = generate(recomputed, prompt, n, use_cache=False)
+    assert a.new_ids == b.new_ids
+    p = len(prompt)
+    assert cached.tokens_processed == p + (n - 1)  # the prompt once, then one new token per step
+    assert recomputed.tokens_processed == sum(p + k for k in range(n))  # the whole sequence every step
+    torch_cached = _torch(tiny_gpt2)
+    assert generate(torch_cached, prompt, n).new_ids == a.new_ids and torch_cached.tokens_processed == p + n - 1
+
+
+def test_io_binding_and_plain_run_agree(gpt2_stages, tiny_gpt2):
+    from xformopt.decoder.generate import generate
+
+    prompt = _prompt_ids(tiny_gpt2)
+    bound = generate(_onnx(gpt2_stages["quantize"][0], io_binding=True), prompt, 8)
+    plain = generate(_onnx(gpt2_stages["quantize"][0], io_binding=False), prompt, 8)
+    assert bound.new_ids == plain.new_ids
+
+
+def test_sampling_is_deterministic_for_a_seed_and_matches_transformers(gpt2_stages, tiny_gpt2):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from xformopt.decoder.generate import Sampling, generate
+
+    prompt = _prompt_ids(tiny_gpt2)
+    sampling = Sampling(do_sample=True, temperature=0.8, top_k=50, top_p=0.9, seed=7)
+    runner = _onnx(gpt2_stages["fuse"][0])
+    first, again = generate(runner, prompt, 16, sampling), generate(runner, prompt, 16, sampling)
+    assert first.new_ids == again.new_ids
+    other = generate(runner, prompt, 16, Sampling(do_sample=True, temperature=0.8, top_k=50, top_p=0.9, seed=8))
+    assert other.new_ids != first.new_ids
+    # transformers' generate with the same warpers after torch.manual_seed(seed) draws the same tokens.
+    model = AutoModelForCausalLM.from_pretrained(tiny_gpt2).eval()
+    torch.manual_seed(7)
+    reference = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=True, temperature=0.8, top_k=50,
+                               top_p=0.9, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert first.new_ids == reference
+    greedy_by_top1 = generate(runner, prompt, 8, Sampling(do_sample=True, top_k=1, seed=3))
+    assert greedy_by_top1.new_ids == generate(runner, prompt, 8).new_ids
+
+
+def test_generation_stops_at_eos(gpt2_stages):
+    from xformopt.decoder.generate import generate
+
+    runner = _onnx(gpt2_stages["fuse"][0])
+    free = generate(runner, [5, 6, 7], 6)
+    stopped = generate(runner, [5, 6, 7], 6, eos_token_id=free.new_ids[2])
+    assert stopped.stopped == "eos" and stopped.new_ids == free.new_ids[: free.new_ids.index(free.new_ids[2]) + 1]
+
+
+def test_bad_prompts_are_clear_input_errors(tiny_gpt2):
+    from xformopt.decoder.generate import Sampling, encode_prompt
+    from xformopt.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_gpt2)
+    with pytest.raises(InputError, match="the prompt is empty"):
+        encode_prompt(tokenizer, "   ", 8, 128)
+    with pytest.raises(InputError, match=r"longer than the model's context window of 128 tokens.*at most 127 tokens"):
+        encode_prompt(tokenizer, "word " * 300, 8, 128)
+    with pytest.raises(InputError, match=r"lower --max-new-tokens to \d+"):
+        encode_prompt(tokenizer, "a short prompt", 127, 128)
+    with pytest.raises(InputError, match="--temperature must be > 0"):
+        Sampling(do_sample=True, temperature=0)
+    with pytest.raises(InputError, match="--top-p"):
+        Sampling(do_sample=True, top_p=1.5)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_generate_streams_text_and_json(gpt2_stages, capsys):
+    artifact = gpt2_stages["quantize"][0]
+    code, out, err = run_cli(["generate", artifact, PROMPT, "--max-new-tokens", "8", "--ignore-eos"], capsys)
+    assert code == 0 and out.strip() and "8 tokens in" in err and "first token" in err
+    code, out, _ = run_cli(["generate", artifact, PROMPT, "-n", "8", "--top-k", "20", "--seed", "3", "--json", "--ignore-eos"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and len(doc["new_ids"]) == 8 and doc["decoding"].startswith("sampling") and doc["use_cache"]
+    code, again, _ = run_cli(["generate", artifact, PROMPT, "-n", "8", "--top-k", "20", "--seed", "3", "--json", "--ignore-eos"], capsys)
+    assert json.loads(again)["new_ids"] == doc["new_ids"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["", "-n", "4"], "the prompt is empty"),
+    (["word " * 300, "-n", "4"], "longer than the model's context window"),
+    (["hello", "-n", "200"], "lower --max-new-tokens"),
+    (["hello", "--greedy", "--top-k", "3"], "--greedy cannot be combined"),
+])
+def test_cli_generate_bad_input_exits_2_with_one_line(gpt2_stages, capsys, args, message):
+    code, out, err = run_cli(["generate", gpt2_stages["fuse"][0], *args], capsys)
+    lines = error_lines(err)
+    assert code == 2 and out == "" and message in err
+    assert lines[-1].startswith("error:")
+
+
+def test_cli_generate_refuses_encoders_and_missing_graphs(exported_classifier, tiny_gpt2, capsys):
+    code, _, err = run_cli(["generate", exported_classifier[0], PROMPT], capsys)
+    assert code == 2 and "generate needs a decoder" in err
+    code, _, err = run_cli(["generate", tiny_gpt2, PROMPT], capsys)
+    assert code == 2 and "has no model.onnx" in err
+
+
+def test_cli_bench_generation_document(gpt2_stages, tiny_gpt2, capsys):
+    artifact = gpt2_stages["quantize"][0]
+    code, out, _ = run_cli(["bench", artifact, "--compare", gpt2_stages["fuse"][0], "--prompt-tokens", "8",
+                            "--new-tokens", "4", "--rounds", "3", "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema"] == "xformopt.generation-bench/1"
+    cell = doc["cells"][0]
+    assert (cell["prompt_tokens"], cell["new_tokens"]) == (8, 4)
+    assert set(cell["results"]) == {"f", "artifact"}  # single-pass stages: no manifest input model to time
+    for modes in cell["results"].values():
+        assert set(modes) == {"cache", "no_cache"}
+        assert modes["cache"]["per_token"]["n"] == 3 * 3 and modes["cache"]["ttft_ms"] > 0
+    assert set(cell["cache_speedup"]) == {"f", "artifact"}
+    code, _, err = run_cli(["bench", artifact, "--baseline", artifact / "manifest.json"], capsys)
+    assert code == 2 and "not available for text-generation" in err
+
+
+def test_cli_optimize_decoder_end_to_end(tiny_gpt2, tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        "name: decoder-test\npasses:\n  - export\n  - fuse: {timing_rounds: 5}\n  - quantize\n"
+        "evaluation: {limit: 24, latency_rounds: 10, warmup: 2, repeats: 2}\n"
+    )
+    out = tmp_path / "gen"
+    code, stdout, err = run_cli(["optimize", tiny_gpt2, "-o", out, "--recipe", recipe, "--no-cache"], capsys)
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["headline_metric"] == "perplexity" and report["model"]["task"] == "text-generation"
+    names = [row["name"] for row in report["stages"]]
+    assert names == ["pytorch", "export", "fuse", "quantize"]
+    base, final = report["stages"][0]["metrics"]["perplexity"], report["stages"][-1]["metrics"]["perplexity"]
+    assert abs(final["value"] - base["value"]) / base["value"] < INT8_PPL_TOLERANCE and final["n"] > 0
+    assert report["stages"][1]["metrics"]["next_token_agreement"]["value"] == 1.0
+    cells = report["generation"]["cells"]
+    assert {(c["prompt_tokens"], c["new_tokens"]) for c in cells} == {(16, 32), (64, 32)}
+    assert set(cells[0]["results"]) == set(names)
+    assert "Generation" in stdout and "Perplexity" in stdout
+    for name in ("model.onnx", "tokenizer.json", "manifest.json", "report.md", "reference/baseline_outputs.npy"):
+        assert (out / name).exists(), name
+    # The artifact generates and benches like any decoder stage; bench finds PyTorch through the manifest.
+    code, text, _ = run_cli(["generate", out, PROMPT, "-n", "4"], capsys)
+    assert code == 0
+
+
+def test_generate_help_has_examples(capsys):
+    code, out, _ = run_cli(["generate", "--help"], capsys)
+    assert code == 0 and "Example" in out and "--max-new-tokens" in out and "--top-p" in out
+    code, out, _ = run_cli(["bench", "--help"], capsys)
+    assert code == 0 and "--new-tokens" in out and "Decoders" in out
+
+
+def test_static_int8_for_a_decoder_fails_before_any_work(tiny_gpt2, gpt2_stages, tmp_path, capsys):
+    code, _, err = run_cli(["quantize", gpt2_stages["fuse"][0], "-o", tmp_path / "q", "--mode", "static"], capsys)
+    assert code == 2 and "dynamic INT8 only" in err and not (tmp_path / "q").exists()
+    code, _, err = run_cli(["optimize", tiny_gpt2, "-o", tmp_path / "o", "--recipe", "int8-static"], capsys)
+    assert code == 2 and "dynamic INT8 only" in err and not (tmp_path / "o").exists()

@@ -1,0 +1,237 @@
+"""Generation benchmark: time to first token, per-token latency and tokens/s, with and without the
+KV cache, for several runners (PyTorch, ONNX fp32, INT8...) in one interleaved run.
+
+For every (prompt length, new tokens) cell, each round runs every (runner, cache mode) pair once,
+in an order shuffled per round (seeded), so machine drift lands on all of them alike (see
+:mod:`xformopt.bench.latency`). Each run generates exactly ``new_tokens`` tokens greedily (EOS is
+ignored, so every run does the same work) from a prompt of real held-out text cut to the length.
+
+- ``ttft_ms``: the prompt step plus picking the first token (median over rounds);
+- ``per_token_ms``: every later token's step, pooled over rounds (p50/p90/p99);
+- ``tokens_per_s``: new tokens / total generation time (median over rounds);
+- ``cache_speedup``: per runner, median total time without the cache / with it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import numpy as np
+
+from xformopt.decoder.generate import Sampling, generate
+
+CACHE_MODES = {"cache": True, "no_cache": False}
+
+
+def prompt_of(tokenizer, texts, length: int) -> list[int]:
+    """Exactly ``length`` tokens of real text (texts concatenated as needed)."""
+    ids: list[int] = []
+    for text in texts:
+        ids.extend(tokenizer(" " + text if ids else text)["input_ids"])
+        if len(ids) >= length:
+            return ids[:length]
+    if not ids:
+        raise ValueError("no texts to build a prompt from")
+    while len(ids) < length:  # tiny corpora: repeat
+        ids.extend(ids[: length - len(ids)])
+    return ids[:length]
+
+
+def _percentiles(values_s: list[float]) -> dict:
+    ms = np.asarray(values_s, dtype=np.float64) * 1000
+    if ms.size == 0:
+        return {"p50_ms": None, "p90_ms": None, "p99_ms": None, "n": 0}
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    return {"p50_ms": float(p50), "p90_ms": float(p90), "p99_ms": float(p99), "mean_ms": float(ms.mean()), "n": int(ms.size)}
+
+
+def summarize_runs(runs) -> dict:
+    totals = [r.total_s for r in runs]
+    return {
+        "ttft_ms": float(np.median([r.first_token_s for r in runs]) * 1000),
+        "per_token": _percentiles([s for r in runs for s in r.step_s]),
+        "tokens_per_s": float(np.median([r.tokens_per_s for r in runs])),
+        "total_ms": float(np.median(totals) * 1000),
+        "rounds": len(runs),
+    }
+
+
+def bench_generation(
+    runners: dict[str, object],
+    tokenizer,
+    texts,
+    prompt_lengths: list[int],
+    new_tokens: list[int],
+    *,
+    cache_modes: tuple[str, ...] = ("cache", "no_cache"),
+    rounds: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict:
+    """Time every runner x cache mode at every (prompt length, new tokens), interleaved per round."""
+    cells = []
+    for prompt_len in prompt_lengths:
+        prompt = prompt_of(tokenizer, texts, prompt_len)
+        for n_new in new_tokens:
+            pairs = [(name, mode) for name in runners for mode in cache_modes]
+            runs: dict[tuple[str, str], list] = {pair: [] for pair in pairs}
+            log(f"generation bench: prompt {prompt_len} tokens, {n_new} new tokens, {len(pairs)} variants x {rounds} rounds")
+            for name, mode in pairs:  # warm-up: first calls pay for allocations and kernel choice
+                for _ in range(warmup):
+                    generate(runners[name], prompt, min(n_new, 4), Sampling(), use_cache=CACHE_MODES[mode])
+            rng = random.Random(seed)
+            order = list(pairs)
+            tokens: dict[tuple[str, str], list[int]] = {}
+            for _ in range(rounds):
+                rng.shuffle(order)
+                for pair in order:
+                    result = generate(runners[pair[0]], prompt, n_new, Sampling(), use_cache=CACHE_MODES[pair[1]])
+                    runs[pair].append(result)
+                    tokens[pair] = result.new_ids
+            results: dict[str, dict] = {}
+            for (name, mode), r in runs.items():
+                results.setdefault(name, {})[mode] = summarize_runs(r)
+            cache_speedup = {
+                name: modes["no_cache"]["total_ms"] / modes["cache"]["total_ms"]
+                for name, modes in results.items() if "cache" in modes and "no_cache" in modes
+            }
+            first = next(iter(runners))
+            same_tokens = {f"{name}/{mode}": tokens[(name, mode)] == tokens[(first, cache_modes[0])] for name, mode in pairs}
+            cells.append({"prompt_tokens": prompt_len, "new_tokens": n_new, "results": results,
+                          "cache_speedup": cache_speedup, f"same_tokens_as_{first}": same_tokens})
+    return {"cells": cells, "settings": {"rounds": rounds, "warmup": warmup, "seed": seed, "batch": 1,
+                                          "decoding": "greedy, EOS ignored", "cache_modes": list(cache_modes)}}
+
+
+def rows(doc: dict) -> tuple[list[str], list[list[str]]]:
+    """A flat table of a bench document: one row per cell x runner x cache mode (times in ms)."""
+    header = ["Prompt", "New", "Stage", "KV", "TTFT", "Per token p50/p90/p99", "Tok/s", "Total", "KV gain"]
+    body = []
+
+    def ms(value: float) -> str:
+        return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+    for cell in doc["cells"]:
+        for name, modes in cell["results"].items():
+            for mode, s in modes.items():
+                pt = s["per_token"]
+                per_token = "-" if pt["n"] == 0 else "/".join(ms(pt[k]) for k in ("p50_ms", "p90_ms", "p99_ms"))
+                speedup = cell["cache_speedup"].get(name)
+                body.append([str(cell["prompt_tokens"]), str(cell["new_tokens"]), name, "yes" if mode == "cache" else "no",
+                             ms(s["ttft_ms"]), per_token, f"{s['tokens_per_s']:.0f}", ms(s["total_ms"]),
+                             f"{speedup:.1f}x" if speedup and mode == "cache" else ""])
+    return header, body
+
+
+# --------------------------------------------------------------------------- `xformopt bench` on a decoder artifact
+
+GENERATION_BENCH_SCHEMA = "xformopt.generation-bench/1"
+
+
+def is_decoder_dir(path) -> bool:
+    """True for a directory whose config.json names a decoder family (without loading anything)."""
+    import json
+    from pathlib import Path
+
+    from xformopt.models import DECODER_MODEL_TYPES
+
+    config = Path(path) / "config.json"
+    try:
+        return Path(path).is_dir() and json.loads(config.read_text()).get("model_type") in DECODER_MODEL_TYPES
+    except (OSError, ValueError):
+        return False
+
+
+def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str], None] = lambda m: None):
+    """What to time: the PyTorch model the manifest names, earlier stages still in the pass cache,
+    ``compare`` directories, then the artifact. Returns ({name: (kind, path)}, notes)."""
+    from pathlib import Path
+
+    from xformopt import cache
+    from xformopt.errors import InputError
+
+    artifact = Path(artifact)
+    if not (artifact / "model.onnx").is_file():
+        raise InputError(f"{artifact} has no model.onnx; pass a decoder artifact (the -o folder of export, fuse, quantize or optimize)")
+    manifest = {}
+    if (artifact / "manifest.json").is_file():
+        from xformopt.artifact import read_manifest
+
+        manifest = read_manifest(artifact)
+    notes: list[str] = []
+    stages: dict[str, tuple[str, Path]] = {}
+    source = (manifest.get("input") or {}).get("path")
+    if pytorch:
+        if source and (Path(source) / "config.json").is_file():
+            stages["pytorch"] = ("hf", Path(source))
+        else:
+            notes.append("PyTorch baseline skipped: the manifest names no input model that exists here")
+    passes = manifest.get("passes") or []
+    for entry in passes[:-1]:
+        hit = cache.lookup(entry["cache_key"]) if entry.get("cache_key") else None
+        if hit and (hit[0] / "model.onnx").is_file():
+            stages[entry["pass"]] = ("onnx", hit[0])
+        elif entry.get("pass") != "prune":
+            notes.append(f"stage {entry.get('pass')!r} not timed: not in the pass cache (pass it with --compare DIR)")
+    for directory in compare:
+        directory = Path(directory)
+        if not (directory / "model.onnx").is_file():
+            raise InputError(f"--compare {directory}: no model.onnx there; pass an ONNX decoder stage directory")
+        name = directory.name or str(directory)
+        while name in stages:
+            name += "'"
+        stages[name] = ("onnx", directory)
+    final = passes[-1]["pass"] if passes else "artifact"
+    while final in stages:
+        final += "'"
+    stages[final] = ("onnx", artifact)
+    return stages, notes
+
+
+def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths=(16, 64), new_tokens=(32, 128),
+                   cache_modes=("cache", "no_cache"), rounds: int = 3, threads: int | None = None, seed: int = 0,
+                   log: Callable[[str], None] = lambda m: None) -> dict:
+    """The generation bench document for a decoder artifact (schema ``xformopt.generation-bench/1``)."""
+    from datetime import datetime, timezone
+
+    from xformopt.bench.host import host_fingerprint, host_info, usable_cpus
+    from xformopt.decoder.generate import context_window
+    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.errors import InputError
+    from xformopt.models import load_tokenizer
+    from xformopt.pipeline import default_heldout
+    from xformopt.predictors import thread_pool_setting
+
+    stages, notes = plan_stages(artifact, compare, pytorch, log)
+    context = context_window(artifact)
+    longest = max(prompt_lengths) + max(new_tokens)
+    if context and longest > context:
+        raise InputError(f"--prompt-tokens {max(prompt_lengths)} + --new-tokens {max(new_tokens)} = {longest} exceeds the "
+                         f"model's context window of {context} tokens; use shorter lengths")
+    threads = threads or usable_cpus()
+    runners = {name: TorchDecoder(path, threads=threads) if kind == "hf" else OrtDecoder(path, threads=threads)
+               for name, (kind, path) in stages.items()}
+    tokenizer = load_tokenizer(artifact)
+    from xformopt.data import load_text_dataset
+
+    texts = load_text_dataset(default_heldout(), label_column="", limit=None, seed=seed).texts
+    log(f"timing {', '.join(stages)}: prompts {list(prompt_lengths)} x new tokens {list(new_tokens)}, "
+        f"{' and '.join(cache_modes)}, {rounds} interleaved rounds, {threads} threads")
+    doc = bench_generation(runners, tokenizer, texts, list(prompt_lengths), list(new_tokens), cache_modes=tuple(cache_modes),
+                           rounds=rounds, seed=seed, log=log)
+    host = host_info()
+    return {
+        "schema": GENERATION_BENCH_SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "artifact_path": str(artifact),
+        "stages": {name: str(path) for name, (_, path) in stages.items()},
+        "settings": {**doc["settings"], "threads": threads, "prompt_tokens": list(prompt_lengths),
+                     "new_tokens": list(new_tokens), "thread_pools": thread_pool_setting(),
+                     "prompts": "real held-out text (vendored VADER test split) cut to length"},
+        "host": host,
+        "host_fingerprint": host_fingerprint(host),
+        "cells": doc["cells"],
+        "notes": notes,
+    }

@@ -1,0 +1,293 @@
+"""Export a decoder with its KV cache: one graph for the prompt step and every cached step.
+
+Dynamic axes: batch, sequence (new tokens this step), past length and total length. Step 0 feeds a
+zero-length past; see :mod:`xformopt.decoder`.
+
+**GPT-2** is exported by :func:`export_gpt2` in ONNX Runtime's GPT-2 cache layout (``past_{i}`` of
+shape ``(2, batch, heads, past, head_dim)``, an additive ``attention_mask`` of ones and zeros, and
+``position_ids``), because that is the graph ORT's GPT-2 ``Attention`` fusion recognizes: each layer
+becomes one ``Attention`` node with ``past``/``present``, which ``quantize`` then turns into
+``QAttention``. Neither library does this today, which is why it is hand-written here:
+
+- optimum's exporter (``text-generation-with-past``) writes separate key/value caches and
+  transformers 4.57's mask code, and ORT 1.32's GPT-2 fusion matches neither (measured: 0 of 2
+  Attention nodes fused on a tiny GPT-2, eager or SDPA attention);
+- ORT's own GPT-2 exporter (``onnxruntime.transformers.models.gpt2.gpt2_helper``) cannot trace
+  transformers 4.57 (its vmap-based mask functions fail under the TorchScript tracer).
+
+The wrapper (:class:`_StackedPastGPT2`) builds the additive mask the way GPT-2 did before
+transformers' mask refactor (``(1 - mask) * -10000``), passes a 4-D mask so transformers uses it as
+is, and registers an attention function that is transformers' GPT-2 ``eager_attention_forward``
+minus one no-op ``Slice`` of the mask (it cuts the mask to the key length, which it already has),
+because that Slice hides the mask from ORT's pattern matcher.
+
+**Llama** (and other optimum-supported decoders) go through optimum's ``main_export`` with task
+``text-generation-with-past`` (split ``past_key_values.{i}.key/value`` layout).
+
+Every export is checked against PyTorch at every step of a multi-step greedy decode (prompts of
+several lengths, so several past lengths) and on a left-padded batch of two.
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from xformopt.errors import InputError, PassFailed
+
+# Small files a decoder stage carries beside model.onnx (config, generation defaults, tokenizer).
+CONFIG_FILES = (
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model", "vocab.txt",
+)
+
+GPT2_ATTENTION = "xformopt_gpt2_ort"
+PARITY_STEPS = 8
+
+
+def copy_config_files(src: Path, dst: Path) -> None:
+    for name in CONFIG_FILES:
+        if (src / name).is_file() and not (dst / name).exists():
+            shutil.copy2(src / name, dst / name)
+
+
+# --------------------------------------------------------------------------- GPT-2, ORT layout
+
+
+def _gpt2_attention(module, query, key, value, attention_mask, head_mask=None, **kwargs):
+    """transformers' GPT-2 eager attention (modeling_gpt2.eager_attention_forward, 4.57) without the
+    ``attention_mask[:, :, :, :key_len]`` slice: our mask is built at the key length already."""
+    import torch
+
+    weights = torch.matmul(query, key.transpose(-1, -2))
+    if module.scale_attn_weights:
+        weights = weights / torch.full([], value.size(-1) ** 0.5, dtype=weights.dtype, device=weights.device)
+    if module.scale_attn_by_inverse_layer_idx:
+        weights = weights / float(module.layer_idx + 1)
+    query_length, key_length = query.size(-2), key.size(-2)
+    causal = module.bias[:, :, key_length - query_length : key_length, :key_length]
+    floor = torch.full([], torch.finfo(weights.dtype).min, dtype=weights.dtype, device=weights.device)
+    weights = torch.where(causal, weights, floor)
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = torch.nn.functional.softmax(weights, dim=-1).type(value.dtype)
+    if head_mask is not None:
+        weights = weights * head_mask
+    return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def _register_gpt2_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(GPT2_ATTENTION, _gpt2_attention)
+    AttentionMaskInterface.register(GPT2_ATTENTION, eager_mask)  # unused (4-D masks pass through), but looked up
+
+
+def _stacked_wrapper(model):
+    import torch
+    from transformers import DynamicCache
+
+    class _StackedPastGPT2(torch.nn.Module):
+        """(input_ids, position_ids, attention_mask, *past_i) -> (logits, *present_i), ORT's GPT-2 layout."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, position_ids, attention_mask, *past):
+            additive = (1.0 - attention_mask.to(torch.float32)[:, None, None, :]) * -10000.0
+            cache = DynamicCache()
+            for layer, stacked in enumerate(past):
+                cache.update(stacked[0], stacked[1], layer)
+            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=additive,
+                             past_key_values=cache, use_cache=True)
+            presents = tuple(torch.cat((layer.keys.unsqueeze(0), layer.values.unsqueeze(0)), dim=0)
+                             for layer in out.past_key_values.layers)
+            return (out.logits, *presents)
+
+    return _StackedPastGPT2(model).eval()
+
+
+def export_gpt2(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _register_gpt2_attention()
+    model = AutoModelForCausalLM.from_pretrained(src, attn_implementation=GPT2_ATTENTION,
+                                                 trust_remote_code=trust_remote_code).eval()
+    config = model.config
+    layers, heads = config.n_layer, config.n_head
+    head_dim = config.n_embd // heads
+    # Trace with a non-empty past (1) and 2 new tokens so no shape is specialised to 0 or 1.
+    batch, new, past_len = 1, 2, 1
+    ids = torch.zeros((batch, new), dtype=torch.int64)
+    positions = torch.arange(past_len, past_len + new, dtype=torch.int64)[None]
+    mask = torch.ones((batch, past_len + new), dtype=torch.int64)
+    past = [torch.zeros((2, batch, heads, past_len, head_dim)) for _ in range(layers)]
+    past_names = [f"past_{i}" for i in range(layers)]
+    present_names = [f"present_{i}" for i in range(layers)]
+    axes = {
+        "input_ids": {0: "batch_size", 1: "sequence_length"},
+        "position_ids": {0: "batch_size", 1: "sequence_length"},
+        "attention_mask": {0: "batch_size", 1: "total_sequence_length"},
+        "logits": {0: "batch_size", 1: "sequence_length"},
+        **{n: {1: "batch_size", 3: "past_sequence_length"} for n in past_names},
+        **{n: {1: "batch_size", 3: "total_sequence_length"} for n in present_names},
+    }
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            _stacked_wrapper(model), (ids, positions, mask, *past), str(dst / "model.onnx"),
+            input_names=["input_ids", "position_ids", "attention_mask", *past_names],
+            output_names=["logits", *present_names], dynamic_axes=axes, opset_version=opset,
+            do_constant_folding=True, dynamo=False,  # the TorchScript tracer: the graph shape ORT's fusions match
+        )
+
+
+def export_optimum(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
+    from optimum.exporters.onnx import main_export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        main_export(str(src), output=dst, task="text-generation-with-past", opset=opset,
+                    library_name="transformers", do_validation=False, no_post_process=True,
+                    trust_remote_code=trust_remote_code)
+
+
+EXPORTERS = {
+    "gpt2": ("torch.onnx TorchScript tracer, ORT GPT-2 cache layout (xformopt.decoder.export.export_gpt2)", export_gpt2),
+}
+DEFAULT_EXPORTER = ("optimum.exporters.onnx main_export, task text-generation-with-past", export_optimum)
+
+
+# --------------------------------------------------------------------------- parity
+
+
+def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    from xformopt.evaluate.metrics import row_cosine
+
+    return row_cosine(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
+
+
+def parity_prompts(texts, tokenizer, context: int | None, steps: int) -> list[list[int]]:
+    """Token ids of real texts at three or more distinct lengths (several past lengths)."""
+    from xformopt.passes.export import parity_texts
+
+    limit = (context - steps - 1) if context else None
+    prompts = []
+    for text in parity_texts(texts, tokenizer):
+        ids = list(tokenizer(text)["input_ids"])[:limit]
+        if ids and ids not in prompts:
+            prompts.append(ids)
+    return prompts
+
+
+def check_decoder_parity(torch_runner, onnx_runner, prompts: list[list[int]], steps: int = PARITY_STEPS) -> dict:
+    """Greedy-decode ``steps`` tokens per prompt with PyTorch and compare the ONNX logits at every step
+    (same tokens fed to both), then a left-padded batch of the first two prompts."""
+    worst_diff, worst_cos, mismatched = 0.0, 1.0, 0
+    past_lengths: set[int] = set()
+    compared = 0
+
+    def update(ref: np.ndarray, got: np.ndarray) -> None:
+        nonlocal worst_diff, worst_cos, compared
+        worst_diff = max(worst_diff, float(np.abs(ref - got).max()))
+        worst_cos = min(worst_cos, float(_row_cosine(ref, got).min()))
+        compared += 1
+
+    for prompt in prompts:
+        ids = np.asarray(prompt, dtype=np.int64)[None]
+        ref, t_state = torch_runner.forward(ids)
+        got, o_state = onnx_runner.forward(ids)
+        past_lengths.add(0)
+        update(ref, got)
+        for _ in range(steps):
+            token = ref[:, -1].argmax(-1)[:, None]
+            mismatched += int((got[:, -1].argmax(-1) != ref[:, -1].argmax(-1)).sum())
+            past_lengths.add(t_state.length)
+            ref, t_state = torch_runner.forward(token, t_state)
+            got, o_state = onnx_runner.forward(token, o_state)
+            update(ref, got)
+
+    padded = {}
+    if len(prompts) >= 2:  # left padding: the shorter prompt is padded on the left, as generate() pads
+        pair = prompts[:2]
+        width = max(len(p) for p in pair)
+        ids = np.zeros((2, width), dtype=np.int64)
+        mask = np.zeros((2, width), dtype=np.int64)
+        for row, p in enumerate(pair):
+            ids[row, width - len(p):] = p
+            mask[row, width - len(p):] = 1
+        ref, t_state = torch_runner.forward(ids, mask=mask)
+        got, o_state = onnx_runner.forward(ids, mask=mask)
+        diffs = [float(np.abs(ref[:, -1] - got[:, -1]).max())]
+        for _ in range(3):
+            token = ref[:, -1].argmax(-1)[:, None]
+            ref, t_state = torch_runner.forward(token, t_state)
+            got, o_state = onnx_runner.forward(token, o_state)
+            diffs.append(float(np.abs(ref[:, -1] - got[:, -1]).max()))
+        worst_diff = max(worst_diff, max(diffs))
+        padded = {"batch": 2, "lengths": [len(p) for p in pair], "steps": 4, "max_abs_diff_last_position": max(diffs)}
+
+    return {
+        "max_abs_diff": worst_diff,
+        "min_cosine": worst_cos,
+        "prompt_lengths": [len(p) for p in prompts],
+        "sequence_lengths": [len(p) for p in prompts],  # the encoders' key, read by the CLI summary line
+        "steps_per_prompt": steps + 1,
+        "past_lengths": sorted(past_lengths),
+        "compared_steps": compared,
+        "greedy_argmax_mismatches": mismatched,
+        "padded_batch": padded,
+    }
+
+
+def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
+    """The export pass for text-generation: export with past, copy configs, verify every step."""
+    import onnx
+
+    from xformopt.decoder.generate import context_window
+    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.models import load_tokenizer
+    from xformopt.passes.export import _quiet_loggers
+
+    how, exporter = EXPORTERS.get(ctx.spec.model_type, DEFAULT_EXPORTER)
+    ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
+    with _quiet_loggers("optimum", "transformers", "torch.onnx"):
+        exporter(src, dst, options.opset, ctx.spec.trust_remote_code)
+    copy_config_files(src, dst)
+    ctx.log("checking parity against PyTorch at every step of a greedy decode")
+    tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
+    prompts = parity_prompts(ctx.sample_texts, tokenizer, context_window(src), PARITY_STEPS)
+    onnx_runner = OrtDecoder(dst, threads=ctx.threads)
+    parity = check_decoder_parity(TorchDecoder(src, threads=ctx.threads, trust_remote_code=ctx.spec.trust_remote_code),
+                                  onnx_runner, prompts)
+    if parity["max_abs_diff"] > options.max_abs_diff or parity["min_cosine"] < options.min_cosine:
+        raise PassFailed(
+            f"decoder export parity failed: max |logit diff| {parity['max_abs_diff']:.2e} (limit {options.max_abs_diff:.0e}), "
+            f"min cosine {parity['min_cosine']:.6f} (limit {options.min_cosine}) over past lengths {parity['past_lengths']}"
+        )
+    graph = onnx.load(dst / "model.onnx", load_external_data=False).graph
+    layout = onnx_runner.layout
+    return {
+        "exporter": how,
+        "opset": options.opset,
+        "task": "text-generation",
+        "cache_layout": layout.kind,
+        "past_inputs": len(layout.past_names),
+        "inputs": [i.name for i in graph.input],
+        "outputs": [o.name for o in graph.output],
+        "nodes": len(graph.node),
+        "dynamic_axes": {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input},
+        "step0": "the prompt with a zero-length past (one graph for prompt and cached steps)",
+        "parity": parity,
+    }
+
+
+def require_decoder_dir(path: Path) -> None:
+    if not (Path(path) / "model.onnx").is_file():
+        raise InputError(f"{path} has no model.onnx; pass a decoder artifact (the -o folder of export, fuse, quantize or optimize)")

@@ -1,0 +1,93 @@
+"""What ONNX Runtime's GPT-2 optimizer must fuse in a decoder, and how fuse times decoder candidates.
+
+Measured with onnxruntime 1.32 and transformers 4.57 (tiny configs, 2 layers):
+
+- GPT-2 exported by :func:`xformopt.decoder.export.export_gpt2`: every layer fuses into one
+  ``Attention`` (with past/present), plus ``EmbedLayerNormalization``, ``SkipLayerNormalization`` x 2
+  per layer and ``FastGelu``: the whole block is ~8 ops per layer.
+- Llama exported by optimum: ``RotaryEmbedding`` (q and k of every layer) and
+  ``SkipSimplifiedLayerNormalization`` x 2 per layer fuse, but ORT's rotary *attention* fusion does
+  not match transformers 4.57's Llama attention, so attention stays unfused MatMul/Softmax ops. The
+  record says so (``attention_fused: false``) and the log warns; asking for it with
+  ``expect: {MultiHeadAttention: N}`` fails the pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
+
+# ORT optimizer fusions every layer of a family must reach (per layer) for `expect_full`.
+EXPECTED_PER_LAYER = {
+    "gpt2": {"Attention": 1, "SkipLayerNormalization": 2},
+    "llama": {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2},
+}
+ATTENTION_NOT_FUSED = {
+    "llama": "ONNX Runtime 1.32's rotary attention fusion does not match transformers 4.57's Llama attention graph; "
+             "attention runs as unfused MatMul/Softmax ops (rotary embeddings and RMSNorms are fused)",
+}
+
+TIMING_PROMPT_TOKENS = 32
+
+
+def expectation(spec) -> dict[str, int]:
+    per_layer = EXPECTED_PER_LAYER.get(spec.model_type, {})
+    return {op: n * spec.num_layers for op, n in per_layer.items()}
+
+
+def attention_record(spec, counts: dict[str, int], log) -> dict:
+    """Whether attention fused; a family whose attention cannot fuse is logged loudly, never silent."""
+    fused = sum(counts.get(op, 0) for op in ATTENTION_OPS)
+    record = {"attention_fused": fused >= spec.num_layers, "attention_nodes": fused, "layers": spec.num_layers}
+    if fused < spec.num_layers:
+        why = ATTENTION_NOT_FUSED.get(spec.model_type, "the attention pattern was not recognized")
+        record["attention_note"] = f"{fused} of {spec.num_layers} attention layers fused: {why}"
+        log(f"WARNING: {record['attention_note']}")
+    return record
+
+
+def time_decoder_dirs(ctx, dirs: dict[str, Path], rounds: int) -> dict[str, dict]:
+    """Median time of one cached decode step (batch 1, one token after a real 32-token prompt),
+    the candidates interleaved; the same dict shape as :func:`xformopt.passes.timing.time_stage_dirs`."""
+    import numpy as np
+
+    from xformopt.bench.latency import run_interleaved
+    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.models import load_tokenizer
+
+    tokenizer = load_tokenizer(next(iter(dirs.values())), ctx.spec.trust_remote_code)
+    ids = [t for text in ctx.sample_texts for t in tokenizer(text)["input_ids"]][:TIMING_PROMPT_TOKENS]
+    prompt = np.asarray(ids or [0], dtype=np.int64)[None]
+    runners = {name: OrtDecoder(d, threads=ctx.threads) for name, d in dirs.items()}
+    states = {name: r.forward(prompt)[1] for name, r in runners.items()}
+    token = prompt[:, -1:]
+    calls = {name: (lambda i, r=r, s=states[name]: r.forward(token, s)) for name, r in runners.items()}
+    stats = run_interleaved(calls, 1, warmup=5, iterations=rounds)
+    return {name: s.to_dict() for name, s in stats.items()}
+
+
+def logits_agreement(ctx, float_dir: Path, int8_dir: Path, texts: int = 16, max_tokens: int = 64) -> dict:
+    """Quantize's sanity check for decoders: cosine of the INT8 graph's logits to the float graph's at
+    every position of real texts (prompt step, no cache), and how often their argmax agrees."""
+    import numpy as np
+
+    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.evaluate.metrics import row_cosine
+    from xformopt.models import load_tokenizer
+
+    tokenizer = load_tokenizer(float_dir, ctx.spec.trust_remote_code)
+    ref_runner, got_runner = OrtDecoder(float_dir, threads=ctx.threads), OrtDecoder(int8_dir, threads=ctx.threads)
+    cosines, agree, total = [], 0, 0
+    for text in list(ctx.sample_texts)[:texts]:
+        ids = list(tokenizer(text)["input_ids"])[:max_tokens]
+        if not ids:
+            continue
+        batch = np.asarray(ids, dtype=np.int64)[None]
+        ref, got = ref_runner.forward(batch)[0][0], got_runner.forward(batch)[0][0]
+        cosines.append(row_cosine(ref, got))
+        agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
+        total += len(ids)
+    cos = np.concatenate(cosines)
+    return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "texts": len(cosines),
+            "positions": total, "top1_agreement": agree / total, "measured_on": "logits at every position"}
