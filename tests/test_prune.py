@@ -327,14 +327,19 @@ def test_cli_prune_that_removes_nothing_exits_2(tiny_classifier, tmp_path, capsy
     assert not (tmp_path / "p").exists()
 
 
-def test_cli_unsupported_architecture_exit_2(tmp_path, capsys):
-    model = tmp_path / "gpt2"
+@pytest.mark.parametrize("config", [
+    {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 8},
+    {"model_type": "t5", "d_model": 8, "num_layers": 1, "num_heads": 2},
+], ids=["gpt2", "t5"])
+def test_cli_unsupported_architecture_exit_2(tmp_path, capsys, config):
+    model = tmp_path / config["model_type"]
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 8}))
+    (model / "config.json").write_text(json.dumps(config))
     code, _, err = run_cli(["prune", model, "-o", tmp_path / "p", "--sparsity", "0.5"], capsys)
-    assert code == 2 and "unsupported architecture" in err
+    assert code == 2 and f"unsupported architecture '{config['model_type']}'" in err
+    assert not (tmp_path / "p").exists()
     with pytest.raises(InputError):
-        P.arch_for("gpt2")
+        P.arch_for(config["model_type"])
 
 
 def test_prune_after_export_is_rejected(exported_classifier, tmp_path, capsys):
@@ -718,12 +723,3 @@ def test_pass_refuses_other_architectures(tiny_classifier, sample_texts, tmp_pat
     assert message == (f"unsupported architecture {model_type!r} for pass 'prune': it takes BERT-family encoders "
                        "(bert, roberta, xlm-roberta, electra, camembert, distilbert)")
     assert not any((tmp_path / "p").iterdir())  # refused before any work
-
-
-def test_cli_t5_exits_2(tmp_path, capsys):
-    model = tmp_path / "t5"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 8, "num_layers": 1, "num_heads": 2}))
-    code, _, err = run_cli(["prune", model, "-o", tmp_path / "p", "--sparsity", "0.5"], capsys)
-    assert code == 2 and "unsupported architecture 't5'" in err
-    assert not (tmp_path / "p").exists()
