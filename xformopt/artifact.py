@@ -95,6 +95,18 @@ def copy_stage(stage_dir: Path, dst: Path, *, with_model: bool = True) -> None:
             shutil.copy2(item, dst / item.name)
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".h5", ".msgpack")
+
+
+def copy_side_files(src: Path, dst: Path) -> None:
+    """A torch stage's tokenizer and other non-weight files into dst, after save_pretrained wrote the
+    weights and config there (files already in dst and run outputs are left alone)."""
+    for item in Path(src).iterdir():
+        if item.is_file() and not (dst / item.name).exists() and not item.name.endswith(WEIGHT_SUFFIXES) \
+                and not is_run_output(item.name):
+            shutil.copy2(item, dst / item.name)
+
+
 def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 

@@ -35,7 +35,6 @@ import copy
 import hashlib
 import inspect
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Literal
@@ -43,7 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from xformopt.artifact import is_run_output
+from xformopt.artifact import copy_side_files
 from xformopt.errors import InputError, PassFailed
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
@@ -160,22 +159,6 @@ def load_sets(ctx: PassContext, options: DistillOptions, labelled: bool):
 # --------------------------------------------------------------------------- the pass
 
 
-def _weights_sha256(model) -> str:
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-def _copy_side_files(src: Path, dst: Path) -> None:
-    """Tokenizer and other non-weight files of the student's source (not run outputs)."""
-    for item in Path(src).iterdir():
-        if item.is_file() and not (dst / item.name).exists() and not item.name.endswith(
-                (".safetensors", ".bin", ".pt", ".h5", ".msgpack")) and not is_run_output(item.name):
-            shutil.copy2(item, dst / item.name)
-
-
 def _texts_digest(*datasets) -> str:
     h = hashlib.sha256()
     for ds in datasets:
@@ -270,6 +253,8 @@ class DistillPass(Pass):
     def _train(self, ctx, src, dst, options, choice, train_set, heldout_set, notes, weights, has_labels, tokenizer,
                arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape) -> dict:
         import torch
+
+        from xformopt.passes.prune import weights_sha256
 
         task = ctx.spec.task
         torch.manual_seed(options.seed)
@@ -376,7 +361,7 @@ class DistillPass(Pass):
 
         student.to("cpu").eval()
         student.save_pretrained(dst)
-        _copy_side_files(src, dst)
+        copy_side_files(src, dst)
         reload = self._reload_check(ctx, student, dst, heldout_enc, accepts)
         ckpt.remove(root)
 
@@ -418,7 +403,7 @@ class DistillPass(Pass):
             "quality": {"teacher": teacher_metrics, "before": _metrics_only(result.before),
                         "after": _metrics_only(result.best), "eval_rows": len(heldout_set)},
             "reload_check": reload,
-            "weights_sha256": _weights_sha256(student),
+            "weights_sha256": weights_sha256(student),
             "pass_seconds": round(time.perf_counter() - wall_start, 2),
         }
         try:

@@ -109,7 +109,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from xformopt.artifact import is_run_output
+from xformopt.artifact import copy_side_files
 from xformopt.errors import InputError, PassFailed
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
@@ -636,7 +636,7 @@ def weights_sha256(model) -> str:
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(tensor.detach().contiguous().numpy().tobytes())
+        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -998,10 +998,7 @@ class PrunePass(Pass):
             raise PassFailed("pruning would leave a layer without attention heads")
 
         model.save_pretrained(dst)
-        for item in src.iterdir():  # tokenizer and any other non-weight files
-            if item.is_file() and not (dst / item.name).exists() and not item.name.endswith(
-                    (".safetensors", ".bin", ".pt", ".h5", ".msgpack")) and not is_run_output(item.name):
-                shutil.copy2(item, dst / item.name)
+        copy_side_files(src, dst)  # tokenizer and any other non-weight files
         removed_layers = [i for i in range(shape0.num_layers) if i not in plan.keep_layers]
         f_ref0 = encoder_flops(shape0, options.reference_length)["total"]
         f_ref1 = encoder_flops(shape1, options.reference_length)["total"]
