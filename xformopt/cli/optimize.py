@@ -17,6 +17,7 @@ Examples:
     xformopt optimize ./my-bert --recipe fp32-fused --data test.csv --label-column y -o out/
     xformopt optimize ./my-bert -o out/ --json | jq '.stages[] | {name, speedup}'
     xformopt optimize minilm --mode real,fixed --batch 1,8 --seq 32,128,512 -o out/
+    xformopt optimize ./tweets-model --recipe prune-distill-int8 --data test.csv --train-data train.csv --validation-data dev.csv
 """
 
 
@@ -62,6 +63,11 @@ def optimize(
     mode: str = typer.Option(None, "--mode", help="Latency modes, comma-separated: real, fixed, throughput [default: real]."),
     batch: str = typer.Option(None, "--batch", help="Batch sizes for fixed/throughput, e.g. 1,8,32."),
     seq: str = typer.Option(None, "--seq", help="Sequence lengths for fixed mode, e.g. 32,128,512."),
+    train_data: Path = typer.Option(None, "--train-data", help="Your training texts/labels for prune and distill [default: vendored train split]."),
+    validation_data: Path = typer.Option(None, "--validation-data", help="Your validation rows for distill's evaluation and the INT8 accuracy budget [default: vendored validation split]."),
+    calibration_data: Path = typer.Option(None, "--calibration-data", help="Your texts for static INT8 calibration [default: vendored train split]."),
+    max_accuracy_drop: str = typer.Option(None, "--max-accuracy-drop", help="INT8 accuracy budget: points (0.5) or relative ('1%'); over it, the most harmful GEMMs return to float."),
+    per_channel: bool = typer.Option(None, "--per-channel/--no-per-channel", help="Per-channel INT8 weight scales [default: the target's]."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or store finished passes."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own Python code (off by default)."),
@@ -76,7 +82,8 @@ def optimize(
     from xformopt import pipeline, recipe
     from xformopt.report.console import console_table
 
-    r = recipe.load(recipe_name) if recipe_name else recipe.from_flags(target=target or "auto", task=task)
+    # No --recipe is exactly `--recipe default`: one recipe, so two such runs always compare in `bench`.
+    r = recipe.load(recipe_name or "default")
     updates = {k: v for k, v in {"target": target, "task": task}.items() if v is not None}
     evaluation = {
         k: v for k, v in {
@@ -86,6 +93,12 @@ def optimize(
         }.items() if v is not None
     }
     r = recipe.validate({**r.to_dict(), **updates, "evaluation": {**r.evaluation.model_dump(), **evaluation}}, "<command line>")
+    r = recipe.apply_overrides(r, {
+        "train_data": str(train_data) if train_data else None,
+        "validation_data": str(validation_data) if validation_data else None,
+        "calibration_data": str(calibration_data) if calibration_data else None,
+        "max_accuracy_drop": max_accuracy_drop, "per_channel": per_channel,
+    })
     out = out or default_output(model)
     with output.progress_bars() as progress:
         result = pipeline.run(

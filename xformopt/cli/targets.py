@@ -16,10 +16,10 @@ def list_targets(as_json: bool = typer.Option(False, "--json", help="One JSON do
 
     Example: xformopt targets list
     """
-    from xformopt.bench.host import cpu_flags
+    from xformopt.bench.host import effective_cpu_flags
     from xformopt.targets import PROFILES, host_supports
 
-    flags = cpu_flags()
+    flags = effective_cpu_flags()
     if as_json:
         output.emit_json([{**t.to_dict(), "host_supports": host_supports(t, flags)} for t in PROFILES.values()])
         return
@@ -46,7 +46,9 @@ def detect(as_json: bool = typer.Option(False, "--json", help="One JSON document
     info = host_info()
     if as_json:
         output.emit_json({"target": target.name, "cpu_model": info["cpu_model"], "cpu_flags": info["cpu_flags"],
-                          "cores_usable": info["cores_usable"]})
+                          "int8_gemm_saturates": info["int8_gemm_saturates"], "cores_usable": info["cores_usable"]})
         return
     output.stdout.print(f"{target.name}", highlight=False)
-    output.log(f"{info['cpu_model']}; flags: {', '.join(info['cpu_flags'])}; {info['cores_usable']} usable cores")
+    kernel = {True: "saturates (no VNNI path)", False: "32-bit accumulation (VNNI)", None: "unknown"}
+    output.log(f"{info['cpu_model']}; flags: {', '.join(info['cpu_flags'])}; ONNX Runtime's u8*s8 kernel: "
+               f"{kernel[info['int8_gemm_saturates']]}; {info['cores_usable']} usable cores")

@@ -134,7 +134,7 @@ def load_sets(ctx: PassContext, options: DistillOptions, labelled: bool):
     else:
         heldout = load_text_dataset(vader_split_path("validation"), **{**kwargs, "text_column": None, "text_pair_column": ""},
                                     limit=options.eval_samples, seed=options.seed)
-    reported = set(ctx.sample_texts)
+    reported = set(ctx.heldout_texts)
     keep_eval = [i for i, t in enumerate(heldout.texts) if t not in reported]
     notes["eval_rows_dropped_as_in_reported_heldout"] = len(heldout) - len(keep_eval)
     if not keep_eval:
@@ -186,6 +186,7 @@ def _load(spec, path: Path, eager: bool):
 class DistillPass(Pass):
     name = "distill"
     stage = "torch"
+    depends_on = ("texts", "reported", "timing")  # the reported rows are kept out of its training data
     consumes = "hf"
     produces = "hf"
     Options = DistillOptions
