@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from xformopt.artifact import load_json
+from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError
 
@@ -45,9 +47,10 @@ def load_report(directory: Path) -> tuple[dict, Path]:
 
 
 def report(
-    directory: Path = typer.Argument(..., metavar="DIR", help="An artifact directory (the -o of `xformopt optimize`) holding report.json."),
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize` (report.json), or of a single-pass command (manifest.json).")],
     as_json: bool = typer.Option(False, "--json", help="Print report.json as one JSON document on stdout."),
     as_markdown: bool = typer.Option(False, "--markdown", help="Print the GitHub-flavoured Markdown (report.md) on stdout."),
+    quiet: opt.Quiet = False,
 ) -> None:
     """Show the report of an artifact from DIR/report.json; re-write DIR/report.md and its plots.
 
