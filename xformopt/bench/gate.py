@@ -360,6 +360,16 @@ def compare(
     }
 
 
+def no_comparison(reason: str) -> dict:
+    """The ``comparison`` section when there is nothing to compare with (no --baseline and no
+    report.json of the artifact's own): same keys as :func:`compare`, no checks, nothing gated."""
+    return {
+        "baseline": None, "baseline_schema": None, "baseline_created": None, "gated": False,
+        "comparable": False, "settings_mismatch": [], "host_mismatch": [], "host_mismatch_allowed": False,
+        "reason": reason, "limits": {}, "checks": [], "passed": True,
+    }
+
+
 def headline_skipped_message(headline: str, current: dict) -> str:
     """One line for a gate whose headline metric could not be compared: why, and how to fix it."""
     current_has = _number(((current["artifact"].get("metrics") or {}).get(headline) or {}).get("value"))

@@ -155,7 +155,8 @@ def print_human(doc: dict) -> None:
     elif comparison.get("host_mismatch_allowed"):
         diffs = ", ".join(f"{d['field']} {d['baseline']!r} in the baseline vs {d['current']!r} here" for d in comparison["host_mismatch"])
         output.stdout.print(f"note: host differs (allowed by --allow-host-mismatch): {diffs}", highlight=False, markup=False)
-    console.print(comparison_table(comparison))
+    if comparison["checks"]:
+        console.print(comparison_table(comparison))
     for line in evidence_lines(comparison):
         output.stdout.print(line, highlight=False, markup=False)
     if comparison["gated"]:
@@ -230,6 +231,8 @@ def bench(
     if base_doc is not None:
         comparison = gate.compare(base_doc, doc, max_latency_regression=limit_fraction, max_accuracy_drop=max_accuracy_drop,
                                   allow_host_mismatch=allow_host_mismatch, gated=True, baseline_path=str(baseline))
+    elif art.report is None:  # a single-pass command's output: nothing of its own to compare with
+        comparison = gate.no_comparison("no report.json to compare with (single-pass output); pass --baseline FILE")
     else:
         own = art.path / "report.json"
         comparison = gate.compare(art.report, doc, max_latency_regression=limit_fraction,

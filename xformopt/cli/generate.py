@@ -33,7 +33,7 @@ def open_decoder(artifact: Path):
     if not path.is_dir():
         raise InputError(f"{path} is a file; pass the artifact directory that holds model.onnx")
     if not (path / "model.onnx").is_file():
-        raise InputError(f"{path} has no model.onnx; export the decoder first: xformopt export MODEL -o {path}")
+        raise InputError(f"{path} has no model.onnx; export the decoder first: xformopt export MODEL -o NEW_DIR, then generate from NEW_DIR")
     spec = models.resolve(str(path))
     if not spec.is_decoder:
         raise InputError(f"{path} is a {spec.model_type} {spec.task} artifact; generate needs a decoder "

@@ -120,9 +120,10 @@ clock = time.monotonic
 
 
 @contextmanager
-def progress_display():
-    """Listen to xformopt.progress for the command's duration: bars on a terminal, else lines."""
-    every = float(os.environ.get("XFORMOPT_PROGRESS_EVERY") or LINE_EVERY_S)
+def progress_display(every: float | None = None):
+    """Listen to xformopt.progress for the command's duration: bars on a terminal, else a line every
+    EVERY seconds [default: $XFORMOPT_PROGRESS_EVERY, else LINE_EVERY_S]."""
+    every = every or float(os.environ.get("XFORMOPT_PROGRESS_EVERY") or LINE_EVERY_S)
     sink = BarSink(stderr) if stderr.is_terminal else LineSink(every)
     with progress.listening(sink):
         try:

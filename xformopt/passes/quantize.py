@@ -36,7 +36,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from xformopt import accuracy_budget
+from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
 from xformopt.evaluate.metrics import row_cosine
@@ -326,7 +326,7 @@ def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datase
     from xformopt.predictors import OrtPredictor
 
     out = OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict(
-        dataset.texts, dataset.text_pairs)
+        dataset.texts, dataset.text_pairs, progress=progress.tracker(f"budget: scoring {model_dir.name} (rows)"))
     if ctx.spec.task == "text-classification":
         if dataset.labels is not None:
             return 100.0 * float((out.argmax(-1) == np.asarray(dataset.labels)).mean())
@@ -342,7 +342,8 @@ def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datase
 def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
     from xformopt.predictors import OrtPredictor
 
-    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(dataset.texts, dataset.text_pairs)
+    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(
+        dataset.texts, dataset.text_pairs, progress=progress.tracker("budget: float reference (rows)"))
 
 
 TIMING_TOLERANCE = 0.05
