@@ -70,21 +70,21 @@ def main(argv: list[str] | None = None) -> None:
     # when torch is first imported, so it is set before any command runs. Measured on a 2-core
     # host: MiniLM at batch 1 in PyTorch took 35 ms with spinning and 13 ms without.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from xformopt.cli.command import UsageError
+    from xformopt.cli.command import UsageError, usage_line
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    root = typer.main.get_command(app)
     try:
         # Not standalone: usage errors (unknown option, missing argument, bad value) come back here
         # and print as one line like every other error, instead of Click's 5-line box.
         with output.progress_display():
-            code = typer.main.get_command(app).main(args=argv, prog_name="xformopt", standalone_mode=False)
+            code = root.main(args=argv, prog_name="xformopt", standalone_mode=False)
         if isinstance(code, int) and code:  # typer.Exit(code), e.g. from a callback
             sys.exit(code)
     except UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # `xformopt` or `xformopt recipes` alone: Typer printed the help
             sys.exit(2)
-        from xformopt.cli.command import usage_line
-
-        output.error(usage_line(exc))
+        output.error(usage_line(exc, root, argv))
         sys.exit(2)
     except XformoptError as exc:
         output.error(exc.message)

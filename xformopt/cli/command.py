@@ -14,7 +14,6 @@ from typer.core import TyperCommand, TyperGroup
 # Click's UsageError: typer >= 0.22 vendors Click (typer._click), older typer uses click itself;
 # BadParameter is re-exported by both and derives from it.
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
-NoArgsIsHelp = "NoArgsIsHelpError"
 
 
 def _plain_flags(params: list) -> list:
@@ -52,8 +51,17 @@ def apply(app: typer.Typer) -> None:
         apply(group.typer_instance)
 
 
-def usage_line(exc) -> str:
-    """Click's usage error as one line: the problem, then where to read the fix."""
+def usage_line(exc, root, argv: list[str]) -> str:
+    """Click's usage error as one line: the problem, then which command's help to read."""
     message = " ".join(exc.format_message().split()).rstrip(".")
-    path = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "xformopt"
+    if getattr(exc, "ctx", None) is not None:
+        path = exc.ctx.command_path
+    else:  # parser errors (an option missing its value) carry no context: find the command in ARGV
+        names, command = ["xformopt"], root
+        for token in argv:
+            sub = getattr(command, "commands", {}).get(token)
+            if sub is not None:
+                names.append(token)
+                command = sub
+        path = " ".join(names)
     return f"{message}; see `{path} --help`"
