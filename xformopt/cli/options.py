@@ -52,4 +52,3 @@ MaxAccuracyDrop = Annotated[str, typer.Option(
     help="Accuracy budget: metric points (0.5 = 0.5 accuracy points, or 0.005 cosine) or relative to the reference ('1%').")]
 
 Model = Annotated[str, typer.Argument(metavar="MODEL", help="Local Hugging Face folder, cached hub id, or alias (minilm, bert-base, distilbert, roberta-base).")]
-StageDir = Annotated[Path, typer.Argument(metavar="DIR", help="A folder written by `xformopt export`, `fuse`, `quantize` or `optimize`.")]
