@@ -43,8 +43,10 @@ def one_error_line(code: int, err: str) -> str:
     (["optimize", "--target"], "'--target' requires an argument", "xformopt optimize"),
     (["recipes", "show"], "Missing argument 'RECIPE'", "xformopt recipes show"),
     (["frobnicate"], "No such command 'frobnicate'", "xformopt"),
+    (["fuse", "e/", "-o", "f/", "--select", "most"], "'most' is not one of 'fastest', 'all', 'none'", "xformopt fuse"),
+    (["quantize", "f/", "-o", "q/", "--mode", "fixed"], "'fixed' is not one of 'dynamic', 'static'", "xformopt quantize"),
 ], ids=["unknown-option", "missing-argument", "bad-int", "int-out-of-range", "bad-budget", "negative-budget",
-        "missing-value", "missing-argument-subgroup", "unknown-command"])
+        "missing-value", "missing-argument-subgroup", "unknown-command", "bad-choice", "bad-choice-mode"])
 def test_usage_error_is_one_line_naming_the_help(args, fragment, command, capsys):
     code, out, err = run_cli(args, capsys)
     line = one_error_line(code, err)
@@ -93,12 +95,38 @@ def test_optimize_mode_is_a_deprecated_alias_of_latency_mode(tmp_path, capsys):
     missing = tmp_path / "nowhere"
     code, _, err = run_cli(["optimize", missing, "--mode", "real", "-o", tmp_path / "out"], capsys)
     assert code == 2
-    assert "`optimize --mode` is deprecated, use --latency-mode" in err
-    assert "not found" in error_lines(err)[-1] or "does not exist" in error_lines(err)[-1] or "nowhere" in error_lines(err)[-1]
+    assert error_lines(err) == [
+        "xformopt: warning: `optimize --mode` is deprecated, use --latency-mode (`quantize --mode` is dynamic/static)",
+        f"error: model path not found: {missing}",
+    ]
     code, _, err = run_cli(["optimize", missing, "--mode", "real", "--latency-mode", "fixed"], capsys)
     assert "give only --latency-mode" in one_error_line(code, err)
     _, out, _ = run_cli(["optimize", "--help"], capsys)
     assert "--latency-mode" in out and "--mode " not in out  # the old name is hidden
+
+
+@pytest.mark.parametrize("command, flag, options, field", [
+    ("fuse", "--select", "xformopt.passes.fuse:FuseOptions", "select"),
+    ("quantize", "--mode", "xformopt.passes.quantize:QuantizeOptions", "mode"),
+    ("quantize", "--calibration-method", "xformopt.passes.quantize:QuantizeOptions", "calibration_method"),
+    ("prune", "--strategy", "xformopt.passes.prune:PruneOptions", "strategy"),
+    ("prune", "--importance", "xformopt.passes.prune:PruneOptions", "importance"),
+    ("distill", "--device", "xformopt.passes.distill:DistillOptions", "device"),
+])
+def test_cli_choices_are_the_pass_options_choices(command, flag, options, field):
+    """The CLI states the choices (help shows them, a typo is a usage error); they must be the pass's."""
+    import importlib
+    import typing
+
+    import typer
+
+    from xformopt.cli.app import app
+
+    module, name = options.split(":")
+    expected = typing.get_args(getattr(importlib.import_module(module), name).model_fields[field].annotation)
+    click_command = typer.main.get_command(app).commands[command]
+    (param,) = [p for p in click_command.params if flag in getattr(p, "opts", ())]
+    assert "|".join(expected) in param.display_type_rich(None)
 
 
 def test_distill_data_help_is_about_distill(capsys):

@@ -53,7 +53,7 @@ def apply(app: typer.Typer) -> None:
 
 def usage_line(exc, root, argv: list[str]) -> str:
     """Click's usage error as one line: the problem, then which command's help to read."""
-    message = " ".join(exc.format_message().split()).rstrip(".")
+    message = " ".join(exc.format_message().split()).rstrip(".").replace("Value error, ", "")
     if getattr(exc, "ctx", None) is not None:
         path = exc.ctx.command_path
     else:  # parser errors (an option missing its value) carry no context: find the command in ARGV

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -90,7 +90,7 @@ def export(
 def fuse(
     stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX stage directory (the -o of `xformopt export`).")],
     out: opt.StageOut,
-    select: str = typer.Option("fastest", "--select", help="fastest (time candidates, keep quickest), all, or none."),
+    select: Literal["fastest", "all", "none"] = typer.Option("fastest", "--select", help="fastest (time candidates, keep quickest), all, or none."),
     target: opt.Target = "auto",
     data: opt.PassData = None,
     force: opt.Force = False,
@@ -111,10 +111,10 @@ def fuse(
 def quantize(
     stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX stage directory (the -o of `xformopt export` or `fuse`).")],
     out: opt.StageOut,
-    mode: str = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time) or static (calibrated)."),
+    mode: Literal["dynamic", "static"] = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time) or static (calibrated)."),
     calibration_data: Path = typer.Option(
         None, "--calibration-data", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
-    calibration_method: str = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
+    calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
     target: opt.Target = "auto",
     data: opt.PassData = None,
@@ -147,8 +147,8 @@ def prune(
     heads_per_layer: int = typer.Option(None, "--heads-per-layer", help="Explicit: attention heads kept per layer."),
     ffn_dim: int = typer.Option(None, "--ffn-dim", help="Explicit: FFN width kept (rounded to the target's SIMD multiple)."),
     layers: int = typer.Option(None, "--layers", help="Explicit: number of encoder layers kept."),
-    strategy: str = typer.Option("auto", "--strategy", help="How --sparsity is allocated: auto, width, or depth."),
-    importance: str = typer.Option("taylor", "--importance", help="taylor (gradients on data) or magnitude (data-free)."),
+    strategy: Literal["auto", "width", "depth"] = typer.Option("auto", "--strategy", help="How --sparsity is allocated: auto, width, or depth."),
+    importance: Literal["taylor", "magnitude"] = typer.Option("taylor", "--importance", help="taylor (gradients on data) or magnitude (data-free)."),
     samples: int = typer.Option(256, "--samples", help="Importance sample size (seeded)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the samples and probes."),
     latency: bool = typer.Option(True, "--latency/--no-latency", help="Export, fuse and time pruned vs unpruned ONNX."),
@@ -210,7 +210,7 @@ def distill(
     patience: int = typer.Option(4, "--patience", help="Stop after this many evaluations without improvement (0: never)."),
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Keep the word embeddings fixed (about 30% faster steps on MiniLM)."),
     seed: int = typer.Option(0, "--seed", help="Seed for data order, dropout and sampling."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    device: Literal["auto", "cpu", "cuda"] = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Where resumable checkpoints go [default: under the xformopt cache]."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from a checkpoint of the same run when one exists."),
     task: opt.Task = None,
