@@ -20,7 +20,8 @@ The bench document (schema ``xformopt.bench/1``) has these top-level keys, alway
                       comparable, settings_mismatch, host_mismatch, host_mismatch_allowed, reason,
                       limits, checks: [{name, kind, unit, baseline, current, change,
                       change_pct | change_points, limit, tolerance, threshold, verdict, message,
-                      evidence}], passed}. Without --baseline it compares against the artifact's
+                      evidence, limit_relative (only with a relative budget such as "1%": limit is
+                      then that share of the baseline's points)}], passed}. Without --baseline it compares against the artifact's
                       own report.json with gated=false (informative, never fails the command).
 
 A field is never renamed or removed within a schema version.
