@@ -5,13 +5,14 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
 
 app = typer.Typer(help="Hardware profiles.\n\nExample: xformopt targets detect", no_args_is_help=True)
 
 
 @app.command("list")
-def list_targets(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+def list_targets(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """List the hardware profiles and the INT8 formats each one emits.
 
     Example: xformopt targets list
@@ -34,7 +35,7 @@ def list_targets(as_json: bool = typer.Option(False, "--json", help="One JSON do
 
 
 @app.command("detect")
-def detect(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+def detect(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """Print the target `auto` picks on this host, and the CPU facts it used.
 
     Example: xformopt targets detect --json | jq -r .target

@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from xformopt import progress
 from xformopt.artifact import copy_side_files
 from xformopt.errors import InputError, PassFailed
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -327,7 +328,8 @@ class DistillPass(Pass):
         else:
             ctx.log(f"distill: teacher pass over {len(train_enc)} training rows" + (
                 f" (caching {len(cached_layers)} hidden layers, {cache_mb:.0f} MB float16)" if cached_layers else ""))
-            cache = D.teacher_outputs(teacher, train_enc, task, accepts, cached_layers, 64, device)
+            cache = D.teacher_outputs(teacher, train_enc, task, accepts, cached_layers, 64, device,
+                                      progress=progress.tracker("distill: teacher pass (batches)"))
             if cached_layers:  # the cache is indexed by position in cached_layers
                 position = {j: p for p, j in enumerate(cached_layers)}
                 cache.hidden = [cache.hidden[position[j]] for j in layer_map]

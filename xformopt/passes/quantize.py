@@ -27,7 +27,6 @@ fastest kept. When none passes within ``max_float_nodes``, the best is written w
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
 from xformopt.evaluate.metrics import row_cosine
@@ -93,29 +93,12 @@ class QuantizeOptions(PassOptions):
     @field_validator("max_accuracy_drop", mode="before")
     @classmethod
     def _budget(cls, value):
-        if value is None or isinstance(value, bool):
-            return None if value is None else _bad_budget(value)
-        if isinstance(value, (int, float)):
-            return float(value) if value >= 0 else _bad_budget(value)
-        text = str(value).strip()
-        if re.fullmatch(r"\d+(\.\d+)?%", text):
-            return text
-        try:
-            number = float(text)
-        except ValueError:
-            return _bad_budget(value)
-        return number if number >= 0 else _bad_budget(value)
-
-
-def _bad_budget(value):
-    raise ValueError(f"max_accuracy_drop must be points >= 0 (e.g. 0.5) or a percentage of the float value (e.g. '1%'), got {value!r}")
+        return None if value is None else accuracy_budget.parse(value)
 
 
 def allowed_drop(budget: float | str, float_points: float) -> float:
     """The budget in metric points: absolute, or a percentage of the float graph's value."""
-    if isinstance(budget, str):
-        return float(budget.rstrip("%")) / 100 * float_points
-    return float(budget)
+    return accuracy_budget.points(budget, float_points)
 
 
 def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
@@ -441,7 +424,7 @@ def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datase
     from xformopt.predictors import OrtPredictor
 
     out = OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict(
-        dataset.texts, dataset.text_pairs)
+        dataset.texts, dataset.text_pairs, progress=progress.tracker(f"budget: scoring {model_dir.name} (rows)"))
     if ctx.spec.task == "text-classification":
         if dataset.labels is not None:
             return 100.0 * float((out.argmax(-1) == np.asarray(dataset.labels)).mean())
@@ -457,7 +440,8 @@ def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datase
 def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
     from xformopt.predictors import OrtPredictor
 
-    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(dataset.texts, dataset.text_pairs)
+    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(
+        dataset.texts, dataset.text_pairs, progress=progress.tracker("budget: float reference (rows)"))
 
 
 TIMING_TOLERANCE = 0.05
