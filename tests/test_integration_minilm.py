@@ -99,6 +99,25 @@ def test_quantize_every_gemm_int8(chain):
         + len(float_weighted_gemms(q / "model.onnx")) == 36
 
 
+def test_int8_artifact_is_a_sentence_transformers_drop_in(chain, sample_texts):
+    """`SentenceTransformer(artifact, backend="onnx")` rebuilds MiniLM's own pipeline (mean pooling,
+    Normalize, 256 tokens) around the INT8 graph and encodes like the original."""
+    st = pytest.importorskip("sentence_transformers", reason="sentence-transformers (the test extra) is not installed")
+    import numpy as np
+
+    from xformopt.models import resolve
+
+    _, _, _, q = chain
+    original = st.SentenceTransformer(str(resolve("minilm").path), device="cpu")
+    artifact = st.SentenceTransformer(str(q), backend="onnx", device="cpu")
+    assert artifact.max_seq_length == original.max_seq_length == 256
+    texts = sample_texts
+    a, b = original.encode(texts), artifact.encode(texts)
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-4)
+    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cosine.mean() >= 0.99
+
+
 def test_optimize_minilm(tmp_path, capsys):
     recipe = yaml.safe_load((RECIPES_DIR / "default.yaml").read_text())
     recipe["evaluation"] = {"limit": 64, "latency_rounds": 5, "warmup": 1}

@@ -184,6 +184,12 @@ def test_artifact_loads_with_optimum(first_run, sample_texts):
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     want = session.run(None, {k: v.astype(np.int64) for k, v in encoded.items()})[0]
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    # and in a transformers pipeline, which is how most applications call a classifier
+    from transformers import pipeline as hf_pipeline
+
+    classify = hf_pipeline("text-classification", model=model, tokenizer=tokenizer)
+    labels = [r["label"] for r in classify(sample_texts[:4])]
+    assert labels == [model.config.id2label[i] for i in np.asarray(want).argmax(-1)]
 
 
 def test_second_identical_run_reuses_every_pass(first_run, tiny_classifier, heldout_file, tmp_path, monkeypatch):

@@ -235,7 +235,7 @@ def run(
             "host": host,
             "versions": library_versions(),
             "recipe": recipe.to_dict(),
-            "heldout": {"source": heldout.source, "rows": len(heldout)},
+            "heldout": {"path": heldout.path, "source": heldout.source, "rows": len(heldout)},
             "passes": records,
         }
         final = stages[-1]

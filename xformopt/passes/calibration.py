@@ -49,7 +49,8 @@ def row_ids_hash(dataset: TextDataset) -> str:
 
 
 def dataset_record(dataset: TextDataset, role: str) -> dict:
-    return {"role": role, "source": dataset.source, "rows": len(dataset), "row_ids_sha256": row_ids_hash(dataset)}
+    return {"role": role, "path": dataset.path, "source": dataset.source, "rows": len(dataset),
+            "row_ids_sha256": row_ids_hash(dataset)}
 
 
 def load_split(path: str | None, default_split: str, spec, limit: int | None, seed: int, labels: bool) -> TextDataset:
