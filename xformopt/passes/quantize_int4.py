@@ -84,7 +84,8 @@ class Int4Options(BaseModel):
 
     @model_validator(mode="after")
     def _only_with_int4(self):
-        used = [f for f in INT4_FIELDS if f in self.model_fields_set]
+        # Non-default values, not fields_set: a resolved recipe re-validates with every field filled in.
+        used = [f for f in INT4_FIELDS if getattr(self, f) != Int4Options.model_fields[f].get_default(call_default_factory=True)]
         if used and getattr(self, "mode", "int4") != "int4":
             raise ValueError(f"{', '.join(used)} apply to mode int4 only (mode is {getattr(self, 'mode')!r})")
         return self
