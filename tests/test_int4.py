@@ -166,6 +166,7 @@ def test_hqq_and_gptq_write_4bit_matmulnbits(algorithm, family_models, family_st
     record = run_pass("quantize", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q", mode="int4",
                       algorithm=algorithm, calibration_limit=8)
     assert record["algorithm"] == algorithm and record["matmulnbits"]["4bit"] == record["weighted_matmuls"]
+    assert record["matmulnbits"]["accuracy_levels"] == [4]  # ORT's HQQ writes none: the pass sets it
     assert ("calibration" in record) == (algorithm == "gptq")
     assert record["agreement"]["mean_cosine"] > 0.98
 
@@ -214,3 +215,21 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
     results = json.loads(doc)["cells"][0]["results"]
     assert code == 0 and set(results) == {"pytorch", "quantize"}  # bench finds PyTorch through the manifest
     assert results["quantize"]["cache"]["per_token"]["n"] == 3 * 3
+
+
+def test_int4_artifact_runs_in_onnxruntime_genai_with_the_same_greedy_tokens(family_stages):
+    og = pytest.importorskip("onnxruntime_genai")
+    from xformopt.decoder.generate import generate
+
+    directory = family_stages["qwen2"]["int4"][0]
+    assert (directory / "genai_config.json").is_file()  # the builder's runtime config travels with the stage
+    model = og.Model(str(directory))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([[5, 6, 7, 8]], dtype=np.int32))
+    tokens = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    assert tokens and tokens == generate(_onnx(directory), [5, 6, 7, 8], len(tokens)).new_ids[: len(tokens)]

@@ -106,13 +106,17 @@ def weighted_matmuls(model) -> list[str]:
             and len(inits[n.input[1]].dims) == 2]
 
 
-def nbits_counts(model) -> dict[str, int]:
-    counts = {"MatMulNBits": 0, "4bit": 0, "8bit": 0}
+def nbits_counts(model) -> dict:
+    """MatMulNBits by bits, and the accuracy levels the nodes really carry (read back, not assumed)."""
+    counts: dict = {"MatMulNBits": 0, "4bit": 0, "8bit": 0}
+    levels: set[int] = set()
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":
-            bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
+            attrs = {a.name: a.i for a in node.attribute}
             counts["MatMulNBits"] += 1
-            counts[f"{bits}bit"] = counts.get(f"{bits}bit", 0) + 1
+            counts[f"{attrs.get('bits', 4)}bit"] = counts.get(f"{attrs.get('bits', 4)}bit", 0) + 1
+            levels.add(attrs.get("accuracy_level", 0))
+    counts["accuracy_levels"] = sorted(levels)
     return counts
 
 
@@ -188,10 +192,23 @@ def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str],
     with contextlib.redirect_stdout(sys.stderr):  # GPTQ prints a progress bar: results own stdout
         four.process()
     model = four.model.model
+    _set_accuracy_level(model, options.accuracy_level)
     out_model.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out_model, save_as_external_data=True, all_tensors_to_one_file=True,
               location=out_model.name + ".data", size_threshold=1024)
     return nbits_counts(model)
+
+
+def _set_accuracy_level(model, level: int) -> None:
+    """ORT 1.32's HQQ quantizer writes no ``accuracy_level`` (so its nodes would run the float-compute
+    kernel); the attribute only picks the kernel's compute type, so every node gets the asked one."""
+    import onnx
+
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", int(level))])
 
 
 # --------------------------------------------------------------------------- harm ranking
