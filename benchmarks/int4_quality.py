@@ -63,12 +63,19 @@ def pack_inc_into_matmulnbits(inc_model, float_model, model_dir: Path, ctx, work
     deq_state = deq.state_dict()
     for name, module in inc_model.named_modules():
         if hasattr(module, "unpack") and hasattr(module, "scales"):
-            params = module.unpack()
-            q = params["int_weight"].to(torch.int32).numpy()
+            if name.endswith(".linear"):  # AWQ's MulLinear: its channel scales stay a separate Mul
+                raise RuntimeError(f"{name}: INC kept AWQ's input-channel scales in a wrapper (no absorb layer found); "
+                                   "packing those needs the Mul in the graph too")
+            params = module.unpack()  # optimum format: unsigned ints with a zero point (8 when symmetric)
+            zp = params.get("zp")
+            q = params["int_weight"].to(torch.int32).numpy() - (zp.to(torch.int32).numpy().repeat(group, axis=1)[:, : params["int_weight"].shape[1]] if zp is not None else 0)
+            assert zp is None or bool((zp == 8).all()), f"{name}: asymmetric zero points"
+            assert q.min() >= -8 and q.max() <= 7, f"{name}: outside 4-bit range"
             scales = params["scales"].float().numpy()
-            assert params.get("zp") is None and q.min() >= -8 and q.max() <= 7, f"{name}: not symmetric 4-bit"
             ints[name] = (q, scales)
             deq_state[f"{name}.weight"] = torch.from_numpy(q * np.repeat(scales, group, axis=1)[:, : q.shape[1]]).float()
+            if params.get("bias") is not None and f"{name}.bias" in deq_state:  # INC adds zero biases elsewhere
+                deq_state[f"{name}.bias"] = params["bias"].float()
     for key, value in state.items():  # norms and anything else INC changed (AWQ absorbs scales into them)
         if key in deq_state and deq_state[key].shape == value.shape and value.dtype.is_floating_point:
             if not any(key.startswith(f"{n}.") for n in ints):
@@ -188,7 +195,7 @@ def main() -> None:
                 model = convert(model)
                 results[name + " (torch)"] = {"perplexity": perplexity(TorchDecoder(model=model), lists)["value"],
                                               "seconds": round(time.perf_counter() - started, 1)}
-                for level in (4, 0):
+                for level in (4,):  # ORT's rows show levels 4 and 0 score alike
                     work = root / f"{name.replace(' ', '-')}-{level}"
                     work.mkdir()
                     packed, counts = pack_inc_into_matmulnbits(model, float_model, model_dir, ctx, work, args.group, level)
