@@ -16,7 +16,7 @@ untimed), round by round in a shuffled order, so drift hits all alike. Medians a
 average, host model and the avx512_vnni flag are printed; ``--json`` writes the whole record.
 
     python benchmarks/int4.py                       # 12 layers, hidden 768, 12/2 heads, FFN 3072, vocab 32000
-    python benchmarks/int4.py --rounds 20 --prompt 32 256 --json int4.json
+    python benchmarks/int4.py --rounds 30 --prompt 32 256 768 --memory --json int4.json
 """
 
 from __future__ import annotations
@@ -108,6 +108,28 @@ def graph_facts(path: Path) -> dict:
             "first_matmulnbits": attrs}
 
 
+MEMORY_PROBE = """
+import sys, numpy as np
+sys.path.insert(0, {root!r})
+from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+kind, path = sys.argv[1], sys.argv[2]
+runner = TorchDecoder(path, threads=2) if kind == "pytorch" else OrtDecoder(path, threads=2)
+logits, state = runner.forward(np.arange(1, 257, dtype=np.int64)[None])
+for _ in range(16):
+    logits, state = runner.forward(logits[:, -1:].argmax(-1), state, last_only=True)
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across fork+exec, so it would report the parent's peak.
+print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024)
+"""
+
+
+def peak_memory_mb(kind: str, path: Path) -> float:
+    """Peak resident memory of a fresh process that loads the variant, prefills 256 tokens and
+    decodes 16 (one process per variant: peaks do not mix)."""
+    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE.format(root=str(ROOT)), kind, str(path)],
+                         capture_output=True, text=True, check=True)
+    return round(float(out.stdout.strip().splitlines()[-1]), 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -117,6 +139,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="keep the models here (default: a temp dir)")
     parser.add_argument("--skip", nargs="*", default=[], help="variants to leave out")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--memory", action="store_true", help="also measure each variant's peak RSS in its own process")
     args = parser.parse_args()
 
     from xformopt.bench.latency import run_interleaved
@@ -144,6 +167,11 @@ def main() -> None:
     runners.update({name: OrtDecoder(d, threads=args.threads) for name, d in dirs.items() if name not in args.skip})
     runners = {k: v for k, v in runners.items() if k not in args.skip}
     facts = {name: graph_facts(d) for name, d in dirs.items() if name in runners}
+    if args.memory:
+        for name in runners:
+            path = model if name == "pytorch" else dirs[name]
+            facts.setdefault(name, {})["peak_rss_mb"] = peak_memory_mb(name, path)
+            print(f"  {name}: peak RSS {facts[name]['peak_rss_mb']:.0f} MB", file=sys.stderr)
     rng = np.random.default_rng(0)
     cells = []
     for prompt_len in args.prompt:

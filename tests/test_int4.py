@@ -207,6 +207,7 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
     assert quantize["mode"] == "int4" and quantize["budget"]["budget_met"] and quantize["matmulnbits"]["4bit"] >= 10
     report = json.loads((out / "report.json").read_text())
     assert [s["name"] for s in report["stages"]] == ["pytorch", "export", "quantize"]
+    assert "4-bit" in stdout and "MatMulNBits" in (out / "report.md").read_text()  # the graph table says what ran
     base, final = (report["stages"][i]["metrics"]["perplexity"]["value"] for i in (0, -1))
     assert abs(final - base) / base < INT4_PPL_TOLERANCE
     code, text, err = run_cli(["generate", out, "The movie was", "-n", "6", "--ignore-eos"], capsys)
