@@ -234,3 +234,17 @@ def test_int4_artifact_runs_in_onnxruntime_genai_with_the_same_greedy_tokens(fam
         generator.generate_next_token()
         tokens.append(int(generator.get_next_tokens()[0]))
     assert tokens and tokens == generate(_onnx(directory), [5, 6, 7, 8], len(tokens)).new_ids[: len(tokens)]
+
+
+def test_int4_artifact_loads_in_optimum_ort_model_for_causal_lm(family_stages):
+    import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    from xformopt.decoder.generate import generate
+
+    directory = family_stages["qwen2"]["int4"][0]
+    model = ORTModelForCausalLM.from_pretrained(directory)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)
+    assert out[0, 4:].tolist() == generate(_onnx(directory), [5, 6, 7, 8], 6).new_ids
