@@ -248,3 +248,14 @@ def test_int4_artifact_loads_in_optimum_ort_model_for_causal_lm(family_stages):
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, eos_token_id=None,
                          pad_token_id=0)
     assert out[0, 4:].tolist() == generate(_onnx(directory), [5, 6, 7, 8], 6).new_ids
+
+
+def test_a_missed_perplexity_budget_fails_the_run_with_its_numbers(tmp_path):
+    from xformopt.errors import GateFailed
+    from xformopt.pipeline import raise_if_budget_missed
+
+    record = {"budget_met": False, "budget": {"max_perplexity_increase": "1%", "float_perplexity": 100.0,
+                                              "perplexity_after": 103.0, "increase": 0.03, "allowed_increase": 0.01,
+                                              "max_extra_8bit": 5}}
+    with pytest.raises(GateFailed, match=r"perplexity budget not met: 100.000 -> 103.000 \(\+3.00% > 1.00%\)"):
+        raise_if_budget_missed([{"pass": "quantize", "record": record}], tmp_path)

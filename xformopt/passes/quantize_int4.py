@@ -256,7 +256,8 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
     feeds: dict[str, list[np.ndarray]] = {t: [] for t in probe.values()}
     for ids in lists[:HARM_TEXTS]:
         batch = np.asarray([ids], dtype=np.int64)
-        feed = {"input_ids": batch, "attention_mask": np.ones_like(batch), **runner.layout.empty_past(1)}
+        feed = {"input_ids": batch, "attention_mask": np.ones_like(batch), **runner.layout.empty_past(1),
+                "position_ids": np.arange(len(ids), dtype=np.int64)[None]}  # dropped below unless the graph takes it
         outputs = runner.session.run(runner.output_names, {k: v for k, v in feed.items()
                                                            if k in {i.name for i in runner.session.get_inputs()}})
         named = dict(zip(runner.output_names, outputs))
@@ -310,7 +311,7 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
     work.mkdir()
     record: dict = {
         "mode": "int4", "algorithm": options.algorithm, "block_size": options.block_size,
-        "symmetric": options.symmetric if options.algorithm == "rtn" else None,
+        "symmetric": options.symmetric if options.algorithm != "hqq" else False,  # HQQ always writes zero points
         "accuracy_level": options.accuracy_level, "weighted_matmuls": len(candidates),
         **({"calibration": calibration} if calibration else {}),
     }
