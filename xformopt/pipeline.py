@@ -258,6 +258,12 @@ def raise_if_budget_missed(entries: list[dict], out: Path) -> None:
     for entry in entries:
         if entry["record"].get("budget_met") is False:
             b = entry["record"].get("budget", {})
+            if "max_perplexity_increase" in b:  # quantize --mode int4
+                raise GateFailed(
+                    f"{entry['pass']}: perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
+                    f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
+                    f"the best candidate was written to {out} (raise max_8bit_nodes, keep more roles at 8 bits, or loosen the budget)"
+                )
             raise GateFailed(
                 f"{entry['pass']}: accuracy budget not met: {b.get('metric')} drop {b.get('drop')} points > allowed "
                 f"{b.get('allowed_drop_points')} with up to {b.get('max_float_nodes')} node(s) in float; the best "

@@ -47,6 +47,16 @@ def summary(entry: dict) -> str:
     if entry["pass"] == "fuse":
         kept = ", ".join(f"{k} {v}" for k, v in rec["fused_kept"].items() if v) or "none"
         return f"kept {rec['kept']} ({kept}); {rec['reason']}"
+    if entry["pass"] == "quantize" and rec.get("mode") == "int4":
+        n = rec["matmulnbits"]
+        line = (f"int4 {rec['algorithm']} (block {rec['block_size']}, accuracy_level {rec['accuracy_level']}): "
+                f"{n['4bit']}/{rec['weighted_matmuls']} MatMuls 4-bit, {n['8bit']} 8-bit MatMulNBits, "
+                f"{len(rec['kept_float'])} float; logits cosine vs float {rec['agreement']['mean_cosine']:.4f}")
+        if "budget" in rec:
+            b = rec["budget"]
+            line += (f"; perplexity budget {'met' if b['budget_met'] else 'NOT met'}: {b['float_perplexity']:.3f} -> "
+                     f"{b['perplexity_after']:.3f} ({b['increase']:+.2%}), {b['chosen']} moved to 8 bits")
+        return line
     if entry["pass"] == "quantize":
         c = rec["coverage"]
         mode = rec.get("mode", "dynamic")
@@ -111,7 +121,11 @@ def fuse(
 def quantize(
     stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX stage directory (the -o of `xformopt export` or `fuse`).")],
     out: opt.StageOut,
-    mode: Literal["dynamic", "static"] = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time) or static (calibrated)."),
+    mode: Literal["dynamic", "static", "int4"] = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time), static (calibrated) or int4 (4-bit weight-only decoders)."),
+    algorithm: str = typer.Option(None, "--algorithm", help="int4: rtn, hqq or gptq [default: rtn]."),
+    block_size: int = typer.Option(None, "--block-size", help="int4: weights per scale [default: 32]."),
+    keep_8bit: str = typer.Option(None, "--keep-8bit", help="int4: roles at 8 bits, comma-separated: lm_head, attention_output, down_proj, qkv, mlp_in."),
+    max_perplexity_increase: str = typer.Option(None, "--max-perplexity-increase", help="int4: perplexity budget vs float, e.g. '3%'."),
     calibration_data: Path = typer.Option(
         None, "--calibration-data", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
     calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
@@ -126,6 +140,8 @@ def quantize(
 
     Example: xformopt quantize f/ -o q/ --mode static --calibration-method percentile --max-accuracy-drop 0.5
 
+    Example: xformopt quantize e/ -o q4/ --mode int4 --algorithm hqq --max-perplexity-increase 3%
+
     Exits 1 when the accuracy budget cannot be met (the best candidate is still written).
     """
     from xformopt.pipeline import run_single
@@ -135,6 +151,9 @@ def quantize(
         options["calibration_data"] = str(calibration_data)
     if max_accuracy_drop is not None:  # over the budget, the most harmful nodes return to float
         options["max_accuracy_drop"] = max_accuracy_drop
+    int4 = {"algorithm": algorithm, "block_size": block_size, "max_perplexity_increase": max_perplexity_increase,
+            "keep_8bit": [r.strip() for r in keep_8bit.split(",") if r.strip()] if keep_8bit else None}
+    options.update({k: v for k, v in int4.items() if v is not None})
     entry = run_single("quantize", str(stage), out, options, target=target,
                        data=str(data) if data else None, force=force, log=output.log)
     _finish(entry, out, as_json)

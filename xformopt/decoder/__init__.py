@@ -26,6 +26,9 @@ def check_passes(steps, spec) -> None:
     from xformopt.models import SUPPORTED_MODEL_TYPES
 
     if not spec.is_decoder:
+        if any(name == "quantize" and (options or {}).get("mode") == "int4" for name, options in steps):
+            raise InputError(f"quantize --mode int4 is for decoders (text-generation); {spec.model_type!r} is an encoder: "
+                             "use --mode dynamic or static")
         return
     for name, options in steps:
         if name not in DECODER_PASSES:

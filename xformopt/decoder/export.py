@@ -158,10 +158,61 @@ def export_optimum(src: Path, dst: Path, opset: int, trust_remote_code: bool = F
                     trust_remote_code=trust_remote_code)
 
 
+def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
+    """onnxruntime-genai's model builder as a library, fp32 for CPU: GroupQueryAttention (rotary
+    inside) with the split KV cache, fused RMSNorms. ``quantize --mode int4`` does the 4-bit step
+    itself (the builder's int4 is what benchmarks/int4.py compares against)."""
+    import contextlib
+    import sys
+    import tempfile
+
+    from onnxruntime_genai.models import builder
+
+    with tempfile.TemporaryDirectory(prefix="xformopt-genai-") as cache, contextlib.redirect_stdout(sys.stderr):
+        options = [f"hf_remote={str(trust_remote_code).lower()}"]
+        extra = builder.parse_extra_options(None, str(src), str(dst), "fp32", "cpu", cache, options)
+        builder.create_model(None, str(src), str(dst), "fp32", "cpu", cache, **extra)
+    pin_head_dim(dst / "model.onnx", src)
+
+
+def pin_head_dim(model_path: Path, config_dir: Path) -> None:
+    """The builder leaves the cache's head dimension symbolic (``kv_cache_dim``); pin it from the
+    config so a runner can size the zero-length past of step 0 from the graph alone."""
+    import json
+
+    import onnx
+
+    config = json.loads((Path(config_dir) / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    model = onnx.load(model_path, load_external_data=False)
+    for value in (*model.graph.input, *model.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == "kv_cache_dim":
+                dim.dim_value = int(head_dim)
+    onnx.save(model, model_path)  # graph only: the weights stay in model.onnx.data
+
+
 EXPORTERS = {
     "gpt2": ("torch.onnx TorchScript tracer, ORT GPT-2 cache layout (xformopt.decoder.export.export_gpt2)", export_gpt2),
+    "genai": ("onnxruntime-genai model builder (fp32, GroupQueryAttention + rotary, split cache layout)", export_genai),
 }
 DEFAULT_EXPORTER = ("optimum.exporters.onnx main_export, task text-generation-with-past", export_optimum)
+
+
+def exporter_for(model_type: str, log=None):
+    """(description, function) from the family table; genai families fall back to optimum, loudly,
+    when the optional builder is not installed."""
+    from xformopt.decoder.families import FAMILIES, GENAI_EXTRA, genai_builder_available
+
+    family = FAMILIES.get(model_type)
+    if family is None:
+        return DEFAULT_EXPORTER
+    if family.exporter == "genai" and not genai_builder_available():
+        if log:
+            log(f"WARNING: {GENAI_EXTRA} is not installed: exporting {model_type} with optimum, attention will not fuse "
+                f"(pip install 'xformopt[genai]' for GroupQueryAttention)")
+        return DEFAULT_EXPORTER
+    return EXPORTERS[family.exporter]
 
 
 # --------------------------------------------------------------------------- parity
@@ -214,7 +265,9 @@ def check_decoder_parity(torch_runner, onnx_runner, prompts: list[list[int]], st
             update(ref, got)
 
     padded = {}
-    if len(prompts) >= 2:  # left padding: the shorter prompt is padded on the left, as generate() pads
+    if not getattr(onnx_runner, "left_padding", True):
+        padded = {"skipped": onnx_runner.padding_note}
+    elif len(prompts) >= 2:  # left padding: the shorter prompt is padded on the left, as generate() pads
         pair = prompts[:2]
         width = max(len(p) for p in pair)
         ids = np.zeros((2, width), dtype=np.int64)
@@ -255,7 +308,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
     from xformopt.models import load_tokenizer
     from xformopt.passes.export import _quiet_loggers
 
-    how, exporter = EXPORTERS.get(ctx.spec.model_type, DEFAULT_EXPORTER)
+    how, exporter = exporter_for(ctx.spec.model_type, ctx.log)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
     with _quiet_loggers("optimum", "transformers", "torch.onnx"):
         exporter(src, dst, options.opset, ctx.spec.trust_remote_code)
@@ -271,11 +324,14 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
             f"decoder export parity failed: max |logit diff| {parity['max_abs_diff']:.2e} (limit {options.max_abs_diff:.0e}), "
             f"min cosine {parity['min_cosine']:.6f} (limit {options.min_cosine}) over past lengths {parity['past_lengths']}"
         )
-    graph = onnx.load(dst / "model.onnx", load_external_data=False).graph
+    model = onnx.load(dst / "model.onnx", load_external_data=False)
+    graph = model.graph
     layout = onnx_runner.layout
+    fused = _fused_at_export(ctx, model, how)
     return {
         "exporter": how,
-        "opset": options.opset,
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), options.opset),
+        **fused,
         "task": "text-generation",
         "cache_layout": layout.kind,
         "past_inputs": len(layout.past_names),
@@ -286,6 +342,24 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
         "step0": "the prompt with a zero-length past (one graph for prompt and cached steps)",
         "parity": parity,
     }
+
+
+def _fused_at_export(ctx, model, how: str) -> dict:
+    """The builder fuses while it writes the graph: count and verify its fused ops per layer here."""
+    from xformopt.decoder.families import FAMILIES
+    from xformopt.decoder.fusion import attention_record
+    from xformopt.onnx_graph import fused_counts
+
+    family = FAMILIES.get(ctx.spec.model_type)
+    if family is None or family.exporter != "genai" or "genai" not in how:
+        return {}
+    counts = {op: n for op, n in fused_counts(model).items() if n}
+    expected = {op: n * ctx.spec.num_layers for op, n in family.fused_per_layer.items()}
+    short = {op: (counts.get(op, 0), n) for op, n in expected.items() if counts.get(op, 0) < n}
+    if short:
+        detail = ", ".join(f"{op} {got}/{want}" for op, (got, want) in short.items())
+        raise PassFailed(f"the genai builder's graph fell short of the fused ops expected: {detail} (fused {counts})")
+    return {"fused": counts, "expected_fused": expected, "decoder": attention_record(ctx.spec, counts, ctx.log)}
 
 
 def require_decoder_dir(path: Path) -> None:

@@ -18,21 +18,25 @@ from pathlib import Path
 
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 
-# ORT optimizer fusions every layer of a family must reach (per layer) for `expect_full`.
-EXPECTED_PER_LAYER = {
-    "gpt2": {"Attention": 1, "SkipLayerNormalization": 2},
-    "llama": {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2},
-}
-ATTENTION_NOT_FUSED = {
-    "llama": "ONNX Runtime 1.32's rotary attention fusion does not match transformers 4.57's Llama attention graph; "
-             "attention runs as unfused MatMul/Softmax ops (rotary embeddings and RMSNorms are fused)",
-}
+ATTENTION_NOT_FUSED = (
+    "the family's attention was exported without onnxruntime-genai's builder (pip install 'xformopt[genai]'), and "
+    "ONNX Runtime 1.32's rotary attention fusion does not match transformers 4.57's attention graph; attention runs "
+    "as unfused MatMul/Softmax ops (rotary embeddings and RMSNorms are fused)"
+)
 
 TIMING_PROMPT_TOKENS = 32
 
 
-def expectation(spec) -> dict[str, int]:
-    per_layer = EXPECTED_PER_LAYER.get(spec.model_type, {})
+def expectation(spec, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
+    """Fused ops every layer must reach (family table): the builder's set when the input graph came
+    from onnxruntime-genai's builder (it has GroupQueryAttention), optimum's fallback set otherwise."""
+    from xformopt.decoder.families import FAMILIES
+
+    family = FAMILIES.get(spec.model_type)
+    if family is None:
+        return {}
+    built = family.exporter != "genai" or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
+    per_layer = family.fused_per_layer if built else family.fallback_per_layer
     return {op: n * spec.num_layers for op, n in per_layer.items()}
 
 
@@ -41,7 +45,7 @@ def attention_record(spec, counts: dict[str, int], log) -> dict:
     fused = sum(counts.get(op, 0) for op in ATTENTION_OPS)
     record = {"attention_fused": fused >= spec.num_layers, "attention_nodes": fused, "layers": spec.num_layers}
     if fused < spec.num_layers:
-        why = ATTENTION_NOT_FUSED.get(spec.model_type, "the attention pattern was not recognized")
+        why = ATTENTION_NOT_FUSED if spec.model_type != "gpt2" else "the attention pattern was not recognized"
         record["attention_note"] = f"{fused} of {spec.num_layers} attention layers fused: {why}"
         log(f"WARNING: {record['attention_note']}")
     return record

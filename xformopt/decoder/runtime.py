@@ -129,6 +129,10 @@ class OrtDecoder:
         self.session = ort_session(self.model_dir / "model.onnx", self.threads)
         self.layout = CacheLayout.from_session(self.session)
         self.output_names = ["logits", *self.layout.present_names]
+        self.left_padding = not _has_op(self.model_dir / "model.onnx", "GroupQueryAttention")
+
+    padding_note = ("GroupQueryAttention takes the rotary positions from the sequence lengths (no position_ids): "
+                    "left-padded batches are not supported, batch rows must be unpadded")
 
     def forward(self, ids: np.ndarray, state: State | None = None, mask: np.ndarray | None = None,
                 use_cache: bool = True, last_only: bool = False):
@@ -142,6 +146,8 @@ class OrtDecoder:
             previous = state.mask if state is not None else np.zeros((batch, 0), dtype=np.int64)
             mask = np.concatenate([previous, np.ones((batch, new), dtype=np.int64)], axis=1)
         mask = np.ascontiguousarray(mask, dtype=np.int64)
+        if not self.left_padding and not mask.all():
+            raise InputError(f"{self.model_dir}: {self.padding_note}")
         past = state.cache if state is not None else self.layout.empty_past(batch)
         feed = {"input_ids": ids}
         if self.layout.has_attention_mask:
@@ -175,6 +181,12 @@ class OrtDecoder:
     def cache_arrays(state: State) -> dict[str, np.ndarray]:
         """The cache as numpy arrays (for tests and parity checks)."""
         return {k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in state.cache.items()}
+
+
+def _has_op(model_path: Path, op_type: str) -> bool:
+    import onnx
+
+    return any(n.op_type == op_type for n in onnx.load(model_path, load_external_data=False).graph.node)
 
 
 class TorchDecoder:

@@ -55,18 +55,21 @@ def config_for(family: str, vocab_size: int, context: int, layers: int, hidden: 
 
 def build_decoder(directory: Path, family: str = "gpt2", *, layers: int = 2, hidden: int = 64, heads: int = 4,
                   vocab_size: int | None = None, tokenizer_vocab: int = 1000, context: int = 128, seed: int = 0,
-                  train_steps: int = 0, train_batch: int = 16, train_length: int = 64) -> Path:
+                  train_steps: int = 0, train_batch: int = 16, train_length: int = 64, make_config=None) -> Path:
     """Save a decoder (random, or trained ``train_steps`` steps on the vendored text) with its tokenizer.
 
     ``vocab_size`` defaults to the tokenizer's; a larger one (e.g. GPT-2's 50257) gives the real LM-head
-    shape while the tokenizer only ever produces its own ids."""
+    shape while the tokenizer only ever produces its own ids. ``make_config(vocab_size, eos_id)``, when
+    given, builds any transformers config instead of ``family``'s (tests and benchmarks pass their own)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     directory = Path(directory)
     tokenizer = build_tokenizer(directory, tokenizer_vocab, context)
     torch.manual_seed(seed)
-    config = config_for(family, vocab_size or len(tokenizer), context, layers, hidden, heads, tokenizer.eos_token_id)
+    vocab = vocab_size or len(tokenizer)
+    config = (make_config(vocab, tokenizer.eos_token_id) if make_config
+              else config_for(family, vocab, context, layers, hidden, heads, tokenizer.eos_token_id))
     model = AutoModelForCausalLM.from_config(config)
     if train_steps:
         train(model, tokenizer, train_steps, train_batch, min(train_length, context), seed)

@@ -105,12 +105,12 @@ def stage_context(ctx: PassContext, src: Path) -> PassContext:
     return dataclasses.replace(ctx, spec=spec)
 
 
-def full_fusion_expectation(ctx: PassContext) -> dict[str, int]:
+def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
     """What a BERT-family encoder must reach: one Attention per layer and two SkipLayerNorms."""
     if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
         from xformopt.decoder.fusion import expectation
 
-        return expectation(ctx.spec)
+        return expectation(ctx.spec, before)
     layers = ctx.spec.num_layers
     return {"Attention": layers, "SkipLayerNormalization": 2 * layers}
 
@@ -143,7 +143,7 @@ class FusePass(Pass):
                 counts[name] = before
             candidates[name] = cdir
 
-        expected = {**(full_fusion_expectation(ctx) if options.expect_full else {}), **options.expect}
+        expected = {**(full_fusion_expectation(ctx, before) if options.expect_full else {}), **options.expect}
         missing = {op: (counts["all"].get(op, 0), n) for op, n in expected.items() if counts["all"].get(op, 0) < n}
         if missing:
             detail = ", ".join(f"{op} {got}/{want}" for op, (got, want) in missing.items())

@@ -49,6 +49,7 @@ from xformopt.onnx_graph import (
 )
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.int8_formats import agreement_floor, describe, failure_hint, format_ladder
+from xformopt.passes.quantize_int4 import Int4Options
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 
@@ -63,8 +64,9 @@ def _root_log_level(level: int):
         root.setLevel(previous)
 
 
-class QuantizeOptions(PassOptions):
-    mode: Literal["dynamic", "static"] = Field("dynamic", description="dynamic (activations per batch) or static (calibrated)")
+class QuantizeOptions(PassOptions, Int4Options):
+    mode: Literal["dynamic", "static", "int4"] = Field(
+        "dynamic", description="dynamic (activations per batch), static (calibrated), or int4 (4-bit weight-only decoders)")
     per_channel: bool | None = Field(None, description="per-channel weight scales; default: the target's")
     reduce_range: bool | None = Field(None, description="7-bit weights; default: the target's")
     weight_type: Literal["int8", "uint8"] | None = Field(None, description="weight type; default: the target's")
@@ -167,6 +169,10 @@ class QuantizePass(Pass):
     needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
+        if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py
+            from xformopt.passes.quantize_int4 import run_int4
+
+            return run_int4(ctx, src, dst, options)
         if ctx.spec.is_decoder and (options.mode == "static" or options.max_accuracy_drop is not None):
             from xformopt.errors import InputError
 

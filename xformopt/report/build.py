@@ -26,6 +26,12 @@ def _onnx_facts(record: dict) -> dict:
         facts["int8_gemms"] = cov["int8"]
         facts["weighted_gemms"] = cov["weighted_gemms"]
         facts["float_gemms"] = [g["name"] for g in cov["kept_float"]]
+    if "matmulnbits" in record:  # quantize --mode int4
+        facts["matmulnbits"] = record["matmulnbits"]
+        facts["weighted_gemms"] = record["weighted_matmuls"]
+        facts["float_gemms"] = [g["name"] for g in record["kept_float"]]
+    if "fused" in record:  # decoders whose exporter fuses (onnxruntime-genai's builder)
+        facts["fused_ops"] = record["fused"]
     return facts
 
 

@@ -75,9 +75,9 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
             graph = row["graph"]
             fused = fused_text(graph.get("fused_ops"), abbreviate=False)
             facts = ["no fusions" if fused == DASH else f"fused {fused}"]
-            if "int8_gemms" in graph:
+            if "int8_gemms" in graph or "matmulnbits" in graph:
                 floats = graph.get("float_gemms") or []
-                facts.append(f"INT8 GEMMs {int8_text(graph)}")
+                facts.append(f"{'MatMulNBits' if 'matmulnbits' in graph else 'INT8 GEMMs'} {int8_text(graph)}")
                 facts.append("float GEMMs: " + (", ".join(f"`{g}`" for g in floats) if floats else "none"))
             details.append(f"- `{row['name']}`: " + "; ".join(facts))
         choice = fusion_choice(report)

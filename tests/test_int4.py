@@ -1,0 +1,261 @@
+"""Grouped-query decoders (Qwen2, Llama, Mistral, Phi-3, Qwen3) with fused attention and 4-bit
+weight-only quantization (MatMulNBits).
+
+Models are tiny and built in code (tests/tiny_decoders.py): 2 layers, 4 query heads sharing 2 KV
+heads. The Qwen2 is trained for a few seconds on the vendored text so that perplexity means
+something; the others are random. Nothing here times anything (benchmarks/int4.py does).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import make_ctx, run_cli, run_pass
+
+import tiny_decoders
+from xformopt.decoder.families import genai_builder_available
+from xformopt.errors import InputError
+
+pytestmark = pytest.mark.skipif(not genai_builder_available(), reason="onnxruntime-genai's builder (extra genai) is not installed")
+
+INT4_PPL_TOLERANCE = 0.05  # the issue's bar; measured +0.1% on the trained tiny Qwen2 (RTN, block 32)
+LAYERS = tiny_decoders.SHAPE["num_hidden_layers"]
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory):
+    """{family: model dir}; qwen2 trained briefly, the others random."""
+    root = tmp_path_factory.mktemp("gqa-models")
+    return {f: tiny_decoders.build(root / f, f, train_steps=60 if f == "qwen2" else 0, seed=i)
+            for i, f in enumerate(tiny_decoders.FAMILIES)}
+
+
+@pytest.fixture(scope="session")
+def family_stages(tmp_path_factory, family_models, sample_texts):
+    """{family: {"export": (dir, record), "int4": (dir, record)}} (int4: RTN, the recipe's defaults)."""
+    root = tmp_path_factory.mktemp("gqa-stages")
+    stages = {}
+    for family, model in family_models.items():
+        ctx = make_ctx(model, sample_texts)
+        e, q = root / f"{family}-e", root / f"{family}-q"
+        stages[family] = {"export": (e, run_pass("export", ctx, model, e)),
+                          "int4": (q, run_pass("quantize", ctx, e, q, mode="int4"))}
+    return stages
+
+
+def _torch(model_dir):
+    from xformopt.decoder.runtime import TorchDecoder
+
+    return TorchDecoder(model_dir, threads=2)
+
+
+def _onnx(stage_dir):
+    from xformopt.decoder.runtime import OrtDecoder
+
+    return OrtDecoder(stage_dir, threads=2)
+
+
+@pytest.mark.parametrize("family", tiny_decoders.FAMILIES)
+def test_gqa_family_exports_fused_attention_with_parity_at_every_step(family, family_models, family_stages):
+    config = json.loads((family_models[family] / "config.json").read_text())
+    assert config["num_key_value_heads"] < config["num_attention_heads"]  # grouped-query attention
+    directory, record = family_stages[family]["export"]
+    assert record["fused"]["GroupQueryAttention"] == LAYERS and record["decoder"]["attention_fused"] is True
+    assert record["fused"]["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    assert record["cache_layout"] == "split" and "genai" in record["exporter"]
+    parity = record["parity"]
+    assert 0 in parity["past_lengths"] and len(parity["prompt_lengths"]) >= 3 and len(parity["past_lengths"]) >= 20
+    assert parity["max_abs_diff"] < 1e-4 and parity["greedy_argmax_mismatches"] == 0
+    assert "left-padded batches are not supported" in parity["padded_batch"]["skipped"]
+    # The cache itself: after 7 + 3 tokens, present keys/values equal transformers' (KV heads, not query heads).
+    ids = np.random.default_rng(3).integers(1, 900, size=(1, 10))
+    t, o = _torch(family_models[family]), _onnx(directory)
+    _, ts = t.forward(ids[:, :7])
+    _, os_ = o.forward(ids[:, :7])
+    ref, ts = t.forward(ids[:, 7:], ts)
+    got, os_ = o.forward(ids[:, 7:], os_)
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=0)
+    cache = o.cache_arrays(os_)
+    np.testing.assert_allclose(cache["past_key_values.1.key"], ts.cache.layers[1].keys.numpy(), atol=1e-4)
+    np.testing.assert_allclose(cache["past_key_values.1.value"], ts.cache.layers[1].values.numpy(), atol=1e-4)
+    assert cache["past_key_values.1.key"].shape[1] == config["num_key_value_heads"]
+
+
+def test_gqa_runner_refuses_left_padding(family_stages):
+    runner = _onnx(family_stages["qwen2"]["export"][0])
+    with pytest.raises(InputError, match="left-padded batches are not supported"):
+        runner.forward(np.array([[0, 5, 6], [7, 8, 9]]), mask=np.array([[0, 1, 1], [1, 1, 1]]))
+
+
+@pytest.mark.parametrize("family", tiny_decoders.FAMILIES)
+def test_int4_packs_every_weighted_matmul_and_keeps_attention_fused(family, family_stages):
+    import onnx
+
+    directory, record = family_stages[family]["int4"]
+    ops = [n.op_type for n in onnx.load(directory / "model.onnx", load_external_data=False).graph.node]
+    assert record["matmulnbits"]["4bit"] == record["weighted_matmuls"] == ops.count("MatMulNBits") > 0
+    assert record["kept_float"] == [] and "MatMul" not in ops
+    assert ops.count("GroupQueryAttention") == LAYERS
+    assert record["size_bytes"]["after"] < record["size_bytes"]["before"] / 1.8
+    assert record["agreement"]["mean_cosine"] > 0.98
+    # Step by step, the int4 graph decodes with its cache exactly as it does recomputing the sequence.
+    from xformopt.decoder.generate import generate
+
+    runner = _onnx(directory)
+    cached, recomputed = generate(runner, [5, 6, 7, 8], 8), generate(_onnx(directory), [5, 6, 7, 8], 8, use_cache=False)
+    assert cached.new_ids == recomputed.new_ids
+
+
+def test_int4_perplexity_within_5_percent_of_pytorch(family_models, family_stages):
+    from xformopt.decoder.perplexity import load_token_lists, perplexity
+    from xformopt.models import load_tokenizer
+
+    model = family_models["qwen2"]
+    lists, _ = load_token_lists(None, load_tokenizer(model), 128, limit=60)
+    base = perplexity(_torch(model), lists)["value"]
+    int4 = perplexity(_onnx(family_stages["qwen2"]["int4"][0]), lists)["value"]
+    assert base < 500  # trained: far below the ~1000 of a random model with this vocabulary
+    assert abs(int4 - base) / base < INT4_PPL_TOLERANCE
+
+
+def test_keep_8bit_roles_pack_those_matmuls_at_8_bits(family_models, family_stages, sample_texts, tmp_path):
+    ctx = make_ctx(family_models["qwen2"], sample_texts)
+    record = run_pass("quantize", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q",
+                      mode="int4", keep_8bit=["lm_head", "down_proj"])
+    roles = sorted(r["role"] for r in record["int8_matmuls"])
+    assert roles == ["down_proj"] * LAYERS + ["lm_head"] and record["matmulnbits"]["8bit"] == LAYERS + 1
+    assert record["matmulnbits"]["4bit"] == record["weighted_matmuls"] - LAYERS - 1
+
+
+def test_perplexity_budget_moves_the_most_harmful_matmuls_to_8_bits(family_models, family_stages, sample_texts, tmp_path):
+    """A budget of 0% cannot be met by the all-4-bit candidate: the search ranks by harm, tries
+    1, 2, 4 ... MatMuls at 8 bits, and writes the fewest that meet it (or the best, flagged)."""
+    from xformopt.decoder.perplexity import perplexity, token_lists
+    from xformopt.models import load_tokenizer
+    from xformopt.passes import calibration as cal
+
+    model = family_models["qwen2"]
+    ctx = make_ctx(model, sample_texts)
+    out = tmp_path / "q"
+    record = run_pass("quantize", ctx, family_stages["qwen2"]["export"][0], out, mode="int4", block_size=16,
+                      max_perplexity_increase="0%", perplexity_texts=32, max_8bit_nodes=4)
+    budget = record["budget"]
+    search = budget["search"]
+    assert search[0]["extra_8bit"] == 0 and not search[0]["passes"] and len(search) >= 2
+    ranking = budget["harm_ranking"]
+    assert [r["harm"] for r in ranking] == sorted((r["harm"] for r in ranking), reverse=True)
+    ranked = [r["name"] for r in ranking]
+    for row in search:
+        assert row["moved_to_8bit"] == ranked[: row["extra_8bit"]]
+    passing = [r["extra_8bit"] for r in search if r["passes"]]
+    assert budget["budget_met"] == bool(passing)
+    if passing:
+        assert budget["chosen"] == min(passing)
+    assert record["matmulnbits"]["8bit"] == budget["chosen"]
+    # The recorded perplexity is the written artifact's.
+    dataset = cal.load_split(None, "validation", ctx.spec, 32, 0, labels=False)
+    lists = token_lists(dataset.texts, load_tokenizer(model), 128, 128)
+    assert perplexity(_onnx(out), lists)["value"] == pytest.approx(budget["perplexity_after"], rel=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", ["hqq", "gptq"])
+def test_hqq_and_gptq_write_4bit_matmulnbits(algorithm, family_models, family_stages, sample_texts, tmp_path):
+    ctx = make_ctx(family_models["qwen2"], sample_texts)
+    record = run_pass("quantize", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q", mode="int4",
+                      algorithm=algorithm, calibration_limit=8)
+    assert record["algorithm"] == algorithm and record["matmulnbits"]["4bit"] == record["weighted_matmuls"]
+    assert record["matmulnbits"]["accuracy_levels"] == [4]  # ORT's HQQ writes none: the pass sets it
+    assert ("calibration" in record) == (algorithm == "gptq")
+    assert record["agreement"]["mean_cosine"] > 0.98
+
+
+def test_int4_bad_input_fails_before_any_work(family_stages, exported_classifier, tmp_path, capsys):
+    export_dir, int4_dir = family_stages["qwen2"]["export"][0], family_stages["qwen2"]["int4"][0]
+    code, _, err = run_cli(["quantize", export_dir, "-o", tmp_path / "a", "--mode", "dynamic", "--block-size", "64"], capsys)
+    assert code == 2 and "apply to mode int4 only" in err and not (tmp_path / "a").exists()
+    code, _, err = run_cli(["quantize", int4_dir, "-o", tmp_path / "b", "--mode", "int4"], capsys)
+    assert code == 2 and "already 4-bit" in err and not (tmp_path / "b").exists()
+    code, _, err = run_cli(["quantize", exported_classifier[0], "-o", tmp_path / "c", "--mode", "int4"], capsys)
+    assert code == 2 and "int4 is for decoders" in err and not (tmp_path / "c").exists()
+    code, _, err = run_cli(["quantize", export_dir, "-o", tmp_path / "d", "--mode", "int4",
+                            "--max-perplexity-increase", "lots"], capsys)
+    assert code == 2 and "max_perplexity_increase" in err
+
+
+def test_without_the_builder_llama_falls_back_to_optimum_loudly(family_models, sample_texts, tmp_path, monkeypatch):
+    import xformopt.decoder.families as families
+
+    monkeypatch.setattr(families, "genai_builder_available", lambda: False)
+    ctx = make_ctx(family_models["llama"], sample_texts)
+    record = run_pass("export", ctx, family_models["llama"], tmp_path / "e")
+    assert "optimum" in record["exporter"] and "fused" not in record
+    assert any("onnxruntime-genai is not installed" in m for m in ctx.messages)
+    fused = run_pass("fuse", make_ctx(family_models["llama"], sample_texts), tmp_path / "e", tmp_path / "f", select="all")
+    assert fused["expected"] == {"RotaryEmbedding": 2 * LAYERS, "SkipSimplifiedLayerNormalization": 2 * LAYERS}
+    assert fused["decoder"]["attention_fused"] is False and "xformopt[genai]" in fused["decoder"]["attention_note"]
+
+
+def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path, capsys):
+    out = tmp_path / "o"
+    code, stdout, err = run_cli(["optimize", family_models["qwen2"], "-o", out, "--recipe", "int4", "--limit", "24",
+                                 "--no-cache"], capsys)
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    quantize = next(p for p in manifest["passes"] if p["pass"] == "quantize")["record"]
+    assert quantize["mode"] == "int4" and quantize["budget"]["budget_met"] and quantize["matmulnbits"]["4bit"] >= 10
+    report = json.loads((out / "report.json").read_text())
+    assert [s["name"] for s in report["stages"]] == ["pytorch", "export", "quantize"]
+    assert "4-bit" in stdout and "MatMulNBits" in (out / "report.md").read_text()  # the graph table says what ran
+    base, final = (report["stages"][i]["metrics"]["perplexity"]["value"] for i in (0, -1))
+    assert abs(final - base) / base < INT4_PPL_TOLERANCE
+    code, text, err = run_cli(["generate", out, "The movie was", "-n", "6", "--ignore-eos"], capsys)
+    assert code == 0 and text.strip() and "6 tokens in" in err
+    code, doc, _ = run_cli(["bench", out, "--prompt-tokens", "8", "--new-tokens", "4", "--rounds", "3", "--json"], capsys)
+    results = json.loads(doc)["cells"][0]["results"]
+    assert code == 0 and set(results) == {"pytorch", "quantize"}  # bench finds PyTorch through the manifest
+    assert results["quantize"]["cache"]["per_token"]["n"] == 3 * 3
+
+
+def test_int4_artifact_runs_in_onnxruntime_genai_with_the_same_greedy_tokens(family_stages):
+    og = pytest.importorskip("onnxruntime_genai")
+    from xformopt.decoder.generate import generate
+
+    directory = family_stages["qwen2"]["int4"][0]
+    assert (directory / "genai_config.json").is_file()  # the builder's runtime config travels with the stage
+    model = og.Model(str(directory))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([[5, 6, 7, 8]], dtype=np.int32))
+    tokens = []
+    while not generator.is_done():
+        generator.generate_next_token()
+        tokens.append(int(generator.get_next_tokens()[0]))
+    assert tokens and tokens == generate(_onnx(directory), [5, 6, 7, 8], len(tokens)).new_ids[: len(tokens)]
+
+
+def test_int4_artifact_loads_in_optimum_ort_model_for_causal_lm(family_stages):
+    import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
+
+    from xformopt.decoder.generate import generate
+
+    directory = family_stages["qwen2"]["int4"][0]
+    model = ORTModelForCausalLM.from_pretrained(directory)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, eos_token_id=None,
+                         pad_token_id=0)
+    assert out[0, 4:].tolist() == generate(_onnx(directory), [5, 6, 7, 8], 6).new_ids
+
+
+def test_a_missed_perplexity_budget_fails_the_run_with_its_numbers(tmp_path):
+    from xformopt.errors import GateFailed
+    from xformopt.pipeline import raise_if_budget_missed
+
+    record = {"budget_met": False, "budget": {"max_perplexity_increase": "1%", "float_perplexity": 100.0,
+                                              "perplexity_after": 103.0, "increase": 0.03, "allowed_increase": 0.01,
+                                              "max_extra_8bit": 5}}
+    with pytest.raises(GateFailed, match=r"perplexity budget not met: 100.000 -> 103.000 \(\+3.00% > 1.00%\)"):
+        raise_if_budget_missed([{"pass": "quantize", "record": record}], tmp_path)

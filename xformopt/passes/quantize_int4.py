@@ -1,0 +1,433 @@
+"""quantize --mode int4: 4-bit weight-only decoders (ONNX Runtime's ``MatMulNBits``), with a mixed
+plan and a perplexity budget.
+
+Decoding at batch 1 reads every weight once per token, so the weight bytes set the speed. ORT's
+``MatMulNBitsQuantizer`` packs each weighted MatMul's weights into blocks of ``block_size`` 4-bit
+values with one scale (and zero point when asymmetric) per block; ``accuracy_level`` 4 makes the CPU
+kernel quantize the activations to int8 and use integer dot products (VNNI where present).
+Algorithms: ``rtn`` (ORT's own blockwise round-to-nearest), ``hqq`` (half-quadratic, data-free),
+``gptq`` (calibrated on text: the vendored train split unless ``calibration_data`` says otherwise).
+
+Mixed plan. ``keep_8bit`` names roles (``lm_head``, ``attention_output``, ``down_proj``, ``qkv``,
+``mlp_in``) whose MatMuls are packed at 8 bits instead (same op, ``bits=8``). With
+``max_perplexity_increase`` ("3%" or 0.03), the 4-bit candidate's perplexity on held-out text (the
+vendored validation split: neither the calibration nor the report's rows) is compared with the
+float input graph's; over budget, the 4-bit MatMuls are ranked by harm (the relative output error of
+their simulated 4-bit weights on real activations) and the most harmful go to 8 bits, 1, 2, 4 ...
+then bisected: the fewest that meet the budget are kept, every candidate timed and recorded.
+
+The pass fails when nothing became 4-bit, and checks the logits against the float graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from xformopt.errors import InputError, PassFailed
+
+# Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
+ROLES = {
+    "lm_head": r"lm_head",
+    "attention_output": r"(o_proj|out_proj|attn/dense|attention/dense)",
+    "down_proj": r"(down_proj|fc2)",
+    "qkv": r"(qkv_proj|q_proj|k_proj|v_proj)",
+    "mlp_in": r"(gate_up_proj|gate_proj|up_proj|fc1)",
+}
+Role = Literal["lm_head", "attention_output", "down_proj", "qkv", "mlp_in"]
+INT4_FIELDS = ("block_size", "symmetric", "accuracy_level", "algorithm", "keep_8bit", "max_perplexity_increase",
+               "perplexity_texts", "max_8bit_nodes")
+HARM_TEXTS = 8
+
+
+class Int4Options(BaseModel):
+    """The int4 fields of QuantizeOptions (used only with ``mode: int4``)."""
+
+    block_size: int = Field(32, description="int4: weights per scale (16, 32, 64, 128 or 256)")
+    symmetric: bool = Field(True, description="int4: symmetric blocks (no zero points)")
+    accuracy_level: int = Field(4, ge=0, le=4, description="int4: MatMulNBits compute type; 4 = int8 dot products on CPU")
+    algorithm: Literal["rtn", "hqq", "gptq"] = Field("rtn", description="int4: rtn, hqq (data-free) or gptq (calibrated)")
+    keep_8bit: list[Role] = Field(default_factory=list, description="int4: roles packed at 8 bits (lm_head, attention_output, down_proj, qkv, mlp_in)")
+    max_perplexity_increase: float | str | None = Field(
+        None, description="int4: budget vs the float graph, relative ('3%' or 0.03); over it, harmful MatMuls go to 8 bits")
+    perplexity_texts: int = Field(64, ge=4, description="int4: held-out texts the budget scores (vendored validation split)")
+    max_8bit_nodes: int | None = Field(None, ge=0, description="int4: most MatMuls the budget may move to 8 bits; default: half")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block(cls, value):
+        if value not in (16, 32, 64, 128, 256):
+            raise ValueError(f"block_size must be 16, 32, 64, 128 or 256, got {value}")
+        return value
+
+    @field_validator("max_perplexity_increase", mode="before")
+    @classmethod
+    def _ppl_budget(cls, value):
+        if value is None:
+            return None
+        text = str(value).strip()
+        try:
+            fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            fraction = -1.0
+        if isinstance(value, bool) or not 0 <= fraction < 10:
+            raise ValueError(f"max_perplexity_increase must be a relative increase like '3%' or 0.03, got {value!r}")
+        return text if text.endswith("%") else fraction
+
+    @model_validator(mode="after")
+    def _only_with_int4(self):
+        # Non-default values, not fields_set: a resolved recipe re-validates with every field filled in.
+        used = [f for f in INT4_FIELDS if getattr(self, f) != Int4Options.model_fields[f].get_default(call_default_factory=True)]
+        if used and getattr(self, "mode", "int4") != "int4":
+            raise ValueError(f"{', '.join(used)} apply to mode int4 only (mode is {getattr(self, 'mode')!r})")
+        return self
+
+
+def allowed_increase(budget: float | str) -> float:
+    return float(budget[:-1]) / 100 if isinstance(budget, str) else float(budget)
+
+
+def role_of(name: str) -> str | None:
+    return next((role for role, pattern in ROLES.items() if re.search(pattern, name)), None)
+
+
+def weighted_matmuls(model) -> list[str]:
+    """Names of MatMuls whose second input is a 2-D initializer (what MatMulNBits can take)."""
+    inits = {i.name: i for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
+            and len(inits[n.input[1]].dims) == 2]
+
+
+def nbits_counts(model) -> dict:
+    """MatMulNBits by bits, and the accuracy levels the nodes really carry (read back, not assumed)."""
+    counts: dict = {"MatMulNBits": 0, "4bit": 0, "8bit": 0}
+    levels: set[int] = set()
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            counts["MatMulNBits"] += 1
+            counts[f"{attrs.get('bits', 4)}bit"] = counts.get(f"{attrs.get('bits', 4)}bit", 0) + 1
+            levels.add(attrs.get("accuracy_level", 0))
+    counts["accuracy_levels"] = sorted(levels)
+    return counts
+
+
+# --------------------------------------------------------------------------- building a candidate
+
+
+class DecoderCalibrationReader:
+    """GPTQ's calibration feed: real texts, one prompt step each (zero-length past)."""
+
+    def __init__(self, model_path: Path, tokenizer, texts, max_tokens: int = 64):
+        import onnxruntime as ort
+
+        from xformopt.decoder.runtime import CacheLayout
+
+        session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+        self.layout = CacheLayout.from_session(session)
+        self.inputs = {i.name for i in session.get_inputs()}
+        self.rows = [list(tokenizer(t)["input_ids"])[:max_tokens] for t in texts]
+        self.rows = [r for r in self.rows if r]
+        self.rewind()
+
+    def rewind(self):
+        self._iter = iter(self.rows)
+
+    def get_next(self):
+        ids = next(self._iter, None)
+        if ids is None:
+            return None
+        feed = {"input_ids": np.asarray([ids], dtype=np.int64), "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+                **self.layout.empty_past(1)}
+        if "position_ids" in self.inputs:
+            feed["position_ids"] = np.arange(len(ids), dtype=np.int64)[None]
+        return {k: v for k, v in feed.items() if k in self.inputs}
+
+    def __iter__(self):
+        self.rewind()
+        while (feed := self.get_next()) is not None:
+            yield feed
+
+
+def _algo_config(options, reader):
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnb
+
+    if options.algorithm == "hqq":
+        return mnb.HQQWeightOnlyQuantConfig(block_size=options.block_size, bits=4)
+    if options.algorithm == "gptq":
+        return mnb.GPTQWeightOnlyQuantConfig(calibration_data_reader=reader, block_size=options.block_size)
+    return mnb.DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
+                                            accuracy_level=options.accuracy_level, bits=4)
+
+
+def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str], reader=None) -> dict[str, int]:
+    """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then 4 bits for
+    every other weighted MatMul; saved with external data beside ``out_model``."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnb
+
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+    model = onnx.load(src_model)
+    if keep8:
+        config8 = mnb.DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
+                                                   accuracy_level=options.accuracy_level, bits=8,
+                                                   op_types_to_quantize=("__none__",))
+        eight = mnb.MatMulNBitsQuantizer(model, bits=8, block_size=options.block_size, is_symmetric=options.symmetric,
+                                         accuracy_level=options.accuracy_level, nodes_to_include=list(keep8),
+                                         algo_config=config8)
+        eight.process()
+        model = eight.model.model
+    four = mnb.MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size, is_symmetric=options.symmetric,
+                                    accuracy_level=options.accuracy_level, algo_config=_algo_config(options, reader))
+    with contextlib.redirect_stdout(sys.stderr):  # GPTQ prints a progress bar: results own stdout
+        four.process()
+    model = four.model.model
+    _set_accuracy_level(model, options.accuracy_level)
+    out_model.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out_model, save_as_external_data=True, all_tensors_to_one_file=True,
+              location=out_model.name + ".data", size_threshold=1024)
+    return nbits_counts(model)
+
+
+def _set_accuracy_level(model, level: int) -> None:
+    """ORT 1.32's HQQ quantizer writes no ``accuracy_level`` (so its nodes would run the float-compute
+    kernel); the attribute only picks the kernel's compute type, so every node gets the asked one."""
+    import onnx
+
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            kept = [a for a in node.attribute if a.name != "accuracy_level"]
+            del node.attribute[:]
+            node.attribute.extend([*kept, onnx.helper.make_attribute("accuracy_level", int(level))])
+
+
+# --------------------------------------------------------------------------- harm ranking
+
+
+def _simulate(w: np.ndarray, bits: int, block: int, symmetric: bool) -> np.ndarray:
+    """Round-to-nearest blockwise along the input axis (what MatMulNBits stores), dequantized."""
+    k, n = w.shape
+    pad = (-k) % block
+    blocks = np.pad(w, ((0, pad), (0, 0))).reshape(-1, block, n)
+    top = 2 ** (bits - 1)
+    if symmetric:
+        scale = np.abs(blocks).max(axis=1, keepdims=True) / top
+        scale[scale == 0] = 1.0
+        q = np.clip(np.round(blocks / scale), -top, top - 1) * scale
+    else:
+        lo, hi = blocks.min(axis=1, keepdims=True), blocks.max(axis=1, keepdims=True)
+        scale = (hi - lo) / (2 ** bits - 1)
+        scale[scale == 0] = 1.0
+        q = np.clip(np.round((blocks - lo) / scale), 0, 2 ** bits - 1) * scale + lo
+    return q.reshape(-1, n)[:k]
+
+
+def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], options, work: Path) -> dict[str, float]:
+    """Per MatMul: ||X (W - Q4(W))||^2 / ||X W||^2 on the real activations X that reach it (the float
+    graph run once per text with the MatMul inputs exposed as outputs)."""
+    import onnx
+    from onnx import numpy_helper
+
+    from xformopt.decoder.runtime import OrtDecoder
+
+    model = onnx.load(src_model)
+    nodes = {n.name: n for n in model.graph.node}
+    inits = {i.name: i for i in model.graph.initializer}
+    probe = {name: nodes[name].input[0] for name in names}
+    existing = {o.name for o in model.graph.output}
+    for tensor in dict.fromkeys(probe.values()):
+        if tensor not in existing:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(tensor, onnx.TensorProto.FLOAT, None))
+    probe_dir = work / "harm-probe"
+    probe_dir.mkdir(parents=True)
+    onnx.save(model, probe_dir / "model.onnx", save_as_external_data=True, location="model.onnx.data", size_threshold=1024)
+    runner = OrtDecoder(probe_dir, io_binding=False)
+    runner.output_names = [*runner.output_names, *dict.fromkeys(probe.values())]
+    feeds: dict[str, list[np.ndarray]] = {t: [] for t in probe.values()}
+    for ids in lists[:HARM_TEXTS]:
+        batch = np.asarray([ids], dtype=np.int64)
+        feed = {"input_ids": batch, "attention_mask": np.ones_like(batch), **runner.layout.empty_past(1),
+                "position_ids": np.arange(len(ids), dtype=np.int64)[None]}  # dropped below unless the graph takes it
+        outputs = runner.session.run(runner.output_names, {k: v for k, v in feed.items()
+                                                           if k in {i.name for i in runner.session.get_inputs()}})
+        named = dict(zip(runner.output_names, outputs))
+        for tensor in feeds:
+            feeds[tensor].append(named[tensor].reshape(-1, named[tensor].shape[-1]))
+    scores = {}
+    for name in names:
+        x = np.concatenate(feeds[probe[name]]).astype(np.float32)
+        w = numpy_helper.to_array(inits[nodes[name].input[1]], base_dir=str(src_model.parent)).astype(np.float32)
+        reference = x @ w
+        error = x @ (w - _simulate(w, 4, options.block_size, options.symmetric))
+        scores[name] = float((error ** 2).sum() / max((reference ** 2).sum(), 1e-30))
+    shutil.rmtree(probe_dir)
+    return scores
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def run_int4(ctx, src: Path, dst: Path, options) -> dict:
+    import onnx
+
+    from xformopt.artifact import copy_stage
+    from xformopt.decoder.fusion import logits_agreement
+    from xformopt.models import load_tokenizer
+    from xformopt.passes import calibration as cal
+
+    if not ctx.spec.is_decoder:
+        raise InputError("quantize --mode int4 is for decoders (text-generation); encoders take --mode dynamic or static")
+    if options.max_accuracy_drop is not None:
+        raise InputError("int4 takes a perplexity budget (max_perplexity_increase, e.g. '3%'), not max_accuracy_drop")
+    graph = onnx.load(src / "model.onnx", load_external_data=False)
+    if any(n.op_type == "MatMulNBits" for n in graph.graph.node):
+        raise InputError(f"{src} is already 4-bit (it has MatMulNBits); quantize its float input instead")
+    candidates = weighted_matmuls(graph)
+    if not candidates:
+        raise InputError(f"{src / 'model.onnx'} has no MatMul with a constant 2-D weight for MatMulNBits to pack")
+    roles = {name: role_of(name) for name in candidates}
+    planned8 = [n for n in candidates if roles[n] in options.keep_8bit and n not in options.exclude_nodes]
+    tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
+
+    reader, calibration = None, None
+    if options.algorithm == "gptq":
+        dataset = cal.load_split(options.calibration_data, "train", ctx.spec, options.calibration_limit, 0, labels=False)
+        reader = DecoderCalibrationReader(src / "model.onnx", tokenizer, dataset.texts)
+        calibration = cal.dataset_record(dataset, "calibration")
+        ctx.log(f"GPTQ calibration on {len(dataset)} rows from {dataset.source}")
+
+    copy_stage(src, dst, with_model=False)
+    work = dst / ".int4"
+    work.mkdir()
+    record: dict = {
+        "mode": "int4", "algorithm": options.algorithm, "block_size": options.block_size,
+        "symmetric": options.symmetric if options.algorithm != "hqq" else False,  # HQQ always writes zero points
+        "accuracy_level": options.accuracy_level, "weighted_matmuls": len(candidates),
+        **({"calibration": calibration} if calibration else {}),
+    }
+    try:
+        def build(k_dir: Path, keep8: list[str]) -> dict:
+            started = time.perf_counter()
+            counts = build_candidate(src / "model.onnx", k_dir / "model.onnx", options, keep8, reader)
+            return {**counts, "build_seconds": round(time.perf_counter() - started, 2)}
+
+        ctx.log(f"quantizing to 4-bit MatMulNBits ({options.algorithm}, block {options.block_size}, "
+                f"{'symmetric' if options.symmetric else 'asymmetric'}, accuracy_level {options.accuracy_level}); "
+                f"{len(planned8)} MatMul(s) at 8 bits by plan {options.keep_8bit or '[]'}")
+        first = work / "candidate-0"
+        counts = build(first, planned8)
+        chosen_dir, chosen8 = first, planned8
+        if options.max_perplexity_increase is not None:
+            chosen_dir, chosen8, record["budget"] = _budget(ctx, options, src, work, build, candidates, planned8, tokenizer,
+                                                            counts)
+            record["budget_met"] = record["budget"]["budget_met"]
+        for item in chosen_dir.iterdir():
+            shutil.move(str(item), dst / item.name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    after = onnx.load(dst / "model.onnx", load_external_data=False)
+    nbits = nbits_counts(after)
+    if nbits["4bit"] == 0:
+        raise PassFailed(f"quantize int4 changed nothing: none of {len(candidates)} weighted MatMuls became 4-bit MatMulNBits")
+    left = weighted_matmuls(after)
+    record["matmulnbits"] = nbits
+    record["int8_matmuls"] = [{"name": n, "role": roles[n], "why": "plan" if n in planned8 else "budget"} for n in chosen8]
+    record["kept_float"] = [{"name": n, "role": roles.get(n)} for n in left]
+    record["size_bytes"] = {"before": _size(src), "after": _size(dst)}
+    ctx.log(f"int4: {nbits['4bit']} MatMulNBits at 4 bits, {nbits['8bit']} at 8 bits, {len(left)} weighted MatMul(s) "
+            f"float; {record['size_bytes']['before'] / 1e6:.1f} -> {record['size_bytes']['after'] / 1e6:.1f} MB")
+    agreement = logits_agreement(ctx, src, dst)
+    record["agreement"] = agreement
+    if agreement["mean_cosine"] < options.min_agreement and record.get("budget_met", True):
+        raise PassFailed(f"int4 logits disagree with float: mean cosine {agreement['mean_cosine']:.3f} < {options.min_agreement}")
+    return record
+
+
+def _size(stage: Path) -> int:
+    return sum(p.stat().st_size for p in stage.glob("model.onnx*"))
+
+
+def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], planned8: list[str], tokenizer,
+            first_counts: dict):
+    """Fewest 4-bit MatMuls returned to 8 bits, most harmful first, that meet the perplexity budget."""
+    from xformopt.decoder.generate import context_window
+    from xformopt.decoder.perplexity import perplexity, token_lists
+    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.passes import calibration as cal
+
+    dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.perplexity_texts, 0, labels=False)
+    lists = token_lists(dataset.texts, tokenizer, context_window(src), 128)
+    float_ppl = perplexity(OrtDecoder(src, threads=ctx.threads), lists)["value"]
+    allowed = allowed_increase(options.max_perplexity_increase)
+    ctx.log(f"perplexity budget: float graph {float_ppl:.3f} on {len(lists)} texts ({dataset.source}); "
+            f"allowed increase {allowed:.1%}")
+    four = [n for n in candidates if n not in planned8 and n not in options.exclude_nodes]
+    max8 = len(four) // 2 if options.max_8bit_nodes is None else min(options.max_8bit_nodes, len(four))
+    tried: list[dict] = []
+    dirs: dict[int, Path] = {}
+
+    def attempt(k: int, ranked: list[str], counts: dict | None = None) -> dict:
+        out = work / f"candidate-{k}"
+        if counts is None:
+            counts = build(out, [*planned8, *ranked[:k]])
+        started = time.perf_counter()
+        value = perplexity(OrtDecoder(out, threads=ctx.threads), lists)["value"]
+        increase = value / float_ppl - 1
+        row = {"extra_8bit": k, "moved_to_8bit": ranked[:k], "perplexity": round(value, 4),
+               "increase": round(increase, 5), "passes": increase <= allowed + 1e-12,
+               "build_seconds": counts["build_seconds"], "eval_seconds": round(time.perf_counter() - started, 2)}
+        ctx.log(f"budget candidate with {k} extra 8-bit MatMul(s): perplexity {value:.3f} ({increase:+.2%}, "
+                f"{'within' if row['passes'] else 'over'} budget)")
+        tried.append(row)
+        dirs[k] = out
+        return row
+
+    ranking: list[dict] = []
+    ranked: list[str] = []
+    row = attempt(0, ranked, first_counts)
+    if not row["passes"] and max8 > 0:
+        started = time.perf_counter()
+        scores = harm_scores(src / "model.onnx", four, lists, options, work)
+        ranking = [{"name": n, "role": role_of(n), "harm": round(h, 6)} for n, h in sorted(scores.items(), key=lambda kv: -kv[1])]
+        ranked = [r["name"] for r in ranking]
+        ctx.log(f"ranked {len(ranked)} 4-bit MatMuls by harm in {time.perf_counter() - started:.1f}s; most harmful: "
+                + ", ".join(f"{r['name']} ({r['harm']:.4f})" for r in ranking[:3]))
+        k, failed = 1, 0
+        while True:
+            row = attempt(k, ranked)
+            if row["passes"] or k >= max8:
+                break
+            failed, k = k, min(2 * k, max8)
+        if row["passes"]:
+            lo, hi = failed, k
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if attempt(mid, ranked)["passes"]:
+                    hi = mid
+                else:
+                    lo = mid
+    passing = [r for r in tried if r["passes"]]
+    best = min(passing, key=lambda r: r["extra_8bit"]) if passing else min(tried, key=lambda r: (r["increase"], r["extra_8bit"]))
+    reason = ("fewest extra 8-bit MatMuls within budget" if passing
+              else f"no candidate within budget (up to {max8} extra 8-bit MatMuls); wrote the smallest increase")
+    ctx.log(f"perplexity budget {'met' if passing else 'NOT met'}: {best['perplexity']:.3f} ({best['increase']:+.2%}), "
+            f"{best['extra_8bit']} MatMul(s) moved to 8 bits; {reason}")
+    budget = {
+        "budget_met": bool(passing), "max_perplexity_increase": options.max_perplexity_increase,
+        "allowed_increase": allowed, "float_perplexity": round(float_ppl, 4), "perplexity_after": best["perplexity"],
+        "increase": best["increase"], "data": {**cal.dataset_record(dataset, "budget"), "texts_scored": len(lists)},
+        "max_extra_8bit": max8, "harm_ranking": ranking, "search": tried, "chosen": best["extra_8bit"], "reason": reason,
+        "harm_measure": "relative output error of simulated 4-bit RTN weights on the float graph's activations",
+    }
+    return dirs[best["extra_8bit"]], [*planned8, *best["moved_to_8bit"]], budget
