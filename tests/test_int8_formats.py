@@ -151,3 +151,17 @@ def test_probe_sees_saturation_on_an_emulated_avx2_cpu():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
+
+
+# --------------------------------------------------------------------------- the shared search
+
+
+@pytest.mark.parametrize(("need", "most"), [(1, 8), (3, 8), (5, 8), (8, 8), (6, 6), (7, 12)])
+def test_fewest_that_pass_finds_the_threshold_with_few_tries(need, most):
+    from xformopt.passes.fewest import fewest_that_pass
+
+    tried = []
+    found = fewest_that_pass(lambda k: tried.append(k) or k >= need, most)
+    assert found == need
+    assert len(tried) <= 2 * most.bit_length()  # doubling then bisection, not a scan
+    assert fewest_that_pass(lambda k: False, most) is None

@@ -48,6 +48,7 @@ from xformopt.onnx_graph import (
     weighted_gemms,
 )
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int8_formats import agreement_floor, describe, failure_hint, format_ladder
 from xformopt.passes.quantize_int4 import Int4Options
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
@@ -342,7 +343,7 @@ def _fixed(options: QuantizeOptions) -> dict:
 def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, src: Path, work: Path, make_builder,
                    prepared: Path, ranges: dict | None, harm_reader) -> dict:
     """Build with the target's formats; while the output cosine to float is under the floor, try the
-    next safer format, then return the most harmful GEMMs to float (1, 2, 4 ... up to a tenth of them).
+    next safer format, then return the fewest of the most harmful GEMMs to float (up to a tenth).
 
     Returns the chosen formats, their builder, the built directory, every attempt and the reason.
     """
@@ -387,15 +388,12 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
 
         scores = harm_scores(prepared, candidates, reader, fmt, ranges, work)
         ranked = sorted(scores, key=lambda n: -scores[n])
-        k = 1
-        while k <= most:
-            out, row = attempt(fmt, ranked[:k], f"{k} most harmful GEMM(s) in float")
-            if row["passes"]:
-                break
-            k = most if k < most < 2 * k else 2 * k
+        fewest_that_pass(lambda k: attempt(fmt, ranked[:k], f"{k} most harmful GEMM(s) in float")[1]["passes"], most)
     passing = [i for i, r in enumerate(attempts) if r["passes"]]
-    # Nothing passed: keep the closest, so the failure below reports the best this model can do.
-    pick = passing[0] if passing else max(range(len(attempts)), key=lambda i: attempts[i]["mean_cosine"])
+    # The fewest float nodes that pass (formats before float, in ladder order); nothing passed: the
+    # closest, so the failure below reports the best this model can do.
+    pick = (min(passing, key=lambda i: (len(attempts[i]["float_nodes"]), i)) if passing
+            else max(range(len(attempts)), key=lambda i: attempts[i]["mean_cosine"]))
     final = attempts[pick]
     reason = ("the target's formats" if pick == 0 and passing else
               f"first attempt over the floor {floor}: {final['change']}" if passing else
@@ -503,20 +501,7 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
         ranked = [r["name"] for r in ranking]
         ctx.log(f"ranked {len(ranked)} GEMMs by harm in {time.perf_counter() - started:.1f}s; most harmful: "
                 + ", ".join(f"{r['name']} ({r['harm']:.4f})" for r in ranking[:3]))
-        k, failed = 1, 0
-        while True:  # 1, 2, 4, 8 ... then max_float
-            row = attempt(k, ranked)
-            if row["passes"] or k >= max_float:
-                break
-            failed, k = k, min(2 * k, max_float)
-        if row["passes"]:  # bisect between the last failing and the first passing count
-            lo, hi = failed, k
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if attempt(mid, ranked)["passes"]:
-                    hi = mid
-                else:
-                    lo = mid
+        fewest_that_pass(lambda k: attempt(k, ranked)["passes"], max_float)
 
     passing = [r for r in tried if r["passes"]]
     timings: dict = {}

@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from xformopt.errors import InputError, PassFailed
+from xformopt.passes.fewest import fewest_that_pass
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
 ROLES = {
@@ -403,20 +404,7 @@ def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], p
         ranked = [r["name"] for r in ranking]
         ctx.log(f"ranked {len(ranked)} 4-bit MatMuls by harm in {time.perf_counter() - started:.1f}s; most harmful: "
                 + ", ".join(f"{r['name']} ({r['harm']:.4f})" for r in ranking[:3]))
-        k, failed = 1, 0
-        while True:
-            row = attempt(k, ranked)
-            if row["passes"] or k >= max8:
-                break
-            failed, k = k, min(2 * k, max8)
-        if row["passes"]:
-            lo, hi = failed, k
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if attempt(mid, ranked)["passes"]:
-                    hi = mid
-                else:
-                    lo = mid
+        fewest_that_pass(lambda k: attempt(k, ranked)["passes"], max8)
     passing = [r for r in tried if r["passes"]]
     best = min(passing, key=lambda r: r["extra_8bit"]) if passing else min(tried, key=lambda r: (r["increase"], r["extra_8bit"]))
     reason = ("fewest extra 8-bit MatMuls within budget" if passing

@@ -67,7 +67,7 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
             "mode": "real",
             "batch": 1,
             "threads": threads,
-            "heldout": {"source": heldout.source, "rows": len(heldout)},
+            "heldout": {"path": heldout.path, "source": heldout.source, "rows": len(heldout)},
             "rounds": recipe.evaluation.latency_rounds,
             "warmup": recipe.evaluation.warmup,
             "repeats": recipe.evaluation.repeats,
