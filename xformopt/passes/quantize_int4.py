@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from xformopt.errors import InputError, PassFailed
 from xformopt.passes.fewest import fewest_that_pass
+from xformopt.passes.int8_formats import agreement_floor
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
 ROLES = {
@@ -350,8 +351,9 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
             f"float; {record['size_bytes']['before'] / 1e6:.1f} -> {record['size_bytes']['after'] / 1e6:.1f} MB")
     agreement = logits_agreement(ctx, src, dst)
     record["agreement"] = agreement
-    if agreement["mean_cosine"] < options.min_agreement and record.get("budget_met", True):
-        raise PassFailed(f"int4 logits disagree with float: mean cosine {agreement['mean_cosine']:.3f} < {options.min_agreement}")
+    floor = agreement_floor(ctx.spec.task, options.min_agreement)
+    if agreement["mean_cosine"] < floor and record.get("budget_met", True):
+        raise PassFailed(f"int4 logits disagree with float: mean cosine {agreement['mean_cosine']:.3f} < {floor}")
     return record
 
 
