@@ -131,17 +131,17 @@ def detect_task(config: dict) -> str:
 
 def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
     """Resolve MODEL to a ModelSpec, checking the architecture and task are supported."""
+    from xformopt.validate import check_config, read_config
+
     path = locate(model)
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path / 'config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    config = read_config(path)
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES and model_type not in DECODER_MODEL_TYPES:
         raise InputError(
             f"unsupported architecture {model_type!r} in {model}; supported encoders: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}; decoders (text-generation): {', '.join(DECODER_MODEL_TYPES)}"
         )
+    check_config(config, path / "config.json")  # the keys below, with sane types
     if task is not None and task not in TASKS:
         raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     task = task or detect_task(config)
@@ -179,7 +179,29 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
     tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
     if not tokenizer.is_fast:
         raise InputError(f"{path} has no fast (Rust) tokenizer (tokenizer.json); xformopt needs one")
+    # Truncate at the model's own position limit: a tokenizer that allows more (or none, 1e30)
+    # would feed the model position ids it has no embedding for.
+    positions = position_limit(Path(path))
+    if positions and (not tokenizer.model_max_length or tokenizer.model_max_length > positions):
+        tokenizer.model_max_length = positions
     return tokenizer
+
+
+def position_limit(path: Path) -> int | None:
+    """How many tokens the model can embed (config max_position_embeddings / n_positions, less the
+    padding offset of the RoBERTa family), or None when the config does not say."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    limit = config.get("max_position_embeddings") or config.get("n_positions")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None
+    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2  # their position ids start after the padding index
+    return limit if limit > 0 else None
 
 
 def load_torch_model(spec: ModelSpec, path: Path | None = None):

@@ -63,6 +63,7 @@ def optimize(
     batch: str = typer.Option(None, "--batch", help="Batch sizes for fixed/throughput, e.g. 1,8,32."),
     seq: str = typer.Option(None, "--seq", help="Sequence lengths for fixed mode, e.g. 32,128,512."),
     force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+    wait: bool = typer.Option(False, "--wait", help="If another run is writing the same -o, wait for it instead of failing."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or store finished passes."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own Python code (off by default)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document on stdout."),
@@ -90,7 +91,7 @@ def optimize(
     with output.progress_bars() as progress:
         result = pipeline.run(
             model, r, out, force=force, use_cache=not no_cache, trust_remote_code=trust_remote_code,
-            log=output.log, progress=progress,
+            log=output.log, progress=progress, wait=wait,
         )
     if as_json:
         output.emit_json(result.report)

@@ -15,6 +15,7 @@ from xformopt.cli import output
 OUT = typer.Option(..., "--out", "-o", help="Output stage directory (written atomically).")
 TARGET = typer.Option("auto", "--target", "-t", help="Hardware profile (auto, avx2, avx512, avx512_vnni, avx_vnni, arm64).")
 FORCE = typer.Option(False, "--force", help="Replace an existing output directory.")
+WAIT = typer.Option(False, "--wait", help="If another run is writing the same -o, wait for it instead of failing.")
 DATA = typer.Option(None, "--data", help="Real texts for parity checks and timing [default: vendored VADER test split].")
 JSON = typer.Option(False, "--json", help="Print the pass record as one JSON document on stdout.")
 
@@ -76,6 +77,7 @@ def export(
     target: str = TARGET,
     data: Path = DATA,
     force: bool = FORCE,
+    wait: bool = WAIT,
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own Python code."),
     as_json: bool = JSON,
 ) -> None:
@@ -86,7 +88,7 @@ def export(
     from xformopt.pipeline import run_single
 
     entry = run_single("export", model, out, {"opset": opset}, target=target, task=task,
-                       data=str(data) if data else None, force=force, trust_remote_code=trust_remote_code, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, trust_remote_code=trust_remote_code, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -97,6 +99,7 @@ def fuse(
     target: str = TARGET,
     data: Path = DATA,
     force: bool = FORCE,
+    wait: bool = WAIT,
     as_json: bool = JSON,
 ) -> None:
     """Apply ONNX Runtime's transformer fusions; report fused-op counts and which fusions were kept.
@@ -106,7 +109,7 @@ def fuse(
     from xformopt.pipeline import run_single
 
     entry = run_single("fuse", str(stage), out, {"select": select}, target=target,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -122,6 +125,7 @@ def quantize(
     target: str = TARGET,
     data: Path = DATA,
     force: bool = FORCE,
+    wait: bool = WAIT,
     as_json: bool = JSON,
 ) -> None:
     """Quantize an ONNX stage to INT8 with the target's formats; report INT8 and float GEMMs.
@@ -138,7 +142,7 @@ def quantize(
     if max_accuracy_drop is not None:
         options["max_accuracy_drop"] = max_accuracy_drop
     entry = run_single("quantize", str(stage), out, options, target=target,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -158,6 +162,7 @@ def prune(
     target: str = TARGET,
     data: Path = typer.Option(None, "--data", help="Texts (and labels) for importance and accuracy [default: vendored train/test splits]."),
     force: bool = FORCE,
+    wait: bool = WAIT,
     as_json: bool = JSON,
 ) -> None:
     """Prune attention heads, FFN neurons and layers (structured: smaller matrices, real CPU speed).
@@ -170,7 +175,7 @@ def prune(
                "strategy": strategy, "importance": importance, "samples": samples, "seed": seed,
                "measure_latency": latency, "data": str(data) if data else None}
     entry = run_single("prune", model, out, options, target=target, task=task,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -218,6 +223,7 @@ def distill(
     target: str = TARGET,
     data: Path = DATA,
     force: bool = FORCE,
+    wait: bool = WAIT,
     as_json: bool = JSON,
 ) -> None:
     """Distill: train the student (pruned, or layer-dropped) against the teacher; writes a stock HF folder and distill_curve.png.
@@ -236,7 +242,7 @@ def distill(
                "freeze_embeddings": freeze_embeddings, "seed": seed,
                "device": device, "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None, "resume": resume}
     entry = run_single("distill", model, out, options, target=target, task=task,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 
