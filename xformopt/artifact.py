@@ -33,9 +33,7 @@ def _overlaps(a: Path, b: Path) -> bool:
 def check_output(out: Path, force: bool, protected: tuple = ()) -> None:
     """Fail before any work when ``out`` cannot safely become the output folder.
 
-    Refused: an existing output without --force; a file, or a folder that is not an xformopt output
-    (no manifest.json, not empty) even with --force (a mistyped -o must not delete a home folder);
-    a symbolic link (replacing it would swap the link, not its target: name the real path); a path
+    Refused: an existing output without --force; a file even with --force; a symbolic link (replacing it would swap the link, not its target: name the real path); a path
     under a file or an unwritable folder; and a path equal to, inside, or holding any ``protected``
     path (the input model, the data files, the cache), which --force would otherwise delete.
     """
@@ -50,9 +48,6 @@ def check_output(out: Path, force: bool, protected: tuple = ()) -> None:
             raise InputError(f"output {out} exists and is not a directory; remove it or choose another -o")
         if not force:
             raise InputError(f"output {out} already exists; pass --force to replace it or choose another -o")
-        if not (out / "manifest.json").is_file() and any(out.iterdir()):
-            raise InputError(f"output {out} is not an xformopt output (no manifest.json) and not empty; --force "
-                             "replaces only a previous output: choose another -o")
     absolute = Path(os.path.abspath(out))
     existing = _nearest_existing(absolute.parent)
     if not existing.is_dir():

@@ -18,7 +18,6 @@ FAMILY_KEYS = {
 ENCODER_KEYS = (("hidden_size",), ("num_attention_heads",), ("num_hidden_layers",), ("vocab_size",),
                 ("max_position_embeddings",))
 MAX_DIM = 1 << 20  # no real transformer has a width, head count or layer count near this
-MAX_THREADS_NOTE = "the CPUs this process may use (affinity mask and cgroup quota)"
 
 
 def read_config(path: Path) -> dict:
@@ -170,7 +169,7 @@ def check_threads(threads: int | None, flag: str = "--threads") -> None:
     limit = usable_cpus()
     if threads > limit:
         raise InputError(f"{flag} {threads} is more than the {limit} CPU(s) this process may use "
-                         f"({MAX_THREADS_NOTE}); pass --threads {limit} or fewer")
+                         f"(affinity mask and cgroup quota); pass --threads {limit} or fewer")
 
 
 def check_onnx_file(model: Path) -> None:
