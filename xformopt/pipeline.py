@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from xformopt import cache, models, targets
+from xformopt import cache, hub, models, targets
 from xformopt.artifact import (
     MANIFEST_SCHEMA,
     atomic_dir,
@@ -229,6 +229,7 @@ def run(
             "input": {
                 "source": spec.source, "path": str(spec.path), "sha256": input_hash,
                 "model_type": spec.model_type, "task": spec.task,
+                "revision": hub.commit_of(spec.path),  # the hub commit a hub id resolved to, else null
             },
             "target": target.to_dict(),
             "host": host,
@@ -354,7 +355,8 @@ def run_single(
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "input": previous.get("input") or {"source": model, "path": str(spec.path), "sha256": hash_dir(spec.path),
-                                               "model_type": spec.model_type, "task": spec.task},
+                                               "model_type": spec.model_type, "task": spec.task,
+                                               "revision": hub.commit_of(spec.path)},
             "target": resolved_target.to_dict(),
             "versions": library_versions(),
             "passes": [*previous.get("passes", []), entry],

@@ -61,9 +61,8 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs the app and turns every error into one line and an exit code."""
-    # The hub is never contacted: models come from local paths or the local cache only.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Hub ids download through huggingface_hub (xformopt/hub.py); offline only when the user sets
+    # HF_HUB_OFFLINE=1 or the hub is unreachable, so neither it nor TRANSFORMERS_OFFLINE is forced here.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # PyTorch's OpenMP pool must not spin either (see predictors.ort_session); it reads this once,
     # when torch is first imported, so it is set before any command runs. Measured on a 2-core
