@@ -34,7 +34,7 @@ class EvaluationSettings(BaseModel):
     label_column: str | None = None
     limit: int | None = Field(None, ge=1, le=10_000_000, description="evaluate on at most this many rows (seeded sample)")
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    threads: int | None = Field(None, ge=1, le=4096, description="intra-op threads; default: the CPUs this process may use")
+    threads: int | None = Field(None, ge=1, description="intra-op threads; default: the CPUs this process may use")
     latency_rounds: int = Field(100, ge=3, le=100_000, description="interleaved timing rounds at batch 1")
     warmup: int = Field(10, ge=0, le=10_000)
     repeats: int = Field(5, ge=1, le=1000, description="solo timing repeats of the artifact (their spread is the noise)")
