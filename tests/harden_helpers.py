@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import textwrap
 from pathlib import Path
 
 from conftest import error_lines
@@ -13,18 +12,9 @@ from conftest import error_lines
 def quick_recipe(tmp_path: Path, heldout_file: Path, passes: str = "- export", name: str = "quick.yaml") -> Path:
     """export only (or PASSES), 8 rows, 3 timing rounds: a full optimize in a few seconds."""
     path = tmp_path / name
-    path.write_text(textwrap.dedent(f"""
-        name: quick
-        target: avx2
-        passes:
-        {textwrap.indent(passes, '  ').strip()}
-        evaluation:
-          data: {heldout_file}
-          limit: 8
-          latency_rounds: 3
-          warmup: 0
-          repeats: 1
-    """).replace("\n        ", "\n"))
+    steps = "\n".join("  " + line for line in passes.splitlines())
+    path.write_text(f"name: quick\ntarget: avx2\npasses:\n{steps}\nevaluation:\n  data: {heldout_file}\n"
+                    "  limit: 8\n  latency_rounds: 3\n  warmup: 0\n  repeats: 1\n")
     return path
 
 
