@@ -126,7 +126,9 @@ def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hi
         ignore += TORCH_BINARIES  # safetensors preferred: never download (or unpickle) a second copy
     log(f"downloading {repo_id}@{(sha or revision or 'main')[:12]} from {where} (cache: huggingface_hub's)")
     try:
-        path = snapshot_download(repo_id, revision=sha or revision, endpoint=endpoint, ignore_patterns=ignore,
+        # The revision as given (not the sha), so the cache also records the branch/tag -> commit ref
+        # that a later offline run looks up.
+        path = snapshot_download(repo_id, revision=revision or "main", endpoint=endpoint, ignore_patterns=ignore,
                                  etag_timeout=timeout_s())
     except (requests.exceptions.RequestException, HfHubHTTPError, OfflineModeIsEnabled) as exc:
         raise InputError(f"download of {repo_id}{at} from {where} failed ({type(exc).__name__}); "
