@@ -202,7 +202,7 @@ def run(
     from xformopt.decoder import check_passes
 
     check_passes([(step.name, step.options) for step in recipe.passes], spec)
-    check_model_files(spec.path, trust_remote_code=trust_remote_code)
+    check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     check_inputs(recipe, spec)
     protected = read_paths(spec.path, recipe)
     check_output(out, force, protected)
@@ -341,7 +341,7 @@ def run_single(
     check_order(chain, origin=f"xformopt {pass_name} {model}", start=start)
     from xformopt.validate import check_model_files
 
-    check_model_files(spec.path, trust_remote_code=trust_remote_code)
+    check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     protected = read_paths(spec.path, data=data)
     check_output(out, force, protected)
     from xformopt.stale import sweep_at_start

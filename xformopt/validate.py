@@ -41,6 +41,40 @@ def read_config(path: Path) -> dict:
     return config
 
 
+# Optional keys the code or transformers reads, with the kind each must be when present.
+OPTIONAL_TYPES = {
+    "architectures": "a list of class names", "hidden_act": "a name such as \"gelu\"",
+    "intermediate_size": "a positive whole number", "hidden_dim": "a positive whole number",
+    "n_inner": "a positive whole number", "type_vocab_size": "a positive whole number",
+    "pad_token_id": "a whole number", "bos_token_id": "a whole number", "eos_token_id": "a whole number",
+    "layer_norm_eps": "a positive number", "layer_norm_epsilon": "a positive number",
+    "num_labels": "a positive whole number", "problem_type": "a name such as \"single_label_classification\"",
+    "pruned_heads": "an object of layer -> head list", "num_key_value_heads": "a positive whole number",
+    "rms_norm_eps": "a positive number", "tie_word_embeddings": "true or false",
+}
+
+
+def _of_kind(value, kind: str) -> bool:
+    if kind.startswith("a list"):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind.startswith("a name"):
+        return isinstance(value, str)
+    if kind == "a positive whole number":
+        return _positive_int(value)
+    if kind == "a whole number":
+        return (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < (1 << 31)) or (
+            isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+    if kind == "a positive number":
+        import math
+
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value < 1
+    if kind.startswith("an object"):
+        return isinstance(value, dict)
+    if kind == "true or false":
+        return isinstance(value, bool)
+    return True
+
+
 def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= (1 << 31)
 
@@ -58,6 +92,9 @@ def check_config(config: dict, file: Path) -> None:
         if not _positive_int(value) or (present[0] not in ("vocab_size", "max_position_embeddings", "n_positions",
                                                           "n_ctx") and value > MAX_DIM):
             raise InputError(f"{file}: {present[0]} must be a positive whole number (got {value!r})")
+    for key, kind in OPTIONAL_TYPES.items():
+        if key in config and config[key] is not None and not _of_kind(config[key], kind):
+            raise InputError(f"{file}: {key} is {config[key]!r}; it must be {kind}")
     width = config.get("hidden_size") or config.get("dim") or config.get("n_embd")
     heads = config.get("num_attention_heads") or config.get("n_heads") or config.get("n_head")
     if width % heads:
@@ -79,7 +116,7 @@ def check_config(config: dict, file: Path) -> None:
                 raise InputError(f"{file}: id2label maps {name!r} to {value!r}; label names must be strings")
 
 
-def check_safetensors(file: Path) -> None:
+def check_safetensors(file: Path) -> dict[str, list[int]]:
     """The header parses and every tensor's bytes lie inside the file (a truncated download does not).
 
     Read by hand (8-byte length + JSON) rather than with safetensors.safe_open, to name what is wrong
@@ -99,6 +136,7 @@ def check_safetensors(file: Path) -> None:
     if not isinstance(header, dict):
         raise InputError(f"{file}: safetensors header is not an object; re-download or re-save the weights")
     end = 0
+    shapes = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -106,12 +144,15 @@ def check_safetensors(file: Path) -> None:
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
             raise InputError(f"{file}: tensor {name!r} has no valid data_offsets; re-download or re-save the weights")
         end = max(end, offsets[1])
+        shapes[name] = info.get("shape")
     if 8 + n + end > size:
         raise InputError(f"{file} is truncated ({size} bytes, its header needs {8 + n + end}); "
                          "re-download or re-save the weights")
+    return shapes
 
 
-def check_weights(path: Path) -> None:
+def check_weights(path: Path) -> dict[str, list[int]]:
+    """The weights exist and are readable; returns the safetensors tensor shapes ({} for .bin)."""
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -119,19 +160,19 @@ def check_weights(path: Path) -> None:
             shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise InputError(f"{index} is not a valid shard index; re-save the model with save_pretrained()") from None
+        shapes = {}
         for shard in shards:
             if not (path / shard).is_file():
                 raise InputError(f"{path / shard} (listed in {index.name}) is missing; re-download the model")
-            check_safetensors(path / shard)
-        return
+            shapes.update(check_safetensors(path / shard))
+        return shapes
     if (path / "model.safetensors").is_file():
-        check_safetensors(path / "model.safetensors")
-        return
+        return check_safetensors(path / "model.safetensors")
     for name in ("pytorch_model.bin", "pytorch_model.bin.index.json"):
         if (path / name).is_file():
             if (path / name).stat().st_size == 0:
                 raise InputError(f"{path / name} is empty; re-download or re-save the weights")
-            return
+            return {}
     raise InputError(f"{path} has no weights (model.safetensors or pytorch_model.bin); "
                      "save the model with save_pretrained()")
 
@@ -148,15 +189,48 @@ def check_tokenizer(path: Path, trust_remote_code: bool = False) -> None:
                          "tokenizer.json (or vocab files) saved with the model's tokenizer.save_pretrained()") from None
 
 
-def check_model_files(path: Path, *, trust_remote_code: bool = False) -> None:
+def check_model_files(path: Path, *, task: str | None = None, trust_remote_code: bool = False) -> None:
     """After models.resolve checked config.json: the weights (a PyTorch folder; an ONNX stage folder
-    carries model.onnx instead) and the tokenizer, before any pass runs."""
+    carries model.onnx instead), that the config builds a model whose shapes match them, and the
+    tokenizer, before any pass runs."""
     path = Path(path)
     if (path / "model.onnx").is_file():
         check_onnx_file(path / "model.onnx")
     else:
-        check_weights(path)
+        shapes = check_weights(path)
+        if task is not None and not trust_remote_code:
+            check_config_matches_weights(path, task, shapes)
     check_tokenizer(path, trust_remote_code)
+
+
+def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[int]]) -> None:
+    """Build the model from config.json on the meta device (no memory, no weights read) and compare
+    its parameter shapes with the checkpoint's: a config edited after saving (another width, an
+    activation that does not exist) fails here in one line, not minutes later inside export."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    file = Path(path) / "config.json"
+    cls = {"text-classification": AutoModelForSequenceClassification,
+           "text-generation": AutoModelForCausalLM}.get(task, AutoModel)
+    try:
+        config = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            model = cls.from_config(config)
+    except Exception as exc:  # transformers raises KeyError, ValueError, TypeError, ... for odd configs
+        raise InputError(f"{file}: no {task} model can be built from this config ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160] if str(exc) else 'invalid value'}); "
+                         "re-save it with save_pretrained()") from None
+    expected = {name: list(t.shape) for name, t in model.state_dict().items()}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    for name, shape in shapes.items():
+        for candidate in (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")):
+            if candidate in expected:
+                if shape is not None and list(shape) != expected[candidate]:
+                    raise InputError(f"{file} does not match the weights: {name} is {list(shape)} in the checkpoint "
+                                     f"but the config builds {expected[candidate]}; use the config saved with "
+                                     "these weights")
+                break
 
 
 def check_threads(threads: int | None, flag: str = "--threads") -> None:
