@@ -30,6 +30,15 @@ class Interrupted(BaseException):
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 
+_received: list[int] = []
+
+
+def received() -> Interrupted | None:
+    """The signal that interrupted this block, if one did. The exception a signal raises can be
+    replaced on its way up (it may land inside an import or a library's cleanup, which then fails
+    with an error of its own): whatever ends the run after a signal is reported as the signal."""
+    return Interrupted(_received[-1]) if _received else None
+
 
 @contextmanager
 def interruptible() -> Iterator[None]:
@@ -38,12 +47,12 @@ def interruptible() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    fired = []
+    _received.clear()
 
     def handler(signum, frame):
-        if fired:
+        if _received:
             return
-        fired.append(signum)
+        _received.append(signum)
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in HANDLED}

@@ -178,15 +178,15 @@ def check_weights(path: Path) -> dict[str, list[int]]:
 
 
 def check_tokenizer(path: Path, trust_remote_code: bool = False) -> None:
-    from xformopt.models import load_tokenizer
+    from transformers import AutoTokenizer
 
     try:
-        load_tokenizer(path, trust_remote_code)
-    except InputError:
-        raise
+        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, TypeError, ... for broken files
         raise InputError(f"{path}: the tokenizer cannot be loaded ({type(exc).__name__}); the folder needs "
                          "tokenizer.json (or vocab files) saved with the model's tokenizer.save_pretrained()") from None
+    if not tokenizer.is_fast:
+        raise InputError(f"{path} has no fast (Rust) tokenizer (tokenizer.json); xformopt needs one")
 
 
 def check_model_files(path: Path, *, task: str | None = None, trust_remote_code: bool = False) -> None:

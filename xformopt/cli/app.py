@@ -68,12 +68,17 @@ def main(argv: list[str] | None = None) -> None:
     # when torch is first imported, so it is set before any command runs. Measured on a 2-core
     # host: MiniLM at batch 1 in PyTorch took 35 ms with spinning and 13 ms without.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from xformopt.signals import Interrupted, interruptible
+    from xformopt.signals import Interrupted, interruptible, received
 
     try:
         # Standalone mode: usage errors (unknown option, missing argument) exit 2 the Click way.
         with interruptible():
-            app(args=argv, prog_name="xformopt")
+            try:
+                app(args=argv, prog_name="xformopt")
+            except Exception:
+                if (signal_exc := received()) is not None:  # the signal's exception was replaced on its way up
+                    raise signal_exc from None
+                raise
     except XformoptError as exc:
         output.error(exc.message)
         sys.exit(exc.exit_code)
