@@ -342,7 +342,8 @@ def run_single(
     from xformopt.validate import check_model_files
 
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
-    protected = read_paths(spec.path, data=data)
+    protected = read_paths(spec.path, data=data) + tuple(
+        Path(v.split("::")[0]) for k, v in options.items() if k.endswith("data") and isinstance(v, str) and v)
     check_output(out, force, protected)
     from xformopt.stale import sweep_at_start
 

@@ -10,13 +10,15 @@ from pathlib import Path
 
 from xformopt.errors import InputError
 
-# config keys each family needs (the first present of each alternative group), all positive ints.
+# config keys each family needs (the first present of each alternative group), all positive ints:
+# the ones xformopt itself reads (width, heads, layers). Others transformers defaults when absent;
+# when present they are typed below (OPTIONAL_TYPES), and the shapes they imply are compared with
+# the weights (check_config_matches_weights).
 FAMILY_KEYS = {
-    "distilbert": (("dim",), ("n_heads",), ("n_layers",), ("vocab_size",), ("max_position_embeddings",)),
-    "gpt2": (("n_embd",), ("n_head",), ("n_layer",), ("vocab_size",), ("n_positions", "n_ctx")),
+    "distilbert": (("dim",), ("n_heads",), ("n_layers",)),
+    "gpt2": (("n_embd",), ("n_head",), ("n_layer",)),
 }
-ENCODER_KEYS = (("hidden_size",), ("num_attention_heads",), ("num_hidden_layers",), ("vocab_size",),
-                ("max_position_embeddings",))
+ENCODER_KEYS = (("hidden_size",), ("num_attention_heads",), ("num_hidden_layers",))
 MAX_DIM = 1 << 20  # no real transformer has a width, head count or layer count near this
 
 
@@ -44,6 +46,8 @@ def read_config(path: Path) -> dict:
 # Optional keys the code or transformers reads, with the kind each must be when present.
 OPTIONAL_TYPES = {
     "architectures": "a list of class names", "hidden_act": "a name such as \"gelu\"",
+    "vocab_size": "a positive whole number", "max_position_embeddings": "a positive whole number",
+    "n_positions": "a positive whole number", "n_ctx": "a positive whole number",
     "intermediate_size": "a positive whole number", "hidden_dim": "a positive whole number",
     "n_inner": "a positive whole number", "type_vocab_size": "a positive whole number",
     "pad_token_id": "a whole number", "bos_token_id": "a whole number", "eos_token_id": "a whole number",
@@ -89,8 +93,7 @@ def check_config(config: dict, file: Path) -> None:
         if not present:
             raise InputError(f"{file}: {model_type} config lacks {' or '.join(group)}; re-save it with save_pretrained()")
         value = config[present[0]]
-        if not _positive_int(value) or (present[0] not in ("vocab_size", "max_position_embeddings", "n_positions",
-                                                          "n_ctx") and value > MAX_DIM):
+        if not _positive_int(value) or value > MAX_DIM:
             raise InputError(f"{file}: {present[0]} must be a positive whole number (got {value!r})")
     for key, kind in OPTIONAL_TYPES.items():
         if key in config and config[key] is not None and not _of_kind(config[key], kind):
