@@ -58,7 +58,7 @@ def timing(monkeypatch):
     calls = []
 
     def use(latency: dict) -> list:
-        def fake(predictor, texts, pairs, *, rounds, warmup, repeats, seed=0):
+        def fake(predictor, texts, pairs, *, rounds, warmup, repeats, seed=0, progress=None):
             calls.append({"rows": len(texts), "rounds": rounds, "warmup": warmup, "repeats": repeats, "seed": seed})
             return copy.deepcopy(latency)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xformopt import pipeline, recipe
+from xformopt import pipeline, recipe, targets
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
 from xformopt.bench import host
 from xformopt.errors import InputError, PassFailed
@@ -25,7 +25,7 @@ ROUNDS = 3
 def tiny_recipe(heldout: Path, **evaluation) -> recipe.Recipe:
     return recipe.validate({
         "name": "tiny",
-        "target": "avx512_vnni",
+        "target": "auto",  # the default users get: whatever this host is
         # select=all: which candidate "fastest" keeps depends on timing, and the figures below must not
         "passes": ["export", {"fuse": {"select": "all"}}, "quantize"],
         "evaluation": {"data": str(heldout), "limit": ROWS, "latency_rounds": ROUNDS, "warmup": 1, **evaluation},
@@ -71,7 +71,7 @@ def test_manifest_contents(first_run, tiny_classifier):
 
     assert manifest["versions"]["torch"] == torch.__version__ or torch.__version__.startswith(manifest["versions"]["torch"])
     assert manifest["versions"]["onnxruntime"] == onnxruntime.__version__
-    assert manifest["target"]["name"] == "avx512_vnni"
+    assert manifest["target"]["name"] == targets.detect().name
     assert manifest["heldout"]["rows"] == ROWS
 
     sha = manifest["input"]["sha256"]
@@ -104,7 +104,7 @@ def test_report_json(first_run):
     assert report == json.loads(json.dumps(result.report))
     assert report["schema"] == REPORT_SCHEMA
     assert report["headline_metric"] == "accuracy"
-    assert report["target"] == "avx512_vnni"
+    assert report["target"] == targets.detect().name
     assert report["settings"]["rounds"] == ROUNDS and report["settings"]["warmup"] == 1
     assert report["settings"]["heldout"]["rows"] == ROWS
     stages = report["stages"]
@@ -184,6 +184,12 @@ def test_artifact_loads_with_optimum(first_run, sample_texts):
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     want = session.run(None, {k: v.astype(np.int64) for k, v in encoded.items()})[0]
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    # and in a transformers pipeline, which is how most applications call a classifier
+    from transformers import pipeline as hf_pipeline
+
+    classify = hf_pipeline("text-classification", model=model, tokenizer=tokenizer)
+    labels = [r["label"] for r in classify(sample_texts[:4])]
+    assert labels == [model.config.id2label[i] for i in np.asarray(want).argmax(-1)]
 
 
 def test_second_identical_run_reuses_every_pass(first_run, tiny_classifier, heldout_file, tmp_path, monkeypatch):

@@ -39,7 +39,7 @@ def test_shipped_recipes_load_and_validate(name):
     # options are resolved: every option of every pass is present with its default filled in
     for step in r.passes:
         assert set(step.options) == set(get_pass(step.name).Options.model_fields)
-    assert r.evaluation.limit == 500
+    assert r.evaluation.limit is None  # every held-out row, as without --recipe
     assert r.evaluation.latency_rounds == 100
 
 
@@ -260,25 +260,9 @@ def test_export_only_and_export_quantize_are_valid():
 # --------------------------------------------------------------------------- flags and round trip
 
 
-def test_from_flags_matches_default_recipe():
-    flags = recipe.from_flags(target="auto", task=None)
-    default = recipe.load("default")
-    assert [(s.name, s.options) for s in flags.passes] == [(s.name, s.options) for s in default.passes]
-    assert flags.target == default.target
-
-
-def test_from_flags_switches():
-    r = recipe.from_flags(target="avx2", task="feature-extraction", quantize=False, opset=18)
-    assert [s.name for s in r.passes] == ["export", "fuse"]
-    assert r.passes[0].options["opset"] == 18
-    assert r.target == "avx2" and r.task == "feature-extraction"
-    r = recipe.from_flags(target="auto", task=None, fuse=False)
-    assert [s.name for s in r.passes] == ["export", "quantize"]
-
-
-def test_from_flags_bad_opset_is_input_error():
+def test_bad_opset_is_input_error():
     with pytest.raises(InputError) as info:
-        recipe.from_flags(target="auto", task=None, opset=9)
+        recipe.validate({"passes": [{"export": {"opset": 9}}, "fuse"]})
     assert "opset" in info.value.message
 
 

@@ -175,6 +175,36 @@ def copy_side_files(src: Path, dst: Path) -> None:
         if item.is_file() and not (dst / item.name).exists() and not item.name.endswith(WEIGHT_SUFFIXES) \
                 and not is_run_output(item.name):
             shutil.copy2(item, dst / item.name)
+    copy_sentence_transformers_modules(src, dst)
+
+
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+
+
+def copy_sentence_transformers_modules(src: Path, dst: Path) -> list[str]:
+    """A sentence-transformers model's module files (pooling, normalize, dense, max length), so that
+    ``SentenceTransformer(artifact, backend="onnx")`` rebuilds the same pipeline around model.onnx
+    instead of a default one (no Normalize, the tokenizer's 512 tokens). Returns what was copied."""
+    src, dst = Path(src), Path(dst)
+    if not (src / "modules.json").is_file():
+        return []
+    copied = []
+    for name in SENTENCE_TRANSFORMERS_FILES:
+        if (src / name).is_file() and not (dst / name).exists():
+            shutil.copy2(src / name, dst / name)
+            copied.append(name)
+    try:
+        modules = json.loads((src / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise InputError(f"{src / 'modules.json'} is not valid JSON; fix or remove it") from None
+    for module in modules if isinstance(modules, list) else []:
+        path = module.get("path") if isinstance(module, dict) else None
+        folder = (src / path).resolve() if isinstance(path, str) and path else None
+        # module folders only, inside the model directory (never follow a path out of it)
+        if folder and folder.is_dir() and folder.is_relative_to(src.resolve()) and not (dst / path).exists():
+            shutil.copytree(folder, dst / path)
+            copied.append(path)
+    return copied
 
 
 def write_json(path: Path, data: dict) -> None:

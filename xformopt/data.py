@@ -56,8 +56,9 @@ class TextDataset:
     text_pairs: list[str] | None
     labels: list[int] | None
     label_names: dict[int, str] | None
-    source: str
+    source: str  # a description: file, columns, sample
     row_ids: list[int]
+    path: str = ""  # the file (or datasets folder, with ::split) the rows came from
 
     def __post_init__(self) -> None:
         n = len(self.texts)
@@ -158,7 +159,7 @@ def load_text_dataset(
     notes = ", ".join(x for x in (table.note, label_note) if x)
     source = f"{table.name} ({columns}{'; ' + notes if notes else ''})"
     dataset = TextDataset(texts=texts, text_pairs=pairs, labels=labels, label_names=label_names,
-                          source=source, row_ids=list(range(n)))
+                          source=source, row_ids=list(range(n)), path=str(path))
     if limit is None or limit >= n:
         return replace(dataset, source=f"{source}; all {n} rows")
     keep = sorted(np.random.default_rng(seed).permutation(n)[:limit].tolist())

@@ -72,6 +72,16 @@ def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
     return dataset
 
 
+VERIFICATION_ROWS = 200
+
+
+def verification_texts(data: str | None, text_column: str | None = None) -> list[str]:
+    """The fixed seeded sample passes verify and time on: the same rows whatever ``--limit`` the
+    report uses, so the evaluation size never invalidates a cached pass. Texts only: no label flags."""
+    path = Path(data) if data else default_heldout()
+    return load_text_dataset(path, text_column=text_column, label_column="", limit=VERIFICATION_ROWS, seed=0).texts
+
+
 def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
     """Run one pass; an unexpected library error becomes a PassFailed that names the pass."""
     try:
@@ -88,6 +98,9 @@ def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
     """Input problems a pass or a latency mode would only meet minutes into the run: fail now."""
     import json
 
+    from xformopt.resources.defaults import check_labelled_fallbacks
+
+    check_labelled_fallbacks([(step.name, step.options) for step in recipe.passes], spec.task, spec.label2id)
     for step in recipe.passes:
         for name, value in step.options.items():
             if name.endswith("data") and isinstance(value, str) and value and not Path(value.split("::")[0]).exists():
@@ -114,21 +127,31 @@ def read_paths(model_path: Path, recipe: Recipe | None = None, data: str | None 
     return tuple(paths)
 
 
-def context_key(ctx: PassContext, options: dict) -> dict:
-    """What else decides a pass's output: the texts it verifies and times on, the threads and host
-    it times with (fuse keeps the fastest candidate), and the content of data files it reads."""
+def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = ("texts", "timing")) -> dict:
+    """What else decides a pass's output, as the pass declares it (``Pass.depends_on``): the texts it
+    verifies on, the reported rows, the threads and CPU it times with; always the content of the
+    data files it reads. Nothing else, so e.g. ``--limit`` does not re-run an export."""
     import hashlib
 
     from xformopt.artifact import sha256_file
     from xformopt.bench.host import cpu_model
 
-    texts = hashlib.sha256("\x1f".join(ctx.sample_texts).encode()).hexdigest()
+    def digest(texts) -> str:
+        return hashlib.sha256("\x1f".join(texts).encode()).hexdigest()
+
     files = {}
     for name, value in options.items():
         if isinstance(value, str) and value and Path(value.split("::")[0]).exists():
             path = Path(value.split("::")[0])
             files[name] = sha256_file(path) if path.is_file() else hash_dir(path)
-    return {"texts": texts, "threads": ctx.threads, "cpu": cpu_model(), "files": files}
+    key: dict = {"files": files}
+    if "texts" in depends_on:
+        key["texts"] = digest(ctx.sample_texts)
+    if "reported" in depends_on:
+        key["reported"] = digest(ctx.heldout_texts)
+    if "timing" in depends_on:
+        key.update(threads=ctx.threads, cpu=cpu_model())
+    return key
 
 
 def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, workdir: Path,
@@ -142,7 +165,7 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
         pass_cls = get_pass(step.name)
         options = pass_cls.Options.model_validate(step.options)
         key = cache.pass_key(input_key, step.name, step.options, ctx.target.name, ctx.spec.task,
-                             {**versions, "context": context_key(ctx, step.options)})
+                             {**versions, "context": context_key(ctx, step.options, pass_cls.depends_on)})
         src = stages[-1].path
         started = time.perf_counter()
         hit = cache.lookup(key, log) if use_cache else None
@@ -188,7 +211,7 @@ def run(
     progress: Callable[[str, int, int], None] | None = None,
     wait: bool = False,
 ) -> RunResult:
-    from xformopt.bench.host import cpu_flags, host_info, usable_cpus
+    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.evaluate.run import evaluate_stages
     from xformopt.locks import claim_output
     from xformopt.report.build import build_report
@@ -208,8 +231,9 @@ def run(
     check_output(out, force, protected)
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or usable_cpus()
-    flags = cpu_flags()
-    ctx = PassContext(spec, target, heldout.texts, threads, flags, log)
+    flags = effective_cpu_flags()
+    ctx = PassContext(spec, target, verification_texts(recipe.evaluation.data, recipe.evaluation.text_column), threads, flags, log,
+                      reported_texts=heldout.texts)
     if not ctx.host_runs_target:
         log(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
     log(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
@@ -235,7 +259,7 @@ def run(
             "host": host,
             "versions": library_versions(),
             "recipe": recipe.to_dict(),
-            "heldout": {"source": heldout.source, "rows": len(heldout)},
+            "heldout": {"path": heldout.path, "source": heldout.source, "rows": len(heldout)},
             "passes": records,
         }
         final = stages[-1]
@@ -312,7 +336,7 @@ def run_single(
     The output carries a manifest whose pass list extends the input's, so a chain of commands
     records the same history ``optimize`` would.
     """
-    from xformopt.bench.host import cpu_flags, usable_cpus
+    from xformopt.bench.host import effective_cpu_flags, usable_cpus
     from xformopt.recipe import validate_options
 
     pass_cls = get_pass(pass_name)
@@ -330,10 +354,11 @@ def run_single(
     from xformopt.decoder import check_passes
 
     check_passes([(pass_name, options)], spec)
+    from xformopt.resources.defaults import check_labelled_fallbacks
+
+    check_labelled_fallbacks([(pass_name, validated.model_dump())], spec.task, spec.label2id)
     resolved_target = targets.resolve(target)
-    # Texts only (for parity checks and timing): labels are not read, so no label flags are needed.
-    heldout = load_text_dataset(Path(data) if data else default_heldout(), label_column="", limit=200, seed=0)
-    ctx = PassContext(spec, resolved_target, heldout.texts, usable_cpus(), cpu_flags(), log)
+    ctx = PassContext(spec, resolved_target, verification_texts(data), usable_cpus(), effective_cpu_flags(), log)
     # The same ordering contract as a recipe: the input's pass history plus this pass.
     history = [entry["pass"] for entry in previous.get("passes", [])]
     start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage

@@ -7,7 +7,7 @@ ONNX stage see identical tokenization, identical pooling and identical thread se
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +53,9 @@ class Predictor:
     def __call__(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> np.ndarray:
         return self.run_encoded(self.tokenize(texts, pairs))
 
-    def predict(self, texts: Sequence[str], pairs: Sequence[str] | None = None, batch_size: int = 32) -> np.ndarray:
+    def predict(self, texts: Sequence[str], pairs: Sequence[str] | None = None, batch_size: int = 32,
+                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """Outputs for every text; ``progress(rows done, rows)`` after each batch."""
         # Sort by length so each batch pads little; restore the caller's order at the end.
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out: list[np.ndarray] = []
@@ -63,6 +65,8 @@ class Predictor:
                 [texts[i] for i in idx],
                 [pairs[i] for i in idx] if pairs is not None else None,
             ))
+            if progress is not None:
+                progress(start + len(idx), len(order))
         result = np.concatenate(out, axis=0)
         restored = np.empty_like(result)
         restored[order] = result

@@ -250,11 +250,40 @@ def shipped_names() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def from_flags(*, target: str, task: str | None, quantize: bool = True, fuse: bool = True, opset: int = 17) -> Recipe:
-    """The recipe the CLI flags describe when no --recipe is given (same object, same checks)."""
-    passes: list = [{"export": {"opset": opset}}]
-    if fuse:
-        passes.append("fuse")
-    if quantize:
-        passes.append({"quantize": {"mode": "dynamic"}})
-    return validate({"name": "cli", "target": target, "task": task, "passes": passes})
+# Command-line data and budget flags, and the pass options each one sets in whatever recipe runs:
+# one flag feeds every pass that reads that kind of data, so `--train-data` reaches both prune and
+# distill, and the manifest's resolved recipe shows exactly where each one went.
+OVERRIDES: dict[str, dict[str, str]] = {
+    "train_data": {"prune": "data", "distill": "train_data"},
+    "validation_data": {"distill": "eval_data", "quantize": "budget_data"},
+    "calibration_data": {"quantize": "calibration_data"},
+    "max_accuracy_drop": {"quantize": "max_accuracy_drop"},
+    "per_channel": {"quantize": "per_channel"},
+}
+
+
+# A pass that takes an option but only reads it in some configurations.
+_READ_WHEN = {
+    ("quantize", "calibration_data"): lambda options: options.get("mode") == "static",
+    ("quantize", "budget_data"): lambda options: options.get("max_accuracy_drop") is not None,
+}
+
+
+def apply_overrides(recipe: Recipe, overrides: dict[str, Any], origin: str = "<command line>") -> Recipe:
+    """Set each flag's options on every pass of ``recipe`` that takes them; a flag that no pass would
+    read is an error (it would silently do nothing)."""
+    raw = recipe.to_dict()
+    steps = [next(iter(step.items())) for step in raw["passes"]]
+    given = {flag: value for flag, value in overrides.items() if value is not None}
+    for flag, value in given.items():
+        for name, options in steps:
+            if name in OVERRIDES[flag]:
+                options[OVERRIDES[flag][name]] = value
+    for flag in given:
+        readers = OVERRIDES[flag]
+        if not any(name in readers and _READ_WHEN.get((name, readers[name]), lambda o: True)(options)
+                   for name, options in steps):
+            raise InputError(f"--{flag.replace('_', '-')}: no pass of recipe {recipe.name!r} reads it (it feeds "
+                             f"{', '.join(readers)}; the budget data needs --max-accuracy-drop, calibration data "
+                             "static INT8); drop the flag or pick a recipe that uses it (`xformopt recipes list`)")
+    return validate(raw, origin)

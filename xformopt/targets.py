@@ -43,6 +43,9 @@ _X86_OPS = ("MatMul", "Attention", "Gemm")
 # ONNX Runtime's CPU INT8 GEMM on x86 computes u8 activations x s8 weights. Without VNNI it uses
 # VPMADDUBSW, whose 16-bit pair sums can saturate with full 8-bit weights, so those targets reduce
 # weights to 7 bits (ORT's documented remedy). VNNI accumulates straight into 32 bits: full range.
+# Every x86 profile uses per-channel scales: with 7-bit weights a per-tensor scale leaves the
+# small-magnitude channels a handful of levels (MiniLM on an AVX2 host: output cosine 0.858
+# per-tensor vs 0.991 per-channel, see README "Targets").
 PROFILES: dict[str, Target] = {
     t.name: t
     for t in (
@@ -50,7 +53,7 @@ PROFILES: dict[str, Target] = {
             name="avx2",
             description="x86-64 with AVX2/FMA (Haswell and later, Zen 1-3)",
             requires=("avx2",),
-            quant=QuantFormat("int8", "uint8", True, False, "QOperator", _X86_OPS),
+            quant=QuantFormat("int8", "uint8", True, True, "QOperator", _X86_OPS),
             simd_multiple=8,
         ),
         Target(
@@ -96,6 +99,14 @@ PROFILES: dict[str, Target] = {
 DETECTION_ORDER = ("avx512_vnni", "avx512", "avx_vnni", "avx2", "arm64")
 
 
+VNNI_FLAGS = frozenset({"avx512_vnni", "avx512vnni", "avx_vnni"})
+
+
+def u8s8_saturates(flags: set[str]) -> bool:
+    """True on x86 hosts whose INT8 GEMM pairs u8*s8 products in 16 bits (AVX2/AVX-512 without VNNI)."""
+    return "avx2" in flags and not (VNNI_FLAGS & flags)
+
+
 def host_supports(target: Target, flags: set[str]) -> bool:
     """True when every requirement (an any-of group separated by '|') is in the host's flags."""
     return all(any(opt in flags for opt in req.split("|")) for req in target.requires)
@@ -104,9 +115,9 @@ def host_supports(target: Target, flags: set[str]) -> bool:
 def detect(flags: set[str] | None = None) -> Target:
     """The best profile the host runs; raises when none does (e.g. x86 without AVX2)."""
     if flags is None:
-        from xformopt.bench.host import cpu_flags
+        from xformopt.bench.host import effective_cpu_flags
 
-        flags = cpu_flags()
+        flags = effective_cpu_flags()
     for name in DETECTION_ORDER:
         if host_supports(PROFILES[name], flags):
             return PROFILES[name]

@@ -24,15 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -45,6 +36,10 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from xformopt.resources import vader_split_path
+# xformopt's progress display: a live bar with ETA on a terminal, a plain line every --log-every
+# seconds otherwise (CI logs, `| tee`), so a 26-minute fine-tune is never silent.
+from xformopt import progress  # noqa: E402
+from xformopt.cli.output import progress_display  # noqa: E402
 
 ID2LABEL = {0: "negative", 1: "positive"}
 LABEL2ID = {v: k for k, v in ID2LABEL.items()}
@@ -61,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-length", type=int, default=128, help="truncate inputs to this many tokens")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="overwrite an existing --output")
+    ap.add_argument("--log-every", type=float, default=30.0,
+                    help="seconds between progress lines when stderr is not a terminal")
     return ap.parse_args(argv)
 
 
@@ -93,9 +90,12 @@ def accuracy(model, tokenizer, texts: list[str], labels: list[int], max_length: 
     # Length-sorted batches keep padding (and so CPU time) low; order does not affect accuracy.
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     correct = 0
+    done = 0
     for idx in batches(len(texts), batch_size, order):
         logits = model(**encode(tokenizer, [texts[i] for i in idx], max_length)).logits
         correct += (logits.argmax(-1) == torch.tensor([labels[i] for i in idx])).sum().item()
+        done += len(idx)
+        progress.report("validation (rows)", done, len(texts))
     return correct / len(texts)
 
 
@@ -105,32 +105,23 @@ def train(model, tokenizer, texts, labels, args) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(WARMUP_FRACTION * total), total)
     rng = random.Random(args.seed)
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]:.4f}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    running = None
-    with Progress(*columns, console=Console(stderr=True)) as progress:
-        task = progress.add_task("fine-tuning", total=total, loss=float("nan"))
-        for epoch in range(args.epochs):
-            model.train()
-            order = list(range(len(texts)))
-            rng.shuffle(order)
-            for idx in batches(len(texts), args.batch_size, order):
-                batch = encode(tokenizer, [texts[i] for i in idx], args.max_length)
-                loss = model(**batch, labels=torch.tensor([labels[i] for i in idx])).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                # Exponential moving average: a readable running loss without per-batch noise.
-                running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
-                progress.update(task, advance=1, loss=running, description=f"epoch {epoch + 1}/{args.epochs}")
+    running, step = None, 0
+    for epoch in range(args.epochs):
+        model.train()
+        order = list(range(len(texts)))
+        rng.shuffle(order)
+        for idx in batches(len(texts), args.batch_size, order):
+            batch = encode(tokenizer, [texts[i] for i in idx], args.max_length)
+            loss = model(**batch, labels=torch.tensor([labels[i] for i in idx])).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            # Exponential moving average: a readable running loss without per-batch noise.
+            running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
+            step += 1
+            progress.report("fine-tuning (steps)", step, total, f"epoch {epoch + 1}/{args.epochs}, loss {running:.4f}")
 
 
 def save(model, tokenizer, output: Path, info: dict) -> None:
@@ -183,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"training on {len(texts)} rows, {args.epochs} epoch(s), {torch.get_num_threads()} threads", file=sys.stderr)
     start = time.perf_counter()
-    train(model, tokenizer, texts, labels, args)
-    train_s = time.perf_counter() - start
-    acc = accuracy(model, tokenizer, val_texts, val_labels, args.max_length)
+    with progress_display(every=args.log_every):
+        train(model, tokenizer, texts, labels, args)
+        train_s = time.perf_counter() - start
+        acc = accuracy(model, tokenizer, val_texts, val_labels, args.max_length)
     total_s = time.perf_counter() - start
 
     print(f"validation accuracy: {acc:.4f} ({len(val_texts)} rows)")

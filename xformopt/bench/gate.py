@@ -50,6 +50,7 @@ import math
 import re
 from pathlib import Path
 
+from xformopt import accuracy_budget
 from xformopt.artifact import load_json
 from xformopt.bench.host import (
     FINGERPRINT_FIELDS,
@@ -277,10 +278,14 @@ def _uncertainty(metric: dict) -> dict:
     return {k: metric[k] for k in ("n", "ci95", "stderr") if k in metric}
 
 
-def metric_check(name: str, old_metrics: dict, new_metrics: dict, max_drop_points: float) -> dict:
-    """Regression iff 100 * (old - new) > max_drop_points (plain; the CIs are evidence only)."""
+def metric_check(name: str, old_metrics: dict, new_metrics: dict, max_drop: float | str) -> dict:
+    """Regression iff 100 * (old - new) > the allowed drop in points (plain; the CIs are evidence only).
+
+    ``max_drop``: points, or a percentage of the baseline's value ('1%', see accuracy_budget)."""
     old, new = (old_metrics or {}).get(name), (new_metrics or {}).get(name)
-    base = {"name": name, "kind": "metric", "unit": "points", "limit": max_drop_points, "tolerance": 0.0}
+    relative = isinstance(max_drop, str)
+    base = {"name": name, "kind": "metric", "unit": "points", "limit": None if relative else float(max_drop), "tolerance": 0.0,
+            **({"limit_relative": max_drop} if relative else {})}
     if not (isinstance(old, dict) and _number(old.get("value"))) or not (isinstance(new, dict) and _number(new.get("value"))):
         missing = "baseline" if not (isinstance(old, dict) and _number(old.get("value"))) else "current run"
         return {
@@ -290,11 +295,13 @@ def metric_check(name: str, old_metrics: dict, new_metrics: dict, max_drop_point
             "evidence": {},
         }
     old_v, new_v = float(old["value"]), float(new["value"])
+    max_drop_points = accuracy_budget.points(max_drop, 100 * old_v)
+    base["limit"] = max_drop_points
     change_points = 100 * (new_v - old_v)
     regression = -change_points > max_drop_points
     message = (
         f"{name} {'regression' if regression else 'ok'}: {_fmt_metric(name, new_v)} vs {_fmt_metric(name, old_v)} baseline "
-        f"({change_points:+.2f} pt), limit -{max_drop_points:g} pt"
+        f"({change_points:+.2f} pt), limit -{max_drop_points:g} pt{f' ({max_drop} of the baseline)' if relative else ''}"
     )
     return {
         **base,
@@ -318,7 +325,7 @@ def compare(
     current: dict,
     *,
     max_latency_regression: float = DEFAULT_MAX_LATENCY_REGRESSION,
-    max_accuracy_drop: float = DEFAULT_MAX_ACCURACY_DROP,
+    max_accuracy_drop: float | str = DEFAULT_MAX_ACCURACY_DROP,
     allow_host_mismatch: bool = False,
     gated: bool = True,
     baseline_path: str | None = None,
@@ -349,9 +356,20 @@ def compare(
         "baseline_created": baseline.get("created"),
         "gated": gated,
         **verdict,
-        "limits": {"max_latency_regression": max_latency_regression, "max_accuracy_drop_points": max_accuracy_drop},
+        "limits": {"max_latency_regression": max_latency_regression, "max_accuracy_drop_points": checks[1]["limit"],
+                   **({"max_accuracy_drop": max_accuracy_drop} if isinstance(max_accuracy_drop, str) else {})},
         "checks": checks,
         "passed": all(c["verdict"] != REGRESSION for c in checks),
+    }
+
+
+def no_comparison(reason: str) -> dict:
+    """The ``comparison`` section when there is nothing to compare with (no --baseline and no
+    report.json of the artifact's own): same keys as :func:`compare`, no checks, nothing gated."""
+    return {
+        "baseline": None, "baseline_schema": None, "baseline_created": None, "gated": False,
+        "comparable": False, "settings_mismatch": [], "host_mismatch": [], "host_mismatch_allowed": False,
+        "reason": reason, "limits": {}, "checks": [], "passed": True,
     }
 
 

@@ -210,6 +210,19 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def effective_cpu_flags() -> set[str]:
+    """The CPU flags, less VNNI when ONNX Runtime's INT8 kernel is seen to saturate anyway.
+
+    The runtime's behaviour is the authority for the quantize formats (see kernel_probe.py).
+    """
+    from xformopt.kernel_probe import int8_gemm_saturates
+
+    flags = cpu_flags()
+    if int8_gemm_saturates():
+        flags -= {"avx512_vnni", "avx512vnni", "avx_vnni"}
+    return flags
+
+
 def cpu_model() -> str:
     """Human-readable CPU model string, best effort."""
     text = _cpuinfo_text()
@@ -284,6 +297,12 @@ def _ort_providers() -> list[str]:
         return []
 
 
+def _int8_saturates() -> bool | None:
+    from xformopt.kernel_probe import int8_gemm_saturates
+
+    return int8_gemm_saturates()
+
+
 def host_info() -> dict:
     """JSON-serialisable description of the host, stored next to every latency report."""
     flags = cpu_flags()
@@ -292,6 +311,7 @@ def host_info() -> dict:
         "cpu_model": cpu_model(),
         "machine": platform.machine(),
         "cpu_flags": relevant,
+        "int8_gemm_saturates": _int8_saturates(),
         "cores_logical": os.cpu_count(),
         "cores_usable": usable_cpus(),
         "memory_total_gb": _memory_total_gb(),

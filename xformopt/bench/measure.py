@@ -20,7 +20,8 @@ The bench document (schema ``xformopt.bench/1``) has these top-level keys, alway
                       comparable, settings_mismatch, host_mismatch, host_mismatch_allowed, reason,
                       limits, checks: [{name, kind, unit, baseline, current, change,
                       change_pct | change_points, limit, tolerance, threshold, verdict, message,
-                      evidence}], passed}. Without --baseline it compares against the artifact's
+                      evidence, limit_relative (only with a relative budget such as "1%": limit is
+                      then that share of the baseline's points)}], passed}. Without --baseline it compares against the artifact's
                       own report.json with gated=false (informative, never fails the command).
 
 A field is never renamed or removed within a schema version.
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from xformopt import progress
 from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
 from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
 from xformopt.errors import InputError
@@ -48,13 +50,47 @@ TOP_LEVEL_KEYS = ("schema", "created", "artifact_path", "model", "target", "head
 
 @dataclass
 class Artifact:
-    """A checked artifact directory: its manifest, report, recipe evaluation settings and model spec."""
+    """A checked artifact directory: its manifest, report, recipe evaluation settings and model spec.
+
+    ``report`` is None for the output of single-pass commands (export, fuse, quantize chained in a
+    shell): their manifest records the passes but no recipe, no report and no baseline stages; they
+    are measured with the default evaluation settings, and what needs a baseline is said missing."""
 
     path: Path
     manifest: dict
-    report: dict
+    report: dict | None
     evaluation: object  # recipe.EvaluationSettings
     spec: object  # models.ModelSpec
+
+    @property
+    def stage(self) -> str:
+        if self.report is not None:
+            return self.report["artifact"].get("stage")
+        return self.manifest["passes"][-1].get("pass", "?")
+
+    @property
+    def model(self) -> dict:
+        if self.report is not None:
+            return self.report.get("model")
+        source = self.manifest.get("input") or {}
+        return {k: source.get(k) for k in ("source", "model_type", "task")}
+
+    @property
+    def target(self) -> str | None:
+        if self.report is not None:
+            return self.report.get("target")
+        return (self.manifest.get("target") or {}).get("name")
+
+    @property
+    def headline_metric(self) -> str:
+        from xformopt.evaluate.stage import headline
+
+        return self.report.get("headline_metric") if self.report is not None else headline(self.spec.task)
+
+
+NO_REPORT_NOTE = ("no report.json (the output of single-pass commands): no baseline stages to compare with, so no "
+                  "speed-up over PyTorch and no metric relative to the fp32 baseline; run `xformopt optimize` for "
+                  "those, or gate with --baseline")
 
 
 @dataclass
@@ -105,9 +141,11 @@ def load_artifact(path: Path) -> Artifact:
         got = manifest.get("schema") if isinstance(manifest, dict) else None
         raise InputError(f"{path / 'manifest.json'} has schema {got!r}, expected {MANIFEST_SCHEMA!r}; re-run optimize")
     recipe = manifest.get("recipe")
+    passes = manifest.get("passes")
+    if recipe is None and isinstance(passes, list) and passes and all(isinstance(p, dict) for p in passes):
+        return _load_chain(path, manifest)
     if not isinstance(recipe, dict) or not isinstance(recipe.get("evaluation"), dict):
-        raise InputError(f"{path / 'manifest.json'} records no recipe: bench needs the -o folder of `xformopt optimize`, "
-                         "not of a single-pass command")
+        raise InputError(f"{path / 'manifest.json'} records neither a recipe nor a pass list; re-run the command that made it")
     try:
         evaluation = EvaluationSettings.model_validate(recipe["evaluation"])
     except ValidationError as exc:
@@ -131,6 +169,21 @@ def load_artifact(path: Path) -> Artifact:
     return Artifact(path, manifest, report, evaluation, spec)
 
 
+def _load_chain(path: Path, manifest: dict) -> Artifact:
+    """The output of `xformopt export|fuse|quantize`: measured with the default evaluation settings."""
+    from xformopt import models
+    from xformopt.recipe import EvaluationSettings
+
+    last = manifest["passes"][-1].get("pass")
+    if not (path / "model.onnx").is_file():
+        raise InputError(f"{path} is the output of `xformopt {last}` (a PyTorch folder, no model.onnx); bench times "
+                         f"ONNX: run `xformopt export {path} -o NEW_DIR` and bench NEW_DIR")
+    if not (path / "tokenizer.json").is_file():
+        raise InputError(f"{path} has no tokenizer.json; the stage is incomplete, re-run `xformopt {last}`")
+    spec = models.resolve(str(path), (manifest.get("input") or {}).get("task"))
+    return Artifact(path, manifest, None, EvaluationSettings(), spec)
+
+
 def row_ids_digest(row_ids) -> str:
     return hashlib.sha256(json.dumps([int(i) for i in row_ids]).encode()).hexdigest()[:16]
 
@@ -141,8 +194,9 @@ def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan
     from xformopt.data import load_text_dataset
     from xformopt.pipeline import default_heldout
 
-    ev, reported = artifact.evaluation, artifact.report["settings"]
-    notes: list[str] = []
+    ev = artifact.evaluation
+    reported = artifact.report["settings"] if artifact.report is not None else {}
+    notes: list[str] = [] if artifact.report is not None else [NO_REPORT_NOTE]
     recipe_data = Path(ev.data) if ev.data else default_heldout()
     if opts.data is None and not Path(str(recipe_data).split("::")[0]).exists():
         raise InputError(f"the artifact was evaluated on {ev.data}, which is not found from here; "
@@ -233,7 +287,8 @@ def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str
     reference = load_reference(artifact)
     same_rows = False
     if reference is None:
-        reason = "the artifact has no reference/ (fp32 baseline outputs)"
+        reason = ("the artifact has no reference/ (fp32 baseline outputs)" if artifact.report is not None else
+                  "single-pass commands record no fp32 baseline outputs (reference/); `xformopt optimize` does")
     else:
         ref_outputs, rows = reference
         same_rows = (
@@ -266,25 +321,25 @@ def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
     notes = list(run.notes)
     predictor = open_predictor(artifact, s["threads"])
     log(f"evaluating {artifact.path} on {len(heldout)} held-out rows")
-    outputs = predictor.predict(heldout.texts, heldout.text_pairs)
+    outputs = predictor.predict(heldout.texts, heldout.text_pairs, progress=progress.tracker("evaluating the artifact (rows)"))
     metrics = metrics_for(artifact, heldout, outputs, s["seed"], notes, log)
     log(f"timing the artifact alone ({s['repeats']} repeats x {s['rounds']} rounds, {s['threads']} threads)")
     # Exactly as evaluate.run.evaluate_stages times report["artifact"].
     latency = modes.solo_repeats(predictor, heldout.texts, heldout.text_pairs, rounds=s["rounds"],
-                                 warmup=s["warmup"], repeats=s["repeats"], seed=s["seed"])
+                                 warmup=s["warmup"], repeats=s["repeats"], seed=s["seed"],
+                                 progress=progress.tracker(f"latency (alone, {s['repeats']} repeats)"))
     host = host_info()
-    report = artifact.report
     return {
         "schema": BENCH_SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "artifact_path": str(artifact.path),
-        "model": report.get("model"),
-        "target": report.get("target"),
-        "headline_metric": report.get("headline_metric"),
+        "model": artifact.model,
+        "target": artifact.target,
+        "headline_metric": artifact.headline_metric,
         "settings": s,
         "host": host,
         "host_fingerprint": host_fingerprint(host),
-        "artifact": {"stage": report["artifact"].get("stage"), "latency": latency, "metrics": metrics},
+        "artifact": {"stage": artifact.stage, "latency": latency, "metrics": metrics},
         "notes": notes,
     }
 
@@ -295,4 +350,4 @@ def preview(artifact: Artifact, run: Plan) -> dict:
 
     host = host_info()
     return {"schema": BENCH_SCHEMA, "settings": run.settings, "host": host, "host_fingerprint": host_fingerprint(host),
-            "headline_metric": artifact.report.get("headline_metric")}
+            "headline_metric": artifact.headline_metric}

@@ -31,12 +31,16 @@ def real(predictors: Mapping, texts: Sequence[str], pairs, *, rounds: int, warmu
 
 
 def solo_repeats(predictor, texts: Sequence[str], pairs, *, rounds: int, warmup: int, repeats: int,
-                 seed: int = 0) -> dict:
-    """``repeats`` back-to-back runs of ``rounds`` batch-1 calls; pooled stats plus each repeat's median."""
+                 seed: int = 0, progress: Progress = None) -> dict:
+    """``repeats`` back-to-back runs of ``rounds`` batch-1 calls; pooled stats plus each repeat's median.
+
+    ``progress(calls done, repeats x rounds)`` counts over all repeats, not per repeat."""
     samples: list[LatencyStats] = []
     medians = []
     for r in range(repeats):
-        stats = real({"m": predictor}, texts, pairs, rounds=rounds, warmup=warmup if r == 0 else 0, seed=seed + r)["m"]
+        step = (lambda done, _total, r=r: progress(r * rounds + done, repeats * rounds)) if progress else None
+        stats = real({"m": predictor}, texts, pairs, rounds=rounds, warmup=warmup if r == 0 else 0, seed=seed + r,
+                     progress=step)["m"]
         samples.append(stats)
         medians.append(stats.median_ms)
     pooled = {k: float(np.median([getattr(s, k) for s in samples])) for k in ("median_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "throughput_per_s")}
@@ -80,7 +84,7 @@ def fixed(predictors: Mapping, texts: Sequence[str], batches: Sequence[int], seq
 
 
 def throughput(predictors: Mapping, texts: Sequence[str], pairs, batch_sizes: Sequence[int], *,
-               passes: int = 2, seed: int = 0) -> dict[str, dict]:
+               passes: int = 2, seed: int = 0, progress: Progress = None) -> dict[str, dict]:
     """Samples/s over the held-out set with length-bucketed batches (sorted by length: little padding).
 
     For each batch size, every model runs full passes over the set in a shuffled order per pass, so
@@ -92,11 +96,11 @@ def throughput(predictors: Mapping, texts: Sequence[str], pairs, batch_sizes: Se
     rng = random.Random(seed)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     rates: dict[str, dict[int, float]] = {name: {} for name in predictors}
-    for size in batch_sizes:
+    for k, size in enumerate(batch_sizes):
         batches = [order[i : i + size] for i in range(0, len(order), size)]
         for name, predictor in predictors.items():  # warm each model at this batch size
             predictor([texts[i] for i in batches[-1]], [pairs[i] for i in batches[-1]] if pairs else None)
-        for _ in range(passes):
+        for p in range(passes):
             names = list(predictors)
             rng.shuffle(names)
             for name in names:
@@ -104,6 +108,8 @@ def throughput(predictors: Mapping, texts: Sequence[str], pairs, batch_sizes: Se
                 for idx in batches:
                     predictors[name]([texts[i] for i in idx], [pairs[i] for i in idx] if pairs else None)
                 rates[name][size] = max(rates[name].get(size, 0.0), len(order) / (perf_counter() - start))
+            if progress:
+                progress(k * passes + p + 1, len(batch_sizes) * passes)
     return {
         name: {"samples_per_s": max(by.values()), "best_batch": max(by, key=by.get), "by_batch": by}
         for name, by in rates.items()

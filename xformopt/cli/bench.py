@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich import box
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from xformopt.artifact import write_text_atomic as write_atomic
+from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import GateFailed, InputError
 from xformopt.report.cells import PERCENT_METRICS
@@ -153,7 +155,8 @@ def print_human(doc: dict) -> None:
     elif comparison.get("host_mismatch_allowed"):
         diffs = ", ".join(f"{d['field']} {d['baseline']!r} in the baseline vs {d['current']!r} here" for d in comparison["host_mismatch"])
         output.stdout.print(f"note: host differs (allowed by --allow-host-mismatch): {diffs}", highlight=False, markup=False)
-    console.print(comparison_table(comparison))
+    if comparison["checks"]:
+        console.print(comparison_table(comparison))
     for line in evidence_lines(comparison):
         output.stdout.print(line, highlight=False, markup=False)
     if comparison["gated"]:
@@ -166,10 +169,10 @@ def print_human(doc: dict) -> None:
 
 
 def bench(
-    artifact: Path = typer.Argument(..., help="Artifact directory (the -o folder of `xformopt optimize`)."),
-    data: Path = typer.Option(None, "--data", help="Held-out CSV/TSV/JSONL/datasets dir [default: the data the artifact's report used]."),
+    artifact: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize`, or of a single-pass command (export, fuse, quantize).")],
+    data: Path = typer.Option(None, "--data", metavar="FILE", help="Held-out CSV/TSV/JSONL/datasets dir [default: the data the artifact's report used]."),
     text_column: str = typer.Option(None, "--text-column", help="Text column [default: the recipe's, else guessed]."),
-    text_pair_column: str = typer.Option(None, "--text-pair-column", help="Second-sentence column for pair tasks."),
+    text_pair_column: opt.TextPairColumn = None,
     label_column: str = typer.Option(None, "--label-column", help="Label column [default: the recipe's, else guessed]."),
     limit: int = typer.Option(None, "--limit", min=1, max=10_000_000, help="At most N held-out rows (seeded sample) [default: the recipe's limit]."),
     seed: int = typer.Option(None, "--seed", min=0, max=2**32 - 1, help="Sampling and timing-order seed [default: the report's]."),
@@ -178,20 +181,18 @@ def bench(
     warmup: int = typer.Option(None, "--warmup", min=0, max=10_000, help="Untimed calls before the first repeat [default: the report's]."),
     repeats: int = typer.Option(None, "--repeats", min=1, max=1000, help="Timing repeats; their spread is the noise [default: the report's]."),
     as_json: bool = typer.Option(False, "--json", help="Print the bench document (schema xformopt.bench/1) on stdout."),
-    baseline: Path = typer.Option(None, "--baseline", help="report.json or a previous bench JSON to gate against; without it nothing is gated."),
+    baseline: Path = typer.Option(None, "--baseline", metavar="FILE", help="report.json or a previous bench JSON to gate against; without it nothing is gated."),
     max_latency_regression: str = typer.Option("5%", "--max-latency-regression", help="Allowed median slow-down beyond noise: 5% or 0.05."),
-    max_accuracy_drop: float = typer.Option(
-        0.5, "--max-accuracy-drop", min=0.0,
-        help="Allowed drop of the headline metric in points (value x 100): 0.5 = 0.5 accuracy points, or 0.005 cosine_to_baseline.",
-    ),
+    max_accuracy_drop: opt.MaxAccuracyDrop = "0.5",
     allow_host_mismatch: bool = typer.Option(False, "--allow-host-mismatch", help="Compare with a baseline from another host (settings must still match)."),
-    junit: Path = typer.Option(None, "--junit", help="Also write the checks as JUnit XML to this file."),
-    out: Path = typer.Option(None, "--out", "-o", help="Also write the bench document (JSON) to this file, atomically."),
+    junit: Path = typer.Option(None, "--junit", metavar="FILE", help="Also write the checks as JUnit XML to this file."),
+    out: Path = typer.Option(None, "--out", "-o", metavar="FILE", help="Also write the bench document (JSON) to this file, atomically."),
     prompt_tokens: str = typer.Option(None, "--prompt-tokens", help="Decoders: prompt lengths, e.g. 16,64 [default: 16,64]."),
     new_tokens: str = typer.Option(None, "--new-tokens", help="Decoders: tokens generated per run, e.g. 32,128 [default: 32,128]."),
-    compare: list[Path] = typer.Option(None, "--compare", help="Decoders: also time this ONNX stage directory (repeatable)."),
+    compare: list[Path] = typer.Option(None, "--compare", metavar="DIR", help="Decoders: also time this ONNX stage directory (repeatable)."),
     cache_only: bool = typer.Option(False, "--cache-only", help="Decoders: skip the runs without the KV cache."),
     no_pytorch: bool = typer.Option(False, "--no-pytorch", help="Decoders: leave the PyTorch baseline out."),
+    quiet: opt.Quiet = False,
 ) -> None:
     """Re-measure an artifact; with --baseline, exit 1 on a latency or accuracy regression.
 
@@ -233,6 +234,8 @@ def bench(
     if base_doc is not None:
         comparison = gate.compare(base_doc, doc, max_latency_regression=limit_fraction, max_accuracy_drop=max_accuracy_drop,
                                   allow_host_mismatch=allow_host_mismatch, gated=True, baseline_path=str(baseline))
+    elif art.report is None:  # a single-pass command's output: nothing of its own to compare with
+        comparison = gate.no_comparison("no report.json to compare with (single-pass output); pass --baseline FILE")
     else:
         own = art.path / "report.json"
         comparison = gate.compare(art.report, doc, max_latency_regression=limit_fraction,

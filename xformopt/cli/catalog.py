@@ -5,13 +5,14 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
 
 app = typer.Typer(help="The registered passes.\n\nExample: xformopt passes list", no_args_is_help=True)
 
 
 @app.command("list")
-def list_passes(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+def list_passes(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """List every pass with its stage, what it consumes and produces, what it needs, and its options.
 
     Example: xformopt passes list --json | jq -r '.[] | select(.stage == "onnx") | .name'

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError
 
@@ -32,7 +33,7 @@ def open_decoder(artifact: Path):
     if not path.is_dir():
         raise InputError(f"{path} is a file; pass the artifact directory that holds model.onnx")
     if not (path / "model.onnx").is_file():
-        raise InputError(f"{path} has no model.onnx; export the decoder first: xformopt export MODEL -o {path}")
+        raise InputError(f"{path} has no model.onnx; export the decoder first: xformopt export MODEL -o NEW_DIR, then generate from NEW_DIR")
     spec = models.resolve(str(path))
     if not spec.is_decoder:
         raise InputError(f"{path} is a {spec.model_type} {spec.task} artifact; generate needs a decoder "
@@ -59,8 +60,8 @@ class Streamer:
 
 
 def generate(
-    artifact: Path = typer.Argument(..., help="Decoder artifact directory (model.onnx, tokenizer, config)."),
-    prompt: str = typer.Argument(..., help="The text to continue."),
+    artifact: Path = typer.Argument(..., metavar="DIR", help="Decoder artifact directory (model.onnx, tokenizer, config)."),
+    prompt: str = typer.Argument(..., metavar="PROMPT", help="The text to continue."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
     greedy: bool = typer.Option(False, "--greedy", help="Argmax decoding (the default unless a sampling option is given)."),
     sample: bool = typer.Option(False, "--sample", help="Sample (temperature 1) even without --temperature/--top-k/--top-p."),
@@ -71,8 +72,9 @@ def generate(
     cache: bool = typer.Option(True, "--cache/--no-cache", help="Use the KV cache (--no-cache recomputes the whole sequence every step)."),
     io_binding: bool = typer.Option(True, "--io-binding/--no-io-binding", help="Keep the cache in ONNX Runtime between steps."),
     stop_at_eos: bool = typer.Option(True, "--stop-at-eos/--ignore-eos", help="Stop at the end-of-sequence token."),
-    threads: int = typer.Option(None, "--threads", min=1, help="Intra-op threads [default: CPUs this process may use]."),
+    threads: opt.Threads = None,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (text, token ids, timings) instead of streaming."),
+    quiet: opt.Quiet = False,
 ) -> None:
     """Generate text from a decoder artifact (greedy or sampled), streaming tokens to stdout.
 

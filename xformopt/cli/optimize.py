@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError
 
@@ -16,7 +17,8 @@ Examples:
     xformopt optimize minilm --target avx512_vnni -o out/
     xformopt optimize ./my-bert --recipe fp32-fused --data test.csv --label-column y -o out/
     xformopt optimize ./my-bert -o out/ --json | jq '.stages[] | {name, speedup}'
-    xformopt optimize minilm --mode real,fixed --batch 1,8 --seq 32,128,512 -o out/
+    xformopt optimize minilm --latency-mode real,fixed --batch 1,8 --seq 32,128,512 -o out/
+    xformopt optimize ./tweets-model --recipe prune-distill-int8 --data test.csv --train-data train.csv --validation-data dev.csv
 """
 
 
@@ -42,31 +44,48 @@ def csv_ints(value: str | None, flag: str) -> list[int] | None:
     return numbers
 
 
+def latency_modes(latency_mode: str | None, mode: str | None) -> str | None:
+    """--latency-mode, or the deprecated --mode (renamed: in `quantize`, --mode is dynamic/static)."""
+    if mode is None:
+        return latency_mode
+    if latency_mode is not None:
+        raise InputError("--mode is the deprecated name of --latency-mode; give only --latency-mode")
+    output.log("warning: `optimize --mode` is deprecated, use --latency-mode (`quantize --mode` is dynamic/static)")
+    return mode
+
+
 def default_output(model: str) -> Path:
     return Path("xformopt-out") / (Path(model).name or "model")
 
 
 def optimize(
-    model: str = typer.Argument("minilm", help="Local HF directory, cached hub id, or alias (minilm, bert-base, distilbert, roberta-base)."),
-    out: Path = typer.Option(None, "--out", "-o", help="Artifact directory [default: xformopt-out/MODEL]."),
+    model: opt.Model = "minilm",
+    out: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Artifact directory [default: xformopt-out/MODEL]."),
     target: str = typer.Option(None, "--target", "-t", help="Hardware profile (auto, avx2, avx512, avx512_vnni, avx_vnni, arm64) [default: the recipe's, auto]."),
     recipe_name: str = typer.Option(None, "--recipe", "-r", help="Shipped recipe name or YAML path [default: export -> fuse -> dynamic INT8]."),
     task: str = typer.Option(None, "--task", help="text-classification, feature-extraction or text-generation (decoders) [default: from the config]."),
-    data: Path = typer.Option(None, "--data", help="Held-out CSV/TSV/JSONL/datasets dir [default: vendored VADER test split]."),
-    text_column: str = typer.Option(None, "--text-column", help="Text column [default: guessed]."),
-    text_pair_column: str = typer.Option(None, "--text-pair-column", help="Second-sentence column for pair tasks."),
-    label_column: str = typer.Option(None, "--label-column", help="Label column [default: guessed]."),
+    data: Path = typer.Option(None, "--data", metavar="FILE", help="Held-out CSV/TSV/JSONL/datasets dir [default: vendored VADER test split]."),
+    text_column: opt.TextColumn = None,
+    text_pair_column: opt.TextPairColumn = None,
+    label_column: opt.LabelColumn = None,
     limit: int = typer.Option(None, "--limit", min=1, help="Evaluate on at most N held-out rows (seeded sample)."),
-    threads: int = typer.Option(None, "--threads", min=1, help="Intra-op threads [default: CPUs this process may use]."),
+    threads: opt.Threads = None,
     seed: int = typer.Option(None, "--seed", help="Seed for held-out sub-sampling and timing order [default: 0]."),
-    mode: str = typer.Option(None, "--mode", help="Latency modes, comma-separated: real, fixed, throughput [default: real]."),
+    latency_mode: str = typer.Option(None, "--latency-mode", help="Latency modes, comma-separated: real, fixed, throughput [default: real]."),
+    mode: str = typer.Option(None, "--mode", hidden=True, help="Deprecated alias of --latency-mode."),
     batch: str = typer.Option(None, "--batch", help="Batch sizes for fixed/throughput, e.g. 1,8,32."),
     seq: str = typer.Option(None, "--seq", help="Sequence lengths for fixed mode, e.g. 32,128,512."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
-    wait: bool = typer.Option(False, "--wait", help="If another run is writing the same -o, wait for it instead of failing."),
+    train_data: Path = typer.Option(None, "--train-data", metavar="FILE", help="Your training rows for prune and distill [default: vendored train split]."),
+    validation_data: Path = typer.Option(None, "--validation-data", metavar="FILE", help="Your validation rows for distill's evaluation and the INT8 accuracy budget [default: vendored validation split]."),
+    calibration_data: Path = typer.Option(None, "--calibration-data", metavar="FILE", help="Your texts for static INT8 calibration [default: vendored train split]."),
+    max_accuracy_drop: opt.MaxAccuracyDrop = None,
+    per_channel: bool = typer.Option(None, "--per-channel/--no-per-channel", help="Per-channel INT8 weight scales [default: the target's]."),
+    force: opt.Force = False,
+    wait: opt.Wait = False,
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or store finished passes."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own Python code (off by default)."),
+    trust_remote_code: opt.TrustRemoteCode = False,
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document on stdout."),
+    quiet: opt.Quiet = False,
 ) -> None:
     """Export, fuse and quantize MODEL for a target; report accuracy and latency per stage.
 
@@ -77,16 +96,24 @@ def optimize(
     from xformopt import pipeline, recipe
     from xformopt.report.console import console_table
 
-    r = recipe.load(recipe_name) if recipe_name else recipe.from_flags(target=target or "auto", task=task)
+    latency_mode = latency_modes(latency_mode, mode)
+    # No --recipe is exactly `--recipe default`: one recipe, so two such runs always compare in `bench`.
+    r = recipe.load(recipe_name or "default")
     updates = {k: v for k, v in {"target": target, "task": task}.items() if v is not None}
     evaluation = {
         k: v for k, v in {
             "data": str(data) if data else None, "text_column": text_column, "text_pair_column": text_pair_column,
             "label_column": label_column, "limit": limit, "threads": threads, "seed": seed,
-            "modes": csv_list(mode, "--mode"), "batch": csv_ints(batch, "--batch"), "seq": csv_ints(seq, "--seq"),
+            "modes": csv_list(latency_mode, "--latency-mode"), "batch": csv_ints(batch, "--batch"), "seq": csv_ints(seq, "--seq"),
         }.items() if v is not None
     }
     r = recipe.validate({**r.to_dict(), **updates, "evaluation": {**r.evaluation.model_dump(), **evaluation}}, "<command line>")
+    r = recipe.apply_overrides(r, {
+        "train_data": str(train_data) if train_data else None,
+        "validation_data": str(validation_data) if validation_data else None,
+        "calibration_data": str(calibration_data) if calibration_data else None,
+        "max_accuracy_drop": max_accuracy_drop, "per_channel": per_channel,
+    })
     out = out or default_output(model)
     with output.progress_bars() as progress:
         result = pipeline.run(

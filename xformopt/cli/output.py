@@ -1,14 +1,26 @@
 """Where things go: results on stdout (rich for people, one JSON document with --json), logs and
-progress on stderr (progress bars only when stderr is a terminal), errors as one line + exit code."""
+progress on stderr (live bars when stderr is a terminal, periodic plain lines otherwise), errors
+as one line + exit code."""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
-from contextlib import contextmanager
+import time
+from contextlib import contextmanager, nullcontext
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from xformopt import progress
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -37,22 +49,90 @@ def emit_json(data: dict) -> None:
     sys.stdout.flush()
 
 
+class BarSink(progress.Sink):
+    """Live rich bars with ETA on a terminal; started at the first report, stopped when no step is
+    running, so log lines and results print normally in between."""
+
+    interactive = True
+
+    def __init__(self, console: Console):
+        self.console, self.bars, self.tasks = console, None, {}
+
+    def update(self, label: str, done: int, total: int | None, info: str = "") -> None:
+        if _quiet:
+            return
+        if self.bars is None:
+            self.bars = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
+                transient=True, redirect_stdout=False,
+            )
+            self.bars.start()
+        if label not in self.tasks:
+            self.tasks[label] = self.bars.add_task(label, total=total, info=info)
+        self.bars.update(self.tasks[label], completed=done, total=total, info=info)
+        if total is not None and done >= total:
+            self.bars.remove_task(self.tasks.pop(label))
+            if not self.tasks:
+                self.close()
+
+    def close(self) -> None:
+        if self.bars is not None:
+            self.bars.stop()
+            self.bars, self.tasks = None, {}
+
+
+class LineSink(progress.Sink):
+    """Not a terminal (CI logs, pipes): one plain line per step every ``every`` seconds, so a long
+    step is never silent, and none for a step that ends sooner."""
+
+    def __init__(self, every: float):
+        self.every = every
+        self.started: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+
+    def update(self, label: str, done: int, total: int | None, info: str = "") -> None:
+        now = clock()
+        start = self.started.setdefault(label, now)
+        finished = total is not None and done >= total
+        due = now - self.last.get(label, start) >= self.every
+        if finished:  # a closing line only for a step that already printed one
+            self.started.pop(label, None)
+            if self.last.pop(label, None) is None:
+                return
+        elif not due:
+            return
+        else:
+            self.last[label] = now
+        parts = [f"{done}/{total} ({done / total:.0%})" if total else str(done)]
+        if info:
+            parts.append(info)
+        if finished:
+            parts.append(f"done in {progress.fmt_eta(now - start)}")
+        elif total and done:
+            parts.append(f"ETA {progress.fmt_eta((now - start) / done * (total - done))}")
+        log(f"{label}: {', '.join(parts)}")
+
+
+# Seconds between plain progress lines when stderr is not a terminal (XFORMOPT_PROGRESS_EVERY).
+LINE_EVERY_S = 15.0
+clock = time.monotonic
+
+
 @contextmanager
+def progress_display(every: float | None = None):
+    """Listen to xformopt.progress for the command's duration: bars on a terminal, else a line every
+    EVERY seconds [default: $XFORMOPT_PROGRESS_EVERY, else LINE_EVERY_S]."""
+    every = every or float(os.environ.get("XFORMOPT_PROGRESS_EVERY") or LINE_EVERY_S)
+    sink = BarSink(stderr) if stderr.is_terminal else LineSink(every)
+    with progress.listening(sink):
+        try:
+            yield sink
+        finally:
+            if isinstance(sink, BarSink):
+                sink.close()
+
+
 def progress_bars():
-    """A progress callback (label, done, total) drawn on stderr when it is a terminal, else a no-op."""
-    if _quiet or not stderr.is_terminal:
-        yield lambda label, done, total: None
-        return
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeRemainingColumn(), console=stderr, transient=True,
-    ) as bars:
-        tasks: dict[str, int] = {}
-
-        def update(label: str, done: int, total: int) -> None:
-            if label not in tasks:
-                tasks[label] = bars.add_task(label, total=total or None)
-            bars.update(tasks[label], completed=done)
-
-        yield update
-
+    """The (label, done, total) callback shape pipeline.run takes, reporting to xformopt.progress."""
+    return nullcontext(progress.report)

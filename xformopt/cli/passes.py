@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated, Literal
 
 import typer
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
-
-OUT = typer.Option(..., "--out", "-o", help="Output stage directory (written atomically).")
-TARGET = typer.Option("auto", "--target", "-t", help="Hardware profile (auto, avx2, avx512, avx512_vnni, avx_vnni, arm64).")
-FORCE = typer.Option(False, "--force", help="Replace an existing output directory.")
-WAIT = typer.Option(False, "--wait", help="If another run is writing the same -o, wait for it instead of failing.")
-DATA = typer.Option(None, "--data", help="Real texts for parity checks and timing [default: vendored VADER test split].")
-JSON = typer.Option(False, "--json", help="Print the pass record as one JSON document on stdout.")
 
 
 def _finish(entry: dict, out: Path, as_json: bool) -> None:
@@ -70,16 +65,17 @@ def summary(entry: dict) -> str:
 
 
 def export(
-    model: str = typer.Argument(..., help="Local HF directory, cached hub id, or alias."),
-    out: Path = OUT,
+    model: opt.Model,
+    out: opt.StageOut,
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
-    task: str = typer.Option(None, "--task", help="text-classification or feature-extraction [default: from the config]."),
-    target: str = TARGET,
-    data: Path = DATA,
-    force: bool = FORCE,
-    wait: bool = WAIT,
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model's own Python code."),
-    as_json: bool = JSON,
+    task: opt.Task = None,
+    target: opt.Target = "auto",
+    data: opt.PassData = None,
+    force: opt.Force = False,
+    wait: opt.Wait = False,
+    trust_remote_code: opt.TrustRemoteCode = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Export MODEL to ONNX (dynamic batch/sequence axes), verified against PyTorch on real texts.
 
@@ -93,14 +89,15 @@ def export(
 
 
 def fuse(
-    stage: Path = typer.Argument(..., help="An ONNX stage directory (output of `xformopt export`)."),
-    out: Path = OUT,
-    select: str = typer.Option("fastest", "--select", help="fastest (time candidates, keep quickest), all, or none."),
-    target: str = TARGET,
-    data: Path = DATA,
-    force: bool = FORCE,
-    wait: bool = WAIT,
-    as_json: bool = JSON,
+    stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX stage directory (the -o of `xformopt export`).")],
+    out: opt.StageOut,
+    select: Literal["fastest", "all", "none"] = typer.Option("fastest", "--select", help="fastest (time candidates, keep quickest), all, or none."),
+    target: opt.Target = "auto",
+    data: opt.PassData = None,
+    force: opt.Force = False,
+    wait: opt.Wait = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Apply ONNX Runtime's transformer fusions; report fused-op counts and which fusions were kept.
 
@@ -114,19 +111,19 @@ def fuse(
 
 
 def quantize(
-    stage: Path = typer.Argument(..., help="An ONNX stage directory (output of export or fuse)."),
-    out: Path = OUT,
-    mode: str = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time) or static (calibrated)."),
+    stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX stage directory (the -o of `xformopt export` or `fuse`).")],
+    out: opt.StageOut,
+    mode: Literal["dynamic", "static"] = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time) or static (calibrated)."),
     calibration_data: Path = typer.Option(
         None, "--calibration-data", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
-    calibration_method: str = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
-    max_accuracy_drop: str = typer.Option(
-        None, "--max-accuracy-drop", help="Accuracy budget: metric points (0.5) or relative ('1%'); over it, harmful nodes return to float."),
-    target: str = TARGET,
-    data: Path = DATA,
-    force: bool = FORCE,
-    wait: bool = WAIT,
-    as_json: bool = JSON,
+    calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
+    max_accuracy_drop: opt.MaxAccuracyDrop = None,
+    target: opt.Target = "auto",
+    data: opt.PassData = None,
+    force: opt.Force = False,
+    wait: opt.Wait = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Quantize an ONNX stage to INT8 with the target's formats; report INT8 and float GEMMs.
 
@@ -139,7 +136,7 @@ def quantize(
     options: dict = {"mode": mode, "calibration_method": calibration_method}
     if calibration_data:
         options["calibration_data"] = str(calibration_data)
-    if max_accuracy_drop is not None:
+    if max_accuracy_drop is not None:  # over the budget, the most harmful nodes return to float
         options["max_accuracy_drop"] = max_accuracy_drop
     entry = run_single("quantize", str(stage), out, options, target=target,
                        data=str(data) if data else None, force=force, wait=wait, log=output.log)
@@ -147,23 +144,24 @@ def quantize(
 
 
 def prune(
-    model: str = typer.Argument(..., help="Local HF directory, cached hub id, or alias (BERT-family encoder)."),
-    out: Path = OUT,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Local Hugging Face folder, cached hub id, or alias (an encoder).")],
+    out: opt.StageOut,
     sparsity: float = typer.Option(None, "--sparsity", help="Fraction of encoder FLOPs to remove (more than 0, at most 0.9), e.g. 0.5."),
     heads_per_layer: int = typer.Option(None, "--heads-per-layer", help="Explicit: attention heads kept per layer."),
     ffn_dim: int = typer.Option(None, "--ffn-dim", help="Explicit: FFN width kept (rounded to the target's SIMD multiple)."),
     layers: int = typer.Option(None, "--layers", help="Explicit: number of encoder layers kept."),
-    strategy: str = typer.Option("auto", "--strategy", help="How --sparsity is allocated: auto, width, or depth."),
-    importance: str = typer.Option("taylor", "--importance", help="taylor (gradients on data) or magnitude (data-free)."),
+    strategy: Literal["auto", "width", "depth"] = typer.Option("auto", "--strategy", help="How --sparsity is allocated: auto, width, or depth."),
+    importance: Literal["taylor", "magnitude"] = typer.Option("taylor", "--importance", help="taylor (gradients on data) or magnitude (data-free)."),
     samples: int = typer.Option(256, "--samples", help="Importance sample size (seeded)."),
     seed: int = typer.Option(0, "--seed", help="Seed for the samples and probes."),
     latency: bool = typer.Option(True, "--latency/--no-latency", help="Export, fuse and time pruned vs unpruned ONNX."),
-    task: str = typer.Option(None, "--task", help="text-classification or feature-extraction [default: from the config]."),
-    target: str = TARGET,
+    task: opt.Task = None,
+    target: opt.Target = "auto",
     data: Path = typer.Option(None, "--data", help="Texts (and labels) for importance and accuracy [default: vendored train/test splits]."),
-    force: bool = FORCE,
-    wait: bool = WAIT,
-    as_json: bool = JSON,
+    force: opt.Force = False,
+    wait: opt.Wait = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Prune attention heads, FFN neurons and layers (structured: smaller matrices, real CPU speed).
 
@@ -196,8 +194,8 @@ def distill_summary(rec: dict) -> str:
 
 
 def distill(
-    model: str = typer.Argument(..., help="The student: a pruned model folder, or the teacher itself (a layer-dropped copy is trained)."),
-    out: Path = OUT,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="The student: a pruned model folder, or the teacher itself (a layer-dropped copy is trained).")],
+    out: opt.StageOut,
     teacher: Path = typer.Option(None, "--teacher", help="Teacher model folder [default: the model named in MODEL's manifest.json, else MODEL itself]."),
     student_layers: int = typer.Option(None, "--student-layers", help="Keep this many student layers (evenly spaced) [default: half when cut from the teacher]."),
     train_data: Path = typer.Option(None, "--train-data", help="Training texts, labels optional (same formats as --data) [default: vendored train split]."),
@@ -216,15 +214,18 @@ def distill(
     patience: int = typer.Option(4, "--patience", help="Stop after this many evaluations without improvement (0: never)."),
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Keep the word embeddings fixed (about 30% faster steps on MiniLM)."),
     seed: int = typer.Option(0, "--seed", help="Seed for data order, dropout and sampling."),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
+    device: Literal["auto", "cpu", "cuda"] = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Where resumable checkpoints go [default: under the xformopt cache]."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from a checkpoint of the same run when one exists."),
-    task: str = typer.Option(None, "--task", help="text-classification or feature-extraction [default: from the config]."),
-    target: str = TARGET,
-    data: Path = DATA,
-    force: bool = FORCE,
-    wait: bool = WAIT,
-    as_json: bool = JSON,
+    task: opt.Task = None,
+    target: opt.Target = "auto",
+    data: Annotated[Path, typer.Option(
+        "--data", metavar="FILE", help="The held-out texts your final report will score on: rows found here are dropped from "
+        "training and evaluation, so the report stays honest [default: vendored VADER test split].")] = None,
+    force: opt.Force = False,
+    wait: opt.Wait = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Distill: train the student (pruned, or layer-dropped) against the teacher; writes a stock HF folder and distill_curve.png.
 

@@ -6,13 +6,15 @@ import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
+from xformopt.errors import InputError
 
 app = typer.Typer(help="List and show the shipped recipes.\n\nExample: xformopt recipes show default", no_args_is_help=True)
 
 
 @app.command("list")
-def list_recipes(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+def list_recipes(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """List the shipped recipes.
 
     Example: xformopt recipes list --json | jq -r '.[].name'
@@ -32,10 +34,41 @@ def list_recipes(as_json: bool = typer.Option(False, "--json", help="One JSON do
     output.stdout.print(table)
 
 
+def resolved_yaml(r, target_name: str | None) -> str:
+    """The recipe with every option filled in, and the quantize formats the target decides (what
+    `null` would become at run time), read from the target profile through quantize.resolved_formats."""
+    from types import SimpleNamespace
+
+    import yaml
+
+    from xformopt import targets
+    from xformopt.passes.quantize import QuantizeOptions, resolved_formats
+
+    asked = target_name or r.target
+    target = targets.resolve(asked)
+    data = r.to_dict()
+    data["target"] = target.name
+    for step in data["passes"]:
+        (pass_name, options), = step.items()
+        if pass_name != "quantize":
+            continue
+        # resolved_formats reads only ctx.target: no model is needed to say what the target decides
+        formats = resolved_formats(SimpleNamespace(target=target), QuantizeOptions.model_validate(options))
+        options.update({"per_channel": formats["per_channel"], "reduce_range": formats["reduce_range"],
+                        "op_types": formats["op_types"], "quant_format": formats["format"],
+                        "activation_type": formats["activation_type"],
+                        "activation_symmetric": formats["activation_symmetric"]})
+    origin = f"target {asked} resolves to {target.name} on this host" if asked == "auto" else f"target {target.name}"
+    header = f"# resolved: {origin}; quantize formats as {target.name} decides them (weights {target.quant.weight_type})\n"
+    return header + yaml.safe_dump(data, sort_keys=False)
+
+
 @app.command("show")
 def show(
-    name: str = typer.Argument(..., help="A shipped recipe name or a YAML path."),
-    resolved: bool = typer.Option(False, "--resolved", help="Show every option with its default filled in."),
+    name: str = typer.Argument(..., metavar="RECIPE", help="A shipped recipe name or a YAML path."),
+    resolved: bool = typer.Option(False, "--resolved", help="Show every option with its default filled in, and what the target decides."),
+    target: str = typer.Option(None, "--target", "-t", help=f"With --resolved: resolve for this target instead of the recipe's ({opt.TARGETS})."),
+    quiet: opt.Quiet = False,
 ) -> None:
     """Print a recipe's YAML (use it as a starting point for your own).
 
@@ -46,7 +79,10 @@ def show(
     from xformopt import recipe
 
     r = recipe.load(name)
-    text = r.to_yaml() if resolved else (Path(name) if Path(name).is_file() else recipe.RECIPES_DIR / f"{name}.yaml").read_text()
+    if target is not None and not resolved:
+        raise InputError("--target applies to --resolved only; add --resolved")
+    text = resolved_yaml(r, target) if resolved else \
+        (Path(name) if Path(name).is_file() else recipe.RECIPES_DIR / f"{name}.yaml").read_text()
     if output.stdout.is_terminal:
         output.stdout.print(Syntax(text, "yaml"))
     else:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from xformopt.artifact import load_json
+from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError
 
@@ -29,7 +31,8 @@ def load_report(directory: Path) -> tuple[dict, Path]:
         raise InputError(f"{path} does not exist; pass the output directory of `xformopt optimize` (its -o)")
     if path.is_dir():
         path = path / "report.json"
-    report = load_json(path, missing=f"{directory} has no report.json; run `xformopt optimize MODEL -o {directory}` to make one",
+    report = load_json(path, missing=f"{directory} has no report.json or manifest.json; pass the -o folder of an xformopt "
+                       "command, or make one with `xformopt optimize MODEL -o NEW_DIR`",
                        fix="re-run `xformopt optimize` to rewrite it")
     schema = report.get("schema")
     if schema != REPORT_SCHEMA:
@@ -45,9 +48,10 @@ def load_report(directory: Path) -> tuple[dict, Path]:
 
 
 def report(
-    directory: Path = typer.Argument(..., metavar="DIR", help="An artifact directory (the -o of `xformopt optimize`) holding report.json."),
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize` (report.json), or of a single-pass command (manifest.json).")],
     as_json: bool = typer.Option(False, "--json", help="Print report.json as one JSON document on stdout."),
     as_markdown: bool = typer.Option(False, "--markdown", help="Print the GitHub-flavoured Markdown (report.md) on stdout."),
+    quiet: opt.Quiet = False,
 ) -> None:
     """Show the report of an artifact from DIR/report.json; re-write DIR/report.md and its plots.
 
@@ -61,6 +65,9 @@ def report(
 
     if as_json and as_markdown:
         raise InputError("--json and --markdown are exclusive; pick one")
+    directory = Path(directory)
+    if directory.is_dir() and not (directory / "report.json").exists() and (directory / "manifest.json").is_file():
+        return chain_report(directory, as_json, as_markdown)
     data, folder = load_report(directory)
     try:
         written = write_derived_files(data, folder, log=output.log)
@@ -76,6 +83,58 @@ def report(
         sys.stdout.flush()
     else:
         output.stdout.print(console_table(data))
+
+
+# --------------------------------------------------------------------------- single-pass outputs
+
+
+def chain_rows(manifest: dict) -> list[dict]:
+    """One row per pass the manifest records: what it did (the pass command's own summary line)."""
+    from xformopt.cli.passes import summary
+
+    rows = []
+    for entry in manifest.get("passes") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict):
+            raise InputError("manifest.json: a pass entry has no record; re-run the command that wrote it")
+        try:
+            text = summary(entry)
+        except (KeyError, TypeError, IndexError, ValueError):  # a record of another xformopt version
+            text = "(record not readable by this version; see manifest.json)"
+        rows.append({"pass": entry.get("pass", "?"), "seconds": entry.get("seconds"), "summary": text})
+    return rows
+
+
+def chain_report(directory: Path, as_json: bool, as_markdown: bool) -> None:
+    """The output of single-pass commands has a manifest (model, target, versions, every pass's
+    record) but no report: render that, and say what needs `xformopt optimize` or `xformopt bench`."""
+    from rich.table import Table
+
+    from xformopt.artifact import read_manifest
+
+    manifest = read_manifest(directory)
+    if not isinstance(manifest, dict) or not manifest.get("passes"):
+        raise InputError(f"{directory / 'manifest.json'} records no passes; pass the -o folder of an xformopt command")
+    rows = chain_rows(manifest)
+    source = manifest.get("input") or {}
+    target = (manifest.get("target") or {}).get("name", "?")
+    title = f"{directory}: {source.get('source')} ({source.get('model_type')}, {source.get('task')}) -> {target}"
+    missing = (f"no accuracy or latency per stage: this folder was made by single-pass commands; "
+               f"`xformopt bench {directory}` measures it, `xformopt optimize` reports every stage against PyTorch")
+    output.log("note: " + missing)
+    if as_json:
+        output.emit_json(manifest)
+        return
+    if as_markdown:
+        lines = [f"## {title}", "", "| Pass | Seconds | What it did |", "|---|---:|---|"]
+        lines += [f"| {r['pass']} | {r['seconds'] if r['seconds'] is not None else '-'} | {r['summary'].replace('|', chr(92) + '|')} |"
+                  for r in rows]
+        sys.stdout.write("\n".join([*lines, "", f"_{missing}_", ""]))
+        sys.stdout.flush()
+        return
+    table = Table("Pass", "Seconds", "What it did", title=title)
+    for r in rows:
+        table.add_row(r["pass"], "-" if r["seconds"] is None else f"{r['seconds']:.1f}", r["summary"])
+    output.stdout.print(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -5,21 +5,22 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
 
 app = typer.Typer(help="Hardware profiles.\n\nExample: xformopt targets detect", no_args_is_help=True)
 
 
 @app.command("list")
-def list_targets(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+def list_targets(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """List the hardware profiles and the INT8 formats each one emits.
 
     Example: xformopt targets list
     """
-    from xformopt.bench.host import cpu_flags
+    from xformopt.bench.host import effective_cpu_flags
     from xformopt.targets import PROFILES, host_supports
 
-    flags = cpu_flags()
+    flags = effective_cpu_flags()
     if as_json:
         output.emit_json([{**t.to_dict(), "host_supports": host_supports(t, flags)} for t in PROFILES.values()])
         return
@@ -34,7 +35,7 @@ def list_targets(as_json: bool = typer.Option(False, "--json", help="One JSON do
 
 
 @app.command("detect")
-def detect(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> None:
+def detect(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """Print the target `auto` picks on this host, and the CPU facts it used.
 
     Example: xformopt targets detect --json | jq -r .target
@@ -46,7 +47,9 @@ def detect(as_json: bool = typer.Option(False, "--json", help="One JSON document
     info = host_info()
     if as_json:
         output.emit_json({"target": target.name, "cpu_model": info["cpu_model"], "cpu_flags": info["cpu_flags"],
-                          "cores_usable": info["cores_usable"]})
+                          "int8_gemm_saturates": info["int8_gemm_saturates"], "cores_usable": info["cores_usable"]})
         return
     output.stdout.print(f"{target.name}", highlight=False)
-    output.log(f"{info['cpu_model']}; flags: {', '.join(info['cpu_flags'])}; {info['cores_usable']} usable cores")
+    kernel = {True: "saturates (no VNNI path)", False: "32-bit accumulation (VNNI)", None: "unknown"}
+    output.log(f"{info['cpu_model']}; flags: {', '.join(info['cpu_flags'])}; ONNX Runtime's u8*s8 kernel: "
+               f"{kernel[info['int8_gemm_saturates']]}; {info['cores_usable']} usable cores")

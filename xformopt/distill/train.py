@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt import progress
 from xformopt.distill import checkpoint as ckpt
 from xformopt.distill import losses as L
 from xformopt.distill.data import (
@@ -114,45 +114,28 @@ def selection_metric(select: str, task: str, has_labels: bool) -> str:
 
 
 class Progress:
-    """A rich bar on stderr when it is a terminal (and xformopt is not quiet), else a log line every
-    ``every`` seconds: step, loss, learning rate, speed, ETA."""
+    """Training progress: to the live display (xformopt.progress) when one listens (a terminal),
+    else a log line every ``every`` seconds with step, loss, learning rate, speed and ETA (the
+    training loop knows a better ETA than a generic rate: the horizon moves under a time budget)."""
 
     def __init__(self, log, every: float):
         self.log, self.every = log, every
         self.last = -math.inf
-        self.bar = None
-        try:
-            from xformopt.cli import output
-
-            if sys.stderr.isatty() and not getattr(output, "_quiet", False):
-                from rich.progress import (
-                    BarColumn,
-                    TextColumn,
-                    TimeElapsedColumn,
-                    TimeRemainingColumn,
-                )
-                from rich.progress import Progress as Bar
-
-                self.bar = Bar(TextColumn("distill"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                               TimeRemainingColumn(), console=output.stderr, transient=True)
-                self.bar.start()
-                self.task = self.bar.add_task("distill", total=1, info="")
-        except Exception:  # noqa: BLE001 - a progress bar is never worth failing a run
-            self.bar = None
+        self.step, self.horizon = 0, 1
 
     def update(self, step: int, horizon: int, loss: float, lr: float, rate: float, eta: float, now: float) -> None:
         info = f"loss {loss:.4f} lr {lr:.2e} {rate:.2f} steps/s"
-        if self.bar is not None:
-            self.bar.update(self.task, completed=step, total=horizon, info=info)
+        self.step, self.horizon = step, horizon
+        if progress.interactive():
+            progress.report("distill (steps)", step, horizon, info)
             return
         if now - self.last >= self.every:
             self.last = now
             self.log(f"distill: step {step}/{horizon} ({step / max(horizon, 1):.0%}), {info}, ETA {fmt_seconds(eta)}")
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
+        if progress.interactive():  # stopped early (patience, time, Ctrl-C): the bar ends here too
+            progress.report("distill (steps)", self.horizon, self.horizon)
 
 
 def fmt_seconds(s: float) -> str:
@@ -356,7 +339,7 @@ class Trainer:
         if self.teacher is not None:
             self.teacher.eval()
         stopped = None
-        progress = Progress(self.log, s.log_every_seconds)
+        meter = Progress(self.log, s.log_every_seconds)
         handler_installed = False
         if threading.current_thread() is threading.main_thread():
             previous_handler = signal.signal(signal.SIGINT, self._sigint)
@@ -433,9 +416,9 @@ class Trainer:
                     save_checkpoint()
                 rate = session_steps / max(session_train, 1e-9)
                 eta = (state["horizon"] - step) * (session_train / session_steps + state["last_eval_duration"] / eval_every)
-                progress.update(step, state["horizon"], float(loss.detach()), lr, rate, eta, CLOCK())
+                meter.update(step, state["horizon"], float(loss.detach()), lr, rate, eta, CLOCK())
         finally:
-            progress.close()
+            meter.close()
             if handler_installed:
                 signal.signal(signal.SIGINT, previous_handler)
         if state["last_eval_step"] != state["step"]:

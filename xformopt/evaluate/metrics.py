@@ -62,9 +62,12 @@ def row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def cosine_to_baseline(embeddings: np.ndarray, baseline: np.ndarray) -> dict:
     cos = row_cosine(embeddings, baseline)
     n = len(cos)
+    mean = float(cos.mean())
+    stderr = float(cos.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0
     return {
-        "value": float(cos.mean()),
+        "value": mean,
         "n": n,
-        "stderr": float(cos.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
-        "p1": float(np.percentile(cos, 1)),
+        "stderr": stderr,
+        "ci95": [mean - 1.96 * stderr, min(1.0, mean + 1.96 * stderr)],  # normal interval of the mean
+        "p1": float(np.percentile(cos, 1)),  # the worst rows: 1% of them are below this
     }

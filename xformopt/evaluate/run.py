@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xformopt import progress as progress_events
 from xformopt.bench import modes
 from xformopt.bench.latency import compare
 from xformopt.evaluate.probe import Probe
@@ -46,15 +47,17 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
         from xformopt.decoder.evaluate import evaluate_decoder_stages
 
         return evaluate_decoder_stages(stages, spec, heldout, settings, threads, log, progress)
+    report = progress or progress_events.report  # (label, done, total): a live bar or periodic lines
+
+    def bar(label):
+        return lambda done, total: report(label, done, total)
+
     predictors = {stage.name: stage_predictor(stage, spec, threads) for stage in stages}
     outputs = {}
     for name, predictor in predictors.items():
         log(f"evaluating {name} on {len(heldout)} held-out rows")
-        outputs[name] = predictor.predict(heldout.texts, heldout.text_pairs)
+        outputs[name] = predictor.predict(heldout.texts, heldout.text_pairs, progress=bar(f"evaluating {name} (rows)"))
     metrics = quality(spec.task, outputs, stages[0].name, heldout.labels, settings.seed)
-
-    def bar(label):
-        return (lambda done, total: progress(label, done, total)) if progress else None
 
     log(f"timing {len(predictors)} stages interleaved at batch 1 ({settings.latency_rounds} rounds, {threads} threads)")
     latency = modes.real(predictors, heldout.texts, heldout.text_pairs, rounds=settings.latency_rounds,
@@ -64,7 +67,8 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
     log(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} rounds)")
     artifact_latency = modes.solo_repeats(predictors[final], heldout.texts, heldout.text_pairs,
                                           rounds=settings.latency_rounds, warmup=settings.warmup,
-                                          repeats=settings.repeats, seed=settings.seed)
+                                          repeats=settings.repeats, seed=settings.seed,
+                                          progress=bar(f"latency ({final} alone, {settings.repeats} repeats)"))
     extra = {}
     if "fixed" in settings.modes:
         log(f"timing fixed shapes: batch {settings.batch} x seq {settings.seq}")
@@ -72,7 +76,8 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
                                      rounds=settings.fixed_rounds, warmup=2, seed=settings.seed, progress=bar("latency (fixed grid)"))
     if "throughput" in settings.modes:
         log(f"measuring throughput at batch sizes {settings.batch}")
-        extra["throughput"] = modes.throughput(predictors, heldout.texts, heldout.text_pairs, settings.batch, seed=settings.seed)
+        extra["throughput"] = modes.throughput(predictors, heldout.texts, heldout.text_pairs, settings.batch, seed=settings.seed,
+                                               progress=bar("throughput (passes)"))
     per_stage = {
         name: {
             "metrics": metrics[name],

@@ -30,10 +30,15 @@ class PassOptions(BaseModel):
 class PassContext:
     spec: ModelSpec
     target: Target
-    sample_texts: Sequence[str]  # real held-out texts for parity checks and fused/unfused timing
+    sample_texts: Sequence[str]  # real held-out texts for parity checks and timing (a fixed sample)
     threads: int
     host_flags: set[str] = field(default_factory=set)
     log: Callable[[str], None] = lambda message: None
+    reported_texts: Sequence[str] | None = None  # every row the report scores (distill keeps out of training)
+
+    @property
+    def heldout_texts(self) -> Sequence[str]:
+        return self.sample_texts if self.reported_texts is None else self.reported_texts
 
     @property
     def host_runs_target(self) -> bool:
@@ -53,6 +58,10 @@ class Pass:
     must_not_follow: ClassVar[dict[str, str]] = {}  # earlier pass -> why this one cannot come after it
     Options: ClassVar[type[PassOptions]] = PassOptions
     summary: ClassVar[str] = ""
+    # What besides its input and options decides the output, for the cache key: "texts" (the sample
+    # it verifies on), "reported" (the rows the report scores), "timing" (threads and CPU: it keeps
+    # the faster of measured candidates). A pass that times nothing must not be re-run on a new host.
+    depends_on: ClassVar[tuple[str, ...]] = ("texts", "timing")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: PassOptions) -> dict:
         """Write the new stage into ``dst`` (an empty directory) and return the pass record:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt import progress
 from xformopt.data import TextDataset, load_text_dataset
 from xformopt.predictors import ort_feed
 
@@ -48,7 +49,8 @@ def row_ids_hash(dataset: TextDataset) -> str:
 
 
 def dataset_record(dataset: TextDataset, role: str) -> dict:
-    return {"role": role, "source": dataset.source, "rows": len(dataset), "row_ids_sha256": row_ids_hash(dataset)}
+    return {"role": role, "path": dataset.path, "source": dataset.source, "rows": len(dataset),
+            "row_ids_sha256": row_ids_hash(dataset)}
 
 
 def load_split(path: str | None, default_split: str, spec, limit: int | None, seed: int, labels: bool) -> TextDataset:
@@ -179,6 +181,7 @@ def calibrate(model_path: Path, reader: TextBatchReader, method: str, op_types: 
         with contextlib.redirect_stdout(io.StringIO()):  # ORT prints histogram progress to stdout
             calibrator.collect_data(reader.chunk(chunk_batches))  # merges the chunk, then clears it
         chunks += 1
+        progress.report(f"calibrating ({METHODS[method]}, batches)", reader.batches, total)
         if chunks % max(1, 16 // chunk_batches) == 0 or reader.batches == total:
             log(f"calibrating ({METHODS[method]}): {reader.batches}/{total} batches")
     with contextlib.redirect_stdout(io.StringIO()):
@@ -242,10 +245,12 @@ def harm_scores(model_path: Path, nodes: list[dict], reader: TextBatchReader, fo
     names = [o.name for o in session.get_outputs()]
     acts: dict[str, list[np.ndarray]] = {}
     reader.rewind()
-    for _ in range(max_batches):
+    planned = min(max_batches, len(reader))
+    for b in range(max_batches):
         feed = reader.get_next()
         if feed is None:
             break
+        progress.report("ranking GEMMs by harm (batches)", b + 1, planned)
         mask = feed.get("attention_mask")
         for name, value in zip(names, session.run(None, feed)):
             if mask is not None and value.ndim == 3 and value.shape[:2] == mask.shape:

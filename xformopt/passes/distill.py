@@ -42,6 +42,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from xformopt import progress
 from xformopt.artifact import copy_side_files
 from xformopt.errors import InputError, PassFailed
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -134,7 +135,7 @@ def load_sets(ctx: PassContext, options: DistillOptions, labelled: bool):
     else:
         heldout = load_text_dataset(vader_split_path("validation"), **{**kwargs, "text_column": None, "text_pair_column": ""},
                                     limit=options.eval_samples, seed=options.seed)
-    reported = set(ctx.sample_texts)
+    reported = set(ctx.heldout_texts)
     keep_eval = [i for i, t in enumerate(heldout.texts) if t not in reported]
     notes["eval_rows_dropped_as_in_reported_heldout"] = len(heldout) - len(keep_eval)
     if not keep_eval:
@@ -186,6 +187,7 @@ def _load(spec, path: Path, eager: bool):
 class DistillPass(Pass):
     name = "distill"
     stage = "torch"
+    depends_on = ("texts", "reported", "timing")  # the reported rows are kept out of its training data
     consumes = "hf"
     produces = "hf"
     Options = DistillOptions
@@ -326,7 +328,8 @@ class DistillPass(Pass):
         else:
             ctx.log(f"distill: teacher pass over {len(train_enc)} training rows" + (
                 f" (caching {len(cached_layers)} hidden layers, {cache_mb:.0f} MB float16)" if cached_layers else ""))
-            cache = D.teacher_outputs(teacher, train_enc, task, accepts, cached_layers, 64, device)
+            cache = D.teacher_outputs(teacher, train_enc, task, accepts, cached_layers, 64, device,
+                                      progress=progress.tracker("distill: teacher pass (batches)"))
             if cached_layers:  # the cache is indexed by position in cached_layers
                 position = {j: p for p, j in enumerate(cached_layers)}
                 cache.hidden = [cache.hidden[position[j]] for j in layer_map]

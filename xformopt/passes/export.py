@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import Field
 
+from xformopt.artifact import copy_sentence_transformers_modules
 from xformopt.errors import InputError, PassFailed
 from xformopt.evaluate.metrics import row_cosine
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -80,6 +81,7 @@ def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: Exp
 class ExportPass(Pass):
     name = "export"
     stage = "torch"  # the bridge: it reads a torch stage and writes the first ONNX stage
+    depends_on = ("texts",)  # parity texts only: it times nothing
     consumes = "hf"
     produces = "onnx"
     Options = ExportOptions
@@ -124,10 +126,12 @@ class ExportPass(Pass):
 
 
 def _keep_only_config_files(src: Path, dst: Path) -> None:
-    """Make sure the ONNX stage carries the config and tokenizer files loaders need."""
+    """Make sure the ONNX stage carries the config, tokenizer and sentence-transformers module files
+    loaders need."""
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         if (src / name).is_file() and not (dst / name).exists():
             shutil.copy2(src / name, dst / name)
+    copy_sentence_transformers_modules(src, dst)
 
 
 class _quiet_loggers:

@@ -109,6 +109,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
+from xformopt import progress
 from xformopt.artifact import copy_side_files
 from xformopt.errors import InputError, PassFailed
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -353,6 +354,7 @@ def row_losses(model, batches: Batches, task: str, reference: list | None) -> np
     rows = []
     with torch.no_grad():
         for b, enc in enumerate(batches.encoded):
+            progress.report("prune: importance (batches)", b + 1, len(batches.encoded))
             out = pooled(model, enc, task)
             if task == "text-classification":
                 loss = torch.nn.functional.cross_entropy(out, batches.labels[b], reduction="none")
@@ -824,7 +826,8 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
     fused: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="xformopt-prune-candidates-") as work:
         dirs: dict[str, Path] = {}
-        for key, plan in [("unpruned", None), *((f"candidate{i}", p) for i, p in enumerate(plans))]:
+        for n, (key, plan) in enumerate([("unpruned", None), *((f"candidate{i}", p) for i, p in enumerate(plans))]):
+            progress.report("prune: exporting candidates", n, len(plans) + 1)
             candidate = copy.deepcopy(model)
             if plan is not None:
                 apply_plan(candidate, arch, plan)
@@ -846,6 +849,7 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
             shutil.rmtree(raw)
             del candidate
             dirs[key] = stage
+        progress.report("prune: exporting candidates", len(plans) + 1, len(plans) + 1)
         ctx.log(f"timing the unpruned model and {len(plans)} candidates interleaved ({rounds} rounds, batch 1)")
         stats = time_stage_dirs(ctx, dirs, rounds, tokenizer_dir=tokenizer_dir)
     for i, plan in enumerate(plans):

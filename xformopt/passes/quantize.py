@@ -27,7 +27,6 @@ fastest kept. When none passes within ``max_float_nodes``, the best is written w
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
 from xformopt.evaluate.metrics import row_cosine
@@ -48,6 +48,7 @@ from xformopt.onnx_graph import (
     weighted_gemms,
 )
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.int8_formats import agreement_floor, describe, failure_hint, format_ladder
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 
@@ -66,9 +67,13 @@ class QuantizeOptions(PassOptions):
     mode: Literal["dynamic", "static"] = Field("dynamic", description="dynamic (activations per batch) or static (calibrated)")
     per_channel: bool | None = Field(None, description="per-channel weight scales; default: the target's")
     reduce_range: bool | None = Field(None, description="7-bit weights; default: the target's")
+    weight_type: Literal["int8", "uint8"] | None = Field(None, description="weight type; default: the target's")
     op_types: list[str] | None = Field(None, description="op types to quantize; default: the target's")
     exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
-    min_agreement: float = Field(0.9, ge=0, le=1, description="sanity floor: output cosine vs. the float graph")
+    min_agreement: float | None = Field(
+        None, ge=0, le=1,
+        description="floor on the output cosine to the float graph; below it the pass tries safer formats, then "
+                    "float for the most harmful GEMMs; default: 0.99 for embeddings, 0.9 otherwise")
     quant_format: Literal["QOperator", "QDQ"] | None = Field(None, description="static: graph format; default: the target's")
     activation_type: Literal["uint8", "int8"] | None = Field(None, description="static: activation type; default: the target's")
     activation_symmetric: bool | None = Field(None, description="static: zero-point 0 activations; default: the target's")
@@ -88,29 +93,12 @@ class QuantizeOptions(PassOptions):
     @field_validator("max_accuracy_drop", mode="before")
     @classmethod
     def _budget(cls, value):
-        if value is None or isinstance(value, bool):
-            return None if value is None else _bad_budget(value)
-        if isinstance(value, (int, float)):
-            return float(value) if value >= 0 else _bad_budget(value)
-        text = str(value).strip()
-        if re.fullmatch(r"\d+(\.\d+)?%", text):
-            return text
-        try:
-            number = float(text)
-        except ValueError:
-            return _bad_budget(value)
-        return number if number >= 0 else _bad_budget(value)
-
-
-def _bad_budget(value):
-    raise ValueError(f"max_accuracy_drop must be points >= 0 (e.g. 0.5) or a percentage of the float value (e.g. '1%'), got {value!r}")
+        return None if value is None else accuracy_budget.parse(value)
 
 
 def allowed_drop(budget: float | str, float_points: float) -> float:
     """The budget in metric points: absolute, or a percentage of the float graph's value."""
-    if isinstance(budget, str):
-        return float(budget.rstrip("%")) / 100 * float_points
-    return float(budget)
+    return accuracy_budget.points(budget, float_points)
 
 
 def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
@@ -121,7 +109,7 @@ def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
 
     static = options.mode == "static"
     return {
-        "weight_type": q.weight_type,
+        "weight_type": pick(options.weight_type, q.weight_type),
         # dynamic quantization always quantizes activations to asymmetric uint8, in QOperator form
         "activation_type": pick(options.activation_type, q.activation_type) if static else "uint8",
         "activation_symmetric": pick(options.activation_symmetric, q.activation_symmetric) if static else False,
@@ -163,7 +151,7 @@ def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
 
     texts = list(ctx.sample_texts[:32])
     ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict(texts)
-    got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads).predict(texts)
+    got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads, tokenizer_dir=float_dir).predict(texts)
     cos = row_cosine(ref, got)
     return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "texts": len(texts)}
 
@@ -188,21 +176,21 @@ class QuantizePass(Pass):
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"
         work.mkdir()
-        record: dict = {"mode": options.mode, "formats": formats}
+        record: dict = {"mode": options.mode}
         try:
             if options.mode == "static":
-                build, record["calibration"], prepared, ranges, harm_reader = self._static(ctx, src, work, options, formats)
+                make_builder, record["calibration"], prepared, ranges, harm_reader = self._static(ctx, src, work, options, formats)
             else:
-                ctx.log(
-                    f"quantizing dynamic INT8 (weights {formats['weight_type']}, per-channel {formats['per_channel']}, "
-                    f"reduce-range {formats['reduce_range']})"
-                )
-                build, prepared, ranges, harm_reader = _dynamic_builder(src, options, formats), src / "model.onnx", None, None
-            first = work / "candidate-0"
-            build(first, list(options.exclude_nodes))
-            chosen = first
+                make_builder = lambda fmt: _dynamic_builder(src, options, fmt)  # noqa: E731
+                prepared, ranges, harm_reader = src / "model.onnx", None, None
+            search = choose_formats(ctx, options, formats, src, work, make_builder, prepared, ranges, harm_reader)
+            formats, build, chosen = search.pop("formats"), search.pop("build"), search.pop("dir")
+            record["formats"], record["format_search"] = formats, search
             if options.max_accuracy_drop is not None:
-                chosen, record["budget"] = budget_search(ctx, options, formats, src, work, build, prepared, ranges, harm_reader)
+                budget_options = options.model_copy(update={"exclude_nodes": search["exclude_nodes"]})
+                chosen.rename(work / "candidate-0")
+                chosen, record["budget"] = budget_search(ctx, budget_options, formats, src, work, build, prepared,
+                                                         ranges, harm_reader)
                 record["budget_met"] = record["budget"]["budget_met"]
             for item in chosen.iterdir():
                 shutil.move(str(item), dst / item.name)
@@ -214,15 +202,11 @@ class QuantizePass(Pass):
                 f"quantize changed nothing: none of {coverage['weighted_gemms']} weighted MatMul/Gemm nodes "
                 f"became INT8 (op types {formats['op_types']})"
             )
-        agree = output_agreement
-        if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
-            from xformopt.decoder.fusion import logits_agreement as agree
-        agreement = agree(ctx, src, dst)
-        if agreement["mean_cosine"] < options.min_agreement and record.get("budget_met", True):
-            raise PassFailed(
-                f"INT8 outputs disagree with float: mean cosine {agreement['mean_cosine']:.3f} "
-                f"< {options.min_agreement} (saturation? try a target with reduce_range)"
-            )
+        agreement = _agreement(ctx)(ctx, src, dst)
+        floor = agreement_floor(ctx.spec.task, options.min_agreement)
+        if agreement["mean_cosine"] < floor and record.get("budget_met", True):
+            raise PassFailed(f"INT8 outputs disagree with float: mean cosine {agreement['mean_cosine']:.3f} < {floor}; "
+                             + failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
         return {**record, "coverage": coverage, "agreement": agreement}
 
     def _static(self, ctx: PassContext, src: Path, work: Path, options: QuantizeOptions, formats: dict):
@@ -243,7 +227,10 @@ class QuantizePass(Pass):
         ctx.log(f"calibrated {stats['tensors']} tensors in {stats['chunks']} chunk(s) of <= {stats['chunk_batches']} batches "
                 f"({stats['seconds']:.1f}s)")
         record = {**cal.dataset_record(dataset, "calibration"), **stats, "prepare": prep}
-        return _static_builder(prepared, cache, options, formats), record, prepared, cal.tensor_ranges(cache), reader
+        def make_builder(fmt: dict):
+            return _static_builder(prepared, cache, options, fmt)
+
+        return make_builder, record, prepared, cal.tensor_ranges(cache), reader
 
 
 def _weight_type(formats: dict):
@@ -331,6 +318,100 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
     return build
 
 
+# --------------------------------------------------------------------------- format ladder
+
+
+def _agreement(ctx: PassContext):
+    if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
+        from xformopt.decoder.fusion import logits_agreement
+
+        return logits_agreement
+    return output_agreement
+
+
+def _fixed(options: QuantizeOptions) -> dict:
+    return {"per_channel": options.per_channel, "reduce_range": options.reduce_range, "weight_type": options.weight_type}
+
+
+def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, src: Path, work: Path, make_builder,
+                   prepared: Path, ranges: dict | None, harm_reader) -> dict:
+    """Build with the target's formats; while the output cosine to float is under the floor, try the
+    next safer format, then return the most harmful GEMMs to float (1, 2, 4 ... up to a tenth of them).
+
+    Returns the chosen formats, their builder, the built directory, every attempt and the reason.
+    """
+    from xformopt.targets import u8s8_saturates
+
+    floor = agreement_floor(ctx.spec.task, options.min_agreement)
+    agree = _agreement(ctx)
+    saturating = ctx.target.quant.reduce_range or u8s8_saturates(ctx.host_flags)
+    ladder = format_ladder(formats, _fixed(options), saturating)
+    attempts: list[dict] = []
+    dirs: list[Path] = []
+    exclude = list(options.exclude_nodes)
+
+    def attempt(fmt: dict, extra_float: list[str], change: str) -> tuple[Path, dict]:
+        out = work / f"format-{len(attempts)}"
+        build = make_builder(fmt)
+        build(out, [*exclude, *extra_float])
+        row = {"formats": {k: fmt[k] for k in ("weight_type", "per_channel", "reduce_range")}, "change": change,
+               "float_nodes": extra_float, **{k: round(v, 6) for k, v in agree(ctx, src, out).items()
+                                              if k in ("mean_cosine", "min_cosine")}}
+        row["passes"] = row["mean_cosine"] >= floor
+        ctx.log(f"INT8 formats ({describe(fmt)}{f', {len(extra_float)} node(s) in float' if extra_float else ''}): "
+                f"mean cosine to float {row['mean_cosine']:.4f} ({'>=' if row['passes'] else '<'} {floor})")
+        attempts.append(row)
+        dirs.append(out)
+        return out, row
+
+    best = None
+    for i, fmt in enumerate(ladder):
+        fmt = {k: v for k, v in fmt.items() if k != "change"}
+        out, row = attempt(fmt, [], ladder[i]["change"])
+        if best is None or row["mean_cosine"] > best[2]["mean_cosine"]:
+            best = (fmt, out, row)
+        if row["passes"]:
+            break
+    fmt, out, row = best
+    if not row["passes"] and not ctx.spec.is_decoder:
+        candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"] and g["name"] not in exclude]
+        most = max(1, len(candidates) // 10)
+        reader = harm_reader or _sample_reader(ctx, src)
+        from xformopt.passes.calibration import harm_scores
+
+        scores = harm_scores(prepared, candidates, reader, fmt, ranges, work)
+        ranked = sorted(scores, key=lambda n: -scores[n])
+        k = 1
+        while k <= most:
+            out, row = attempt(fmt, ranked[:k], f"{k} most harmful GEMM(s) in float")
+            if row["passes"]:
+                break
+            k = most if k < most < 2 * k else 2 * k
+    passing = [i for i, r in enumerate(attempts) if r["passes"]]
+    # Nothing passed: keep the closest, so the failure below reports the best this model can do.
+    pick = passing[0] if passing else max(range(len(attempts)), key=lambda i: attempts[i]["mean_cosine"])
+    final = attempts[pick]
+    reason = ("the target's formats" if pick == 0 and passing else
+              f"first attempt over the floor {floor}: {final['change']}" if passing else
+              f"no attempt reached the floor {floor}")
+    if pick:
+        ctx.log(f"INT8 formats: {reason}")
+    final_fmt = {**fmt, **final["formats"]}
+    for i, d in enumerate(dirs):
+        if i != pick:
+            shutil.rmtree(d, ignore_errors=True)
+    return {"formats": final_fmt, "build": make_builder(final_fmt), "dir": dirs[pick], "floor": floor,
+            "attempts": attempts, "chosen": pick, "exclude_nodes": [*exclude, *final["float_nodes"]], "reason": reason}
+
+
+def _sample_reader(ctx: PassContext, src: Path):
+    from xformopt.models import load_tokenizer
+    from xformopt.passes import calibration as cal
+
+    return cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), list(ctx.sample_texts)[:64],
+                               cal.graph_input_names(src / "model.onnx"))
+
+
 # --------------------------------------------------------------------------- accuracy budget
 
 
@@ -343,7 +424,7 @@ def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datase
     from xformopt.predictors import OrtPredictor
 
     out = OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict(
-        dataset.texts, dataset.text_pairs)
+        dataset.texts, dataset.text_pairs, progress=progress.tracker(f"budget: scoring {model_dir.name} (rows)"))
     if ctx.spec.task == "text-classification":
         if dataset.labels is not None:
             return 100.0 * float((out.argmax(-1) == np.asarray(dataset.labels)).mean())
@@ -359,7 +440,8 @@ def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datase
 def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
     from xformopt.predictors import OrtPredictor
 
-    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(dataset.texts, dataset.text_pairs)
+    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(
+        dataset.texts, dataset.text_pairs, progress=progress.tracker("budget: float reference (rows)"))
 
 
 TIMING_TOLERANCE = 0.05

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
 
+from xformopt import progress
+
 K = TypeVar("K", bound=Hashable)
 
 TIMED_TEXTS = 64
@@ -40,7 +42,8 @@ def time_stage_dirs(
     source = ctx.sample_texts if texts is None else texts
     encoded = [first.tokenize([t]) for t in list(source)[:TIMED_TEXTS]]
     calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
-    stats = run_interleaved(calls, len(encoded), warmup=WARMUP_CALLS, iterations=rounds)
+    stats = run_interleaved(calls, len(encoded), warmup=WARMUP_CALLS, iterations=rounds,
+                            progress=progress.tracker(f"timing {len(calls)} candidates (rounds)"))
     return {name: s.to_dict() for name, s in stats.items()}
 
 

@@ -115,6 +115,16 @@ def metric_text(row: dict, name: str, baseline: bool, detail: bool = True, ci: b
     return text
 
 
+def metric_notes(report: dict) -> list[str]:
+    """What the compact cells abbreviate, said once under the table."""
+    notes = []
+    if any(((row.get("metrics") or {}).get("cosine_to_baseline") or {}).get("p1") is not None
+           for row in report.get("stages", [])):
+        notes.append("Cosine: mean per-row cosine to the fp32 baseline's outputs; p1 = its 1st percentile "
+                     "(1% of rows are further from the baseline)")
+    return notes
+
+
 def metric_columns(report: dict) -> list[str]:
     """The headline metric first, then the secondary metrics any stage has."""
     headline = report["headline_metric"]

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from xformopt.report.cells import (
     DASH,
+    metric_notes,
     REF,
     artifact_text,
     ci_half,
@@ -241,6 +242,8 @@ class ReportView:
     def caption(self) -> Table:
         grid = Table.grid(padding=(0, 0))
         grid.add_column(overflow="fold")
+        for note in metric_notes(self.report):
+            grid.add_row(Text(f"{note}.", style="dim"))
         grid.add_row(Text(f"Latency: {settings_text(self.report)}.", style="dim"))
         grid.add_row(Text(f"Host: {host_text(self.report)}.", style="dim"))
         return grid

@@ -14,6 +14,7 @@ from xformopt.report.cells import (
     int8_text,
     metric_label,
     rows_for_display,
+    metric_notes,
     settings_text,
     target_warning,
     throughput_rows,
@@ -59,6 +60,7 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
     header, body = rows_for_display(report)
     lines += _md_table(header, body)
     lines.append("")
+    lines += [f"{note}." for note in metric_notes(report)] + ([""] if metric_notes(report) else [])
     artifact = artifact_text(report, markup="md")
     if artifact:
         lines += [artifact, ""]
