@@ -79,9 +79,11 @@ def _packaged_minilm() -> Path | None:
 
 
 def _log(message: str) -> None:
-    from xformopt.cli import output
+    """The download's one log line, on stderr beside huggingface_hub's own progress bars (this layer
+    does not import the CLI)."""
+    import sys
 
-    output.log(message)
+    print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
 def locate(model: str) -> Path:
