@@ -285,6 +285,8 @@ def test_settings_mismatch_refused_even_with_flag(artifact, report, capsys, monk
 
     monkeypatch.setattr(modes, "solo_repeats", never)
     threads = report["settings"]["threads"] + 1
+    # more threads than this host's CPUs would be refused first (validate.check_threads): say it has them
+    monkeypatch.setattr("xformopt.bench.host.usable_cpus", lambda *a, **k: threads)
     code, _, err = run_cli(["bench", artifact, "--baseline", artifact / "report.json", "--threads", threads,
                             "--allow-host-mismatch"], capsys)
     assert code == 2
@@ -316,7 +318,7 @@ def artifact_copy(artifact, tmp_path) -> Path:
     ("report.json", '{"schema": "xformopt.report/99"}', "has schema 'xformopt.report/99'"),
     ("manifest.json", "[]", "manifest.json is not a JSON object"),
     ("report.json", '{"schema": "xformopt.report/1", "settings": {}, "artifact": {}, "host": {}}', "has no artifact latency"),
-    ("model.onnx", "not an onnx model", "cannot load the artifact"),
+    ("model.onnx", "not an onnx model", "is not a valid ONNX model"),
     ("reference/rows.json", '{"row_ids": [1, 2]}', "does not describe baseline_outputs.npy"),
 ])
 def test_corrupted_artifact_exits_2(artifact_copy, capsys, name, text, expected):

@@ -111,8 +111,8 @@ def test_invalid_config_json(tmp_path):
 def test_uncached_hub_id_offline_explains(model, empty_hub_cache, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # so the name cannot accidentally be a local directory
     message = resolve_error(model)
-    assert f"model {model!r} is neither a local directory nor in the Hugging Face cache" in message
-    assert "the hub is not contacted" in message
+    assert f"model {model!r} is not a local folder nor in the Hugging Face cache" in message
+    assert "HF_HUB_OFFLINE=1" in message
     assert "pass its local path" in message
 
 

@@ -19,38 +19,108 @@ from xformopt.errors import InputError
 MANIFEST_SCHEMA = "xformopt.manifest/1"
 
 
-def check_output(out: Path, force: bool) -> None:
-    """Fail before any work when the output exists (and --force was not given) or cannot be made."""
+def _nearest_existing(path: Path) -> Path:
+    for parent in (path, *path.parents):
+        if parent.exists() or parent.is_symlink():
+            return parent
+    return Path(path.anchor or ".")
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_output(out: Path, force: bool, protected: tuple = ()) -> None:
+    """Fail before any work when ``out`` cannot safely become the output folder.
+
+    Refused: an existing output without --force; a file even with --force; a symbolic link (replacing it would swap the link, not its target: name the real path); a path
+    under a file or an unwritable folder; and a path equal to, inside, or holding any ``protected``
+    path (the input model, the data files, the cache), which --force would otherwise delete.
+    """
     out = Path(out)
-    if out.exists() and not force:
-        raise InputError(f"output {out} already exists; pass --force to replace it or choose another -o")
-    if out.exists() and not out.is_dir():
-        raise InputError(f"output {out} exists and is not a directory; remove it or choose another -o")
-    parent = out.resolve().parent
-    if parent.exists() and not os.access(parent, os.W_OK):
-        raise InputError(f"cannot write to {parent}; choose another -o")
+    if out.is_symlink():
+        target = os.readlink(out)
+        state = "" if out.exists() else " (dangling)"
+        raise InputError(f"output {out} is a symbolic link to {target}{state}; pass the real path as -o "
+                         "or remove the link")
+    if out.exists():
+        if not out.is_dir():
+            raise InputError(f"output {out} exists and is not a directory; remove it or choose another -o")
+        if not force:
+            raise InputError(f"output {out} already exists; pass --force to replace it or choose another -o")
+    absolute = Path(os.path.abspath(out))
+    existing = _nearest_existing(absolute.parent)
+    if not existing.is_dir():
+        raise InputError(f"cannot create output {out}: {existing} is a file, not a folder; choose another -o")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"cannot write to {existing} (permission denied); choose another -o")
+    resolved = absolute.resolve()
+    for item in protected:
+        if item is None:
+            continue
+        other = Path(item).expanduser().resolve()
+        if _overlaps(resolved, other):
+            how = "is" if resolved == other else ("is inside" if other in resolved.parents else "contains")
+            raise InputError(f"output {out} {how} {other}, which this run reads (model, data or cache); "
+                             "choose an -o outside it")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where unsupported.
+
+    By hand because os has no renameat2: it is the only way to replace a non-empty folder so that
+    every observer sees the old one or the new one, never neither."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def temp_sibling(out: Path, kind: str = "tmp") -> Path:
+    """``.NAME.tmp-PID-NS`` beside ``out``: the pid lets a later run sweep it if this one dies."""
+    out = Path(out)
+    return out.parent / f".{out.name}.{kind}-{os.getpid()}-{time.monotonic_ns()}"
 
 
 @contextmanager
-def atomic_dir(out: Path, force: bool) -> Iterator[Path]:
-    """Yield an empty temp sibling of ``out``; on success it replaces ``out``, on error it vanishes."""
+def atomic_dir(out: Path, force: bool, *, wait: bool = False, protected: tuple = ()) -> Iterator[Path]:
+    """Yield an empty temp sibling of ``out``; on success it replaces ``out``, on error it vanishes.
+
+    The output's lock is held from before the temp folder exists until the rename, so two runs on
+    one -o cannot both publish (the second is refused, or waits with ``wait``)."""
+    from xformopt.locks import claim_output
+    from xformopt.stale import sweep
+
     out = Path(out)
-    check_output(out, force)
+    check_output(out, force, protected)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():  # --force: move the old one aside first so a crash never leaves neither
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
+    with claim_output(out, wait=wait):
+        check_output(out, force, protected)  # again under the lock: another run may have just published
+        sweep(out.parent)
+        tmp = temp_sibling(out)
+        tmp.mkdir()
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if out.exists():  # --force
+            if not _exchange(tmp, out):  # fallback: move aside, then in; a crash leaves a swept .old-PID
+                old = temp_sibling(out, "old")
+                out.rename(old)
+                tmp.rename(out)
+                tmp = old
+            shutil.rmtree(tmp, ignore_errors=True)  # now the old output
+        else:
+            tmp.rename(out)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -170,7 +240,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write to a temp file next to ``path``, then rename it into place (never a half-written file)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+    tmp = temp_sibling(path)
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

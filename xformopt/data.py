@@ -287,6 +287,9 @@ def _parse_json_lines(path: Path, content: str) -> tuple[list[dict], Callable[[i
         except json.JSONDecodeError as e:
             raise InputError(f"{path} line {number}: not valid JSON ({e.msg} at column {e.colno}); "
                              "each line must be one JSON object") from None
+        except (RecursionError, ValueError) as e:  # nested thousands deep, or an int of 4300+ digits
+            raise InputError(f"{path} line {number}: JSON too deeply nested or a number too long "
+                             f"({type(e).__name__}); each line must be one flat JSON object") from None
         if not isinstance(row, dict):
             raise InputError(f"{path} line {number}: a JSON {type(row).__name__}, not an object; "
                              'write each example as {"text": ..., "label": ...}')
@@ -301,6 +304,9 @@ def _parse_json_array(path: Path, content: str) -> tuple[list[dict], Callable[[i
     except json.JSONDecodeError as e:
         raise InputError(f"{path} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno}); "
                          "fix the file or write one JSON object per line") from None
+    except (RecursionError, ValueError) as e:
+        raise InputError(f"{path}: JSON too deeply nested or a number too long ({type(e).__name__}); "
+                         "write one flat JSON object per line") from None
     if not isinstance(rows, list):
         raise InputError(f"{path}: expected a JSON array of objects; write one JSON object per line")
     for i, row in enumerate(rows):
@@ -451,8 +457,21 @@ def _label_values(table: _Table, column: str, label2id: dict[str, int] | None,
     return ids, names, ""
 
 
+MAX_LABEL_ID = 2**31 - 1  # class ids index an int32/int64 logits row; anything larger is not an id
+
+
 def _parse_label(table: _Table, column: str, row: int, value: Any) -> int | str | None:
     """An id (int), a name (str) or None for a missing label."""
+    label = _parse_label_value(table, column, row, value)
+    if isinstance(label, int) and abs(label) > MAX_LABEL_ID:
+        shown = str(label)
+        shown = shown if len(shown) <= 24 else f"{shown[:12]}...({len(shown)} digits)"
+        raise InputError(f"{table.name} {table.where(row)}: label id {shown} in column {column!r} is too large to "
+                         f"be a class id (at most {MAX_LABEL_ID}); use the model's ids or label names")
+    return label
+
+
+def _parse_label_value(table: _Table, column: str, row: int, value: Any) -> int | str | None:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -462,13 +481,22 @@ def _parse_label(table: _Table, column: str, row: int, value: Any) -> int | str 
     if isinstance(value, float):
         if math.isnan(value):  # pandas writes missing values as NaN
             return None
+        if math.isinf(value):
+            return MAX_LABEL_ID + 1  # refused above as too large
         if value.is_integer():
             return int(value)
     if isinstance(value, str):
         text = value.strip()
         if not text:
             return None
-        return int(float(text)) if _INT_LIKE.match(text) else text
+        if not _INT_LIKE.match(text):
+            return text
+        try:
+            number = float(text)
+        except OverflowError:  # pragma: no cover - float() returns inf instead
+            number = math.inf
+        return MAX_LABEL_ID + 1 if math.isinf(number) else (int(text) if text.lstrip("+-").isdigit() and len(text) < 4000
+                                                           else int(number))
     raise InputError(f"{table.name} {table.where(row)}: label {value!r} in column {column!r} is not a class id "
                      "or name (regression and multi-label targets are not supported); pass a classification "
                      "label column")

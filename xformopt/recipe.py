@@ -8,7 +8,7 @@ saved in every artifact's manifest, so an artifact always carries the exact reci
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -19,6 +19,12 @@ from xformopt.passes import REGISTRY, get_pass
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
 
+# Upper bounds keep a typo (an extra zero or three) from starting a run that never ends or a
+# thread pool that hangs the host; they are far above any useful setting.
+BatchSize = Annotated[int, Field(ge=1, le=4096)]
+SeqLength = Annotated[int, Field(ge=1, le=131072)]
+
+
 class EvaluationSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -26,16 +32,16 @@ class EvaluationSettings(BaseModel):
     text_column: str | None = None
     text_pair_column: str | None = None
     label_column: str | None = None
-    limit: int | None = Field(None, ge=1, description="evaluate on at most this many rows (seeded sample)")
-    seed: int = 0
+    limit: int | None = Field(None, ge=1, le=10_000_000, description="evaluate on at most this many rows (seeded sample)")
+    seed: int = Field(0, ge=0, le=2**32 - 1)
     threads: int | None = Field(None, ge=1, description="intra-op threads; default: the CPUs this process may use")
-    latency_rounds: int = Field(100, ge=3, description="interleaved timing rounds at batch 1")
-    warmup: int = Field(10, ge=0)
-    repeats: int = Field(5, ge=1, description="solo timing repeats of the artifact (their spread is the noise)")
+    latency_rounds: int = Field(100, ge=3, le=100_000, description="interleaved timing rounds at batch 1")
+    warmup: int = Field(10, ge=0, le=10_000)
+    repeats: int = Field(5, ge=1, le=1000, description="solo timing repeats of the artifact (their spread is the noise)")
     modes: list[Literal["real", "fixed", "throughput"]] = Field(["real"], min_length=1)
-    batch: list[int] = Field([1, 8, 32], min_length=1, description="batch sizes for fixed/throughput modes")
-    seq: list[int] = Field([32, 128, 512], min_length=1, description="sequence lengths for fixed mode")
-    fixed_rounds: int = Field(20, ge=3, description="interleaved rounds per fixed (batch, seq) cell")
+    batch: list[BatchSize] = Field([1, 8, 32], min_length=1, max_length=64, description="batch sizes for fixed/throughput modes")
+    seq: list[SeqLength] = Field([32, 128, 512], min_length=1, max_length=64, description="sequence lengths for fixed mode")
+    fixed_rounds: int = Field(20, ge=3, le=100_000, description="interleaved rounds per fixed (batch, seq) cell")
 
 
 class PassStep(BaseModel):
@@ -205,8 +211,17 @@ def load(path_or_name: str) -> Recipe:
                 f"recipe not found: {path_or_name} (not a file, and not a shipped recipe: {', '.join(shipped_names())})"
             )
         path = shipped
-    text = path.read_text()
     try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); save the recipe as UTF-8 YAML") from None
+    except OSError as exc:
+        raise InputError(f"cannot read recipe {path} ({exc.strerror or type(exc).__name__})") from None
+    if len(text) > MAX_RECIPE_CHARS:
+        raise InputError(f"{path}: {len(text)} characters is not a recipe (at most {MAX_RECIPE_CHARS}); "
+                         "pass the recipe YAML file")
+    try:
+        refuse_aliases(text)
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -214,6 +229,21 @@ def load(path_or_name: str) -> Recipe:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"{path}{line}: broken YAML: {problem}; fix the recipe file") from None
     return validate(raw, str(path), text)
+
+
+MAX_RECIPE_CHARS = 1_000_000
+
+
+def refuse_aliases(text: str, origin: str = "") -> None:
+    """YAML anchors and aliases (``&a`` / ``*a``) are refused: a recipe has no use for them, and
+    nested aliases expand exponentially (the "billion laughs" document) in every later walk of the
+    parsed tree, which would hang the run. Scanning events is linear in the text and expands nothing."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, yaml.AliasEvent) or anchor:
+            mark = event.start_mark
+            raise yaml.MarkedYAMLError(problem="anchors and aliases (&name / *name) are not allowed in a recipe; "
+                                               "write the values out", problem_mark=mark)
 
 
 def shipped_names() -> list[str]:

@@ -124,6 +124,9 @@ def check_document(doc, origin: str) -> dict:
         raise InputError(f"{origin}: artifact.metrics is not an object")
     if not isinstance(doc.get("host"), dict) and not isinstance(doc.get("host_fingerprint"), str):
         raise InputError(f"{origin} records no host (host / host_fingerprint); re-create it with the current xformopt")
+    from xformopt.bench.schema import check_numbers
+
+    check_numbers(doc, origin)  # every documented number finite and typed, not only those read below
     return doc
 
 

@@ -159,6 +159,9 @@ def load_artifact(path: Path) -> Artifact:
         raise InputError(f"{path / 'report.json'} lacks its 'model' section; re-run optimize")
     if not (path / "model.onnx").is_file():
         raise InputError(f"{path} has no model.onnx; bench times the ONNX artifact of `xformopt optimize`")
+    from xformopt.validate import check_onnx_file
+
+    check_onnx_file(path / "model.onnx")
     task = (manifest.get("input") or {}).get("task") or report["model"].get("task")
     spec = models.resolve(str(path), task)
     if not (path / "tokenizer.json").is_file():

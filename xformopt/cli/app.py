@@ -42,7 +42,7 @@ def _root(
 
 
 def _register() -> None:
-    from xformopt.cli import bench, catalog, command, optimize, passes, recipes, report, targets
+    from xformopt.cli import bench, cache, catalog, command, optimize, passes, recipes, report, targets
 
     optimize.register(app)
     bench.register(app)
@@ -54,6 +54,7 @@ def _register() -> None:
     app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")
+    app.add_typer(cache.app, name="cache")
     command.apply(app)  # flags without <bool>, MODEL/DIR usage lines, on every command
 
 
@@ -62,9 +63,8 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs the app and turns every error into one line and an exit code."""
-    # The hub is never contacted: models come from local paths or the local cache only.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # Hub ids download through huggingface_hub (xformopt/hub.py); offline only when the user sets
+    # HF_HUB_OFFLINE=1 or the hub is unreachable, so neither it nor TRANSFORMERS_OFFLINE is forced here.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # PyTorch's OpenMP pool must not spin either (see predictors.ort_session); it reads this once,
     # when torch is first imported, so it is set before any command runs. Measured on a 2-core
@@ -74,11 +74,18 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     root = typer.main.get_command(app)
+    from xformopt.signals import Interrupted, interruptible, received
+
     try:
         # Not standalone: usage errors (unknown option, missing argument, bad value) come back here
         # and print as one line like every other error, instead of Click's 5-line box.
-        with output.progress_display():
-            code = root.main(args=argv, prog_name="xformopt", standalone_mode=False)
+        with output.progress_display(), interruptible():
+            try:
+                code = root.main(args=argv, prog_name="xformopt", standalone_mode=False)
+            except Exception:
+                if (signal_exc := received()) is not None:  # the signal's exception was replaced on its way up
+                    raise signal_exc from None
+                raise
         if isinstance(code, int) and code:  # typer.Exit(code), e.g. from a callback
             sys.exit(code)
     except UsageError as exc:
@@ -89,8 +96,11 @@ def main(argv: list[str] | None = None) -> None:
     except XformoptError as exc:
         output.error(exc.message)
         sys.exit(exc.exit_code)
+    except Interrupted as exc:
+        output.error(f"interrupted ({exc.name})")
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        output.error("interrupted")
+        output.error("interrupted (SIGINT)")
         sys.exit(130)
     except Exception as exc:  # a bug or a library failure: one line, exit 3, traceback on request
         if os.environ.get("XFORMOPT_DEBUG"):

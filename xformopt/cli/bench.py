@@ -174,12 +174,12 @@ def bench(
     text_column: str = typer.Option(None, "--text-column", help="Text column [default: the recipe's, else guessed]."),
     text_pair_column: opt.TextPairColumn = None,
     label_column: str = typer.Option(None, "--label-column", help="Label column [default: the recipe's, else guessed]."),
-    limit: int = typer.Option(None, "--limit", min=1, help="At most N held-out rows (seeded sample) [default: the recipe's limit]."),
-    seed: int = typer.Option(None, "--seed", help="Sampling and timing-order seed [default: the report's]."),
+    limit: int = typer.Option(None, "--limit", min=1, max=10_000_000, help="At most N held-out rows (seeded sample) [default: the recipe's limit]."),
+    seed: int = typer.Option(None, "--seed", min=0, max=2**32 - 1, help="Sampling and timing-order seed [default: the report's]."),
     threads: int = typer.Option(None, "--threads", min=1, help="Intra-op threads [default: the report's]."),
-    rounds: int = typer.Option(None, "--rounds", min=3, help="Batch-1 calls per repeat [default: the report's]."),
-    warmup: int = typer.Option(None, "--warmup", min=0, help="Untimed calls before the first repeat [default: the report's]."),
-    repeats: int = typer.Option(None, "--repeats", min=1, help="Timing repeats; their spread is the noise [default: the report's]."),
+    rounds: int = typer.Option(None, "--rounds", min=3, max=100_000, help="Batch-1 calls per repeat [default: the report's]."),
+    warmup: int = typer.Option(None, "--warmup", min=0, max=10_000, help="Untimed calls before the first repeat [default: the report's]."),
+    repeats: int = typer.Option(None, "--repeats", min=1, max=1000, help="Timing repeats; their spread is the noise [default: the report's]."),
     as_json: bool = typer.Option(False, "--json", help="Print the bench document (schema xformopt.bench/1) on stdout."),
     baseline: Path = typer.Option(None, "--baseline", metavar="FILE", help="report.json or a previous bench JSON to gate against; without it nothing is gated."),
     max_latency_regression: str = typer.Option("5%", "--max-latency-regression", help="Allowed median slow-down beyond noise: 5% or 0.05."),
@@ -219,6 +219,9 @@ def bench(
     limit_fraction = gate.parse_fraction(max_latency_regression)
     check_writable(out, "-o")
     check_writable(junit, "--junit")
+    from xformopt.validate import check_threads
+
+    check_threads(threads)
     art = measure.load_artifact(artifact)
     base_doc = gate.load_baseline(baseline) if baseline is not None else None
     opts = measure.Overrides(data=data, text_column=text_column, text_pair_column=text_pair_column,

@@ -93,6 +93,9 @@ def generate(
     from xformopt.decoder.runtime import OrtDecoder
     from xformopt.models import load_tokenizer
 
+    from xformopt.validate import check_threads
+
+    check_threads(threads)
     do_sample = sample or any(v is not None for v in (temperature, top_k, top_p))
     if greedy and do_sample:
         raise InputError("--greedy cannot be combined with --sample/--temperature/--top-k/--top-p; choose one")

@@ -81,6 +81,7 @@ def optimize(
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
     per_channel: bool = typer.Option(None, "--per-channel/--no-per-channel", help="Per-channel INT8 weight scales [default: the target's]."),
     force: opt.Force = False,
+    wait: opt.Wait = False,
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or store finished passes."),
     trust_remote_code: opt.TrustRemoteCode = False,
     as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON document on stdout."),
@@ -117,7 +118,7 @@ def optimize(
     with output.progress_bars() as progress:
         result = pipeline.run(
             model, r, out, force=force, use_cache=not no_cache, trust_remote_code=trust_remote_code,
-            log=output.log, progress=progress,
+            log=output.log, progress=progress, wait=wait,
         )
     if as_json:
         output.emit_json(result.report)

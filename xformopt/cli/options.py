@@ -38,6 +38,7 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No log lines or prog
                                      callback=_quiet, expose_value=False, is_eager=True)]
 Json = Annotated[bool, typer.Option("--json", help="Print the result as one JSON document on stdout.")]
 Force = Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")]
+Wait = Annotated[bool, typer.Option("--wait", help="If another run is writing the same -o, wait for it instead of failing.")]
 StageOut = Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="Output stage directory (written atomically).")]
 Target = Annotated[str, typer.Option("--target", "-t", help=f"Hardware profile ({TARGETS}).")]
 Task = Annotated[str, typer.Option("--task", help="text-classification or feature-extraction [default: from the config].")]

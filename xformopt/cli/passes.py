@@ -82,6 +82,7 @@ def export(
     target: opt.Target = "auto",
     data: opt.PassData = None,
     force: opt.Force = False,
+    wait: opt.Wait = False,
     trust_remote_code: opt.TrustRemoteCode = False,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
@@ -93,7 +94,7 @@ def export(
     from xformopt.pipeline import run_single
 
     entry = run_single("export", model, out, {"opset": opset}, target=target, task=task,
-                       data=str(data) if data else None, force=force, trust_remote_code=trust_remote_code, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, trust_remote_code=trust_remote_code, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -104,6 +105,7 @@ def fuse(
     target: opt.Target = "auto",
     data: opt.PassData = None,
     force: opt.Force = False,
+    wait: opt.Wait = False,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
@@ -114,7 +116,7 @@ def fuse(
     from xformopt.pipeline import run_single
 
     entry = run_single("fuse", str(stage), out, {"select": select}, target=target,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -133,6 +135,7 @@ def quantize(
     target: opt.Target = "auto",
     data: opt.PassData = None,
     force: opt.Force = False,
+    wait: opt.Wait = False,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
@@ -155,7 +158,7 @@ def quantize(
             "keep_8bit": [r.strip() for r in keep_8bit.split(",") if r.strip()] if keep_8bit else None}
     options.update({k: v for k, v in int4.items() if v is not None})
     entry = run_single("quantize", str(stage), out, options, target=target,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -175,6 +178,7 @@ def prune(
     target: opt.Target = "auto",
     data: Path = typer.Option(None, "--data", help="Texts (and labels) for importance and accuracy [default: vendored train/test splits]."),
     force: opt.Force = False,
+    wait: opt.Wait = False,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
@@ -188,7 +192,7 @@ def prune(
                "strategy": strategy, "importance": importance, "samples": samples, "seed": seed,
                "measure_latency": latency, "data": str(data) if data else None}
     entry = run_single("prune", model, out, options, target=target, task=task,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 
@@ -238,6 +242,7 @@ def distill(
         "--data", metavar="FILE", help="The held-out texts your final report will score on: rows found here are dropped from "
         "training and evaluation, so the report stays honest [default: vendored VADER test split].")] = None,
     force: opt.Force = False,
+    wait: opt.Wait = False,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
@@ -257,7 +262,7 @@ def distill(
                "freeze_embeddings": freeze_embeddings, "seed": seed,
                "device": device, "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None, "resume": resume}
     entry = run_single("distill", model, out, options, target=target, task=task,
-                       data=str(data) if data else None, force=force, log=output.log)
+                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
 
 

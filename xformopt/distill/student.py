@@ -13,7 +13,7 @@ Teacher, in order of precedence:
 
 Layer origins (which teacher layer each student layer came from) decide the default layer map of the
 hidden-state and attention losses: for a layer-dropped copy they are the kept layers; for a pruned
-student they are read from the prune record next to it (``.record.json`` in the pass cache, or the
+student they are read from the prune record next to it (``.entry.json`` in the pass cache, or the
 ``manifest.json`` of ``xformopt prune``); otherwise student layer i of n is matched to teacher
 layer round((i + 1) * N / n) (1-based hidden-state indices, 0 = embeddings).
 """
@@ -119,13 +119,12 @@ def drop_layers(model, arch, keep: list[int]) -> None:
 
 def prune_origins(src: Path) -> list[int] | None:
     """Original layer indices a pruned stage kept, from the prune record beside it."""
+    from xformopt.cache import read_entry
+
     candidates = []
-    record = Path(src) / ".record.json"  # a pass-cache entry
-    if record.is_file():
-        try:
-            candidates.append(json.loads(record.read_text()))
-        except (OSError, json.JSONDecodeError):
-            pass
+    entry = read_entry(Path(src))  # a pass-cache entry: its .entry.json holds the pass record
+    if entry is not None and isinstance(entry.get("record"), dict):
+        candidates.append(entry["record"])
     _, passes = read_history(src)
     candidates += [p.get("record") or {} for p in reversed(passes)]
     for rec in candidates:

@@ -1,0 +1,199 @@
+"""Bad input is one line and exit 2, before any work, never a traceback or exit 3 (issue 12, points
+1, 2 and 6): model folders, ONNX files, data files, recipes, baselines, threads and bounds."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, write_heldout
+from harden_helpers import one_error, quick_recipe, tree
+
+from xformopt.bench.host import usable_cpus
+
+
+@pytest.fixture
+def model_copy(tmp_path, tiny_classifier) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_classifier, dst)
+    return dst
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Any of these inputs must be refused before the first pass starts."""
+    monkeypatch.setattr("xformopt.pipeline.run_passes", lambda *a, **k: pytest.fail("work started on bad input"))
+
+
+def edit_config(model: Path, change) -> None:
+    path = model / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+
+
+CONFIG_CASES = {
+    "array": (lambda m: (m / "config.json").write_text("[1, 2, 3]"), "not an object"),
+    "not-utf8": (lambda m: (m / "config.json").write_bytes(b'{"model_type": "bert", "x": "\xff\xfe"}'), "not UTF-8"),
+    "no-hidden-size": (lambda m: edit_config(m, lambda c: c.pop("hidden_size")), "lacks hidden_size"),
+    "hidden-size-string": (lambda m: edit_config(m, lambda c: c.update(hidden_size="64")), "hidden_size must be"),
+    "layers-bool": (lambda m: edit_config(m, lambda c: c.update(num_hidden_layers=True)), "num_hidden_layers must be"),
+    "heads-not-dividing": (lambda m: edit_config(m, lambda c: c.update(num_attention_heads=5)), "not a multiple"),
+    "label2id-strings": (lambda m: edit_config(m, lambda c: c.update(label2id={"negative": "zero", "positive": "one"})),
+                         "label2id maps 'negative'"),
+    "label2id-list": (lambda m: edit_config(m, lambda c: c.update(label2id=["a", "b"])), "label2id must be an object"),
+    "id2label-keys": (lambda m: edit_config(m, lambda c: c.update(id2label={"a": "negative"})), "id2label maps 'a'"),
+    "nested-deep": (lambda m: (m / "config.json").write_text("[" * 100_000 + "]" * 100_000), "config"),
+    "truncated-weights": (lambda m: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:5000]),
+                          "is truncated"),
+    "garbage-weights": (lambda m: (m / "model.safetensors").write_bytes(b"\x00" * 64), "not a readable safetensors"),
+    "no-weights": (lambda m: (m / "model.safetensors").unlink(), "has no weights"),
+    "no-tokenizer": (lambda m: [(m / n).unlink() for n in ("tokenizer.json", "vocab.txt", "tokenizer_config.json",
+                                                           "special_tokens_map.json") if (m / n).exists()],
+                     "tokenizer cannot be loaded"),
+    "broken-tokenizer": (lambda m: (m / "tokenizer.json").write_text("{oops"), "tokenizer cannot be loaded"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_bad_model_folder_is_one_line_before_work(case, model_copy, heldout_file, tmp_path, capsys, no_work):
+    damage, fragment = CONFIG_CASES[case]
+    damage(model_copy)
+    before = tree(model_copy)
+    out = tmp_path / "out"
+    code, _, err = run_cli(["optimize", model_copy, "-r", quick_recipe(tmp_path, heldout_file), "-o", out], capsys)
+    one_error(code, err, fragment)
+    assert not out.exists() and tree(model_copy) == before
+
+
+@pytest.mark.parametrize("case", ["truncated-weights", "no-tokenizer", "array"])
+def test_bad_model_folder_in_a_pass_command(case, model_copy, tmp_path, capsys):
+    CONFIG_CASES[case][0](model_copy)
+    code, _, err = run_cli(["export", model_copy, "-o", tmp_path / "e"], capsys)
+    one_error(code, err, CONFIG_CASES[case][1])
+
+
+def test_texts_longer_than_the_position_limit_are_cut_there(model_copy, tmp_path, capsys, test_rows):
+    """The tokenizer allows 512 tokens, the model embeds 128 positions: texts are cut at 128, not crash."""
+    config = json.loads((model_copy / "tokenizer_config.json").read_text())
+    config["model_max_length"] = 512
+    (model_copy / "tokenizer_config.json").write_text(json.dumps(config))
+    words = " ".join(row["text"] for row in test_rows[:40])
+    long_rows = [{"text": words, "label": row["label"]} for row in test_rows[:5]]
+    long_rows += [{"text": row["text"], "label": row["label"]} for row in test_rows[5:10]]  # parity needs varied lengths
+    data = write_heldout(tmp_path / "long.jsonl", long_rows)
+    code, _, err = run_cli(["optimize", model_copy, "-r", quick_recipe(tmp_path, data), "-o", tmp_path / "out"], capsys)
+    assert code == 0, err
+
+
+def test_zero_byte_onnx_is_refused(exported_classifier, tmp_path, capsys):
+    stage = tmp_path / "stage"
+    shutil.copytree(exported_classifier[0], stage)
+    (stage / "model.onnx").write_bytes(b"")
+    code, _, err = run_cli(["fuse", stage, "-o", tmp_path / "f"], capsys)
+    one_error(code, err, "model.onnx is empty (0 bytes)")
+
+
+@pytest.mark.parametrize(("name", "line", "fragment"), [
+    ("deep", '{"text": "a", "label": ' + "[" * 100_000 + "]" * 100_000 + "}", "too deeply nested"),
+    ("digits", '{"text": "a", "label": ' + "9" * 400 + "}", "too large to be a class id"),
+    ("digit-string", '{"text": "a", "label": "' + "9" * 400 + '"}', "too large to be a class id"),
+    ("huge-float", '{"text": "a", "label": 1e400}', "too large to be a class id"),
+    ("many-digits", '{"text": "a", "label": ' + "9" * 5000 + "}", "number too long"),
+])
+def test_hostile_jsonl_is_one_line(name, line, fragment, tiny_classifier, tmp_path, capsys, no_work):
+    data = tmp_path / f"{name}.jsonl"
+    data.write_text('{"text": "fine", "label": 1}\n' + line + "\n")
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, data), "-o", tmp_path / "o"], capsys)
+    one_error(code, err, str(data), fragment)
+
+
+def test_recipe_not_utf8_names_the_file(tiny_classifier, tmp_path, capsys):
+    recipe = tmp_path / "latin1.yaml"
+    recipe.write_bytes("name: café\npasses: [export]\n".encode("latin-1"))
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", recipe, "-o", tmp_path / "o"], capsys)
+    one_error(code, err, str(recipe), "not UTF-8")
+
+
+def test_billion_laughs_recipe_is_refused_at_once(tiny_classifier, tmp_path, capsys):
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    recipe = tmp_path / "laughs.yaml"
+    recipe.write_text("\n".join(lines) + "\npasses: [export]\n")
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", recipe, "-o", tmp_path / "o"], capsys)
+    one_error(code, err, str(recipe), "anchors and aliases")
+
+
+def test_threads_above_the_usable_cpus_name_the_limit(tiny_classifier, heldout_file, tmp_path, capsys, no_work):
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, heldout_file), "--threads", "10000",
+                            "-o", tmp_path / "o"], capsys)
+    one_error(code, err, "--threads 10000", f"{usable_cpus()} CPU(s)")
+
+
+@pytest.mark.parametrize("flags", [["--seed", "-1"], ["--limit", "100000000000"], ["--batch", "1,100000"],
+                                   ["--seq", "1,99999999"]])
+def test_out_of_bounds_values_are_one_line(flags, tiny_classifier, heldout_file, tmp_path, capsys, no_work):
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, heldout_file), *flags,
+                            "-o", tmp_path / "o"], capsys)
+    one_error(code, err)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, tiny_classifier, heldout_file) -> Path:
+    from xformopt import pipeline, recipe
+
+    r = recipe.validate({"name": "t", "passes": ["export"],
+                         "evaluation": {"data": str(heldout_file), "limit": 12, "latency_rounds": 3, "warmup": 0,
+                                        "repeats": 2}})
+    out = tmp_path_factory.mktemp("harden-bench") / "artifact"
+    pipeline.run(str(tiny_classifier), r, out, use_cache=False)
+    return out
+
+
+BASELINE_CASES = {
+    "nan-spread": (lambda d: d["artifact"]["latency"].update(spread_ms=float("nan")), "artifact.latency.spread_ms"),
+    "inf-median": (lambda d: d["artifact"]["latency"].update(median_ms=float("inf")), "artifact.latency.median_ms"),
+    "nan-metric": (lambda d: d["artifact"]["metrics"]["accuracy"].update(value=float("nan")), "accuracy.value"),
+    "missing-spread": (lambda d: d["artifact"]["latency"].pop("spread_ms"), "spread_ms is missing"),
+    "metric-without-value": (lambda d: d["artifact"]["metrics"]["accuracy"].pop("value"), "value is missing"),
+    "heldout-x": (lambda d: d["settings"].update(heldout="x"), "settings.heldout"),
+    "threads-string": (lambda d: d["settings"].update(threads="2"), "settings.threads"),
+    "nan-in-a-stage": (lambda d: d["stages"][0]["latency"].update(p90_ms=float("nan")), "stages[0].latency.p90_ms"),
+    "negative-median": (lambda d: d["artifact"]["latency"].update(median_ms=-1.0), "median_ms"),
+}
+
+
+@pytest.mark.parametrize("case", list(BASELINE_CASES))
+def test_baseline_with_bad_numbers_is_refused_before_timing(case, artifact, tmp_path, capsys, monkeypatch):
+    from xformopt.bench import modes
+
+    monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: pytest.fail("timed against a bad baseline"))
+    doc = json.loads((artifact / "report.json").read_text())
+    change, fragment = BASELINE_CASES[case]
+    change(doc)
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(doc))  # json writes NaN / Infinity, as a careless tool would
+    code, _, err = run_cli(["bench", artifact, "--baseline", baseline], capsys)
+    one_error(code, err, str(baseline), fragment)
+
+
+def test_a_nan_spread_baseline_cannot_pass_a_5000x_slower_run(artifact, tmp_path, capsys, monkeypatch):
+    """The original report: spread NaN made the noise NaN, and every comparison with NaN passed."""
+    from xformopt.bench import modes
+
+    doc = json.loads((artifact / "report.json").read_text())
+    slow = copy.deepcopy(doc["artifact"]["latency"])
+    slow.update(median_ms=doc["artifact"]["latency"]["median_ms"] * 5000, repeat_medians_ms=[1.0, 1.0], spread_ms=0.0)
+    monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: copy.deepcopy(slow))
+    doc["artifact"]["latency"]["spread_ms"] = float("nan")
+    baseline = tmp_path / "nan.json"
+    baseline.write_text(json.dumps(doc))
+    code, _, err = run_cli(["bench", artifact, "--baseline", baseline], capsys)
+    assert code == 2, err  # refused as bad input, never exit 0

@@ -1,0 +1,139 @@
+"""The numeric contract of a report or bench document (docs/report-schema.md), checked before a gate
+compares anything: a gate that reads ``NaN`` passes everything, so every documented number must be
+a finite number of the documented type, not only the few the gate happens to read.
+"""
+
+from __future__ import annotations
+
+import math
+
+from xformopt.errors import InputError
+
+MAX_DEPTH = 64  # documents xformopt writes are under 10 deep; deeper is not one of ours
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def first_non_finite(node, path: str = "", depth: int = 0) -> str | None:
+    """The JSON path of the first NaN/Infinity in ``node`` (or of nesting past MAX_DEPTH)."""
+    if depth > MAX_DEPTH:
+        return f"{path or '(top)'} (nested deeper than {MAX_DEPTH})"
+    if isinstance(node, float) and not math.isfinite(node):
+        return path or "(top)"
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "comparison":  # a bench document's verdict on an earlier baseline: not measured data
+                continue
+            if (found := first_non_finite(value, f"{path}.{key}" if path else str(key), depth + 1)) is not None:
+                return found
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            if (found := first_non_finite(value, f"{path}[{i}]", depth + 1)) is not None:
+                return found
+    return None
+
+
+LATENCY_NUMBERS = ("median_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "throughput_per_s")
+SETTINGS_INTS = ("batch", "threads", "rounds", "warmup", "repeats", "seed")
+
+
+def _fail(origin: str, path: str, what: str) -> None:
+    raise InputError(f"{origin}: {path} {what}; re-create it with the current xformopt (a gate reads only "
+                     "finite measured numbers)")
+
+
+def check_latency(latency, origin: str, path: str, *, artifact: bool = False) -> None:
+    if not isinstance(latency, dict):
+        _fail(origin, path, "is not an object")
+    required = ("median_ms", "spread_ms") if artifact else ("median_ms",)
+    for key in required:
+        if key not in latency:
+            _fail(origin, f"{path}.{key}", "is missing")
+    for key in (*LATENCY_NUMBERS, "spread_ms"):
+        if key in latency and (not _is_number(latency[key]) or latency[key] < 0):
+            _fail(origin, f"{path}.{key}", f"is {latency[key]!r}, not a non-negative number")
+    if latency["median_ms"] <= 0:
+        _fail(origin, f"{path}.median_ms", f"is {latency['median_ms']!r}, not a positive time")
+    for key in ("n", "repeats"):
+        if key in latency and (not _is_int(latency[key]) or latency[key] < 0):
+            _fail(origin, f"{path}.{key}", f"is {latency[key]!r}, not a whole number")
+    medians = latency.get("repeat_medians_ms")
+    if medians is not None and (not isinstance(medians, list) or not all(_is_number(m) and m >= 0 for m in medians)):
+        _fail(origin, f"{path}.repeat_medians_ms", "is not a list of non-negative numbers")
+
+
+def check_metrics(metrics, origin: str, path: str) -> None:
+    if not isinstance(metrics, dict):
+        _fail(origin, path, "is not an object")
+    for name, metric in metrics.items():
+        where = f"{path}.{name}"
+        if not isinstance(metric, dict):
+            _fail(origin, where, "is not a metric object ({value, n, ...})")
+        if "value" not in metric:
+            _fail(origin, f"{where}.value", "is missing")
+        if not _is_number(metric["value"]):
+            _fail(origin, f"{where}.value", f"is {metric['value']!r}, not a number")
+        if "n" in metric and (not _is_int(metric["n"]) or metric["n"] < 0):
+            _fail(origin, f"{where}.n", f"is {metric['n']!r}, not a whole number")
+        if "stderr" in metric and (not _is_number(metric["stderr"]) or metric["stderr"] < 0):
+            _fail(origin, f"{where}.stderr", f"is {metric['stderr']!r}, not a non-negative number")
+        ci = metric.get("ci95")
+        if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(_is_number(c) for c in ci)):
+            _fail(origin, f"{where}.ci95", "is not a [low, high] pair of numbers")
+
+
+def check_settings(settings, origin: str) -> None:
+    if not isinstance(settings, dict):
+        _fail(origin, "settings", "is not an object")
+    for key in ("mode",):
+        if key in settings and not isinstance(settings[key], str):
+            _fail(origin, f"settings.{key}", f"is {settings[key]!r}, not a string")
+    for key in SETTINGS_INTS:
+        if key in settings and settings[key] is not None and not _is_int(settings[key]):
+            _fail(origin, f"settings.{key}", f"is {settings[key]!r}, not a whole number")
+    heldout = settings.get("heldout")
+    if heldout is None:
+        _fail(origin, "settings.heldout", "is missing")
+    if not isinstance(heldout, dict):
+        _fail(origin, "settings.heldout", f"is {heldout!r}, not an object {{source, rows}}")
+    if "rows" in heldout and (not _is_int(heldout["rows"]) or heldout["rows"] < 0):
+        _fail(origin, "settings.heldout.rows", f"is {heldout['rows']!r}, not a whole number")
+    for key in ("source", "row_ids_sha256"):
+        if key in heldout and not isinstance(heldout[key], str):
+            _fail(origin, f"settings.heldout.{key}", f"is {heldout[key]!r}, not a string")
+
+
+def check_numbers(doc: dict, origin: str) -> None:
+    """Every documented number finite and of its type; raises a one-line InputError naming the field."""
+    if (where := first_non_finite(doc)) is not None:
+        _fail(origin, where, "is not a finite number (NaN or Infinity)")
+    check_settings(doc.get("settings"), origin)
+    artifact = doc.get("artifact")
+    if not isinstance(artifact, dict):
+        _fail(origin, "artifact", "is missing or not an object")
+    check_latency(artifact.get("latency"), origin, "artifact.latency", artifact=True)
+    check_metrics(artifact.get("metrics", {}), origin, "artifact.metrics")
+    if "headline_metric" in doc and not isinstance(doc["headline_metric"], str):
+        _fail(origin, "headline_metric", f"is {doc['headline_metric']!r}, not a string")
+    for key in ("host_fingerprint", "created"):
+        if key in doc and not isinstance(doc[key], str):
+            _fail(origin, key, f"is {doc[key]!r}, not a string")
+    if "host" in doc and not isinstance(doc["host"], dict):
+        _fail(origin, "host", "is not an object")
+    stages = doc.get("stages")
+    if stages is not None:
+        if not isinstance(stages, list):
+            _fail(origin, "stages", "is not a list")
+        for i, stage in enumerate(stages):
+            if not isinstance(stage, dict):
+                _fail(origin, f"stages[{i}]", "is not an object")
+            if "latency" in stage:
+                check_latency(stage["latency"], origin, f"stages[{i}].latency")
+            if "metrics" in stage:
+                check_metrics(stage["metrics"], origin, f"stages[{i}].metrics")

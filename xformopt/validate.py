@@ -1,0 +1,264 @@
+"""Checks that run before any work: a model folder a pass could only choke on minutes later, and
+the thread count. Each problem is one InputError line naming the file and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from xformopt.errors import InputError
+
+# config keys each family needs (the first present of each alternative group), all positive ints:
+# the ones xformopt itself reads (width, heads, layers). Others transformers defaults when absent;
+# when present they are typed below (OPTIONAL_TYPES), and the shapes they imply are compared with
+# the weights (check_config_matches_weights).
+FAMILY_KEYS = {
+    "distilbert": (("dim",), ("n_heads",), ("n_layers",)),
+    "gpt2": (("n_embd",), ("n_head",), ("n_layer",)),
+}
+ENCODER_KEYS = (("hidden_size",), ("num_attention_heads",), ("num_hidden_layers",))
+MAX_DIM = 1 << 20  # no real transformer has a width, head count or layer count near this
+
+
+def read_config(path: Path) -> dict:
+    """config.json as a dict: UTF-8, valid JSON, an object."""
+    file = Path(path) / "config.json"
+    try:
+        text = file.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{file}: not UTF-8 text (byte {exc.start}); re-save the config with save_pretrained()") from None
+    except OSError as exc:
+        raise InputError(f"cannot read {file} ({exc.strerror or type(exc).__name__})") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{file} is not valid JSON ({exc.msg}, line {exc.lineno}); re-save it with save_pretrained()") from None
+    except (RecursionError, ValueError) as exc:
+        raise InputError(f"{file} is not a usable config ({type(exc).__name__}: nested too deep or a number too long)") from None
+    if not isinstance(config, dict):
+        raise InputError(f"{file} is a JSON {type(config).__name__}, not an object; a Hugging Face config.json "
+                         "is an object with model_type, hidden_size, ...")
+    return config
+
+
+# Optional keys the code or transformers reads, with the kind each must be when present.
+OPTIONAL_TYPES = {
+    "architectures": "a list of class names", "hidden_act": "a name such as \"gelu\"",
+    "vocab_size": "a positive whole number", "max_position_embeddings": "a positive whole number",
+    "n_positions": "a positive whole number", "n_ctx": "a positive whole number",
+    "intermediate_size": "a positive whole number", "hidden_dim": "a positive whole number",
+    "n_inner": "a positive whole number", "type_vocab_size": "a positive whole number",
+    "pad_token_id": "a whole number", "bos_token_id": "a whole number", "eos_token_id": "a whole number",
+    "layer_norm_eps": "a positive number", "layer_norm_epsilon": "a positive number",
+    "num_labels": "a positive whole number", "problem_type": "a name such as \"single_label_classification\"",
+    "pruned_heads": "an object of layer -> head list", "num_key_value_heads": "a positive whole number",
+    "rms_norm_eps": "a positive number", "tie_word_embeddings": "true or false",
+}
+
+
+def _of_kind(value, kind: str) -> bool:
+    if kind.startswith("a list"):
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind.startswith("a name"):
+        return isinstance(value, str)
+    if kind == "a positive whole number":
+        return _positive_int(value)
+    if kind == "a whole number":
+        return (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < (1 << 31)) or (
+            isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+    if kind == "a positive number":
+        import math
+
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value < 1
+    if kind.startswith("an object"):
+        return isinstance(value, dict)
+    if kind == "true or false":
+        return isinstance(value, bool)
+    return True
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= (1 << 31)
+
+
+def check_config(config: dict, file: Path) -> None:
+    """The keys the family needs, with sane types, and a label mapping of integer ids."""
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise InputError(f"{file}: model_type is missing or not a string; re-save the config with save_pretrained()")
+    for group in FAMILY_KEYS.get(model_type, ENCODER_KEYS):
+        present = [k for k in group if k in config]
+        if not present:
+            raise InputError(f"{file}: {model_type} config lacks {' or '.join(group)}; re-save it with save_pretrained()")
+        value = config[present[0]]
+        if not _positive_int(value) or value > MAX_DIM:
+            raise InputError(f"{file}: {present[0]} must be a positive whole number (got {value!r})")
+    for key, kind in OPTIONAL_TYPES.items():
+        if key in config and config[key] is not None and not _of_kind(config[key], kind):
+            raise InputError(f"{file}: {key} is {config[key]!r}; it must be {kind}")
+    width = config.get("hidden_size") or config.get("dim") or config.get("n_embd")
+    heads = config.get("num_attention_heads") or config.get("n_heads") or config.get("n_head")
+    if width % heads:
+        raise InputError(f"{file}: hidden size {width} is not a multiple of the {heads} attention heads")
+    for key in ("label2id", "id2label"):
+        mapping = config.get(key)
+        if mapping is None:
+            continue
+        if not isinstance(mapping, dict):
+            raise InputError(f"{file}: {key} must be an object (got a {type(mapping).__name__})")
+        for name, value in mapping.items():
+            label_id = value if key == "label2id" else name
+            if key == "id2label" and isinstance(label_id, str) and label_id.strip().lstrip("-").isdigit():
+                label_id = int(label_id)
+            if not isinstance(label_id, int) or isinstance(label_id, bool) or not 0 <= label_id < (1 << 31):
+                raise InputError(f"{file}: {key} maps {name!r} to {value!r}; class ids must be whole numbers "
+                                 f"from 0 (e.g. \"label2id\": {{\"negative\": 0, \"positive\": 1}})")
+            if key == "id2label" and not isinstance(value, str):
+                raise InputError(f"{file}: id2label maps {name!r} to {value!r}; label names must be strings")
+
+
+def check_safetensors(file: Path) -> dict[str, list[int]]:
+    """The header parses and every tensor's bytes lie inside the file (a truncated download does not).
+
+    Read by hand (8-byte length + JSON) rather than with safetensors.safe_open, to name what is wrong
+    (header vs. truncation) in the one line and not map gigabytes just to check it."""
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ValueError("shorter than its 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, 100 << 20):
+                raise ValueError(f"header length {n} exceeds the file")
+            header = json.loads(fh.read(n).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InputError(f"{file}: not a readable safetensors file ({exc}); re-download or re-save the weights") from None
+    if not isinstance(header, dict):
+        raise InputError(f"{file}: safetensors header is not an object; re-download or re-save the weights")
+    end = 0
+    shapes = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise InputError(f"{file}: tensor {name!r} has no valid data_offsets; re-download or re-save the weights")
+        end = max(end, offsets[1])
+        shapes[name] = info.get("shape")
+    if 8 + n + end > size:
+        raise InputError(f"{file} is truncated ({size} bytes, its header needs {8 + n + end}); "
+                         "re-download or re-save the weights")
+    return shapes
+
+
+def check_weights(path: Path) -> dict[str, list[int]]:
+    """The weights exist and are readable; returns the safetensors tensor shapes ({} for .bin)."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise InputError(f"{index} is not a valid shard index; re-save the model with save_pretrained()") from None
+        shapes = {}
+        for shard in shards:
+            if not (path / shard).is_file():
+                raise InputError(f"{path / shard} (listed in {index.name}) is missing; re-download the model")
+            shapes.update(check_safetensors(path / shard))
+        return shapes
+    if (path / "model.safetensors").is_file():
+        return check_safetensors(path / "model.safetensors")
+    for name in ("pytorch_model.bin", "pytorch_model.bin.index.json"):
+        if (path / name).is_file():
+            if (path / name).stat().st_size == 0:
+                raise InputError(f"{path / name} is empty; re-download or re-save the weights")
+            return {}
+    raise InputError(f"{path} has no weights (model.safetensors or pytorch_model.bin); "
+                     "save the model with save_pretrained()")
+
+
+def check_tokenizer(path: Path, trust_remote_code: bool = False) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers raises OSError, ValueError, TypeError, ... for broken files
+        raise InputError(f"{path}: the tokenizer cannot be loaded ({type(exc).__name__}); the folder needs "
+                         "tokenizer.json (or vocab files) saved with the model's tokenizer.save_pretrained()") from None
+    if not tokenizer.is_fast:
+        raise InputError(f"{path} has no fast (Rust) tokenizer (tokenizer.json); xformopt needs one")
+
+
+def check_model_files(path: Path, *, task: str | None = None, trust_remote_code: bool = False) -> None:
+    """After models.resolve checked config.json: the weights (a PyTorch folder; an ONNX stage folder
+    carries model.onnx instead), that the config builds a model whose shapes match them, and the
+    tokenizer, before any pass runs."""
+    path = Path(path)
+    if (path / "model.onnx").is_file():
+        check_onnx_file(path / "model.onnx")
+    else:
+        shapes = check_weights(path)
+        if task is not None and not trust_remote_code:
+            check_config_matches_weights(path, task, shapes)
+    check_tokenizer(path, trust_remote_code)
+
+
+def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[int]]) -> None:
+    """Build the model from config.json on the meta device (no memory, no weights read) and compare
+    its parameter shapes with the checkpoint's: a config edited after saving (another width, an
+    activation that does not exist) fails here in one line, not minutes later inside export."""
+    import torch
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    file = Path(path) / "config.json"
+    cls = {"text-classification": AutoModelForSequenceClassification,
+           "text-generation": AutoModelForCausalLM}.get(task, AutoModel)
+    try:
+        config = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            model = cls.from_config(config)
+    except Exception as exc:  # transformers raises KeyError, ValueError, TypeError, ... for odd configs
+        raise InputError(f"{file}: no {task} model can be built from this config ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:160] if str(exc) else 'invalid value'}); "
+                         "re-save it with save_pretrained()") from None
+    expected = {name: list(t.shape) for name, t in model.state_dict().items()}
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    for name, shape in shapes.items():
+        for candidate in (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")):
+            if candidate in expected:
+                if shape is not None and list(shape) != expected[candidate]:
+                    raise InputError(f"{file} does not match the weights: {name} is {list(shape)} in the checkpoint "
+                                     f"but the config builds {expected[candidate]}; use the config saved with "
+                                     "these weights")
+                break
+
+
+def check_threads(threads: int | None, flag: str = "--threads") -> None:
+    """More intra-op threads than the process may run oversubscribes the host (thousands of
+    threads hang it): refused, naming the limit."""
+    from xformopt.bench.host import usable_cpus
+
+    if threads is None:
+        return
+    limit = usable_cpus()
+    if threads > limit:
+        raise InputError(f"{flag} {threads} is more than the {limit} CPU(s) this process may use "
+                         f"(affinity mask and cgroup quota); pass --threads {limit} or fewer")
+
+
+def check_onnx_file(model: Path) -> None:
+    """A model.onnx that parses and holds a graph (onnx parses a 0-byte file as an empty model)."""
+    model = Path(model)
+    if model.stat().st_size == 0:
+        raise InputError(f"{model} is empty (0 bytes); re-export it")
+    try:
+        import onnx
+
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, ValueError, ... for a damaged file
+        raise InputError(f"{model} is not a valid ONNX model ({type(exc).__name__}); re-export it") from None
+    if not proto.graph.node or not proto.graph.output:
+        raise InputError(f"{model} holds no graph (no nodes or outputs); re-export it")
