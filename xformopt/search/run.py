@@ -231,7 +231,7 @@ def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
         results[trial.number] = result
         best = max((r["metric"] for r in results.values() if r["status"] == "complete"), default=None)
         info = f"{len(running)} running" + (f", best {best:.4f}" if best is not None else "")
-        progress_events.report("search trials", len(results), s.trials, info)
+        progress_events.report("search trials", counted(), s.trials, info)
         s.log(f"trial {trial.number:03d}: {result['status']}" + (
             f", metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms (parallel)"
             if result["status"] == "complete" else f": {result.get('error')}"))
@@ -241,8 +241,16 @@ def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
         finish(trial, {k: v for k, v in original.items() if k not in ("attempts", "seconds")}
                | {"params": params, "recipe": r, "duplicate_of": of, "artifact": original["artifact"]})
 
-    while len(results) < s.trials or running:
-        while len(results) + len(running) + sum(map(len, waiting.values())) < s.trials and len(running) < executor.workers:
+    distinct_total = s.space.distinct_recipes()
+
+    def counted() -> int:  # duplicates of an earlier trial cost nothing and do not count toward --trials
+        return sum(1 for r in results.values() if "duplicate_of" not in r)
+
+    asks = 0
+    while (counted() < s.trials and len(by_recipe) < distinct_total) or running:
+        while (counted() + len(running) < s.trials and len(running) < executor.workers
+               and len(by_recipe) < distinct_total and asks < 20 * s.trials):
+            asks += 1
             trial = study.ask()
             params = samplers.propose(trial, s.space.choices)
             r = s.space.recipe_for(params, name=f"trial-{trial.number:03d}").to_dict()

@@ -52,6 +52,13 @@ class SearchSpace:
             n *= len(values)
         return n
 
+    def distinct_recipes(self) -> int:
+        """How many different pass chains the choices make (a disabled pass's other keys collapse)."""
+        seen = set()
+        for combo in itertools.islice(itertools.product(*self.choices.values()), 100_000):
+            seen.add(json.dumps(self._raw(dict(zip(self.choices, combo)), "x")["passes"], sort_keys=True, default=str))
+        return len(seen)
+
     def recipe_for(self, params: dict[str, Any], name: str = "trial") -> recipes.Recipe:
         """The recipe one assignment of the choices gives (validated)."""
         return recipes.validate(self._raw(params, name), f"{self.origin} ({name})")
