@@ -129,8 +129,9 @@ def search(s: Settings) -> dict:
     config = config_of(s, spec)
     prepare_output(s, config)
     cpus = usable_cpus()
-    threads = s.cpus_per_trial
     executor = make_executor(s, cpus)  # a missing Ray, or no cluster at --ray, fails here: before any work
+    # A Ray trial uses the CPUs it declared; a local one its share of this host's.
+    threads = s.cpus_per_trial if s.ray else max(s.cpus_per_trial, cpus // executor.workers)
     s.out.mkdir(parents=True, exist_ok=True)
     (s.out / "trials").mkdir(exist_ok=True)
     (s.out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
@@ -203,6 +204,8 @@ def reference_int8(s: Settings, job_for) -> dict:
     saved.write_text(json.dumps(result, indent=2) + "\n")
     if result["status"] != "complete":
         s.log(f"warning: the reference INT8 artifact failed: {result.get('error')}")
+    else:
+        s.log(f"reference INT8: metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms")
     return result
 
 
