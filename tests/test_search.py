@@ -154,7 +154,8 @@ def local_search(tmp_path_factory, tiny_classifier, space_file, shared_cache):
     out = tmp_path_factory.mktemp("local") / "search"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XFORMOPT_CACHE_DIR", str(shared_cache))
-        doc = runner.search(settings(tiny_classifier, out, space_file, workers=1))
+        # two workers: a process pool, one thread per trial, as the Ray run below declares
+        doc = runner.search(settings(tiny_classifier, out, space_file, workers=2))
     return out, doc
 
 
@@ -162,7 +163,7 @@ def test_local_search_writes_the_schema(local_search, tiny_classifier):
     out, doc = local_search
     on_disk = json.loads((out / "search.json").read_text())
     assert on_disk["schema"] == "xformopt.search/1"
-    assert on_disk["executor"] == {"kind": "local", "address": None, "workers": 1}
+    assert on_disk["executor"] == {"kind": "local", "address": None, "workers": 2}
     assert on_disk["metric"]["split"] == "validation" and on_disk["metric"]["rows"] == 64
     distinct = [t for t in on_disk["trials"] if "duplicate_of" not in t]
     assert len(distinct) == 4 and len({json.dumps(t["params"], sort_keys=True) for t in distinct}) == 4

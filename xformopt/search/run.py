@@ -235,7 +235,8 @@ def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
         best = max((r["metric"] for r in results.values() if r["status"] == "complete"), default=None)
         info = f"{len(running)} running" + (f", best {best:.4f}" if best is not None else "")
         progress_events.report("search trials", counted(), s.trials, info)
-        s.log(f"trial {trial.number:03d}: {result['status']}" + (
+        same = f" (the recipe of trial {result['duplicate_of']:03d}, not run again)" if "duplicate_of" in result else ""
+        s.log(f"trial {trial.number:03d}: {result['status']}{same}" + (
             f", metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms (parallel)"
             if result["status"] == "complete" else f": {result.get('error')}"))
 

@@ -133,8 +133,12 @@ def validate(raw: Any, origin: str = "<space>", text: str = "") -> SearchSpace:
     choices = raw.get("choices")
     if not isinstance(choices, dict) or not choices:
         fail(("choices",), "a non-empty mapping of PASS.OPTION: [choice, ...] is required")
+    base_name = str(raw.get("recipe") or "default")
+    beside = Path(origin).parent / base_name  # a relative recipe path is read next to the space file
+    if not Path(base_name).is_absolute() and beside.is_file():
+        base_name = str(beside)
     try:
-        base = recipes.load(str(raw.get("recipe") or "default"))
+        base = recipes.load(base_name)
     except InputError as exc:
         fail(("recipe",), exc.message)
     base_steps = {s.name: s.options for s in base.passes}
