@@ -77,7 +77,9 @@ def best_recipe_yaml(doc: dict, base_evaluation: dict) -> str | None:
 def markdown(doc: dict) -> str:
     m = doc["metric"]
     lines = [f"# xformopt search: {doc['model']['source']}", "",
-             f"Space `{doc['space']['name']}` ({doc['space']['size']} combinations), {len(doc['trials'])} trials, "
+             f"Space `{doc['space']['name']}` ({doc['space']['size']} combinations), "
+             f"{sum('duplicate_of' not in t for t in doc['trials'])} trials run "
+             f"({sum('duplicate_of' in t for t in doc['trials'])} repeated proposals reused), "
              f"sampler {doc['sampler']['name']} (seed {doc['sampler']['seed']}), executor {doc['executor']['kind']} "
              f"({doc['executor']['workers']} workers). {m['name']} on {m['rows']} rows of the validation split; latency "
              f"re-measured serially, interleaved, batch 1, {doc['remeasure']['threads']} threads, "
