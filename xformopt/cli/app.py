@@ -51,6 +51,7 @@ def _register() -> None:
     from xformopt.cli import generate
 
     generate.register(app)
+    from xformopt.cli import search; search.register(app)  # noqa: E702
     app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")

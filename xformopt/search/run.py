@@ -1,0 +1,289 @@
+"""The search driver: check everything, score the baseline and the reference INT8, run the trials
+the sampler proposes on an executor, re-measure the front candidates serially, write the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xformopt import progress as progress_events
+from xformopt.errors import InputError
+from xformopt.search import front as fronts
+from xformopt.search import sampler as samplers
+from xformopt.search.space import SearchSpace
+from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation_set
+
+CONFIG = "search-config.json"
+REFERENCE = "reference-int8"  # the unpruned model through the `default` recipe: export -> fuse -> dynamic INT8
+
+
+@dataclass
+class Settings:
+    model: str
+    out: Path
+    space: SearchSpace
+    trials: int = 8
+    objectives: list[str] = field(default_factory=lambda: ["accuracy", "latency"])
+    max_accuracy_drop: float | str = 1.0
+    sampler: str = "tpe"
+    seed: int = 0
+    ray: str | None = None
+    workers: int | None = None
+    cpus_per_trial: int = 1
+    resume: bool = False
+    force: bool = False
+    remeasure_rounds: int = 200
+    remeasure_rows: int = 200
+    max_candidates: int = 8
+    trust_remote_code: bool = False
+    log: Callable[[str], None] = lambda m: None
+
+
+def trial_dir(out: Path, number: int) -> Path:
+    return out / "trials" / f"{number:03d}"
+
+
+def config_of(s: Settings, spec) -> dict:
+    return {"model": s.model, "model_path": str(spec.path), "task": spec.task, "space": s.space.fingerprint(),
+            "objectives": s.objectives, "sampler": s.sampler, "seed": s.seed}
+
+
+def prepare_output(s: Settings, config: dict) -> None:
+    """Refuse to mix searches: a non-empty DIR is continued (--resume, same model/space/seed),
+    replaced (--force, only if it is a search directory), or an error."""
+    out = s.out
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        if s.resume:
+            raise InputError(f"--resume: {out} holds no search to continue; drop --resume to start one")
+        return
+    if not out.is_dir():
+        raise InputError(f"{out} exists and is not a directory; choose another -o")
+    previous = out / CONFIG
+    if not previous.is_file():
+        raise InputError(f"{out} exists and is not a search directory; choose another -o (it is left untouched)")
+    if s.resume:
+        old = json.loads(previous.read_text())
+        changed = [k for k in config if old.get(k) != config[k]]
+        if changed:
+            raise InputError(f"--resume: {out} was searched with other {', '.join(changed)}; resume with the same "
+                             "model, space, objectives, sampler and seed, or choose another -o")
+        return
+    if not s.force:
+        raise InputError(f"{out} already holds a search; pass --resume to continue it or --force to replace it")
+    shutil.rmtree(out)
+
+
+def make_executor(s: Settings, cpus: int):
+    if s.ray:
+        from xformopt.search.executors.ray import RayExecutor
+
+        return RayExecutor(s.ray, s.cpus_per_trial, s.workers)
+    from xformopt.search.executors import local
+
+    return local.make(s.workers or max(1, cpus // s.cpus_per_trial))
+
+
+def baseline_on_validation(s: Settings, spec, validation: dict, threads: int) -> tuple:
+    """The PyTorch fp32 model's metric on the validation rows; for embeddings, its outputs are the
+    reference every trial's cosine is taken against (saved as .npy in DIR, which workers read)."""
+    import numpy as np
+
+    from xformopt.predictors import TorchPredictor
+
+    data = validation_set(spec, validation)
+    path = s.out / "validation" / "baseline_outputs.npy"
+    if path.is_file():
+        outputs = np.load(path, allow_pickle=False)
+    else:
+        s.log(f"scoring the PyTorch fp32 baseline on {len(data)} validation rows")
+        outputs = TorchPredictor(spec, threads=threads).predict(data.texts, data.text_pairs)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(path, outputs.astype(np.float32), allow_pickle=False)
+    if spec.task == "feature-extraction":
+        validation["baseline"] = str(path.resolve())
+    return score_outputs(spec.task, outputs, data.labels, outputs), len(data), data
+
+
+def canonical(recipe: dict) -> str:
+    return json.dumps(recipe["passes"], sort_keys=True, default=str)
+
+
+def search(s: Settings) -> dict:
+    """Run (or continue) the search; returns the search.json document (also written to DIR)."""
+    from xformopt import models
+    from xformopt.accuracy_budget import points
+    from xformopt.bench.host import usable_cpus
+    from xformopt.search import outputs
+    from xformopt.search.remeasure import remeasure
+
+    optuna = samplers.require_optuna()
+    spec = models.resolve(s.model, s.space.base.task, trust_remote_code=s.trust_remote_code)
+    if spec.is_decoder:
+        raise InputError(f"{s.model} is a decoder ({spec.model_type}); xformopt search covers encoders "
+                         "(text-classification, feature-extraction)")
+    config = config_of(s, spec)
+    prepare_output(s, config)
+    cpus = usable_cpus()
+    executor = make_executor(s, cpus)  # a missing Ray, or no cluster at --ray, fails here: before any work
+    # A Ray trial uses the CPUs it declared; a local one its share of this host's.
+    threads = s.cpus_per_trial if s.ray else max(s.cpus_per_trial, cpus // executor.workers)
+    s.out.mkdir(parents=True, exist_ok=True)
+    (s.out / "trials").mkdir(exist_ok=True)
+    (s.out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    cache_dir = os.environ.get("XFORMOPT_CACHE_DIR")
+    validation = dict(s.space.validation)
+    try:
+        baseline_metric, validation_rows, vdata = baseline_on_validation(s, spec, validation, cpus)
+        allowed = points(s.max_accuracy_drop, baseline_metric * 100)
+        s.log(f"baseline (PyTorch fp32) on validation: {baseline_metric:.4f}; budget {allowed:.2f} points")
+
+        def job_for(number: int | str, r, out: Path) -> TrialJob:
+            rd = r.to_dict()
+            rd["evaluation"]["threads"] = threads
+            return TrialJob(number, str(Path(s.model).resolve()) if Path(s.model).exists() else s.model, rd, str(out.resolve()),
+                            cache_dir, validation, s.trust_remote_code)
+
+        reference = reference_int8(s, job_for)
+        study = samplers.open_study(s.out, s.sampler, s.seed, s.objectives, s.resume)
+        trials = run_trials(s, study, executor, job_for, optuna)
+    finally:
+        executor.close()
+    complete = [t for t in trials if t["status"] == "complete"]
+    if not complete:
+        raise InputError(f"no trial completed ({len(trials)} failed: {trials[0].get('error') if trials else 'none ran'}); "
+                         "see the trial errors in the log and fix the space")
+    unique = [t for t in complete if "duplicate_of" not in t]
+    candidates = fronts.layers(unique, 2)
+    candidates = sorted(candidates, key=lambda t: t["latency_ms"])[: s.max_candidates]
+    s.log(f"re-measuring {len(candidates)} front candidates serially, interleaved with the baseline and the "
+          f"reference INT8 ({s.remeasure_rounds} rounds, {cpus} threads)")
+    rows = min(s.remeasure_rows, len(vdata))
+    paths = {f"trial-{t['trial']:03d}": trial_dir(s.out, t["trial"]) for t in candidates}
+    if reference.get("status") == "complete":
+        paths[REFERENCE] = s.out / REFERENCE
+    measured = remeasure(spec, paths, vdata.texts[:rows], vdata.text_pairs[:rows] if vdata.text_pairs else None,
+                         rounds=s.remeasure_rounds, warmup=10, threads=cpus, seed=s.seed,
+                         progress=progress_events.tracker("re-measuring the front (interleaved)"))
+    lat = measured["latency"]
+    for t in trials:
+        name = f"trial-{t['trial']:03d}"
+        if name in lat:
+            t["remeasured_latency_ms"] = lat[name]["median_ms"]
+    points_ = [{**t, "latency_ms": t["remeasured_latency_ms"]} for t in candidates]
+    front = fronts.pareto(points_)
+    if reference.get("status") == "complete":
+        reference["remeasured_latency_ms"] = lat[REFERENCE]["median_ms"]
+    doc = outputs.document(s, spec, executor, trials, front, measured, reference,
+                           {"metric": baseline_metric, "latency_ms": lat["pytorch"]["median_ms"]},
+                           {"source": vdata.source, "rows": validation_rows}, allowed)
+    outputs.write_all(s.out, doc, base_evaluation=s.space.base.evaluation.model_dump())
+    return doc
+
+
+def reference_int8(s: Settings, job_for) -> dict:
+    """optimum's export, ORT's fusion, dynamic INT8: the `default` recipe on the unpruned model,
+    scored and re-measured like a trial, so the front is read against what users get without search."""
+    from xformopt import recipe as recipes
+
+    out = s.out / REFERENCE
+    saved = s.out / f"{REFERENCE}.json"
+    if saved.is_file() and (out / "model.onnx").is_file():
+        return json.loads(saved.read_text())
+    r = recipes.validate({**recipes.load("default").to_dict(), "task": s.space.base.task,
+                          "evaluation": {**recipes.load("default").evaluation.model_dump(), **s.space.evaluation}},
+                         "reference")
+    s.log("building the reference INT8 artifact (recipe default: export -> fuse -> dynamic INT8)")
+    result = run_trial(job_for("reference", r, out))
+    result["recipe"] = "default"
+    result["artifact"] = REFERENCE
+    saved.write_text(json.dumps(result, indent=2) + "\n")
+    if result["status"] != "complete":
+        s.log(f"warning: the reference INT8 artifact failed: {result.get('error')}")
+    else:
+        s.log(f"reference INT8: metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms")
+    return result
+
+
+def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
+    from optuna.trial import TrialState
+
+    results: dict[int, dict] = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "result" in t.user_attrs:
+            results[t.number] = t.user_attrs["result"]
+        elif t.state in (TrialState.RUNNING, TrialState.WAITING):  # interrupted: run again under a new number
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+    if results:
+        s.log(f"resuming: {len(results)} trial(s) already finished")
+    by_recipe = {canonical(r["recipe"]): r["trial"] for r in results.values() if r["status"] == "complete"}
+    running: dict[object, tuple] = {}
+    waiting: dict[str, list] = {}  # recipe -> asked trials that duplicate a running one
+
+    def finish(trial, result):
+        result["trial"] = trial.number
+        trial.set_user_attr("result", result)
+        if result["status"] == "complete":
+            study.tell(trial, samplers.values_for(result, s.objectives))
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+        results[trial.number] = result
+        best = max((r["metric"] for r in results.values() if r["status"] == "complete"), default=None)
+        info = f"{len(running)} running" + (f", best {best:.4f}" if best is not None else "")
+        progress_events.report("search trials", counted(), s.trials, info)
+        same = f" (the recipe of trial {result['duplicate_of']:03d}, not run again)" if "duplicate_of" in result else ""
+        s.log(f"trial {trial.number:03d}: {result['status']}{same}" + (
+            f", metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms (parallel)"
+            if result["status"] == "complete" else f": {result.get('error')}"))
+
+    def duplicate(trial, params, r, of: int):
+        original = results[of]
+        finish(trial, {k: v for k, v in original.items() if k not in ("attempts", "seconds")}
+               | {"params": params, "recipe": r, "duplicate_of": of, "artifact": original["artifact"]})
+
+    distinct_total = s.space.distinct_recipes()
+
+    def counted() -> int:  # duplicates of an earlier trial cost nothing and do not count toward --trials
+        return sum(1 for r in results.values() if "duplicate_of" not in r)
+
+    asks = 0
+    while (counted() < s.trials and len(by_recipe) < distinct_total) or running:
+        while (counted() + len(running) < s.trials and len(running) < executor.workers
+               and len(by_recipe) < distinct_total and asks < 20 * s.trials):
+            asks += 1
+            trial = study.ask()
+            params = samplers.propose(trial, s.space.choices)
+            r = s.space.recipe_for(params, name=f"trial-{trial.number:03d}").to_dict()
+            key = canonical(r)
+            if key in by_recipe and by_recipe[key] in results:
+                duplicate(trial, params, r, by_recipe[key])
+                continue
+            if key in by_recipe:
+                waiting.setdefault(key, []).append((trial, params, r))
+                continue
+            out = trial_dir(s.out, trial.number)
+            job = job_for(trial.number, s.space.recipe_for(params, name=f"trial-{trial.number:03d}"), out)
+            by_recipe[key] = trial.number
+            running[executor.submit(job)] = (trial, params, r, key, out)
+        if not running:
+            break
+        for handle, result in executor.wait(list(running)):
+            trial, params, r, key, out = running.pop(handle)
+            result.update(params=params, recipe=r, artifact=str(out.relative_to(s.out)))
+            if result["status"] == "complete" and not (out / "model.onnx").is_file():
+                result.update(status="failed", error=f"the trial finished on {result.get('host')} but {out} has no "
+                              "model.onnx: the search directory must be on a path every Ray node shares")
+            finish(trial, result)
+            if result["status"] != "complete":
+                by_recipe.pop(key, None)
+            for dup in waiting.pop(key, []):
+                if result["status"] == "complete":
+                    duplicate(dup[0], dup[1], dup[2], trial.number)
+                else:
+                    finish(dup[0], {"status": "failed", "error": f"duplicate of failed trial {trial.number}",
+                                    "params": dup[1], "recipe": dup[2]})
+    return [results[n] for n in sorted(results)]

@@ -1,0 +1,115 @@
+"""One trial: a recipe run through the pipeline into DIR/trials/NNN/, scored on the validation split.
+
+This function is what every executor runs (in-process, in a pool worker, or as a Ray task), so it
+takes and returns plain data. A rerun after a lost worker starts the trial directory afresh; the
+pass cache (shared by all trials) keeps whatever passes had already finished.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class TrialJob:
+    number: int
+    model: str
+    recipe: dict  # a validated recipe's to_dict()
+    out: str  # DIR/trials/NNN (absolute)
+    cache_dir: str | None  # XFORMOPT_CACHE_DIR for the pass cache shared by the trials
+    validation: dict  # see validation_set(); plus "baseline" (.npy of the fp32 outputs, feature extraction)
+    trust_remote_code: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def validation_set(spec, validation: dict):
+    """The rows the front is scored on: the vendored validation split unless the space names a file."""
+    from xformopt.data import load_text_dataset
+    from xformopt.resources import vader_split_path
+
+    path = validation.get("data") or vader_split_path("validation")
+    return load_text_dataset(
+        path, text_column=validation.get("text_column"), label_column=validation.get("label_column"),
+        label2id=spec.label2id or None, require_labels=spec.task == "text-classification",
+        limit=validation.get("limit"), seed=validation.get("seed", 0),
+    )
+
+
+def score_outputs(task: str, outputs: np.ndarray, labels, baseline: np.ndarray | None) -> float:
+    """The report's headline metric on the report's scale (a fraction: accuracy, or cosine to fp32)."""
+    from xformopt.evaluate.metrics import accuracy, cosine_to_baseline
+
+    if task == "text-classification":
+        return float(accuracy(outputs.argmax(-1), np.asarray(labels))["value"])
+    return float(cosine_to_baseline(outputs, baseline)["value"])
+
+
+def score_artifact(spec, artifact: Path, validation: dict, threads: int) -> tuple[float, int]:
+    from xformopt.predictors import OrtPredictor
+
+    data = validation_set(spec, validation)
+    outputs = OrtPredictor(spec, artifact, threads=threads).predict(data.texts, data.text_pairs)
+    baseline = np.load(validation["baseline"], allow_pickle=False) if validation.get("baseline") else None
+    return score_outputs(spec.task, outputs, data.labels, baseline), len(data)
+
+
+def run_trial(job: TrialJob | dict) -> dict:
+    """Run the trial; failures of the recipe itself come back as a result (status failed), not an exception."""
+    if isinstance(job, dict):
+        job = TrialJob(**job)
+    if job.cache_dir:
+        os.environ["XFORMOPT_CACHE_DIR"] = job.cache_dir
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from xformopt import models, pipeline, recipe as recipes
+    from xformopt.errors import GateFailed, XformoptError
+
+    out = Path(job.out)
+    attempts_file = out.with_name(out.name + ".attempts")
+    attempts = (int(attempts_file.read_text()) if attempts_file.is_file() else 0) + 1
+    attempts_file.write_text(str(attempts))
+    if out.exists():  # a previous attempt on a lost worker: start the directory afresh
+        shutil.rmtree(out)
+    for leftover in out.parent.glob(f".{out.name}.*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    where = {"host": socket.gethostname(), "pid": os.getpid()}
+    (out.parent / f"{out.name}.worker").write_text(f"{where['host']} {where['pid']}\n")
+    result = {"trial": job.number, "attempts": attempts, **where}
+    started = time.perf_counter()
+    r = recipes.validate(job.recipe, f"trial {job.number}")
+    try:
+        budget_met = True
+        try:
+            run = pipeline.run(job.model, r, out, trust_remote_code=job.trust_remote_code)
+            report = run.report
+        except GateFailed:  # an accuracy budget missed: the artifact is written and still a valid point
+            budget_met = False
+            import json
+
+            report = json.loads((out / "report.json").read_text())
+        spec = models.resolve(job.model, r.task, trust_remote_code=job.trust_remote_code)
+        threads = r.evaluation.threads
+        metric, rows = score_artifact(spec, out, job.validation, threads)
+        result.update(
+            status="complete", metric=metric, validation_rows=rows, budget_met=budget_met,
+            latency_ms=float(report["artifact"]["latency"]["median_ms"]),
+            test_metric=float(report["artifact"]["metrics"][report["headline_metric"]]["value"]),
+            passes=[s["name"] for s in report["stages"][1:]],
+        )
+    except XformoptError as exc:
+        result.update(status="failed", error=exc.message)
+    except Exception as exc:  # a library failure inside a pass: the trial fails, the search goes on
+        result.update(status="failed", error=f"{type(exc).__name__}: {exc}",
+                      traceback=traceback.format_exc(limit=5))
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return result
