@@ -10,12 +10,14 @@ recomputation the cache exists to avoid. Both runners count the tokens they push
 IO binding: the ``present`` outputs of one step are bound as the ``past`` inputs of the next as
 ONNX Runtime ``OrtValue`` objects, so the cache never round-trips through numpy between steps.
 Without it, ``session.run`` hands every present tensor back as a new numpy array and the next step
-wraps it again. It is on by default, but on CPU it buys little: measured on a GPT-2-small-shaped
-model (2-core host under load, 16-token prompt, 128 new tokens, interleaved), per-token p50 was
-63.0 ms with and 61.7 ms without it in fp32, 22.4 and 21.3 ms in INT8 -- within noise, because a
-cached step is dominated by streaming the weights, not by one copy of a few-MB cache. ORT's fused
-GPT-2 ``Attention`` still writes a new ``present`` (past + new token) each step; a shared,
-preallocated buffer would need ORT's ``GroupQueryAttention``, which its GPT-2 fusion does not emit.
+wraps it again. ORT's fused GPT-2 ``Attention`` still writes a new ``present`` (past + new token)
+each step. ``GroupQueryAttention`` graphs instead get one preallocated buffer per past/present pair
+(:class:`SharedCache`), bound as both input and output: ORT's kernel sees the same pointer
+(``past_present_share_buffer``) and writes only the new positions, at the offset it reads from
+``seqlens_k`` (the builder's graph derives it from ``attention_mask``), instead of zeroing and
+copying the whole cache into a fresh present every step. Such a state is updated in place, so
+decoding from it is linear: a state may be forwarded again (each time the same positions are
+rewritten), but one whose positions a later step overwrote refuses to run (``StaleStateError``).
 """
 
 from __future__ import annotations
@@ -99,12 +101,42 @@ def position_ids_for(mask: np.ndarray, new_tokens: int) -> np.ndarray:
     return positions[:, -new_tokens:].astype(np.int64)
 
 
+class StaleStateError(RuntimeError):
+    """A decode state whose shared cache positions were overwritten by a later step."""
+
+
+@dataclass
+class SharedCache:
+    """One buffer per past/present pair, ``capacity`` positions long, that GroupQueryAttention
+    updates in place. ``arrays`` own the memory; ``values`` are OrtValues viewing it (no copy).
+    ``writes`` logs the first position each step wrote, so a state can tell whether a later step
+    overwrote part of its prefix."""
+
+    arrays: dict[str, np.ndarray]
+    values: dict[str, Any]
+    capacity: int
+    writes: list[int] = field(default_factory=list)
+
+    @classmethod
+    def allocate(cls, names, shapes, batch: int, capacity: int) -> SharedCache:
+        import onnxruntime as ort
+
+        arrays = {}
+        for name, shape in zip(names, shapes):
+            dims = [batch, shape[1], capacity, shape[3]]
+            if any(not isinstance(d, int) for d in dims):
+                raise InputError(f"cannot size the KV cache for {name}: shape {shape} has unknown static axes")
+            arrays[name] = np.zeros(dims, dtype=np.float32)
+        return cls(arrays, {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in arrays.items()}, capacity)
+
+
 @dataclass
 class State:
     """What a runner carries between steps: the cache and the attention mask so far."""
 
     cache: Any
     mask: np.ndarray  # (batch, cached length)
+    writes_seen: int = 0  # for a SharedCache: len(cache.writes) when this state was made
 
     @property
     def length(self) -> int:
@@ -118,6 +150,7 @@ class OrtDecoder:
     model_dir: Path
     threads: int | None = None
     io_binding: bool = True
+    share_buffer: bool | None = None  # None: on for GroupQueryAttention graphs (needs io_binding)
     tokens_processed: int = 0
     session: Any = field(init=False, repr=False)
     layout: CacheLayout = field(init=False)
@@ -129,7 +162,13 @@ class OrtDecoder:
         self.session = ort_session(self.model_dir / "model.onnx", self.threads)
         self.layout = CacheLayout.from_session(self.session)
         self.output_names = ["logits", *self.layout.present_names]
-        self.left_padding = not _has_op(self.model_dir / "model.onnx", "GroupQueryAttention")
+        gqa_positions = _gqa_max_positions(self.model_dir / "model.onnx")
+        self.left_padding = gqa_positions is None
+        if self.share_buffer is None:
+            self.share_buffer = gqa_positions is not None and self.io_binding
+        if self.share_buffer and (gqa_positions is None or not self.io_binding):
+            raise InputError(f"{self.model_dir}: a shared KV buffer needs a GroupQueryAttention graph and io_binding")
+        self.max_positions = gqa_positions
 
     padding_note = ("GroupQueryAttention takes the rotary positions from the sequence lengths (no position_ids): "
                     "left-padded batches are not supported, batch rows must be unpadded")
@@ -148,13 +187,17 @@ class OrtDecoder:
         mask = np.ascontiguousarray(mask, dtype=np.int64)
         if not self.left_padding and not mask.all():
             raise InputError(f"{self.model_dir}: {self.padding_note}")
-        past = state.cache if state is not None else self.layout.empty_past(batch)
         feed = {"input_ids": ids}
         if self.layout.has_attention_mask:
             feed["attention_mask"] = mask
         if self.layout.has_position_ids:
             feed["position_ids"] = np.ascontiguousarray(position_ids_for(mask, new))
         self.tokens_processed += ids.size
+        if self.share_buffer and use_cache:
+            return self._forward_shared(feed, state, mask)
+        past = state.cache if state is not None else self.layout.empty_past(batch)
+        if isinstance(past, SharedCache):
+            past = self._trimmed(past, state.length)
         if self.io_binding:
             binding = self.session.io_binding()
             for name, value in feed.items():
@@ -177,16 +220,62 @@ class OrtDecoder:
             cache = dict(zip(self.layout.past_names, outputs[1:]))
         return logits, State(cache, mask)
 
+    def _forward_shared(self, feed: dict, state: State | None, mask: np.ndarray):
+        """One step into the shared buffers: bound as both past and present, so ORT writes only
+        the new positions; a new, larger buffer only when the sequence outgrows this one."""
+        past_len = state.length if state is not None else 0
+        total = mask.shape[1]
+        cache = state.cache if state is not None else None
+        if cache is not None and any(start < past_len for start in cache.writes[state.writes_seen:]):
+            raise StaleStateError(f"this decode state ({past_len} tokens) was overwritten by a later step "
+                                  "on the same shared KV buffer; decode from the newest state")
+        if cache is None or total > cache.capacity:
+            cache = self._grown(cache, past_len, feed["input_ids"].shape[0], total)
+        binding = self.session.io_binding()
+        for name, value in feed.items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output("logits", "cpu")
+        for past_name, present_name in zip(self.layout.past_names, self.layout.present_names):
+            binding.bind_ortvalue_input(past_name, cache.values[past_name])
+            binding.bind_ortvalue_output(present_name, cache.values[past_name])
+        self.session.run_with_iobinding(binding)
+        cache.writes.append(past_len)
+        return binding.get_outputs()[0].numpy(), State(cache, mask, len(cache.writes))
+
+    def _grown(self, old: SharedCache | None, keep: int, batch: int, total: int) -> SharedCache:
+        # Headroom (at least 256 positions, doubling) so a growing sequence reallocates
+        # O(log n) times; never past the graph's rotary table, which bounds the context anyway.
+        capacity = -(-(total + max(total, 256)) // 256) * 256
+        capacity = max(total, min(capacity, self.max_positions or capacity))
+        cache = SharedCache.allocate(self.layout.past_names, self.layout.past_shapes, batch, capacity)
+        if old is not None:
+            for name, array in cache.arrays.items():
+                array[:, :, :keep] = old.arrays[name][:, :, :keep]
+        return cache
+
+    @staticmethod
+    def _trimmed(cache: SharedCache, length: int) -> dict[str, np.ndarray]:
+        return {n: np.ascontiguousarray(a[:, :, :length]) for n, a in cache.arrays.items()}
+
     @staticmethod
     def cache_arrays(state: State) -> dict[str, np.ndarray]:
-        """The cache as numpy arrays (for tests and parity checks)."""
+        """The cache as numpy arrays, ``state.length`` positions long (for tests and parity checks)."""
+        if isinstance(state.cache, SharedCache):
+            return OrtDecoder._trimmed(state.cache, state.length)
         return {k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in state.cache.items()}
 
 
-def _has_op(model_path: Path, op_type: str) -> bool:
+def _gqa_max_positions(model_path: Path) -> int | None:
+    """None for graphs without GroupQueryAttention; else the rows of its rotary cos table (the
+    longest context it can take), or 0 when that table is not a plain initializer."""
     import onnx
 
-    return any(n.op_type == op_type for n in onnx.load(model_path, load_external_data=False).graph.node)
+    graph = onnx.load(model_path, load_external_data=False).graph
+    node = next((n for n in graph.node if n.op_type == "GroupQueryAttention"), None)
+    if node is None:
+        return None
+    cos = node.input[7] if len(node.input) > 7 else ""
+    return next((int(i.dims[0]) for i in graph.initializer if i.name == cos and i.dims), 0)
 
 
 class TorchDecoder:
