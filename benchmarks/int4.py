@@ -7,7 +7,10 @@ seeded: speed depends only on shapes) goes through xformopt's own CLI (`export`,
 - ``pytorch``: transformers eager fp32 with its KV cache (DynamicCache), ``logits_to_keep=1``;
 - ``optimum-fp32``: optimum's plain fp32 export (attention unfused);
 - ``export-fp32``: xformopt's fp32 export (onnxruntime-genai's builder: GroupQueryAttention);
-- ``int4``: xformopt's int4 artifact (MatMulNBits, RTN, block 32, symmetric, accuracy_level 4);
+- ``int4``: xformopt's int4 artifact (MatMulNBits, RTN, block 32, symmetric, accuracy_level 4),
+  decoding into one shared KV buffer per layer (GroupQueryAttention's past_present_share_buffer);
+- ``int4-copy``: the same artifact and runner with the shared buffer off (``share_buffer=False``):
+  ORT writes a new present (past + token) every step, as before; the pair isolates the copy's cost;
 - ``genai-int4``: onnxruntime-genai's own builder at ``-p int4 -e cpu`` (its defaults), run by
   xformopt's runtime like the others.
 
@@ -113,7 +116,8 @@ import sys, numpy as np
 sys.path.insert(0, {root!r})
 from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
 kind, path = sys.argv[1], sys.argv[2]
-runner = TorchDecoder(path, threads=2) if kind == "pytorch" else OrtDecoder(path, threads=2)
+runner = (TorchDecoder(path, threads=2) if kind == "pytorch"
+          else OrtDecoder(path, threads=2, share_buffer=False if kind == "int4-copy" else None))
 logits, state = runner.forward(np.arange(1, 257, dtype=np.int64)[None])
 for _ in range(16):
     logits, state = runner.forward(logits[:, -1:].argmax(-1), state, last_only=True)
@@ -165,11 +169,13 @@ def main() -> None:
 
     runners = {"pytorch": TorchDecoder(model, threads=args.threads)}
     runners.update({name: OrtDecoder(d, threads=args.threads) for name, d in dirs.items() if name not in args.skip})
+    if "int4-copy" not in args.skip:
+        runners["int4-copy"] = OrtDecoder(dirs["int4"], threads=args.threads, share_buffer=False)
     runners = {k: v for k, v in runners.items() if k not in args.skip}
     facts = {name: graph_facts(d) for name, d in dirs.items() if name in runners}
     if args.memory:
         for name in runners:
-            path = model if name == "pytorch" else dirs[name]
+            path = model if name == "pytorch" else dirs.get(name, dirs["int4"])
             facts.setdefault(name, {})["peak_rss_mb"] = peak_memory_mb(name, path)
             print(f"  {name}: peak RSS {facts[name]['peak_rss_mb']:.0f} MB", file=sys.stderr)
     rng = np.random.default_rng(0)

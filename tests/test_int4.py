@@ -89,6 +89,51 @@ def test_gqa_runner_refuses_left_padding(family_stages):
         runner.forward(np.array([[0, 5, 6], [7, 8, 9]]), mask=np.array([[0, 1, 1], [1, 1, 1]]))
 
 
+
+def _greedy_steps(runner, prompt, steps):
+    """Logits and states of a greedy decode, one per step (prefill included)."""
+    logits, state = runner.forward(np.array([prompt]))
+    out = [(logits[:, -1], state)]
+    for _ in range(steps):
+        logits, state = runner.forward(logits[:, -1:].argmax(-1), state)
+        out.append((logits[:, -1], state))
+    return out
+
+
+def test_gqa_decode_writes_into_one_shared_kv_buffer_with_the_copying_paths_logits(family_stages):
+    from xformopt.decoder.runtime import OrtDecoder, SharedCache
+
+    directory = family_stages["qwen2"]["int4"][0]
+    shared, copying = OrtDecoder(directory, threads=2), OrtDecoder(directory, threads=2, share_buffer=False)
+    assert shared.share_buffer and not copying.share_buffer
+    shared.growth_quantum = 4  # prompt 7 -> capacity 16, outgrown at step 10: the growth path runs too
+    got, ref = _greedy_steps(shared, [5, 6, 7, 8, 9, 10, 11], 14), _greedy_steps(copying, [5, 6, 7, 8, 9, 10, 11], 14)
+    caches = []
+    for (g, g_state), (r, r_state) in zip(got, ref):
+        np.testing.assert_allclose(g, r, atol=1e-5, rtol=0)
+        assert isinstance(g_state.cache, SharedCache) and g_state.cache.capacity >= g_state.length
+        for name, value in shared.cache_arrays(g_state).items():  # ORT wrote the new positions in place
+            np.testing.assert_allclose(value, copying.cache_arrays(r_state)[name], atol=1e-5, rtol=0)
+        caches.append(g_state.cache)
+    assert [c.capacity for c in dict.fromkeys(caches)] == [16, 36]  # one buffer per size, reused step after step
+    first, last = caches[0], caches[-1]
+    name = shared.layout.past_names[0]
+    assert first.values[name].data_ptr() == first.arrays[name].ctypes.data  # the OrtValue views the numpy buffer
+    assert last.writes[-1] == got[-1][1].length - 1
+
+
+def test_a_shared_buffer_state_reruns_but_a_superseded_one_refuses(family_stages):
+    from xformopt.decoder.runtime import OrtDecoder, StaleStateError
+
+    runner = OrtDecoder(family_stages["qwen2"]["export"][0], threads=2)
+    _, s0 = runner.forward(np.array([[5, 6, 7]]))
+    a, s1 = runner.forward(np.array([[8]]), s0)
+    _, s2 = runner.forward(np.array([[9]]), s1)
+    b, _ = runner.forward(np.array([[8]]), s0)  # as the benchmark does: same state, same positions rewritten
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(StaleStateError, match="overwritten by a later step"):
+        runner.forward(np.array([[10]]), s2)  # position 3, which s2 holds, was just rewritten from s0
+
 @pytest.mark.parametrize("family", tiny_decoders.FAMILIES)
 def test_int4_packs_every_weighted_matmul_and_keeps_attention_fused(family, family_stages):
     import onnx

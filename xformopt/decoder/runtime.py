@@ -105,7 +105,7 @@ class StaleStateError(RuntimeError):
     """A decode state whose shared cache positions were overwritten by a later step."""
 
 
-@dataclass
+@dataclass(eq=False)  # a buffer: identity, not value, equality
 class SharedCache:
     """One buffer per past/present pair, ``capacity`` positions long, that GroupQueryAttention
     updates in place. ``arrays`` own the memory; ``values`` are OrtValues viewing it (no copy).
@@ -151,6 +151,7 @@ class OrtDecoder:
     threads: int | None = None
     io_binding: bool = True
     share_buffer: bool | None = None  # None: on for GroupQueryAttention graphs (needs io_binding)
+    growth_quantum: int = 256  # positions a shared buffer is sized and grown by
     tokens_processed: int = 0
     session: Any = field(init=False, repr=False)
     layout: CacheLayout = field(init=False)
@@ -243,9 +244,10 @@ class OrtDecoder:
         return binding.get_outputs()[0].numpy(), State(cache, mask, len(cache.writes))
 
     def _grown(self, old: SharedCache | None, keep: int, batch: int, total: int) -> SharedCache:
-        # Headroom (at least 256 positions, doubling) so a growing sequence reallocates
+        # Headroom (at least one quantum, doubling) so a growing sequence reallocates
         # O(log n) times; never past the graph's rotary table, which bounds the context anyway.
-        capacity = -(-(total + max(total, 256)) // 256) * 256
+        quantum = self.growth_quantum
+        capacity = -(-(total + max(total, quantum)) // quantum) * quantum
         capacity = max(total, min(capacity, self.max_positions or capacity))
         cache = SharedCache.allocate(self.layout.past_names, self.layout.past_shapes, batch, capacity)
         if old is not None:
