@@ -134,6 +134,44 @@ def peak_memory_mb(kind: str, path: Path) -> float:
     return round(float(out.stdout.strip().splitlines()[-1]), 1)
 
 
+def op_profile(path: Path, prompts: list[int], threads: int, steps: int = 12) -> dict:
+    """Kernel time per op type in one cached decode step (ORT's profiler, prefill excluded): where
+    a step's time goes, and which ops grow with the context."""
+    import collections
+
+    import onnxruntime as ort
+
+    from xformopt.decoder.runtime import OrtDecoder
+
+    out = {}
+    for prompt_len in prompts:
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tempfile.mkdtemp()) / "ort")
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        for key in ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning"):
+            options.add_session_config_entry(key, "0")
+        runner = OrtDecoder(path, threads=threads)
+        runner.session = ort.InferenceSession(str(path / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        prompt = np.random.default_rng(0).integers(1, 900, size=(1, prompt_len))
+        _, state = runner.forward(prompt)
+        for _ in range(steps):
+            runner.forward(prompt[:, -1:], state, last_only=True)
+        events = json.loads(Path(runner.session.end_profiling()).read_text())
+        runs = [e for e in events if e.get("name") == "model_run"]
+        prefill_end = runs[0]["ts"] + runs[0]["dur"]
+        per_op = collections.Counter()
+        for e in events:
+            if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] > prefill_end:
+                per_op[e["args"]["op_name"]] += e["dur"] / 1e3 / steps
+        out[prompt_len] = {"step_ms": float(np.median([r["dur"] for r in runs[1:]]) / 1e3),
+                           "op_ms": {k: round(v, 3) for k, v in per_op.most_common(4)},
+                           "load_average": os.getloadavg()[0]}
+        print(f"  profile {path.name} prompt {prompt_len}: step {out[prompt_len]['step_ms']:.1f} ms, "
+              + ", ".join(f"{k} {v:.2f}" for k, v in out[prompt_len]["op_ms"].items()), file=sys.stderr)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -144,6 +182,7 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], help="variants to leave out")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--memory", action="store_true", help="also measure each variant's peak RSS in its own process")
+    parser.add_argument("--profile", action="store_true", help="also profile the int4 step per op type (ORT's profiler)")
     args = parser.parse_args()
 
     from xformopt.bench.latency import run_interleaved
@@ -197,8 +236,10 @@ def main() -> None:
         for name in medians:
             ratio = f"int4 is {cell['int4_speedup_vs'][name]:.2f}x faster" if name != "int4" else ""
             print(f"  {name:13s} {medians[name]:8.2f} ({stats[name].p90_ms:.2f})  {ratio}")
+    profile = op_profile(dirs["int4"], args.prompt, args.threads) if args.profile else None
     record = {"host": host(), "shapes": SHAPES, "parameters": int(params), "threads": args.threads, "rounds": args.rounds,
-              "graphs": facts, "cells": cells}
+              "graphs": facts, "cells": cells,
+              **({"int4_op_profile": profile} if profile else {})}
     print(json.dumps({"host": record["host"], "graphs": facts}, indent=1))
     if args.json:
         args.json.write_text(json.dumps(record, indent=1))
