@@ -18,8 +18,24 @@ from xformopt.cli import output
 ROOT = Path(__file__).resolve().parents[1]
 
 LEAF_COMMANDS = [["optimize"], ["bench"], ["report"], ["export"], ["fuse"], ["quantize"], ["prune"], ["distill"],
-                 ["generate"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"], ["targets", "detect"],
-                 ["passes", "list"]]
+                 ["generate"], ["search"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
+                 ["targets", "detect"], ["passes", "list"], ["cache", "list"], ["cache", "verify"], ["cache", "prune"],
+                 ["cache", "clear"]]
+
+
+def test_leaf_commands_is_every_command():
+    import typer
+
+    from xformopt.cli.app import app
+
+    def leaves(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from leaves(sub, [*path, name])
+        else:
+            yield path
+
+    assert sorted(leaves(typer.main.get_command(app), [])) == sorted(LEAF_COMMANDS)
 
 
 def one_error_line(code: int, err: str) -> str:
@@ -65,6 +81,8 @@ def test_every_command_takes_quiet_after_it_and_shows_no_bool_metavar(command, c
     assert code == 0
     assert "--quiet" in out and "-q" in out
     assert "<bool>" not in out
+    options = out[out.index("Options"):]
+    assert re.findall(r"<[a-z]+[^>]*>", options) == []  # values named TEXT/N/PATH/FILE or a|b, as DIR and FILE
     usage = next(line for line in out.splitlines() if "Usage:" in line)
     assert "{" not in usage  # arguments as MODEL / DIR / RECIPE, not {dir} or [model]
     args = re.findall(r"\b[a-z_]+\b", usage.split("[OPTIONS]")[-1])

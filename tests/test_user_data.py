@@ -62,6 +62,9 @@ def test_the_models_own_labels_pass_the_check(tweets_file):
     check_labelled_fallbacks([("distill", {})], "text-classification", {"NEGATIVE": 0, "Positive": 1})
     with pytest.raises(InputError, match="LABEL_0"):
         check_labelled_fallbacks([("distill", {})], "text-classification", {"LABEL_0": 0, "LABEL_1": 1})
+    # a config.json without id2label (transformers' LABEL_0/LABEL_1 default) is named as such, not "none"
+    with pytest.raises(InputError, match=r"not this model's \(unnamed: LABEL_0, LABEL_1, \.\.\.\).*--validation-data"):
+        check_labelled_fallbacks([("quantize", {"max_accuracy_drop": 1.0})], "text-classification", {})
 
 
 def test_flags_reach_every_pass_that_reads_them():

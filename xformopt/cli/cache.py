@@ -11,6 +11,7 @@ import re
 import typer
 from rich.table import Table
 
+from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import GateFailed, InputError
 
@@ -19,8 +20,6 @@ app = typer.Typer(
     "Example: xformopt cache prune --older-than 30d --max-size 5GB",
     no_args_is_help=True,
 )
-
-JSON = typer.Option(False, "--json", help="One JSON document on stdout.")
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
           "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -69,7 +68,7 @@ def _table(rows: list[dict], title: str) -> Table:
 
 
 @app.command("list")
-def list_entries(as_json: bool = JSON) -> None:
+def list_entries(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """List cache entries with their pass, size and last use (sizes and file lists checked; use
     `verify` to re-hash every file).
 
@@ -86,7 +85,7 @@ def list_entries(as_json: bool = JSON) -> None:
 
 
 @app.command("verify")
-def verify(as_json: bool = JSON) -> None:
+def verify(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """Re-hash every file of every entry; corrupt entries are evicted (they would be recomputed on
     the next run anyway). Exit 1 when one was found.
 
@@ -142,7 +141,8 @@ def prune(
     older_than: str = typer.Option(None, "--older-than", metavar="DURATION", help="Remove entries not used for this long (30d, 12h, 90m, 2w)."),
     max_size: str = typer.Option(None, "--max-size", metavar="SIZE", help="Then remove least recently used entries until the cache fits (500MB, 5GB)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
-    as_json: bool = JSON,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
 ) -> None:
     """Remove old entries, and least recently used ones beyond a size; entries in use are kept.
 
@@ -171,7 +171,7 @@ def prune(
 
 
 @app.command("clear")
-def clear(as_json: bool = JSON) -> None:
+def clear(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     """Remove every entry not in use by a running command.
 
     Example: xformopt cache clear

@@ -16,16 +16,26 @@ from typer.core import TyperCommand, TyperGroup
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 
-def _plain_flags(params: list) -> list:
+# Option values are named in upper case like DIR/FILE/POINTS|PCT, not Typer's <str>/<int>.
+_TYPE_METAVARS = {"str": "TEXT", "int": "N", "float": "NUMBER", "path": "PATH"}
+
+
+def _plain_flags(params: list, ctx) -> list:
     for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
+        if param.param_type_name != "option" or param.metavar is not None:
+            continue
+        if getattr(param, "is_flag", False):
             param.metavar = ""  # a flag takes no value: show none (Typer would show <bool>)
+            continue
+        shown = (param.display_type_rich(ctx=ctx) or "").strip("<>")  # "str", "int range", "fastest|all"
+        kind = shown.split()[0] if shown else ""
+        param.metavar = shown if "|" in shown else _TYPE_METAVARS.get(kind, kind.upper() or None)
     return params
 
 
 class Command(TyperCommand):
     def get_params(self, ctx):
-        return _plain_flags(super().get_params(ctx))
+        return _plain_flags(super().get_params(ctx), ctx)
 
     def collect_usage_pieces(self, ctx):
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -38,7 +48,7 @@ class Command(TyperCommand):
 
 class Group(TyperGroup):
     def get_params(self, ctx):
-        return _plain_flags(super().get_params(ctx))
+        return _plain_flags(super().get_params(ctx), ctx)
 
 
 def apply(app: typer.Typer) -> None:

@@ -42,7 +42,8 @@ def check_labelled_fallbacks(steps, task: str, label2id: dict) -> None:
         options = options or {}
         for (pass_name, option), (split, what, flag) in LABELLED_FALLBACKS.items():
             if pass_name == name and not options.get(option) and _reads(name, option, options):
-                labels = ", ".join(sorted(label2id)) or "none"
+                # No names in config.json: transformers calls the classes LABEL_0, LABEL_1, ...
+                labels = ", ".join(sorted(label2id)) or "unnamed: LABEL_0, LABEL_1, ..."
                 raise InputError(
                     f"{what} would fall back to the vendored movie-review {split} split, whose labels "
                     f"({', '.join(VADER_LABELS)}) are not this model's ({labels}); give rows labelled for your "
