@@ -178,7 +178,18 @@ def test_recipes_show_resolved_says_what_the_target_decides(recipe_name, target,
     assert quantize["op_types"] == list(q.op_types)
     if quantize["mode"] == "static":
         assert quantize["quant_format"] == q.quant_format and quantize["activation_type"] == q.activation_type
-    assert None not in (quantize["per_channel"], quantize["reduce_range"], quantize["quant_format"])
+    assert quantize["weight_type"] == q.weight_type
+    assert None not in (quantize["per_channel"], quantize["reduce_range"], quantize["quant_format"],
+                        quantize["weight_type"])
+
+
+def test_recipes_show_resolved_leaves_int4_steps_without_int8_formats(capsys):
+    import yaml
+
+    code, out, _ = run_cli(["recipes", "show", "int4", "--resolved", "--target", "avx2"], capsys)
+    assert code == 0
+    (quantize,) = [step["quantize"] for step in yaml.safe_load(out)["passes"] if "quantize" in step]
+    assert quantize["mode"] == "int4" and quantize["per_channel"] is None and quantize["weight_type"] is None
 
 
 def test_recipes_show_target_needs_resolved(capsys):

@@ -50,12 +50,12 @@ def resolved_yaml(r, target_name: str | None) -> str:
     data["target"] = target.name
     for step in data["passes"]:
         (pass_name, options), = step.items()
-        if pass_name != "quantize":
+        if pass_name != "quantize" or options.get("mode") == "int4":  # int4 reads none of the INT8 formats
             continue
         # resolved_formats reads only ctx.target: no model is needed to say what the target decides
         formats = resolved_formats(SimpleNamespace(target=target), QuantizeOptions.model_validate(options))
-        options.update({"per_channel": formats["per_channel"], "reduce_range": formats["reduce_range"],
-                        "op_types": formats["op_types"], "quant_format": formats["format"],
+        options.update({"weight_type": formats["weight_type"], "per_channel": formats["per_channel"],
+                        "reduce_range": formats["reduce_range"], "op_types": formats["op_types"], "quant_format": formats["format"],
                         "activation_type": formats["activation_type"],
                         "activation_symmetric": formats["activation_symmetric"]})
     origin = f"target {asked} resolves to {target.name} on this host" if asked == "auto" else f"target {target.name}"
