@@ -83,6 +83,11 @@ def test_every_command_takes_quiet_after_it_and_shows_no_bool_metavar(command, c
     assert "<bool>" not in out
     options = out[out.index("Options"):]
     assert re.findall(r"<[a-z]+[^>]*>", options) == []  # values named TEXT/N/PATH/FILE or a|b, as DIR and FILE
+    for line in options.splitlines():  # data files are FILE, folders DIR, on every command
+        if re.match(r"│ {1,6}--(data|train-data|eval-data|validation-data|calibration-data)\b", line):
+            assert " FILE " in line, line
+        if re.match(r"│ {1,6}--(teacher|checkpoint-dir)\b", line):
+            assert " DIR " in line, line
     usage = next(line for line in out.splitlines() if "Usage:" in line)
     assert "{" not in usage  # arguments as MODEL / DIR / RECIPE, not {dir} or [model]
     args = re.findall(r"\b[a-z_]+\b", usage.split("[OPTIONS]")[-1])
