@@ -102,6 +102,15 @@ def test_quiet_after_the_command_silences_logs(capsys):
     output.set_quiet(False)
 
 
+@pytest.mark.parametrize("args", [["cache", "list"], ["cache", "verify"], ["cache", "prune", "--older-than", "1s"],
+                                  ["cache", "clear"]], ids=" ".join)
+def test_cache_commands_take_quiet_after_them(args, capsys):
+    code, out, err = run_cli([*args, "-q", "--json"], capsys)
+    assert code == 0 and err == ""
+    assert "root" in json.loads(out)
+    output.set_quiet(False)
+
+
 def test_argument_metavars_are_consistent(capsys):
     names = {}
     for command in LEAF_COMMANDS:
