@@ -436,6 +436,28 @@ def test_bench_gates_a_chain_against_its_own_earlier_bench(chain, tmp_path, caps
     assert accuracy["limit"] == pytest.approx(accuracy["baseline"])  # 1% of (100 x value) points
 
 
+def test_bench_gates_an_embeddings_chain_on_latency_alone_and_says_so(tiny_encoder, tmp_path, capsys):
+    # An embeddings chain has no fp32 reference outputs, so neither bench has its headline metric:
+    # `bench --baseline` of its own `-o` gates latency alone (was exit 2 with a fix that cannot apply).
+    for args in (["export", tiny_encoder, "-o", tmp_path / "e", "-q"], ["fuse", tmp_path / "e", "-o", tmp_path / "f", "-q"],
+                 ["quantize", tmp_path / "f", "-o", tmp_path / "q", "-q"]):
+        assert run_cli(args, capsys)[0] == 0, args
+    first = tmp_path / "bench.json"
+    code, _, err = run_cli(["bench", tmp_path / "q", *BENCH_FAST, "-o", first, "-q"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["bench", tmp_path / "q", *BENCH_FAST, "--baseline", first, "-q",
+                              "--max-latency-regression", "1000%"], capsys)
+    assert code == 0, err
+    flat = " ".join(out.split())
+    assert "cosine_to_baseline not gated: neither run has it" in flat and "gate passed" in flat
+    code, out, _ = run_cli(["bench", tmp_path / "q", *BENCH_FAST, "--baseline", first, "--json", "-q",
+                            "--max-latency-regression", "1000%"], capsys)
+    comparison = json.loads(out)["comparison"]
+    assert comparison["gated"] and comparison["passed"] and "neither run has it" in comparison["latency_only"]
+    assert {c["name"]: c["verdict"] for c in comparison["checks"]} == {"latency_median_ms": "pass",
+                                                                      "cosine_to_baseline": "skipped"}
+
+
 def test_bench_refuses_a_torch_stage_with_the_way_on(chain, tiny_classifier, tmp_path, capsys):
     code, _, err = run_cli(["bench", tiny_classifier], capsys)
     assert code == 2  # a plain model folder: no manifest at all

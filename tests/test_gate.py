@@ -149,6 +149,17 @@ def test_gate_refuses_when_the_headline_metric_is_skipped():
     assert "gate passed" not in message
 
 
+def test_gate_on_latency_alone_when_neither_run_can_have_the_metric():
+    # e.g. an embeddings chain of single-pass commands (no fp32 reference): still gated, on latency, and said so
+    result = gate.compare(document(metric="cosine_to_baseline", metrics={}),
+                          document(metric="cosine_to_baseline", metrics={}))
+    assert result["gated"] and result["passed"] and "neither run has it" in result["latency_only"]
+    assert verdicts(result) == {"latency_median_ms": "pass", "cosine_to_baseline": "skipped"}
+    slow = gate.compare(document(metric="cosine_to_baseline", metrics={}),
+                        document(metric="cosine_to_baseline", metrics={}, median=9.0, medians=[9.0] * 5))
+    assert not slow["passed"] and verdicts(slow)["latency_median_ms"] == "regression"
+
+
 def test_gate_refuses_when_the_baseline_lacks_the_headline_metric():
     with pytest.raises(InputError) as info:
         gate.compare(document(metrics={}), document())

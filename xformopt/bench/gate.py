@@ -348,8 +348,15 @@ def compare(
         latency_check(baseline["artifact"]["latency"], current["artifact"]["latency"], max_latency_regression),
         metric_check(headline, baseline["artifact"].get("metrics") or {}, current["artifact"].get("metrics") or {}, max_accuracy_drop),
     ]
+    latency_only = None
     if gated and checks[1]["verdict"] == SKIPPED:
-        raise InputError(headline_skipped_message(headline, current))
+        if _has_metric(baseline, headline) or _has_metric(current, headline):
+            raise InputError(headline_skipped_message(headline, current))
+        # Neither run can have it (e.g. an embeddings chain of export/fuse/quantize: no fp32 reference
+        # outputs): refusing would leave such an artifact no gate at all, so latency is gated alone, said so.
+        notes = [n for n in current.get("notes") or [] if isinstance(n, str) and headline in n and "skipped" in n]
+        latency_only = f"{headline} not gated: neither run has it" + (f" ({notes[0]})" if notes else "")
+        checks[1] = {**checks[1], "message": latency_only}
     return {
         "baseline": baseline_path,
         "baseline_schema": baseline.get("schema"),
@@ -359,8 +366,13 @@ def compare(
         "limits": {"max_latency_regression": max_latency_regression, "max_accuracy_drop_points": checks[1]["limit"],
                    **({"max_accuracy_drop": max_accuracy_drop} if isinstance(max_accuracy_drop, str) else {})},
         "checks": checks,
+        **({"latency_only": latency_only} if latency_only else {}),
         "passed": all(c["verdict"] != REGRESSION for c in checks),
     }
+
+
+def _has_metric(doc: dict, name: str) -> bool:
+    return _number(((doc["artifact"].get("metrics") or {}).get(name) or {}).get("value"))
 
 
 def no_comparison(reason: str) -> dict:
