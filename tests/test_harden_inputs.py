@@ -184,6 +184,44 @@ def test_baseline_with_bad_numbers_is_refused_before_timing(case, artifact, tmp_
     one_error(code, err, str(baseline), fragment)
 
 
+BENCH_OUTPUT_CASES = {  # (flag args given the artifact, the data file, a model copy, tmp) -> fragment
+    "-o artifact model.onnx": (lambda a, d, m, t: ["-o", a / "model.onnx"], "would overwrite a file this run reads"),
+    "--junit artifact report.json": (lambda a, d, m, t: ["--junit", a / "report.json"], "would overwrite"),
+    "-o the report's data file": (lambda a, d, m, t: ["-o", d], "choose another path"),
+    "-o --data file": (lambda a, d, m, t: ["--data", d, "-o", d], "would overwrite"),
+    "-o the baseline": (lambda a, d, m, t: ["--baseline", t / "b.json", "-o", t / "b.json"], "would overwrite"),
+    "-o and --junit one file": (lambda a, d, m, t: ["-o", t / "x", "--junit", t / "x"], "are the same file"),
+    "-o a model's config.json": (lambda a, d, m, t: ["-o", m / "config.json"], "is not an earlier bench document"),
+    "--junit a source file": (lambda a, d, m, t: ["--junit", m / "vocab.txt"], "is not an earlier bench JUnit XML"),
+}
+
+
+@pytest.mark.parametrize("case", list(BENCH_OUTPUT_CASES))
+def test_bench_outputs_never_overwrite_what_the_run_reads(case, artifact, heldout_file, model_copy, tmp_path, capsys,
+                                                          monkeypatch):
+    """Found by review: `bench -o ART/model.onnx` exit 0 replaced the artifact's model with JSON."""
+    from xformopt.bench import modes
+
+    monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: pytest.fail("timed before refusing the output path"))
+    shutil.copy(artifact / "report.json", tmp_path / "b.json")
+    def snapshot():
+        return [tree(artifact), tree(model_copy), (tmp_path / "b.json").read_bytes(), heldout_file.read_bytes()]
+
+    before = snapshot()
+    flags, fragment = BENCH_OUTPUT_CASES[case]
+    code, _, err = run_cli(["bench", artifact, *flags(artifact, heldout_file, model_copy, tmp_path)], capsys)
+    one_error(code, err, fragment)
+    assert snapshot() == before
+
+
+def test_bench_output_replaces_an_earlier_bench_document(artifact, tmp_path, capsys):
+    out, junit = tmp_path / "bench.json", tmp_path / "bench.xml"
+    for _ in range(2):  # the second run replaces the first one's files
+        code, _, err = run_cli(["bench", artifact, "--limit", "4", "-o", out, "--junit", junit], capsys)
+        assert code == 0, err
+    assert json.loads(out.read_text())["schema"] == "xformopt.bench/1"
+
+
 def test_a_nan_spread_baseline_cannot_pass_a_5000x_slower_run(artifact, tmp_path, capsys, monkeypatch):
     """The original report: spread NaN made the noise NaN, and every comparison with NaN passed."""
     from xformopt.bench import modes
