@@ -55,7 +55,68 @@ CONFIG_CASES = {
                                                            "special_tokens_map.json") if (m / n).exists()],
                      "tokenizer cannot be loaded"),
     "broken-tokenizer": (lambda m: (m / "tokenizer.json").write_text("{oops"), "tokenizer cannot be loaded"),
+    # found by review (each was exit 3, or a silent random model):
+    "index-without-metadata": (lambda m: shard(m, lambda index: index.pop("metadata")), "not a valid shard index"),
+    "index-shard-outside": (lambda m: shard(m, lambda index: index["weight_map"].update(
+        {next(iter(index["weight_map"])): "../elsewhere/model.safetensors"})), "not a valid shard index"),
+    "no-tensors-in-header": (lambda m: (m / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}"),
+                             "holds none of the weights"),
+    "max-length-negative": (lambda m: edit_json(m / "tokenizer_config.json", model_max_length=-1), "model_max_length is -1"),
+    "max-length-string": (lambda m: edit_json(m / "tokenizer_config.json", model_max_length="big"), "model_max_length is 'big'"),
+    "bin-pickling-code": (lambda m: to_bin(m, code=True), "weights_only=True"),
+    "bin-garbage": (lambda m: to_bin(m, garbage=True), "cannot be loaded as plain weights"),
 }
+
+
+def edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def shard(model: Path, change) -> None:
+    """Split model.safetensors into two shards with an index (as save_pretrained does), then CHANGE the index."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    names = list(state)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        file = f"model-0000{i}-of-00002.safetensors"
+        save_file({n: state[n] for n in part}, model / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    change(index)
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+def to_bin(model: Path, code: bool = False, garbage: bool = False) -> None:
+    """Replace model.safetensors by a pytorch_model.bin: a pickle that calls code, or not a checkpoint at all."""
+    import torch
+
+    (model / "model.safetensors").unlink()
+    if garbage:
+        (model / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + b"\x00" * 60)
+    else:
+        torch.save({"weight": torch.zeros(2), "x": _RunsCode()} if code else {}, model / "pytorch_model.bin")
+
+
+def test_sharded_and_bin_only_models_still_work(model_copy, tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    binary = tmp_path / "bin-model"
+    shutil.copytree(model_copy, binary)
+    torch.save(load_file(binary / "model.safetensors"), binary / "pytorch_model.bin")
+    (binary / "model.safetensors").unlink()
+    shard(model_copy, lambda index: None)
+    for model in (model_copy, binary):
+        code, _, err = run_cli(["export", model, "-o", tmp_path / f"e-{model.name}"], capsys)
+        assert code == 0, err
 
 
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
