@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -164,12 +165,21 @@ def test_zero_byte_onnx_is_refused(exported_classifier, tmp_path, capsys):
     ("digit-string", '{"text": "a", "label": "' + "9" * 400 + '"}', "too large to be a class id"),
     ("huge-float", '{"text": "a", "label": 1e400}', "too large to be a class id"),
     ("many-digits", '{"text": "a", "label": ' + "9" * 5000 + "}", "number too long"),
+    ("lone-surrogate", '{"text": "\\ud800 half a pair", "label": 1}', "lone surrogate"),  # review: was exit 3
 ])
 def test_hostile_jsonl_is_one_line(name, line, fragment, tiny_classifier, tmp_path, capsys, no_work):
     data = tmp_path / f"{name}.jsonl"
     data.write_text('{"text": "fine", "label": 1}\n' + line + "\n")
     code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, data), "-o", tmp_path / "o"], capsys)
     one_error(code, err, str(data), fragment)
+
+
+def test_data_file_that_is_a_fifo_is_refused_not_read(tiny_classifier, tmp_path, capsys, no_work):
+    """Found by review: a FIFO (or /dev/zero via --data) blocked the run forever."""
+    fifo = tmp_path / "held.jsonl"
+    os.mkfifo(fifo)
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, fifo), "-o", tmp_path / "o"], capsys)
+    one_error(code, err, str(fifo), "not a regular file")
 
 
 def test_recipe_not_utf8_names_the_file(tiny_classifier, tmp_path, capsys):
