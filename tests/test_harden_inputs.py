@@ -199,6 +199,18 @@ def test_billion_laughs_recipe_is_refused_at_once(tiny_classifier, tmp_path, cap
     one_error(code, err, str(recipe), "anchors and aliases")
 
 
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("passes: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ('passes: [export]\nevaluation:\n  data: "/tmp/a\\0b"\n', "NUL character"),
+])
+def test_recipe_too_deep_or_with_a_nul_is_one_line(text, fragment, tiny_classifier, tmp_path, capsys):
+    """Found by review: both were exit 3 (RecursionError, ValueError: embedded null byte)."""
+    recipe = tmp_path / "hostile.yaml"
+    recipe.write_text(text)
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", recipe, "-o", tmp_path / "o"], capsys)
+    one_error(code, err, str(recipe), fragment)
+
+
 def test_threads_above_the_usable_cpus_name_the_limit(tiny_classifier, heldout_file, tmp_path, capsys, no_work):
     code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, heldout_file), "--threads", "10000",
                             "-o", tmp_path / "o"], capsys)
