@@ -250,7 +250,19 @@ BASELINE_CASES = {
     "threads-string": (lambda d: d["settings"].update(threads="2"), "settings.threads"),
     "nan-in-a-stage": (lambda d: d["stages"][0]["latency"].update(p90_ms=float("nan")), "stages[0].latency.p90_ms"),
     "negative-median": (lambda d: d["artifact"]["latency"].update(median_ms=-1.0), "median_ms"),
+    # found by review: these passed the gate (exit 0)
+    "negative-rounds": (lambda d: d["settings"].update(rounds=-3), "settings.rounds is -3"),
+    "zero-repeats": (lambda d: d["settings"].update(repeats=0), "settings.repeats is 0"),
+    "huge-threads": (lambda d: d["settings"].update(threads=10**30), "settings.threads"),
 }
+
+
+def test_baseline_nested_too_deeply_is_one_line(artifact, tmp_path, capsys):
+    """Found by review: a baseline nested 100,000 deep was a RecursionError, exit 3."""
+    baseline = tmp_path / "deep.json"
+    baseline.write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = run_cli(["bench", artifact, "--baseline", baseline], capsys)
+    one_error(code, err, str(baseline), "nested too deeply")
 
 
 @pytest.mark.parametrize("case", list(BASELINE_CASES))

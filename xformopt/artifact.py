@@ -237,6 +237,8 @@ def load_json(path: Path, *, missing: str, fix: str) -> dict:
         raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); {fix}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {path} ({type(exc).__name__}); {fix}") from None
+    except (RecursionError, ValueError):  # nested 100,000 deep, or an int of 4300+ digits
+        raise InputError(f"{path} is not valid JSON (nested too deeply or a number too long); {fix}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path} is not a JSON object; {fix}")
     return data
