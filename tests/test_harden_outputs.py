@@ -156,6 +156,19 @@ def test_force_still_replaces_an_empty_folder(tiny_classifier, tmp_path, capsys)
     assert (out / "model.onnx").is_file()
 
 
+@pytest.mark.parametrize("planted", ["symlink", "folder"])
+def test_a_path_planted_at_the_lock_is_refused_and_its_target_kept(planted, tiny_classifier, tmp_path, capsys):
+    """Found by review: a symlink at .OUT.lock made the writer truncate its target (a user's file)."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out"
+    lock = output_lock_path(out)
+    lock.symlink_to(victim) if planted == "symlink" else lock.mkdir()
+    code, _, err = run_cli(["export", tiny_classifier, "-o", out], capsys)
+    one_error(code, err, "cannot take the lock", str(lock))
+    assert victim.read_text() == "keep me\n" and not out.exists()
+
+
 def _hold_lock(out: Path) -> subprocess.Popen:
     """Another process holding OUT's writer lock (as a concurrent optimize would)."""
     code = ("import sys, time; from xformopt.locks import lock_output; "

@@ -48,11 +48,6 @@ def check_output(out: Path, force: bool, protected: tuple = ()) -> None:
             raise InputError(f"output {out} exists and is not a directory; remove it or choose another -o")
         if not force:
             raise InputError(f"output {out} already exists; pass --force to replace it or choose another -o")
-        if any(out.iterdir()) and not _is_earlier_output(out):
-            # --force deletes what it replaces: only an earlier xformopt output (or an empty folder),
-            # never a home directory, a hub cache or a project folder mistyped as -o.
-            raise InputError(f"output {out} is not an xformopt output (no xformopt manifest.json), so --force will "
-                             "not replace it; choose another -o (it is left untouched)")
     absolute = Path(os.path.abspath(out))
     existing = _nearest_existing(absolute.parent)
     if not existing.is_dir():
@@ -68,6 +63,12 @@ def check_output(out: Path, force: bool, protected: tuple = ()) -> None:
             how = "is" if resolved == other else ("is inside" if other in resolved.parents else "contains")
             raise InputError(f"output {out} {how} {other}, which this run reads (model, data or cache); "
                              "choose an -o outside it")
+    if protected and out.is_dir() and any(out.iterdir()) and not _is_earlier_output(out):
+        # --force deletes what it replaces: only an earlier xformopt output (or an empty folder),
+        # never a home directory, a hub cache or a project folder mistyped as -o. Checked last (and
+        # only in the full check, with the inputs known) so that an overlap is named as such.
+        raise InputError(f"output {out} is not an xformopt output (no xformopt manifest.json), so --force will "
+                         "not replace it; choose another -o (it is left untouched)")
 
 
 def _is_earlier_output(directory: Path) -> bool:
