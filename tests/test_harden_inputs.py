@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -55,7 +56,68 @@ CONFIG_CASES = {
                                                            "special_tokens_map.json") if (m / n).exists()],
                      "tokenizer cannot be loaded"),
     "broken-tokenizer": (lambda m: (m / "tokenizer.json").write_text("{oops"), "tokenizer cannot be loaded"),
+    # found by review (each was exit 3, or a silent random model):
+    "index-without-metadata": (lambda m: shard(m, lambda index: index.pop("metadata")), "not a valid shard index"),
+    "index-shard-outside": (lambda m: shard(m, lambda index: index["weight_map"].update(
+        {next(iter(index["weight_map"])): "../elsewhere/model.safetensors"})), "not a valid shard index"),
+    "no-tensors-in-header": (lambda m: (m / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}"),
+                             "holds none of the weights"),
+    "max-length-negative": (lambda m: edit_json(m / "tokenizer_config.json", model_max_length=-1), "model_max_length is -1"),
+    "max-length-string": (lambda m: edit_json(m / "tokenizer_config.json", model_max_length="big"), "model_max_length is 'big'"),
+    "bin-pickling-code": (lambda m: to_bin(m, code=True), "weights_only=True"),
+    "bin-garbage": (lambda m: to_bin(m, garbage=True), "cannot be loaded as plain weights"),
 }
+
+
+def edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def shard(model: Path, change) -> None:
+    """Split model.safetensors into two shards with an index (as save_pretrained does), then CHANGE the index."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    names = list(state)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        file = f"model-0000{i}-of-00002.safetensors"
+        save_file({n: state[n] for n in part}, model / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    index = {"metadata": {"total_size": 0}, "weight_map": weight_map}
+    change(index)
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+def to_bin(model: Path, code: bool = False, garbage: bool = False) -> None:
+    """Replace model.safetensors by a pytorch_model.bin: a pickle that calls code, or not a checkpoint at all."""
+    import torch
+
+    (model / "model.safetensors").unlink()
+    if garbage:
+        (model / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + b"\x00" * 60)
+    else:
+        torch.save({"weight": torch.zeros(2), "x": _RunsCode()} if code else {}, model / "pytorch_model.bin")
+
+
+def test_sharded_and_bin_only_models_still_work(model_copy, tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file
+
+    binary = tmp_path / "bin-model"
+    shutil.copytree(model_copy, binary)
+    torch.save(load_file(binary / "model.safetensors"), binary / "pytorch_model.bin")
+    (binary / "model.safetensors").unlink()
+    shard(model_copy, lambda index: None)
+    for model in (model_copy, binary):
+        code, _, err = run_cli(["export", model, "-o", tmp_path / f"e-{model.name}"], capsys)
+        assert code == 0, err
 
 
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
@@ -103,12 +165,21 @@ def test_zero_byte_onnx_is_refused(exported_classifier, tmp_path, capsys):
     ("digit-string", '{"text": "a", "label": "' + "9" * 400 + '"}', "too large to be a class id"),
     ("huge-float", '{"text": "a", "label": 1e400}', "too large to be a class id"),
     ("many-digits", '{"text": "a", "label": ' + "9" * 5000 + "}", "number too long"),
+    ("lone-surrogate", '{"text": "\\ud800 half a pair", "label": 1}', "lone surrogate"),  # review: was exit 3
 ])
 def test_hostile_jsonl_is_one_line(name, line, fragment, tiny_classifier, tmp_path, capsys, no_work):
     data = tmp_path / f"{name}.jsonl"
     data.write_text('{"text": "fine", "label": 1}\n' + line + "\n")
     code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, data), "-o", tmp_path / "o"], capsys)
     one_error(code, err, str(data), fragment)
+
+
+def test_data_file_that_is_a_fifo_is_refused_not_read(tiny_classifier, tmp_path, capsys, no_work):
+    """Found by review: a FIFO (or /dev/zero via --data) blocked the run forever."""
+    fifo = tmp_path / "held.jsonl"
+    os.mkfifo(fifo)
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, fifo), "-o", tmp_path / "o"], capsys)
+    one_error(code, err, str(fifo), "not a regular file")
 
 
 def test_recipe_not_utf8_names_the_file(tiny_classifier, tmp_path, capsys):
@@ -126,6 +197,18 @@ def test_billion_laughs_recipe_is_refused_at_once(tiny_classifier, tmp_path, cap
     recipe.write_text("\n".join(lines) + "\npasses: [export]\n")
     code, _, err = run_cli(["optimize", tiny_classifier, "-r", recipe, "-o", tmp_path / "o"], capsys)
     one_error(code, err, str(recipe), "anchors and aliases")
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("passes: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ('passes: [export]\nevaluation:\n  data: "/tmp/a\\0b"\n', "NUL character"),
+])
+def test_recipe_too_deep_or_with_a_nul_is_one_line(text, fragment, tiny_classifier, tmp_path, capsys):
+    """Found by review: both were exit 3 (RecursionError, ValueError: embedded null byte)."""
+    recipe = tmp_path / "hostile.yaml"
+    recipe.write_text(text)
+    code, _, err = run_cli(["optimize", tiny_classifier, "-r", recipe, "-o", tmp_path / "o"], capsys)
+    one_error(code, err, str(recipe), fragment)
 
 
 def test_threads_above_the_usable_cpus_name_the_limit(tiny_classifier, heldout_file, tmp_path, capsys, no_work):
@@ -167,7 +250,19 @@ BASELINE_CASES = {
     "threads-string": (lambda d: d["settings"].update(threads="2"), "settings.threads"),
     "nan-in-a-stage": (lambda d: d["stages"][0]["latency"].update(p90_ms=float("nan")), "stages[0].latency.p90_ms"),
     "negative-median": (lambda d: d["artifact"]["latency"].update(median_ms=-1.0), "median_ms"),
+    # found by review: these passed the gate (exit 0)
+    "negative-rounds": (lambda d: d["settings"].update(rounds=-3), "settings.rounds is -3"),
+    "zero-repeats": (lambda d: d["settings"].update(repeats=0), "settings.repeats is 0"),
+    "huge-threads": (lambda d: d["settings"].update(threads=10**30), "settings.threads"),
 }
+
+
+def test_baseline_nested_too_deeply_is_one_line(artifact, tmp_path, capsys):
+    """Found by review: a baseline nested 100,000 deep was a RecursionError, exit 3."""
+    baseline = tmp_path / "deep.json"
+    baseline.write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = run_cli(["bench", artifact, "--baseline", baseline], capsys)
+    one_error(code, err, str(baseline), "nested too deeply")
 
 
 @pytest.mark.parametrize("case", list(BASELINE_CASES))
@@ -182,6 +277,44 @@ def test_baseline_with_bad_numbers_is_refused_before_timing(case, artifact, tmp_
     baseline.write_text(json.dumps(doc))  # json writes NaN / Infinity, as a careless tool would
     code, _, err = run_cli(["bench", artifact, "--baseline", baseline], capsys)
     one_error(code, err, str(baseline), fragment)
+
+
+BENCH_OUTPUT_CASES = {  # (flag args given the artifact, the data file, a model copy, tmp) -> fragment
+    "-o artifact model.onnx": (lambda a, d, m, t: ["-o", a / "model.onnx"], "would overwrite a file this run reads"),
+    "--junit artifact report.json": (lambda a, d, m, t: ["--junit", a / "report.json"], "would overwrite"),
+    "-o the report's data file": (lambda a, d, m, t: ["-o", d], "choose another path"),
+    "-o --data file": (lambda a, d, m, t: ["--data", d, "-o", d], "would overwrite"),
+    "-o the baseline": (lambda a, d, m, t: ["--baseline", t / "b.json", "-o", t / "b.json"], "would overwrite"),
+    "-o and --junit one file": (lambda a, d, m, t: ["-o", t / "x", "--junit", t / "x"], "are the same file"),
+    "-o a model's config.json": (lambda a, d, m, t: ["-o", m / "config.json"], "is not an earlier bench document"),
+    "--junit a source file": (lambda a, d, m, t: ["--junit", m / "vocab.txt"], "is not an earlier bench JUnit XML"),
+}
+
+
+@pytest.mark.parametrize("case", list(BENCH_OUTPUT_CASES))
+def test_bench_outputs_never_overwrite_what_the_run_reads(case, artifact, heldout_file, model_copy, tmp_path, capsys,
+                                                          monkeypatch):
+    """Found by review: `bench -o ART/model.onnx` exit 0 replaced the artifact's model with JSON."""
+    from xformopt.bench import modes
+
+    monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: pytest.fail("timed before refusing the output path"))
+    shutil.copy(artifact / "report.json", tmp_path / "b.json")
+    def snapshot():
+        return [tree(artifact), tree(model_copy), (tmp_path / "b.json").read_bytes(), heldout_file.read_bytes()]
+
+    before = snapshot()
+    flags, fragment = BENCH_OUTPUT_CASES[case]
+    code, _, err = run_cli(["bench", artifact, *flags(artifact, heldout_file, model_copy, tmp_path)], capsys)
+    one_error(code, err, fragment)
+    assert snapshot() == before
+
+
+def test_bench_output_replaces_an_earlier_bench_document(artifact, tmp_path, capsys):
+    out, junit = tmp_path / "bench.json", tmp_path / "bench.xml"
+    for _ in range(2):  # the second run replaces the first one's files
+        code, _, err = run_cli(["bench", artifact, "--limit", "4", "-o", out, "--junit", junit], capsys)
+        assert code == 0, err
+    assert json.loads(out.read_text())["schema"] == "xformopt.bench/1"
 
 
 def test_a_nan_spread_baseline_cannot_pass_a_5000x_slower_run(artifact, tmp_path, capsys, monkeypatch):

@@ -125,6 +125,50 @@ def test_force_replaces_atomically_without_leftovers(tiny_classifier, heldout_fi
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("kind", ["home", "hub-cache", "fake-manifest"])
+def test_force_refuses_a_folder_that_is_no_xformopt_output(kind, tiny_classifier, heldout_file, tmp_path, capsys):
+    """--force deletes what it replaces: a home dir, an HF cache, or a project folder with someone
+    else's manifest.json stays untouched (found by review: `-o ~ --force` wiped the home directory)."""
+    out = tmp_path / kind
+    (out / ".cache" / "huggingface").mkdir(parents=True)
+    (out / ".gitconfig").write_text("[user]\n  name = me\n")
+    if kind == "fake-manifest":
+        (out / "manifest.json").write_text('{"schema": "webapp/1"}')
+    before = tree(out)
+    env = {"HF_HOME": str(out)} if kind == "hub-cache" else {}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, heldout_file), "-o", out,
+                                "--force"], capsys)
+    one_error(code, err, "not an xformopt output", "choose another -o")
+    assert tree(out) == before and (out / ".cache" / "huggingface").is_dir()
+    code, _, err = run_cli(["export", tiny_classifier, "-o", out, "--force"], capsys)
+    one_error(code, err, "not an xformopt output")
+    assert tree(out) == before
+
+
+def test_force_still_replaces_an_empty_folder(tiny_classifier, tmp_path, capsys):
+    out = tmp_path / "empty"
+    out.mkdir()
+    code, _, err = run_cli(["export", tiny_classifier, "-o", out, "--force"], capsys)
+    assert code == 0, err
+    assert (out / "model.onnx").is_file()
+
+
+@pytest.mark.parametrize("planted", ["symlink", "folder"])
+def test_a_path_planted_at_the_lock_is_refused_and_its_target_kept(planted, tiny_classifier, tmp_path, capsys):
+    """Found by review: a symlink at .OUT.lock made the writer truncate its target (a user's file)."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out"
+    lock = output_lock_path(out)
+    lock.symlink_to(victim) if planted == "symlink" else lock.mkdir()
+    code, _, err = run_cli(["export", tiny_classifier, "-o", out], capsys)
+    one_error(code, err, "cannot take the lock", str(lock))
+    assert victim.read_text() == "keep me\n" and not out.exists()
+
+
 def _hold_lock(out: Path) -> subprocess.Popen:
     """Another process holding OUT's writer lock (as a concurrent optimize would)."""
     code = ("import sys, time; from xformopt.locks import lock_output; "

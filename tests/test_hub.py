@@ -144,6 +144,16 @@ def test_unreachable_hub_is_one_line_naming_the_id(online, tmp_path, capsys, mon
     one_error(code, err, REPO, "not reachable", "local path")
 
 
+@pytest.mark.parametrize("endpoint", ["not-a-url", "ftp://127.0.0.1", "http://[::1"])
+def test_malformed_hf_endpoint_is_one_line(endpoint, online, tmp_path, capsys, monkeypatch):
+    """Found by review: HF_ENDPOINT=not-a-url was MissingSchema, exit 3."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    code, _, err = run_cli(["export", REPO, "-o", tmp_path / "e"], capsys)
+    one_error(code, err, REPO, "HF_ENDPOINT")
+    assert not (tmp_path / "e").exists()
+
+
 def test_offline_by_the_user_is_one_line(empty_hub_cache, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -262,8 +263,8 @@ def test_existing_output_is_refused_before_work(tiny_classifier, heldout_file, t
 def test_force_replaces_existing_output(first_run, tiny_classifier, heldout_file, tmp_path, monkeypatch):
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(first_run[2]))
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
+    shutil.copytree(first_run[2].parent / "out", out)
+    (out / "stale.txt").write_text("old")  # an earlier output, with a file the new run must not keep
     pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file), out, force=True)
     names = {p.name for p in out.iterdir()}
     assert "stale.txt" not in names

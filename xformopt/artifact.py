@@ -63,6 +63,21 @@ def check_output(out: Path, force: bool, protected: tuple = ()) -> None:
             how = "is" if resolved == other else ("is inside" if other in resolved.parents else "contains")
             raise InputError(f"output {out} {how} {other}, which this run reads (model, data or cache); "
                              "choose an -o outside it")
+    if protected and out.is_dir() and any(out.iterdir()) and not _is_earlier_output(out):
+        # --force deletes what it replaces: only an earlier xformopt output (or an empty folder),
+        # never a home directory, a hub cache or a project folder mistyped as -o. Checked last (and
+        # only in the full check, with the inputs known) so that an overlap is named as such.
+        raise InputError(f"output {out} is not an xformopt output (no xformopt manifest.json), so --force will "
+                         "not replace it; choose another -o (it is left untouched)")
+
+
+def _is_earlier_output(directory: Path) -> bool:
+    """True when DIRECTORY holds a manifest.json that optimize or a pass command wrote."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and str(manifest.get("schema", "")).startswith("xformopt.manifest/")
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -223,6 +238,8 @@ def load_json(path: Path, *, missing: str, fix: str) -> dict:
         raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); {fix}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {path} ({type(exc).__name__}); {fix}") from None
+    except (RecursionError, ValueError):  # nested 100,000 deep, or an int of 4300+ digits
+        raise InputError(f"{path} is not valid JSON (nested too deeply or a number too long); {fix}") from None
     if not isinstance(data, dict):
         raise InputError(f"{path} is not a JSON object; {fix}")
     return data

@@ -178,6 +178,8 @@ def _read_table(path: str | Path) -> _Table:
             raise InputError(f"{file} is a directory but not a datasets save_to_disk directory (no "
                              f"{'/'.join(DATASETS_MARKERS)}); pass a file: {SUPPORTED_FORMATS}")
         return _read_datasets_dir(file, split)
+    if not file.is_file():  # a FIFO or a device would block or never end
+        raise InputError(f"{file} is not a regular file; pass a data file or a datasets directory")
     if split is not None:
         raise InputError(f"'::{split}' picks a split of a datasets directory, but {file} is a file; "
                          "drop the '::' suffix")
@@ -429,6 +431,12 @@ def _text_values(table: _Table, column: str) -> list[str]:
         if not isinstance(value, str):
             raise InputError(f"{table.name} {table.where(i)}: column {column!r} holds a "
                              f"{type(value).__name__}, not text; pass the column with the sentences")
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # JSON "\ud800": no UTF-8 form, so the tokenizer and every report would fail
+                raise InputError(f"{table.name} {table.where(i)}: the text in column {column!r} holds a lone "
+                                 "surrogate escape (\\ud800-\\udfff), not a character; fix that text") from None
     return values
 
 

@@ -110,7 +110,7 @@ def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hi
     except RepositoryNotFoundError:
         raise InputError(f"model {model!r}: no repository {repo_id} on {where} (or it is private: set HF_TOKEN); "
                          "check the id or pass a local folder") from None
-    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout, OfflineModeIsEnabled, HfHubHTTPError) as exc:
+    except (requests.exceptions.RequestException, OfflineModeIsEnabled, HfHubHTTPError) as exc:  # incl. a malformed HF_ENDPOINT
         if (cached := _cached(repo_id, revision)) is not None:
             log(f"hub {where} not reachable ({type(exc).__name__}); using the cached {repo_id}")
             return cached

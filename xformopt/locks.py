@@ -26,7 +26,12 @@ class Lock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mode = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                # NOFOLLOW: a symlink planted at the lock path must not make us truncate its target.
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            except OSError as exc:  # a symlink (ELOOP), a folder, no permission
+                raise InputError(f"cannot take the lock {self.path} ({exc.strerror}); remove that path if no "
+                                 "xformopt run is using it") from None
             try:
                 fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
             except BlockingIOError:

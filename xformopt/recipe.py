@@ -228,7 +228,25 @@ def load(path_or_name: str) -> Recipe:
         line = f":{mark.line + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise InputError(f"{path}{line}: broken YAML: {problem}; fix the recipe file") from None
+    except RecursionError:  # e.g. 5000 nested flow lists: the YAML composer recurses per level
+        raise InputError(f"{path}: nested too deeply to be a recipe; fix the recipe file") from None
+    refuse_nul(raw, str(path))
     return validate(raw, str(path), text)
+
+
+def refuse_nul(raw, origin: str) -> None:
+    """A "\\0" escape puts a NUL in a string; as a path it fails deep inside os calls (ValueError)."""
+    stack = [raw]
+    while stack:  # iterative: the tree may be as deep as YAML allowed
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and "\x00" in item:
+            shown = item.replace("\x00", "\\0")[:80]
+            raise InputError(f"{origin}: the value {shown!r} holds a NUL character; remove it from the recipe")
 
 
 MAX_RECIPE_CHARS = 1_000_000

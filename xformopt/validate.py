@@ -154,14 +154,20 @@ def check_safetensors(file: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def check_weights(path: Path) -> dict[str, list[int]]:
-    """The weights exist and are readable; returns the safetensors tensor shapes ({} for .bin)."""
+def check_weights(path: Path) -> dict[str, list[int]] | None:
+    """The weights exist and are readable; returns the tensor shapes (None for a sharded .bin)."""
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            doc = json.loads(index.read_text(encoding="utf-8"))
+            shards = sorted(set(doc["weight_map"].values()))
+            # transformers reads "metadata" too (KeyError otherwise), and a shard is a file of this
+            # folder: a name with a path part would load weights from elsewhere.
+            if not (isinstance(doc["metadata"], dict) and all(isinstance(s, str) and s == Path(s).name
+                                                               and s not in (".", "..") for s in shards)):
+                raise ValueError("metadata or shard names")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise InputError(f"{index} is not a valid shard index; re-save the model with save_pretrained()") from None
         shapes = {}
         for shard in shards:
@@ -171,13 +177,36 @@ def check_weights(path: Path) -> dict[str, list[int]]:
         return shapes
     if (path / "model.safetensors").is_file():
         return check_safetensors(path / "model.safetensors")
-    for name in ("pytorch_model.bin", "pytorch_model.bin.index.json"):
-        if (path / name).is_file():
-            if (path / name).stat().st_size == 0:
-                raise InputError(f"{path / name} is empty; re-download or re-save the weights")
-            return {}
+    if (path / "pytorch_model.bin").is_file():
+        return check_torch_bin(path / "pytorch_model.bin")
+    if (path / "pytorch_model.bin.index.json").is_file():
+        if (path / "pytorch_model.bin.index.json").stat().st_size == 0:
+            raise InputError(f"{path / 'pytorch_model.bin.index.json'} is empty; re-download or re-save the weights")
+        return None
     raise InputError(f"{path} has no weights (model.safetensors or pytorch_model.bin); "
                      "save the model with save_pretrained()")
+
+
+def check_torch_bin(file: Path) -> dict[str, list[int]]:
+    """A pickled checkpoint must load with weights_only=True (plain tensors, no code); returns shapes.
+
+    mmap: the tensors are mapped, not read, so this costs a header walk, not the model's size."""
+    import torch
+
+    if file.stat().st_size == 0:
+        raise InputError(f"{file} is empty; re-download or re-save the weights")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # UnpicklingError (a pickle with code or other objects), RuntimeError (not a zip), ...
+        import pickle
+
+        why = ("it pickles objects other than tensors, which are never run" if isinstance(exc, pickle.UnpicklingError)
+               else f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:80]}")
+        raise InputError(f"{file} cannot be loaded as plain weights with torch.load(weights_only=True) ({why}); "
+                         "re-save the model as safetensors with save_pretrained()") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise InputError(f"{file} is not a state dict of tensors; re-save the model with save_pretrained()")
+    return {name: list(t.shape) for name, t in state.items()}
 
 
 def check_tokenizer(path: Path, trust_remote_code: bool = False) -> None:
@@ -190,6 +219,10 @@ def check_tokenizer(path: Path, trust_remote_code: bool = False) -> None:
                          "tokenizer.json (or vocab files) saved with the model's tokenizer.save_pretrained()") from None
     if not tokenizer.is_fast:
         raise InputError(f"{path} has no fast (Rust) tokenizer (tokenizer.json); xformopt needs one")
+    limit = tokenizer.model_max_length
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise InputError(f"{path / 'tokenizer_config.json'}: model_max_length is {limit!r}; it must be a positive "
+                         "whole number (or absent)")
 
 
 def check_model_files(path: Path, *, task: str | None = None, trust_remote_code: bool = False) -> None:
@@ -201,7 +234,7 @@ def check_model_files(path: Path, *, task: str | None = None, trust_remote_code:
         check_onnx_file(path / "model.onnx")
     else:
         shapes = check_weights(path)
-        if task is not None and not trust_remote_code:
+        if task is not None and not trust_remote_code and shapes is not None:
             check_config_matches_weights(path, task, shapes)
     check_tokenizer(path, trust_remote_code)
 
@@ -226,6 +259,10 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
                          "re-save it with save_pretrained()") from None
     expected = {name: list(t.shape) for name, t in model.state_dict().items()}
     prefix = getattr(model, "base_model_prefix", "") or ""
+    found = {c for name in shapes for c in (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")) if c in expected}
+    if not found:  # e.g. a header with no tensors: every weight would be random, and parity fails late (exit 3)
+        raise InputError(f"{path} holds none of the weights its config.json builds (checkpoint tensors: "
+                         f"{len(shapes)}); re-save the model with save_pretrained()")
     for name, shape in shapes.items():
         for candidate in (name, f"{prefix}.{name}", name.removeprefix(f"{prefix}.")):
             if candidate in expected:

@@ -97,6 +97,10 @@ def check_settings(settings, origin: str) -> None:
     for key in SETTINGS_INTS:
         if key in settings and settings[key] is not None and not _is_int(settings[key]):
             _fail(origin, f"settings.{key}", f"is {settings[key]!r}, not a whole number")
+        # a count below its least meaningful value is no measurement (review: rounds -3 passed the gate)
+        least = 0 if key in ("warmup", "seed") else 1
+        if key in settings and _is_int(settings[key]) and not least <= settings[key] <= 2**63 - 1:
+            _fail(origin, f"settings.{key}", f"is {settings[key]}, out of range (at least {least})")
     heldout = settings.get("heldout")
     if heldout is None:
         _fail(origin, "settings.heldout", "is missing")

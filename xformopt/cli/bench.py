@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Annotated
@@ -46,6 +47,38 @@ def check_writable(path: Path | None, flag: str) -> None:
         parent = parent.parent
     if not os.access(parent, os.W_OK):
         raise InputError(f"{flag}: cannot write to {parent}; choose another path")
+
+
+def check_apart(artifact: Path, reads: tuple, **flags: Path | None) -> None:
+    """Fail before measuring when an output file would overwrite what this run reads: a file of the
+    artifact (model.onnx, report.json, ...), the data or baseline file, or the other output flag."""
+    seen: dict[Path, str] = {}
+    for flag, path in flags.items():
+        if path is None:
+            continue
+        target = Path(path).resolve()
+        inside = Path(artifact).resolve() in target.parents
+        if (inside and target.exists()) or any(r is not None and target == Path(str(r).split("::")[0]).resolve()
+                                               for r in reads):
+            raise InputError(f"{flag} {path} would overwrite a file this run reads (artifact, data or baseline); "
+                             "choose another path")
+        if target in seen:
+            raise InputError(f"{flag} and {seen[target]} are the same file {path}; give each its own path")
+        seen[target] = flag
+        if target.is_file() and not _is_earlier_output(target, junit=flag == "--junit"):
+            raise InputError(f"{flag} {path} exists and is not an earlier bench {'JUnit XML' if flag == '--junit' else 'document'}; "
+                             "remove it or choose another path (it is left untouched)")
+
+
+def _is_earlier_output(path: Path, junit: bool) -> bool:
+    """Only a file an earlier bench wrote may be replaced (never a config, a model or a data file)."""
+    try:
+        head = path.open("rb").read(4096).decode("utf-8", errors="replace").lstrip()
+    except OSError:
+        return False
+    if junit:
+        return head.startswith("<?xml") or head.startswith("<testsuite")
+    return re.match(r'\{\s*"schema":\s*"xformopt\.([a-z]+-)?bench/', head) is not None
 
 
 # --------------------------------------------------------------------------- human output
@@ -205,6 +238,7 @@ def bench(
     from xformopt.bench.junit import junit_xml
     from xformopt.decoder.bench import is_decoder_dir
 
+    check_apart(artifact, (data, baseline), **{"-o": out, "--junit": junit})
     if is_decoder_dir(artifact):  # text-generation: TTFT, per-token latency, tokens/s (cli/bench_generation.py)
         from xformopt.cli import bench_generation
 
@@ -223,6 +257,7 @@ def bench(
 
     check_threads(threads)
     art = measure.load_artifact(artifact)
+    check_apart(artifact, (art.evaluation.data,), **{"-o": out, "--junit": junit})  # the report's own data file
     base_doc = gate.load_baseline(baseline) if baseline is not None else None
     opts = measure.Overrides(data=data, text_column=text_column, text_pair_column=text_pair_column,
                              label_column=label_column, limit=limit, seed=seed, threads=threads,
