@@ -8,6 +8,9 @@ from CPUID, which qemu-user answers), e.g. an AVX2-only CPU on an AVX-512 VNNI m
     xformopt export minilm -o /tmp/e && xformopt fuse /tmp/e -o /tmp/f --select all
     python benchmarks/int8_formats.py /tmp/f
     qemu-x86_64 -cpu Haswell "$(which python)" benchmarks/int8_formats.py /tmp/f
+
+Under emulation each session takes minutes; the README's AVX2 column was made from the same quantized
+graphs (quantization is host-independent) with only the inference run under qemu.
 """
 
 from __future__ import annotations
