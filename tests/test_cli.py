@@ -417,9 +417,9 @@ def test_a_chain_keeps_the_task_its_first_command_chose(tiny_classifier, heldout
     code, out, err = run_cli(["fuse", e, "-o", f, "--select", "all", "--data", heldout_file, "--json"], capsys)
     assert code == 0, err
     assert json.loads((f / "manifest.json").read_text())["input"]["task"] == "feature-extraction"
-    from xformopt import models
+    from xformopt import tasks
 
-    assert models.detect_task(json.loads((tiny_classifier / "config.json").read_text())) == "text-classification"
+    assert tasks.detect(json.loads((tiny_classifier / "config.json").read_text()), decoder=False).name == "text-classification"
 
 
 def test_passes_list_shows_each_registered_pass(capsys):

@@ -143,7 +143,7 @@ def test_export_parity_at_past_length(family, past_length, gpt2_stages, llama_ex
 
 
 def test_llama_export_uses_the_genai_builder_split_layout(llama_exported):
-    from xformopt.decoder.families import genai_builder_available
+    from xformopt.families import genai_builder_available
 
     _, record = llama_exported
     assert record["cache_layout"] == "split"
@@ -171,7 +171,7 @@ def test_llama_fuse_keeps_grouped_query_attention_or_says_it_did_not_fuse(llama_
     """With onnxruntime-genai's builder (extra genai) the export already holds one GroupQueryAttention
     per layer and fuse keeps it; without it, optimum's graph fuses rotary and RMSNorms only, loudly
     (that fallback is pinned in tests/test_int4.py)."""
-    from xformopt.decoder.families import genai_builder_available
+    from xformopt.families import genai_builder_available
 
     ctx = make_ctx(tiny_llama, sample_texts)
     record = run_pass("fuse", ctx, llama_exported[0], tmp_path / "f", select="all")

@@ -15,7 +15,7 @@ import pytest
 from conftest import make_ctx, run_cli, run_pass
 
 import tiny_decoders
-from xformopt.decoder.families import genai_builder_available
+from xformopt.families import genai_builder_available
 from xformopt.errors import InputError
 
 pytestmark = pytest.mark.skipif(not genai_builder_available(), reason="onnxruntime-genai's builder (extra genai) is not installed")
@@ -230,7 +230,7 @@ def test_int4_bad_input_fails_before_any_work(family_stages, exported_classifier
 
 
 def test_without_the_builder_llama_falls_back_to_optimum_loudly(family_models, sample_texts, tmp_path, monkeypatch):
-    import xformopt.decoder.families as families
+    import xformopt.families as families
 
     monkeypatch.setattr(families, "genai_builder_available", lambda: False)
     ctx = make_ctx(family_models["llama"], sample_texts)

@@ -59,11 +59,13 @@ class TextDataset:
     source: str  # a description: file, columns, sample
     row_ids: list[int]
     path: str = ""  # the file (or datasets folder, with ::split) the rows came from
+    # Per-row payloads a task keeps beside the texts (e.g. words and tag ids, answer spans), by name.
+    extra: dict[str, list] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = len(self.texts)
-        for name in ("text_pairs", "labels", "row_ids"):
-            values = getattr(self, name)
+        named = [(name, getattr(self, name)) for name in ("text_pairs", "labels", "row_ids")]
+        for name, values in named + [(f"extra[{k!r}]", v) for k, v in self.extra.items()]:
             if values is not None and len(values) != n:
                 raise ValueError(f"TextDataset.{name} has {len(values)} entries, texts has {n}")
 
@@ -102,7 +104,7 @@ class TextDataset:
 
         return replace(self, texts=pick(self.texts), text_pairs=pick(self.text_pairs),
                        labels=pick(self.labels), row_ids=pick(self.row_ids),
-                       source=f"{self.source}; {note}")
+                       extra={k: pick(v) for k, v in self.extra.items()}, source=f"{self.source}; {note}")
 
 
 @dataclass

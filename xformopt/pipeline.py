@@ -59,17 +59,8 @@ def default_heldout() -> Path:
 def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
     ev = recipe.evaluation
     path = Path(ev.data) if ev.data else default_heldout()
-    dataset = load_text_dataset(
-        path,
-        text_column=ev.text_column,
-        text_pair_column=ev.text_pair_column,
-        label_column=ev.label_column,
-        label2id=spec.label2id or None,
-        require_labels=spec.task == "text-classification",
-        limit=ev.limit,
-        seed=ev.seed,
-    )
-    return dataset
+    columns = {"text": ev.text_column, "text_pair": ev.text_pair_column, "label": ev.label_column}
+    return spec.task_def.load(path, label2id=spec.label2id or None, limit=ev.limit, seed=ev.seed, columns=columns)
 
 
 VERIFICATION_ROWS = 200
@@ -107,9 +98,7 @@ def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
                 raise InputError(f"{step.name}.{name}: data file not found: {value}")
     ev = recipe.evaluation
     if "fixed" in ev.modes:
-        limit = json.loads((spec.path / "config.json").read_text()).get("max_position_embeddings")
-        if limit and spec.model_type in ("roberta", "xlm-roberta", "camembert"):
-            limit -= 2  # their position ids start after the padding index
+        limit = spec.family.positions(json.loads((spec.path / "config.json").read_text()))
         if limit and max(ev.seq) > limit:
             raise InputError(f"--seq {max(ev.seq)} is longer than the model's {limit} positions; use lengths up to {limit}")
 
@@ -222,7 +211,7 @@ def run(
     check_threads(recipe.evaluation.threads)
     target = targets.resolve(recipe.target)
     spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
-    from xformopt.decoder import check_passes
+    from xformopt.passes.applicable import check_passes
 
     check_passes([(step.name, step.options) for step in recipe.passes], spec)
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
@@ -357,7 +346,7 @@ def run_single(
     # A chain keeps the task its first command chose (e.g. export --task feature-extraction).
     task = task or (previous.get("input") or {}).get("task")
     spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
-    from xformopt.decoder import check_passes
+    from xformopt.passes.applicable import check_passes
 
     check_passes([(pass_name, options)], spec)
     from xformopt.resources.defaults import check_labelled_fallbacks

@@ -17,17 +17,12 @@ from xformopt.models import ModelSpec, load_tokenizer, load_torch_model
 MAX_LENGTH = 512
 
 
-def mean_pool(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Sentence embeddings as sentence-transformers computes them: masked mean of token states."""
-    mask = mask[..., None].astype(hidden.dtype)
-    return (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)
-
-
 class Predictor:
-    """texts -> logits (classification) or mean-pooled embeddings (feature extraction)."""
+    """texts -> the task's per-row outputs (logits, pooled embeddings, ...: ``spec.task_def.finish``)."""
 
     def __init__(self, spec: ModelSpec, tokenizer, max_length: int = MAX_LENGTH):
         self.spec = spec
+        self.task = spec.task_def
         self.tokenizer = tokenizer
         self.max_length = min(max_length, getattr(tokenizer, "model_max_length", max_length) or max_length)
 
@@ -43,12 +38,17 @@ class Predictor:
             )
         )
 
-    def run_encoded(self, encoded: dict[str, np.ndarray]) -> np.ndarray:
+    def raw_outputs(self, encoded: dict[str, np.ndarray]) -> np.ndarray:
+        """The graph's outputs as the task combines them (logits, token states, start/end logits):
+        what export parity compares."""
         raise NotImplementedError
 
-    def raw_outputs(self, encoded: dict[str, np.ndarray]) -> np.ndarray:
-        """The graph's first output as-is (logits or token states): what export parity compares."""
-        raise NotImplementedError
+    def run_encoded(self, encoded: dict[str, np.ndarray]) -> np.ndarray:
+        return self.task.finish(self.raw_outputs(encoded), encoded)
+
+    def predict_data(self, data, batch_size: int = 32, progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+        """The task's outputs for every row of a TextDataset (tokenised the task's way: words, strides, ...)."""
+        return self.task.predict(self, data, batch_size=batch_size, progress=progress)
 
     def __call__(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> np.ndarray:
         return self.run_encoded(self.tokenize(texts, pairs))
@@ -72,11 +72,6 @@ class Predictor:
         restored[order] = result
         return restored
 
-    def _finish(self, first_output: np.ndarray, encoded: dict[str, np.ndarray]) -> np.ndarray:
-        if self.spec.task == "feature-extraction":
-            return mean_pool(first_output, encoded["attention_mask"])
-        return first_output
-
 
 class TorchPredictor(Predictor):
     def __init__(self, spec: ModelSpec, model_dir: Path | None = None, threads: int | None = None):
@@ -94,10 +89,8 @@ class TorchPredictor(Predictor):
     def raw_outputs(self, encoded):
         with self._torch.inference_mode():
             inputs = {k: self._torch.from_numpy(v) for k, v in encoded.items() if k in self.accepts}
-            return self.model(**inputs)[0].float().numpy()
-
-    def run_encoded(self, encoded):
-        return self._finish(self.raw_outputs(encoded), encoded)
+            outputs = self.model(**inputs).to_tuple()
+            return self.task.combine([o.float().numpy() for o in outputs if hasattr(o, "float")])
 
 
 def ort_feed(encoded: dict, input_names) -> dict[str, np.ndarray]:
@@ -146,7 +139,4 @@ class OrtPredictor(Predictor):
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def raw_outputs(self, encoded):
-        return self.session.run(None, ort_feed(encoded, self.input_names))[0]
-
-    def run_encoded(self, encoded):
-        return self._finish(self.raw_outputs(encoded), encoded)
+        return self.task.combine(self.session.run(None, ort_feed(encoded, self.input_names)))

@@ -14,11 +14,6 @@ from xformopt.errors import InputError
 # the ones xformopt itself reads (width, heads, layers). Others transformers defaults when absent;
 # when present they are typed below (OPTIONAL_TYPES), and the shapes they imply are compared with
 # the weights (check_config_matches_weights).
-FAMILY_KEYS = {
-    "distilbert": (("dim",), ("n_heads",), ("n_layers",)),
-    "gpt2": (("n_embd",), ("n_head",), ("n_layer",)),
-}
-ENCODER_KEYS = (("hidden_size",), ("num_attention_heads",), ("num_hidden_layers",))
 MAX_DIM = 1 << 20  # no real transformer has a width, head count or layer count near this
 
 
@@ -83,23 +78,19 @@ def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= (1 << 31)
 
 
-def check_config(config: dict, file: Path) -> None:
-    """The keys the family needs, with sane types, and a label mapping of integer ids."""
-    model_type = config.get("model_type")
-    if not isinstance(model_type, str):
-        raise InputError(f"{file}: model_type is missing or not a string; re-save the config with save_pretrained()")
-    for group in FAMILY_KEYS.get(model_type, ENCODER_KEYS):
+def check_config(config: dict, file: Path, family) -> None:
+    """The shape keys ``family`` (xformopt.families.Family) reads, with sane types, and a label mapping of integer ids."""
+    for group in (family.hidden_keys, family.heads_keys, family.layers_keys):
         present = [k for k in group if k in config]
         if not present:
-            raise InputError(f"{file}: {model_type} config lacks {' or '.join(group)}; re-save it with save_pretrained()")
+            raise InputError(f"{file}: {family.model_type} config lacks {' or '.join(group)}; re-save it with save_pretrained()")
         value = config[present[0]]
         if not _positive_int(value) or value > MAX_DIM:
             raise InputError(f"{file}: {present[0]} must be a positive whole number (got {value!r})")
     for key, kind in OPTIONAL_TYPES.items():
         if key in config and config[key] is not None and not _of_kind(config[key], kind):
             raise InputError(f"{file}: {key} is {config[key]!r}; it must be {kind}")
-    width = config.get("hidden_size") or config.get("dim") or config.get("n_embd")
-    heads = config.get("num_attention_heads") or config.get("n_heads") or config.get("n_head")
+    width, heads = family.config_value(config, family.hidden_keys), family.config_value(config, family.heads_keys)
     if width % heads:
         raise InputError(f"{file}: hidden size {width} is not a multiple of the {heads} attention heads")
     for key in ("label2id", "id2label"):
@@ -244,11 +235,13 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
     its parameter shapes with the checkpoint's: a config edited after saving (another width, an
     activation that does not exist) fails here in one line, not minutes later inside export."""
     import torch
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+    import transformers
+    from transformers import AutoConfig
+
+    from xformopt import tasks
 
     file = Path(path) / "config.json"
-    cls = {"text-classification": AutoModelForSequenceClassification,
-           "text-generation": AutoModelForCausalLM}.get(task, AutoModel)
+    cls = getattr(transformers, tasks.get(task).auto_model)
     try:
         config = AutoConfig.from_pretrained(path)
         with torch.device("meta"):

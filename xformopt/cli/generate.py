@@ -10,6 +10,7 @@ import typer
 from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError
+from xformopt.families import DECODERS
 
 EXAMPLES = """
 Examples:
@@ -37,7 +38,7 @@ def open_decoder(artifact: Path):
     spec = models.resolve(str(path))
     if not spec.is_decoder:
         raise InputError(f"{path} is a {spec.model_type} {spec.task} artifact; generate needs a decoder "
-                         f"({', '.join(models.DECODER_MODEL_TYPES)}) exported for text-generation")
+                         f"({', '.join(DECODERS)}) exported for text-generation")
     return spec
 
 

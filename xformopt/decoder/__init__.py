@@ -15,28 +15,3 @@ Modules: :mod:`.runtime` (ONNX Runtime and PyTorch step runners, IO binding), :m
 (greedy and sampled generation, prompt checks), :mod:`.export` (export with past, multi-step parity),
 :mod:`.perplexity`, :mod:`.bench` (time to first token, per-token latency, tokens/s).
 """
-
-# Passes that handle decoders; the others (prune, distill) are BERT-family only for now.
-DECODER_PASSES = ("export", "fuse", "quantize")
-
-
-def check_passes(steps, spec) -> None:
-    """Fail before any work when a step (pass name, options) of the chain cannot take a decoder."""
-    from xformopt.errors import InputError
-    from xformopt.models import SUPPORTED_MODEL_TYPES
-
-    if not spec.is_decoder:
-        if any(name == "quantize" and (options or {}).get("mode") == "int4" for name, options in steps):
-            raise InputError(f"quantize --mode int4 is for decoders (text-generation); {spec.model_type!r} is an encoder: "
-                             "use --mode dynamic or static")
-        return
-    for name, options in steps:
-        if name not in DECODER_PASSES:
-            raise InputError(
-                f"unsupported architecture {spec.model_type!r} for pass {name!r}: it takes encoders "
-                f"({', '.join(SUPPORTED_MODEL_TYPES)}); decoders (text-generation) support {', '.join(DECODER_PASSES)}"
-            )
-        options = options or {}
-        if name == "quantize" and (options.get("mode") == "static" or options.get("max_accuracy_drop") is not None):
-            raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
-                             "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")

@@ -135,11 +135,11 @@ def is_decoder_dir(path) -> bool:
     import json
     from pathlib import Path
 
-    from xformopt.models import DECODER_MODEL_TYPES
+    from xformopt.families import DECODERS
 
     config = Path(path) / "config.json"
     try:
-        return Path(path).is_dir() and json.loads(config.read_text()).get("model_type") in DECODER_MODEL_TYPES
+        return Path(path).is_dir() and json.loads(config.read_text()).get("model_type") in DECODERS
     except (OSError, ValueError):
         return False
 

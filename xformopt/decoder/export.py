@@ -202,7 +202,7 @@ DEFAULT_EXPORTER = ("optimum.exporters.onnx main_export, task text-generation-wi
 def exporter_for(model_type: str, log=None):
     """(description, function) from the family table; genai families fall back to optimum, loudly,
     when the optional builder is not installed."""
-    from xformopt.decoder.families import FAMILIES, GENAI_EXTRA, genai_builder_available
+    from xformopt.families import FAMILIES, GENAI_EXTRA, genai_builder_available
 
     family = FAMILIES.get(model_type)
     if family is None:
@@ -346,7 +346,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
 
 def _fused_at_export(ctx, model, how: str) -> dict:
     """The builder fuses while it writes the graph: count and verify its fused ops per layer here."""
-    from xformopt.decoder.families import FAMILIES
+    from xformopt.families import FAMILIES
     from xformopt.decoder.fusion import attention_record
     from xformopt.onnx_graph import fused_counts
 

@@ -30,7 +30,7 @@ TIMING_PROMPT_TOKENS = 32
 def expectation(spec, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
     """Fused ops every layer must reach (family table): the builder's set when the input graph came
     from onnxruntime-genai's builder (it has GroupQueryAttention), optimum's fallback set otherwise."""
-    from xformopt.decoder.families import FAMILIES
+    from xformopt.families import FAMILIES
 
     family = FAMILIES.get(spec.model_type)
     if family is None:

@@ -14,8 +14,6 @@ import numpy as np
 from xformopt import progress as progress_events
 from xformopt.bench import modes
 from xformopt.bench.latency import compare
-from xformopt.evaluate.probe import Probe
-from xformopt.evaluate.stage import score
 from xformopt.onnx_graph import dir_size_bytes
 
 
@@ -35,15 +33,14 @@ def model_bytes(stage) -> int:
     return sum(p.stat().st_size for p in weights) or dir_size_bytes(stage.path)
 
 
-def quality(task: str, outputs: dict[str, np.ndarray], baseline_name: str, labels, seed: int) -> dict[str, dict]:
+def quality(task, outputs: dict[str, np.ndarray], baseline_name: str, heldout, seed: int) -> dict[str, dict]:
     baseline = outputs[baseline_name]
-    probe = Probe(baseline, labels, seed) if task == "feature-extraction" and Probe.usable(labels) else None
-    return {name: score(task, out, baseline, labels, probe) for name, out in outputs.items()}
+    return {name: task.score(out, baseline, heldout, seed) for name, out in outputs.items()}
 
 
 def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None], progress=None) -> dict:
     """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing."""
-    if spec.is_decoder:  # perplexity, cached-step latency, generation grid: xformopt/decoder/evaluate.py
+    if spec.task_def.decoder:  # perplexity, cached-step latency, generation grid: xformopt/decoder/evaluate.py
         from xformopt.decoder.evaluate import evaluate_decoder_stages
 
         return evaluate_decoder_stages(stages, spec, heldout, settings, threads, log, progress)
@@ -56,27 +53,28 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
     outputs = {}
     for name, predictor in predictors.items():
         log(f"evaluating {name} on {len(heldout)} held-out rows")
-        outputs[name] = predictor.predict(heldout.texts, heldout.text_pairs, progress=bar(f"evaluating {name} (rows)"))
-    metrics = quality(spec.task, outputs, stages[0].name, heldout.labels, settings.seed)
+        outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
+    metrics = quality(spec.task_def, outputs, stages[0].name, heldout, settings.seed)
+    texts, pairs = spec.task_def.timing_inputs(heldout)
 
     log(f"timing {len(predictors)} stages interleaved at batch 1 ({settings.latency_rounds} rounds, {threads} threads)")
-    latency = modes.real(predictors, heldout.texts, heldout.text_pairs, rounds=settings.latency_rounds,
+    latency = modes.real(predictors, texts, pairs, rounds=settings.latency_rounds,
                          warmup=settings.warmup, seed=settings.seed, progress=bar("latency (real, interleaved)"))
     speedup = compare(latency, stages[0].name)
     final = stages[-1].name
     log(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} rounds)")
-    artifact_latency = modes.solo_repeats(predictors[final], heldout.texts, heldout.text_pairs,
+    artifact_latency = modes.solo_repeats(predictors[final], texts, pairs,
                                           rounds=settings.latency_rounds, warmup=settings.warmup,
                                           repeats=settings.repeats, seed=settings.seed,
                                           progress=bar(f"latency ({final} alone, {settings.repeats} repeats)"))
     extra = {}
     if "fixed" in settings.modes:
         log(f"timing fixed shapes: batch {settings.batch} x seq {settings.seq}")
-        extra["fixed"] = modes.fixed(predictors, heldout.texts, settings.batch, settings.seq,
+        extra["fixed"] = modes.fixed(predictors, texts, settings.batch, settings.seq,
                                      rounds=settings.fixed_rounds, warmup=2, seed=settings.seed, progress=bar("latency (fixed grid)"))
     if "throughput" in settings.modes:
         log(f"measuring throughput at batch sizes {settings.batch}")
-        extra["throughput"] = modes.throughput(predictors, heldout.texts, heldout.text_pairs, settings.batch, seed=settings.seed,
+        extra["throughput"] = modes.throughput(predictors, texts, pairs, settings.batch, seed=settings.seed,
                                                progress=bar("throughput (passes)"))
     per_stage = {
         name: {

@@ -1,0 +1,169 @@
+"""Model families: one row of facts per Hugging Face ``model_type`` (data, not if-chains).
+
+A row says what every pass needs to know about a family: ONNX Runtime's optimizer type, where the
+config keeps its shape (layers, heads, hidden size, positions and their offset), which fused ops each
+layer must reach, which exporter writes it, and where prune/distill find its modules (attribute paths
+from the base model and from one layer). Adding a family is one row; code only where a library cannot
+do it (an exporter, a fusion).
+
+``exporter`` for decoders (:mod:`xformopt.decoder.export`):
+
+- ``gpt2``: xformopt's own TorchScript export in ONNX Runtime's GPT-2 layout, then ORT's GPT-2
+  ``Attention`` fusion in ``fuse``;
+- ``genai``: onnxruntime-genai's model builder used as a library (optional extra ``genai``): every
+  layer's attention and rotary embedding as one ``GroupQueryAttention`` plus fused RMSNorms. Without
+  the extra these families fall back to optimum's exporter, where attention stays unfused and the fuse
+  record says so (``fallback_per_layer``).
+
+Encoders are exported by optimum (``optimum``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from xformopt.errors import InputError
+
+GENAI_EXTRA = "onnxruntime-genai"  # the pip name; xformopt's extra is `pip install 'xformopt[genai]'`
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where prune and distill reach a family's modules: dotted attribute paths (data, not code).
+
+    ``layers`` is from the base model (``model.base_model``); the rest are from one layer, except the
+    config keys, which name the config attributes a pruned model must rewrite."""
+
+    layers: str
+    heads: str  # int attribute: the layer's attention head count
+    head_dim: str  # int attribute: one head's width
+    attn_value: str  # the value projection (its output rows are the heads)
+    attn_out: str  # the attention output projection
+    ffn_in: str
+    ffn_out: str
+    layers_key: str  # config: number of layers
+    ffn_key: str  # config: FFN width
+    hidden_key: str  # config: hidden size
+    layer_count_attr: str | None = None  # a module attribute that caches the layer count too
+
+    @staticmethod
+    def get(obj: Any, path: str) -> Any:
+        for name in path.split("."):
+            obj = getattr(obj, name)
+        return obj
+
+    @staticmethod
+    def set(obj: Any, path: str, value: Any) -> None:
+        *parents, last = path.split(".")
+        for name in parents:
+            obj = getattr(obj, name)
+        setattr(obj, last, value)
+
+
+BERT_LAYOUT = Layout(
+    layers="encoder.layer", heads="attention.self.num_attention_heads",
+    head_dim="attention.self.attention_head_size", attn_value="attention.self.value",
+    attn_out="attention.output.dense", ffn_in="intermediate.dense", ffn_out="output.dense",
+    layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size",
+)
+DISTILBERT_LAYOUT = Layout(
+    layers="transformer.layer", heads="attention.n_heads", head_dim="attention.attention_head_size",
+    attn_value="attention.v_lin", attn_out="attention.out_lin", ffn_in="ffn.lin1", ffn_out="ffn.lin2",
+    layers_key="n_layers", ffn_key="hidden_dim", hidden_key="dim", layer_count_attr="transformer.n_layers",
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    decoder: bool
+    ort_model_type: str  # ONNX Runtime transformer-optimizer model type used by `fuse`
+    fused_per_layer: dict[str, int]  # fused ops each layer must reach after export (genai) or fuse
+    exporter: str = "optimum"  # "optimum" | "gpt2" | "genai"
+    layers_keys: tuple[str, ...] = ("num_hidden_layers",)
+    heads_keys: tuple[str, ...] = ("num_attention_heads",)
+    hidden_keys: tuple[str, ...] = ("hidden_size",)
+    positions_keys: tuple[str, ...] = ("max_position_embeddings",)
+    position_offset: int = 0  # positions the embedding table reserves (RoBERTa: padding_idx + 1)
+    fallback_per_layer: dict[str, int] = field(default_factory=dict)
+    grouped_query: bool = False  # the config may share KV heads (num_key_value_heads)
+    layout: Layout | None = None  # None: prune and distill do not reach this family's modules
+
+    def config_value(self, config: dict, keys: tuple[str, ...]) -> Any:
+        return next((config[k] for k in keys if config.get(k) is not None), None)
+
+    def shape(self, config: dict) -> tuple[int, int, int]:
+        """(layers, heads, hidden size) from a config dict, under this family's key names."""
+        return tuple(int(self.config_value(config, keys) or 0)
+                     for keys in (self.layers_keys, self.heads_keys, self.hidden_keys))
+
+    def positions(self, config: dict) -> int | None:
+        """How many tokens the model can embed, less the family's reserved positions."""
+        limit = self.config_value(config, self.positions_keys)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+            return None
+        limit -= self.position_offset
+        return limit if limit > 0 else None
+
+
+_ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
+_ROTARY_FALLBACK = {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2}
+_GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
+
+
+def _bert_like(model_type: str, offset: int = 0) -> Family:
+    return Family(model_type, False, "bert", _ENCODER_FUSED, position_offset=offset, layout=BERT_LAYOUT)
+
+
+def _genai(model_type: str) -> Family:
+    return Family(model_type, True, "gpt2", _GQA, exporter="genai", fallback_per_layer=_ROTARY_FALLBACK,
+                  grouped_query=True)
+
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    _bert_like("bert"),
+    _bert_like("electra"),
+    _bert_like("roberta", offset=2),
+    _bert_like("xlm-roberta", offset=2),
+    _bert_like("camembert", offset=2),
+    Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
+           hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
+    Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
+           layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions",)),
+    _genai("llama"),
+    _genai("mistral"),
+    _genai("qwen2"),
+    _genai("qwen3"),
+    _genai("phi3"),
+)}
+
+ENCODERS = tuple(name for name, f in FAMILIES.items() if not f.decoder)
+DECODERS = tuple(name for name, f in FAMILIES.items() if f.decoder)
+
+
+def family_of(model_type: str | None) -> Family:
+    """The family row for ``model_type``, or a one-line InputError naming the supported ones."""
+    family = FAMILIES.get(model_type or "")
+    if family is None:
+        raise InputError(f"unsupported architecture {model_type!r}; supported encoders: {', '.join(ENCODERS)}; "
+                         f"decoders (text-generation): {', '.join(DECODERS)}")
+    return family
+
+
+def layout_of(model_type: str, pass_name: str) -> Layout:
+    """Where ``model_type``'s prunable/distillable modules live, or an InputError naming the families that have them."""
+    family = FAMILIES.get(model_type)
+    if family is None or family.layout is None:
+        supported = ", ".join(name for name, f in FAMILIES.items() if f.layout is not None)
+        raise InputError(f"unsupported architecture {model_type!r} for pass {pass_name!r}: it takes encoders "
+                         f"whose modules it knows ({supported})")
+    return family.layout
+
+
+def genai_builder_available() -> bool:
+    try:
+        import onnxruntime_genai.models.builder  # noqa: F401
+    except Exception:  # ImportError, or a builder release that imports newer transformers classes
+        return False
+    return True

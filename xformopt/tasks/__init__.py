@@ -1,0 +1,36 @@
+"""The task registry: one module per task, each exporting ``TASK`` (a :class:`~xformopt.tasks.base.Task`).
+
+A new task is one module here plus its tests; passes, evaluation, bench and report ask the task object
+and never test a task's name. ``get`` resolves a name (or None: detected from the config).
+"""
+
+from __future__ import annotations
+
+from xformopt.errors import InputError
+from xformopt.tasks import classification, embeddings, generation
+from xformopt.tasks.base import Task
+
+_MODULES = (classification, embeddings, generation)
+
+TASKS: dict[str, Task] = {m.TASK.name: m.TASK for m in _MODULES}
+
+
+def names(decoder: bool | None = None) -> tuple[str, ...]:
+    return tuple(n for n, t in TASKS.items() if decoder is None or t.decoder == decoder)
+
+
+def get(name: str) -> Task:
+    task = TASKS.get(name)
+    if task is None:
+        raise InputError(f"unknown task {name!r}; choose one of: {', '.join(TASKS)}")
+    return task
+
+
+def detect(config: dict, decoder: bool) -> Task:
+    """The task a checkpoint's head was trained for (config.architectures), else its family's default:
+    embeddings for encoders, generation for decoders."""
+    architectures = config.get("architectures") or []
+    for task in TASKS.values():
+        if task.decoder == decoder and any(a.endswith(task.architectures) for a in architectures if task.architectures):
+            return task
+    return TASKS["text-generation"] if decoder else TASKS["feature-extraction"]

@@ -1,0 +1,109 @@
+"""What a task is: everything a pass, the evaluator, the bench and the report need to know about it.
+
+A task is one object (one module under ``xformopt/tasks/``); nothing outside this package tests a task's
+name. Callers ask the task: which transformers/optimum classes load it, how its held-out rows are read,
+what the graph's outputs become (pooled embeddings, word-level tags, answer spans), how a stage is scored
+against the PyTorch baseline, what one INT8 agreement figure is, which passes and latency modes apply.
+
+Outputs flow as numpy arrays of one row per held-out example (padded where a task's rows are ragged),
+so they can be saved beside the artifact as ``reference_outputs.npy`` without pickle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from xformopt.evaluate.metrics import row_cosine
+
+if TYPE_CHECKING:  # typing only: a task module imports no pipeline layer
+    from xformopt.data import TextDataset
+
+Progress = Callable[[int, int], None]
+
+
+class Task:
+    """Base class; one subclass instance per task, registered in :mod:`xformopt.tasks`."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    auto_model: ClassVar[str] = "AutoModel"  # transformers class that loads the checkpoint
+    ort_model: ClassVar[str] = "ORTModelForFeatureExtraction"  # optimum.onnxruntime class that loads the artifact
+    export_task: ClassVar[str] = "feature-extraction"  # optimum's exporter task name
+    architectures: ClassVar[tuple[str, ...]] = ()  # config.architectures suffixes that detect the task
+    headline: ClassVar[str] = "accuracy"  # the metric the report leads with
+    higher_is_better: ClassVar[bool] = True
+    decoder: ClassVar[bool] = False  # decoder families (KV cache) vs encoders
+    labels_from_config: ClassVar[bool] = False  # label2id comes from the config (classifier heads)
+    needs_labels: ClassVar[bool] = False  # held-out rows must be labelled (else the metric is meaningless)
+    passes: ClassVar[tuple[str, ...]] = ("export", "fuse", "quantize", "prune", "distill")
+    # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
+    agreement_floor: ClassVar[float] = 0.9
+    # What prune and distill optimise the student towards: "logits" (the head's output, labels where
+    # given) or "embedding" (mean-pooled token states); None: those passes do not take this task.
+    torch_objective: ClassVar[str | None] = None
+
+    # ------------------------------------------------------------------ data
+
+    def load(self, path: str | Path, *, label2id: dict[str, int] | None, limit: int | None, seed: int,
+             columns: dict[str, str | None] | None = None, require_labels: bool | None = None) -> TextDataset:
+        """Held-out (or training) rows from ``path`` in the task's formats. ``columns``: the user's
+        column names (text, text_pair, label) where the task reads columns."""
+        from xformopt.data import load_text_dataset
+
+        columns = columns or {}
+        return load_text_dataset(
+            path, text_column=columns.get("text"), text_pair_column=columns.get("text_pair"),
+            label_column=columns.get("label"), label2id=label2id,
+            require_labels=self.needs_labels if require_labels is None else require_labels, limit=limit, seed=seed)
+
+    # ------------------------------------------------------------------ running a stage
+
+    def combine(self, outputs: Sequence[np.ndarray]) -> np.ndarray:
+        """The graph's (or torch model's) outputs as one array: what export parity compares."""
+        return outputs[0]
+
+    def finish(self, raw: np.ndarray, encoded: dict[str, np.ndarray]) -> np.ndarray:
+        """One batch's combined output -> the task's per-row output (e.g. pooled embeddings)."""
+        return raw
+
+    def predict(self, predictor, data: TextDataset, batch_size: int = 32, progress: Progress | None = None) -> np.ndarray:
+        """Outputs for every row of ``data`` (one row each), through ``predictor`` (xformopt.predictors)."""
+        return predictor.predict(data.texts, data.text_pairs, batch_size=batch_size, progress=progress)
+
+    def timing_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:
+        """What latency is measured on: the texts (and pairs) a served request carries."""
+        return list(data.texts), data.text_pairs
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, outputs: np.ndarray, baseline: np.ndarray, data: TextDataset, seed: int = 0) -> dict:
+        """Metrics of one stage's ``outputs`` on ``data``; ``baseline`` is the PyTorch fp32 model's.
+        Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.evaluate.metrics)."""
+        raise NotImplementedError
+
+    def agreement(self, outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """Per-row agreement in [0, 1] of ``outputs`` with a float ``reference`` (INT8 format ladder)."""
+        return row_cosine(outputs, reference)
+
+    def budget_points(self, outputs: np.ndarray, reference: np.ndarray | None, data: TextDataset) -> tuple[str, float]:
+        """(metric name, value in points 0-100) that the INT8 accuracy budget holds: the task metric
+        where ``data`` is labelled, else agreement with the float graph's ``reference``."""
+        if reference is None:
+            return "agreement_with_float", 100.0
+        return "agreement_with_float", 100.0 * float(np.mean(self.agreement(outputs, reference)))
+
+    def skipped_without_baseline(self) -> str:
+        """The metrics a bench run cannot compute without the artifact's reference outputs."""
+        return "agreement_with_baseline"
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}>"
+
+
+def argmax_agreement(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """1.0 where the arg-max class agrees, per row (and per position for token-level outputs)."""
+    return (np.asarray(outputs).argmax(-1) == np.asarray(reference).argmax(-1)).astype(np.float64)

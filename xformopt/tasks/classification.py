@@ -1,0 +1,40 @@
+"""text-classification: a sequence-classification head; metrics accuracy and macro-F1 where the rows
+are labelled, arg-max agreement with the PyTorch fp32 baseline always."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xformopt.evaluate.metrics import accuracy, macro_f1, proportion
+from xformopt.tasks.base import Task, argmax_agreement
+
+
+class TextClassification(Task):
+    name = "text-classification"
+    summary = "one label per text (or text pair): sentiment, topic, NLI"
+    auto_model = "AutoModelForSequenceClassification"
+    ort_model = "ORTModelForSequenceClassification"
+    export_task = "text-classification"
+    architectures = ("ForSequenceClassification",)
+    headline = "accuracy"
+    labels_from_config = True
+    needs_labels = True
+    torch_objective = "logits"
+
+    def score(self, outputs, baseline, data, seed=0):
+        pred = outputs.argmax(-1)
+        metrics = {"agreement_with_baseline": proportion(pred == baseline.argmax(-1))}
+        if data.labels is not None:
+            y = np.asarray(data.labels)
+            metrics = {"accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y, seed=seed), **metrics}
+        return metrics
+
+    def budget_points(self, outputs, reference, data):
+        if data.labels is not None:
+            return "accuracy", 100.0 * float((outputs.argmax(-1) == np.asarray(data.labels)).mean())
+        if reference is None:
+            return "agreement_with_float", 100.0
+        return "agreement_with_float", 100.0 * float(argmax_agreement(outputs, reference).mean())
+
+
+TASK = TextClassification()

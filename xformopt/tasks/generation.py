@@ -1,0 +1,33 @@
+"""text-generation: causal decoders exported with a KV cache; metric perplexity on held-out text
+(evaluated by xformopt.decoder.evaluate: cached-step latency, generation grid)."""
+
+from __future__ import annotations
+
+from xformopt.tasks.base import Task, argmax_agreement
+
+
+class TextGeneration(Task):
+    name = "text-generation"
+    summary = "causal language models with a KV cache (GPT-2, Llama, Qwen, Mistral, Phi-3)"
+    auto_model = "AutoModelForCausalLM"
+    ort_model = "ORTModelForCausalLM"
+    export_task = "text-generation-with-past"
+    architectures = ("ForCausalLM", "LMHeadModel")
+    headline = "perplexity"
+    higher_is_better = False
+    decoder = True
+    passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
+
+    def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
+        from xformopt.data import load_text_dataset
+
+        return load_text_dataset(path, text_column=(columns or {}).get("text"), label_column="", limit=limit, seed=seed)
+
+    def score(self, outputs, baseline, data, seed=0):
+        raise NotImplementedError("text-generation is scored by xformopt.decoder.evaluate (perplexity)")
+
+    def agreement(self, outputs, reference):
+        return argmax_agreement(outputs, reference)
+
+
+TASK = TextGeneration()
