@@ -37,12 +37,12 @@ def main() -> None:
     from xformopt.bench.modes import real
     from xformopt.data import load_text_dataset
     from xformopt.evaluate.stage import headline, score
-    from xformopt.pipeline import default_heldout
+    from xformopt.resources import vader_split_path
     from xformopt.predictors import OrtPredictor, TorchPredictor
 
     spec = models.resolve(args.model)
     threads = args.threads or usable_cpus()
-    heldout = load_text_dataset(default_heldout(), label2id=spec.label2id, limit=args.limit, seed=0)
+    heldout = load_text_dataset(vader_split_path("test"), label2id=spec.label2id, limit=args.limit, seed=0)
     labels = heldout.labels if spec.task == "text-classification" else None
     predictors = {"pytorch": TorchPredictor(spec, threads=threads)}
     for path in args.artifacts:

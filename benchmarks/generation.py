@@ -55,7 +55,7 @@ def stages(work: Path, args) -> dict[str, Path]:
                                       f"{r['parity']['past_lengths'][:3]}..{r['parity']['past_lengths'][-1]}",
                   "fuse": lambda r: f"fused {({k: v for k, v in r['fused_kept'].items() if v})}",
                   "quantize": lambda r: f"{r['coverage']['int8']}/{r['coverage']['weighted_gemms']} GEMMs INT8 "
-                                        f"{r['coverage']['int8_ops']}, logits cosine {r['agreement']['mean_cosine']:.4f}"}[name](record)
+                                        f"{r['coverage']['int8_ops']}, logits cosine {r['agreement']['mean_agreement']:.4f}"}[name](record)
         log(f"{name}: {time.perf_counter() - started:.0f}s, {detail}")
     return {"pytorch": model, "fp32": work / "fused", "int8": work / "int8", "export": work / "export"}
 

@@ -164,7 +164,7 @@ def test_gpt2_fuses_attention_with_past_and_quantizes_it(gpt2_stages):
     assert coverage["int8"] == coverage["weighted_gemms"] > 0
     assert coverage["int8_ops"]["QAttention"] == 2
     assert quantized["agreement"]["measured_on"] == "logits at every position"
-    assert quantized["agreement"]["mean_cosine"] > 0.99
+    assert quantized["agreement"]["mean_agreement"] > 0.99
 
 
 def test_llama_fuse_keeps_grouped_query_attention_or_says_it_did_not_fuse(llama_exported, tiny_llama, sample_texts, tmp_path):

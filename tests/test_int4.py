@@ -144,7 +144,7 @@ def test_int4_packs_every_weighted_matmul_and_keeps_attention_fused(family, fami
     assert record["kept_float"] == [] and "MatMul" not in ops
     assert ops.count("GroupQueryAttention") == LAYERS
     assert record["size_bytes"]["after"] < record["size_bytes"]["before"] / 1.8
-    assert record["agreement"]["mean_cosine"] > 0.98
+    assert record["agreement"]["mean_agreement"] > 0.98
     # Step by step, the int4 graph decodes with its cache exactly as it does recomputing the sequence.
     from xformopt.decoder.generate import generate
 
@@ -213,7 +213,7 @@ def test_hqq_and_gptq_write_4bit_matmulnbits(algorithm, family_models, family_st
     assert record["algorithm"] == algorithm and record["matmulnbits"]["4bit"] == record["weighted_matmuls"]
     assert record["matmulnbits"]["accuracy_levels"] == [4]  # ORT's HQQ writes none: the pass sets it
     assert ("calibration" in record) == (algorithm == "gptq")
-    assert record["agreement"]["mean_cosine"] > 0.98
+    assert record["agreement"]["mean_agreement"] > 0.98
 
 
 def test_int4_bad_input_fails_before_any_work(family_stages, exported_classifier, tmp_path, capsys):

@@ -48,9 +48,11 @@ def test_ladder_skips_unsigned_weights_on_vnni_and_keeps_what_the_user_fixed():
 
 
 def test_task_floors():
-    assert agreement_floor("feature-extraction", None) == 0.99
-    assert agreement_floor("text-classification", None) == 0.9
-    assert agreement_floor("feature-extraction", 0.5) == 0.5
+    from xformopt import tasks
+
+    assert agreement_floor(tasks.get("feature-extraction"), None) == 0.99
+    assert agreement_floor(tasks.get("text-classification"), None) == 0.9
+    assert agreement_floor(tasks.get("feature-extraction"), 0.5) == 0.5
 
 
 def _weights_saturate(model_dir) -> bool:
@@ -64,7 +66,7 @@ def saturating_agreement(calls: list):
     def agree(ctx, float_dir, int8_dir):
         cosine = 0.95 if _weights_saturate(int8_dir) else 0.995
         calls.append(cosine)
-        return {"mean_cosine": cosine, "min_cosine": cosine, "texts": 1}
+        return {"measure": "cosine", "mean_agreement": cosine, "min_agreement": cosine, "texts": 1}
 
     return agree
 
@@ -98,7 +100,7 @@ def test_harmful_gemms_go_to_float_as_a_last_resort(fused_classifier, tiny_class
     def agree(ctx, float_dir, int8_dir):  # only a graph with some GEMM back in float is close enough
         kept = q.int8_coverage(q.load_graph(float_dir / "model.onnx"), q.load_graph(int8_dir / "model.onnx"))
         cosine = 0.995 if kept["kept_float"] else 0.9
-        return {"mean_cosine": cosine, "min_cosine": cosine, "texts": 1}
+        return {"measure": "cosine", "mean_agreement": cosine, "min_agreement": cosine, "texts": 1}
 
     monkeypatch.setattr(q, "output_agreement", agree)
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx512_vnni")
@@ -111,7 +113,7 @@ def test_harmful_gemms_go_to_float_as_a_last_resort(fused_classifier, tiny_class
 
 def test_failure_names_the_switch_the_user_fixed(fused_classifier, tiny_classifier, tmp_path, sample_texts,
                                                  monkeypatch):
-    monkeypatch.setattr(q, "output_agreement", lambda *a: {"mean_cosine": 0.5, "min_cosine": 0.5, "texts": 1})
+    monkeypatch.setattr(q, "output_agreement", lambda *a: {"measure": "cosine", "mean_agreement": 0.5, "min_agreement": 0.5, "texts": 1})
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx512_vnni")
     with pytest.raises(PassFailed) as info:
         run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q", min_agreement=0.99, per_channel=False)
@@ -125,7 +127,7 @@ def test_real_formats_agree_on_this_host(fused_classifier, tiny_classifier, tmp_
     ctx = make_ctx(tiny_classifier, sample_texts, target=targets.detect().name)
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q")
     assert record["format_search"]["attempts"][0]["passes"] is True
-    assert record["agreement"]["mean_cosine"] >= 0.9
+    assert record["agreement"]["mean_agreement"] >= 0.9
 
 
 # --------------------------------------------------------------------------- the kernel, for real

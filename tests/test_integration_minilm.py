@@ -86,7 +86,7 @@ def test_quantize_every_gemm_int8(chain):
     assert search["attempts"][0]["formats"] == {"weight_type": host.weight_type, "per_channel": host.per_channel,
                                                 "reduce_range": host.reduce_range}
     assert record["formats"] == {**record["formats"], **search["attempts"][search["chosen"]]["formats"]}
-    assert record["agreement"]["mean_cosine"] >= 0.99
+    assert record["agreement"]["mean_agreement"] >= 0.99
     kept_float = search["exclude_nodes"]  # the ladder's last resort, named; none on the hosts measured so far
     assert len(kept_float) <= 24 // 10
     coverage = record["coverage"]

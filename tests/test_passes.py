@@ -317,7 +317,7 @@ def test_quantize_summary_says_when_the_budget_was_not_met():
         budget = {"budget_met": met, "metric": "accuracy", "float_metric": 87.0, "metric_after": 87.0 - drop, "drop": drop,
                   "allowed_drop_points": 0.5, "kept_float": [], "search": [{}, {}]}
         record = {"coverage": {"int8": 12, "weighted_gemms": 12, "int8_ops": {"MatMulInteger": 12}, "kept_float": []},
-                  "agreement": {"mean_cosine": 0.99}, "budget": budget}
+                  "agreement": {"measure": "cosine", "mean_agreement": 0.99}, "budget": budget}
         return {"pass": "quantize", "record": record}
 
     met = summary(entry(True, 0.25))
@@ -344,7 +344,7 @@ def test_quantize_fused_graph_covers_every_weighted_gemm(fused_classifier, tiny_
     assert counts["QAttention"] == LAYERS
     assert counts["MatMulInteger"] == 3 * LAYERS + 2
     assert counts["Attention"] == 0 and counts["MatMul"] == 0 and counts["Gemm"] == 0
-    assert record["agreement"]["mean_cosine"] >= 0.9
+    assert record["agreement"]["mean_agreement"] >= 0.9
     assert record["agreement"]["texts"] == 32
     for name in ("config.json", "tokenizer.json", "vocab.txt"):
         assert (tmp_path / "q" / name).is_file()
@@ -399,7 +399,7 @@ def test_quantize_feature_extraction_coverage(fused_encoder, tiny_encoder, tmp_p
     record = run_pass("quantize", ctx, fused_encoder, tmp_path / "q")
     assert record["coverage"]["weighted_gemms"] == weighted_gemm_count(fused_encoder / "model.onnx") == 4 * LAYERS
     assert record["coverage"]["int8_ops"] == {"MatMulInteger": 3 * LAYERS, "QAttention": LAYERS}
-    assert record["agreement"]["mean_cosine"] >= 0.99
+    assert record["agreement"]["mean_agreement"] >= 0.99
 
 
 def test_quantize_nothing_quantizable_fails_with_gemm_head(fused_classifier, tiny_classifier, tmp_path, sample_texts):
@@ -422,7 +422,7 @@ def test_quantize_agreement_floor(fused_classifier, tiny_classifier, tmp_path, s
     import xformopt.passes.quantize as quantize_mod
 
     monkeypatch.setattr(quantize_mod, "output_agreement",
-                        lambda ctx, a, b: {"mean_cosine": 0.5, "min_cosine": 0.1, "texts": 32})
+                        lambda ctx, a, b: {"measure": "cosine", "mean_agreement": 0.5, "min_agreement": 0.1, "texts": 32})
     ctx = make_ctx(tiny_classifier, sample_texts)
     with pytest.raises(PassFailed, match=r"mean cosine 0\.500 < 0\.9"):
         run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q")

@@ -51,19 +51,19 @@ def test_each_calibration_method(method, fused_classifier, tiny_classifier, tmp_
     cov = record["coverage"]
     assert cov["int8"] == cov["weighted_gemms"] and cov["int8_ops"].get("QLinearMatMul")
     assert cov["int8_ops"].get("QAttention")  # fused Attention: dynamic QAttention (no static kernel)
-    assert record["agreement"]["mean_cosine"] > 0.9
+    assert record["agreement"]["mean_agreement"] > 0.9
     assert not list((tmp_path / "q").glob(".quantize*"))  # scratch removed
 
 
 def test_calibration_rows_disjoint_from_evaluation_rows(tiny_classifier):
     from xformopt import models
     from xformopt.passes.calibration import load_split
-    from xformopt.pipeline import default_heldout
+    from xformopt.resources import vader_split_path
 
     spec = models.resolve(str(tiny_classifier))
     cal = load_split(None, "train", spec, 256, 0, labels=False)
     budget = load_split(None, "validation", spec, 500, 0, labels=True)
-    test = {r["text"] for r in map(json.loads, default_heldout().read_text().splitlines())}
+    test = {r["text"] for r in map(json.loads, vader_split_path("test").read_text().splitlines())}
     assert not set(cal.texts) & test and not set(budget.texts) & test
 
 

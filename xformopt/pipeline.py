@@ -29,6 +29,7 @@ from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
 from xformopt.recipe import PassStep, Recipe, check_order
+from xformopt.resources import vader_split_path
 
 Log = Callable[[str], None]
 
@@ -50,15 +51,9 @@ class RunResult:
     report: dict
 
 
-def default_heldout() -> Path:
-    from xformopt.resources import vader_split_path
-
-    return vader_split_path("test")
-
-
 def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
     ev = recipe.evaluation
-    path = Path(ev.data) if ev.data else default_heldout()
+    path = Path(ev.data) if ev.data else spec.task_def.default_data("test")
     columns = {"text": ev.text_column, "text_pair": ev.text_pair_column, "label": ev.label_column}
     return spec.task_def.load(path, label2id=spec.label2id or None, limit=ev.limit, seed=ev.seed, columns=columns)
 
@@ -66,11 +61,19 @@ def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
 VERIFICATION_ROWS = 200
 
 
-def verification_texts(data: str | None, text_column: str | None = None) -> list[str]:
+def verification_sample(spec: models.ModelSpec, data: str | None, text_column: str | None = None) -> TextDataset:
     """The fixed seeded sample passes verify and time on: the same rows whatever ``--limit`` the
-    report uses, so the evaluation size never invalidates a cached pass. Texts only: no label flags."""
-    path = Path(data) if data else default_heldout()
-    return load_text_dataset(path, text_column=text_column, label_column="", limit=VERIFICATION_ROWS, seed=0).texts
+    report uses, so the evaluation size never invalidates a cached pass. No labels required."""
+    task = spec.task_def
+    path = Path(data) if data else task.default_data("test")
+    return task.load(path, label2id=spec.label2id or None, limit=VERIFICATION_ROWS, seed=0,
+                     columns={"text": text_column, "label": ""}, require_labels=False)
+
+
+def verification_context(spec, target, data: str | None, text_column: str | None, threads: int, flags, log,
+                         reported_texts=None) -> PassContext:
+    sample = verification_sample(spec, data, text_column)
+    return PassContext(spec, target, sample.texts, threads, flags, log, reported_texts=reported_texts, sample=sample)
 
 
 def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
@@ -108,10 +111,10 @@ def read_paths(model_path: Path, recipe: Recipe | None = None, data: str | None 
     paths = [Path(model_path), cache.cache_root().parent]
     values = [data] if data else []
     if recipe is not None:
-        values.append(recipe.evaluation.data or str(default_heldout()))
+        values.append(recipe.evaluation.data or str(vader_split_path("test")))
         values += [v for step in recipe.passes for k, v in step.options.items() if k.endswith("data") and isinstance(v, str)]
     else:
-        values.append(str(default_heldout()))
+        values.append(str(vader_split_path("test")))
     paths += [Path(v.split("::")[0]) for v in values if v]
     return tuple(paths)
 
@@ -221,8 +224,8 @@ def run(
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or usable_cpus()
     flags = effective_cpu_flags()
-    ctx = PassContext(spec, target, verification_texts(recipe.evaluation.data, recipe.evaluation.text_column), threads, flags, log,
-                      reported_texts=heldout.texts)
+    ctx = verification_context(spec, target, recipe.evaluation.data, recipe.evaluation.text_column, threads, flags, log,
+                               reported_texts=heldout.texts)
     if not ctx.host_runs_target:
         log(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
     log(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
@@ -353,7 +356,7 @@ def run_single(
 
     check_labelled_fallbacks([(pass_name, validated.model_dump())], spec.task, spec.label2id)
     resolved_target = targets.resolve(target)
-    ctx = PassContext(spec, resolved_target, verification_texts(data), usable_cpus(), effective_cpu_flags(), log)
+    ctx = verification_context(spec, resolved_target, data, None, usable_cpus(), effective_cpu_flags(), log)
     # The same ordering contract as a recipe: the input's pass history plus this pass.
     history = [entry["pass"] for entry in previous.get("passes", [])]
     start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage

@@ -191,13 +191,11 @@ def row_ids_digest(row_ids) -> str:
 def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan:
     """Settings and held-out rows: the flags where given, else what the artifact's report used."""
     from xformopt.bench.host import usable_cpus
-    from xformopt.data import load_text_dataset
-    from xformopt.pipeline import default_heldout
 
     ev = artifact.evaluation
     reported = artifact.report["settings"] if artifact.report is not None else {}
     notes: list[str] = [] if artifact.report is not None else [NO_REPORT_NOTE]
-    recipe_data = Path(ev.data) if ev.data else default_heldout()
+    recipe_data = Path(ev.data) if ev.data else artifact.spec.task_def.default_data("test")
     if opts.data is None and not Path(str(recipe_data).split("::")[0]).exists():
         raise InputError(f"the artifact was evaluated on {ev.data}, which is not found from here; "
                          "pass --data PATH to the same file")
@@ -211,11 +209,9 @@ def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan
         columns = (opts.text_column, opts.text_pair_column, opts.label_column)
     seed = opts.seed if opts.seed is not None else reported.get("seed", ev.seed)
     limit = opts.limit if opts.limit is not None else ev.limit
-    heldout = load_text_dataset(
-        data_path, text_column=columns[0], text_pair_column=columns[1], label_column=columns[2],
-        label2id=artifact.spec.label2id or None, require_labels=artifact.spec.task == "text-classification",
-        limit=limit, seed=seed,
-    )
+    heldout = artifact.spec.task_def.load(
+        data_path, label2id=artifact.spec.label2id or None, limit=limit, seed=seed,
+        columns={"text": columns[0], "text_pair": columns[1], "label": columns[2]})
     usable = usable_cpus()
     threads = opts.threads or reported.get("threads") or ev.threads or usable
     if threads != usable:
@@ -279,11 +275,7 @@ def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str
     are the reference rows; otherwise label metrics only (no fp32 baseline outputs for other rows)."""
     import numpy as np
 
-    from xformopt.evaluate.metrics import accuracy, macro_f1
-    from xformopt.evaluate.probe import Probe
-    from xformopt.evaluate.stage import score
-
-    task = artifact.spec.task
+    task = artifact.spec.task_def
     reference = load_reference(artifact)
     same_rows = False
     if reference is None:
@@ -300,16 +292,11 @@ def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str
             raise InputError(f"{artifact.path / 'reference'} holds outputs of shape {ref_outputs.shape[1:]}, the model gives "
                              f"{np.asarray(outputs).shape[1:]}; the artifact is inconsistent, re-run optimize")
     if same_rows:
-        probe = Probe(ref_outputs, heldout.labels, seed) if task == "feature-extraction" and Probe.usable(heldout.labels) else None
-        return score(task, outputs, ref_outputs, heldout.labels, probe)
-    skipped = "agreement_with_baseline" if task == "text-classification" else "cosine_to_baseline and probe_accuracy"
-    note = f"{skipped} skipped: {reason}"
+        return task.score(outputs, ref_outputs, heldout, seed)
+    note = f"{task.skipped_without_baseline()} skipped: {reason}"
     log(f"note: {note}")
     notes.append(note)
-    if task == "text-classification" and heldout.labels is not None:
-        pred, y = np.asarray(outputs).argmax(-1), np.asarray(heldout.labels)
-        return {"accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y)}
-    return {}
+    return task.score(outputs, None, heldout, seed)  # the metrics against labels alone
 
 
 def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
@@ -321,11 +308,12 @@ def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
     notes = list(run.notes)
     predictor = open_predictor(artifact, s["threads"])
     log(f"evaluating {artifact.path} on {len(heldout)} held-out rows")
-    outputs = predictor.predict(heldout.texts, heldout.text_pairs, progress=progress.tracker("evaluating the artifact (rows)"))
+    outputs = predictor.predict_data(heldout, progress=progress.tracker("evaluating the artifact (rows)"))
     metrics = metrics_for(artifact, heldout, outputs, s["seed"], notes, log)
     log(f"timing the artifact alone ({s['repeats']} repeats x {s['rounds']} rounds, {s['threads']} threads)")
     # Exactly as evaluate.run.evaluate_stages times report["artifact"].
-    latency = modes.solo_repeats(predictor, heldout.texts, heldout.text_pairs, rounds=s["rounds"],
+    texts, pairs = artifact.spec.task_def.timing_inputs(heldout)
+    latency = modes.solo_repeats(predictor, texts, pairs, rounds=s["rounds"],
                                  warmup=s["warmup"], repeats=s["repeats"], seed=s["seed"],
                                  progress=progress.tracker(f"latency (alone, {s['repeats']} repeats)"))
     host = host_info()

@@ -51,7 +51,7 @@ def summary(entry: dict) -> str:
         n = rec["matmulnbits"]
         line = (f"int4 {rec['algorithm']} (block {rec['block_size']}, accuracy_level {rec['accuracy_level']}): "
                 f"{n['4bit']}/{rec['weighted_matmuls']} MatMuls 4-bit, {n['8bit']} 8-bit MatMulNBits, "
-                f"{len(rec['kept_float'])} float; logits cosine vs float {rec['agreement']['mean_cosine']:.4f}")
+                f"{len(rec['kept_float'])} float; logits {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
         if "budget" in rec:
             b = rec["budget"]
             line += (f"; perplexity budget {'met' if b['budget_met'] else 'NOT met'}: {b['float_perplexity']:.3f} -> "
@@ -64,7 +64,7 @@ def summary(entry: dict) -> str:
             cal = rec["calibration"]
             mode = f"static {rec['formats']['format']}, {cal['method']} on {cal['rows']} rows"
         line = (f"{mode}: {c['int8']}/{c['weighted_gemms']} weighted GEMMs in INT8 ({json.dumps(c['int8_ops'])}), "
-                f"{len(c['kept_float'])} kept in float; output cosine vs float {rec['agreement']['mean_cosine']:.4f}")
+                f"{len(c['kept_float'])} kept in float; output {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
         if "budget" in rec:
             b = rec["budget"]
             line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "

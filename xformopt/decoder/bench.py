@@ -201,7 +201,7 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
     from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
     from xformopt.errors import InputError
     from xformopt.models import load_tokenizer
-    from xformopt.pipeline import default_heldout
+    from xformopt.resources import vader_split_path
     from xformopt.predictors import thread_pool_setting
 
     stages, notes = plan_stages(artifact, compare, pytorch, log)
@@ -216,7 +216,7 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
     tokenizer = load_tokenizer(artifact)
     from xformopt.data import load_text_dataset
 
-    texts = load_text_dataset(default_heldout(), label_column="", limit=None, seed=seed).texts
+    texts = load_text_dataset(vader_split_path("test"), label_column="", limit=None, seed=seed).texts
     log(f"timing {', '.join(stages)}: prompts {list(prompt_lengths)} x new tokens {list(new_tokens)}, "
         f"{' and '.join(cache_modes)}, {rounds} interleaved rounds, {threads} threads")
     doc = bench_generation(runners, tokenizer, texts, list(prompt_lengths), list(new_tokens), cache_modes=tuple(cache_modes),

@@ -93,5 +93,5 @@ def logits_agreement(ctx, float_dir: Path, int8_dir: Path, texts: int = 16, max_
         agree += int((ref.argmax(-1) == got.argmax(-1)).sum())
         total += len(ids)
     cos = np.concatenate(cosines)
-    return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "texts": len(cosines),
+    return {"measure": "cosine", "mean_agreement": float(cos.mean()), "min_agreement": float(cos.min()), "texts": len(cosines),
             "positions": total, "top1_agreement": agree / total, "measured_on": "logits at every position"}

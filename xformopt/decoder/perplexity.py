@@ -60,9 +60,9 @@ def load_token_lists(path: Path | None, tokenizer, context: int | None, *, limit
         source = f"{path} ({window}-token windows)"
     else:
         from xformopt.data import load_text_dataset
-        from xformopt.pipeline import default_heldout
+        from xformopt.resources import vader_split_path
 
-        dataset = load_text_dataset(Path(path) if path else default_heldout(), label_column="", limit=limit, seed=seed)
+        dataset = load_text_dataset(Path(path) if path else vader_split_path("test"), label_column="", limit=limit, seed=seed)
         lists = token_lists(dataset.texts, tokenizer, context, window)
         source = dataset.source
     if not lists:

@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from xformopt.data import TextDataset
 from xformopt.models import ModelSpec
 from xformopt.targets import Target
 
@@ -35,6 +36,18 @@ class PassContext:
     host_flags: set[str] = field(default_factory=set)
     log: Callable[[str], None] = lambda message: None
     reported_texts: Sequence[str] | None = None  # every row the report scores (distill keeps out of training)
+    sample: TextDataset | None = None  # the sample as the task reads it (pairs, words, answers); None: texts only
+
+    @property
+    def sample_data(self) -> TextDataset:
+        """The verification sample as a TextDataset: what a pass runs ``predict_data`` on."""
+        if self.sample is not None:
+            return self.sample
+        from xformopt.data import TextDataset
+
+        texts = list(self.sample_texts)
+        return TextDataset(texts=texts, text_pairs=None, labels=None, label_names=None,
+                           source="verification texts", row_ids=list(range(len(texts))))
 
     @property
     def heldout_texts(self) -> Sequence[str]:

@@ -16,15 +16,9 @@ SAFER = (
     ("weight_type", "uint8", "unsigned weights (the U8U8 kernel, which does not saturate)"),
 )
 
-# Output-cosine floors to the float graph by task, when the recipe sets none: embeddings are compared
-# by cosine downstream, so the pass holds them to the line users hold embedders to; logits only
-# need their ranking kept (the accuracy budget checks the metric itself).
-DEFAULT_FLOORS = {"feature-extraction": 0.99}
-DEFAULT_FLOOR = 0.9
-
-
-def agreement_floor(task: str, min_agreement: float | None) -> float:
-    return DEFAULT_FLOORS.get(task, DEFAULT_FLOOR) if min_agreement is None else min_agreement
+def agreement_floor(task, min_agreement: float | None) -> float:
+    """The recipe's floor, else the task's (``Task.agreement_floor``: 0.99 cosine for embeddings)."""
+    return task.agreement_floor if min_agreement is None else min_agreement
 
 
 def format_ladder(formats: dict, fixed: dict, saturating_target: bool) -> list[dict]:

@@ -39,7 +39,6 @@ from pydantic import Field, field_validator
 from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
-from xformopt.evaluate.metrics import row_cosine
 from xformopt.onnx_graph import (
     INT8_GEMM_OPS,
     load_graph,
@@ -149,14 +148,16 @@ def int8_coverage(before, after) -> dict:
 
 
 def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
-    """Cosine of INT8 outputs to float outputs on real texts: catches saturation and broken scales."""
+    """The task's per-row agreement (cosine of logits or embeddings, span or tag agreement) of INT8
+    outputs with float outputs on real rows: catches saturation and broken scales."""
     from xformopt.predictors import OrtPredictor
 
-    texts = list(ctx.sample_texts[:32])
-    ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict(texts)
-    got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads, tokenizer_dir=float_dir).predict(texts)
-    cos = row_cosine(ref, got)
-    return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min()), "texts": len(texts)}
+    rows = ctx.sample_data.subset(range(min(32, len(ctx.sample_data))))
+    ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict_data(rows)
+    got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads, tokenizer_dir=float_dir).predict_data(rows)
+    agree = ctx.spec.task_def.agreement(got, ref)
+    return {"measure": ctx.spec.task_def.agreement_measure, "mean_agreement": float(agree.mean()),
+            "min_agreement": float(agree.min()), "texts": len(rows)}
 
 
 class QuantizePass(Pass):
@@ -210,9 +211,10 @@ class QuantizePass(Pass):
                 f"became INT8 (op types {formats['op_types']})"
             )
         agreement = _agreement(ctx)(ctx, src, dst)
-        floor = agreement_floor(ctx.spec.task, options.min_agreement)
-        if agreement["mean_cosine"] < floor and record.get("budget_met", True):
-            raise PassFailed(f"INT8 outputs disagree with float: mean cosine {agreement['mean_cosine']:.3f} < {floor}; "
+        floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
+        if agreement["mean_agreement"] < floor and record.get("budget_met", True):
+            raise PassFailed(f"INT8 outputs disagree with float: mean {agreement['measure']} "
+                             f"{agreement['mean_agreement']:.3f} < {floor}; "
                              + failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
         return {**record, "coverage": coverage, "agreement": agreement}
 
@@ -349,7 +351,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     """
     from xformopt.targets import u8s8_saturates
 
-    floor = agreement_floor(ctx.spec.task, options.min_agreement)
+    floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
     agree = _agreement(ctx)
     saturating = ctx.target.quant.reduce_range or u8s8_saturates(ctx.host_flags)
     ladder = format_ladder(formats, _fixed(options), saturating)
@@ -362,11 +364,12 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
         build = make_builder(fmt)
         build(out, [*exclude, *extra_float])
         row = {"formats": {k: fmt[k] for k in ("weight_type", "per_channel", "reduce_range")}, "change": change,
-               "float_nodes": extra_float, **{k: round(v, 6) for k, v in agree(ctx, src, out).items()
-                                              if k in ("mean_cosine", "min_cosine")}}
-        row["passes"] = row["mean_cosine"] >= floor
+               "float_nodes": extra_float, **{k: (round(v, 6) if isinstance(v, float) else v)
+                                              for k, v in agree(ctx, src, out).items()
+                                              if k in ("measure", "mean_agreement", "min_agreement")}}
+        row["passes"] = row["mean_agreement"] >= floor
         ctx.log(f"INT8 formats ({describe(fmt)}{f', {len(extra_float)} node(s) in float' if extra_float else ''}): "
-                f"mean cosine to float {row['mean_cosine']:.4f} ({'>=' if row['passes'] else '<'} {floor})")
+                f"mean {row['measure']} to float {row['mean_agreement']:.4f} ({'>=' if row['passes'] else '<'} {floor})")
         attempts.append(row)
         dirs.append(out)
         return out, row
@@ -375,7 +378,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     for i, fmt in enumerate(ladder):
         fmt = {k: v for k, v in fmt.items() if k != "change"}
         out, row = attempt(fmt, [], ladder[i]["change"])
-        if best is None or row["mean_cosine"] > best[2]["mean_cosine"]:
+        if best is None or row["mean_agreement"] > best[2]["mean_agreement"]:
             best = (fmt, out, row)
         if row["passes"]:
             break
@@ -393,7 +396,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     # The fewest float nodes that pass (formats before float, in ladder order); nothing passed: the
     # closest, so the failure below reports the best this model can do.
     pick = (min(passing, key=lambda i: (len(attempts[i]["float_nodes"]), i)) if passing
-            else max(range(len(attempts)), key=lambda i: attempts[i]["mean_cosine"]))
+            else max(range(len(attempts)), key=lambda i: attempts[i]["mean_agreement"]))
     final = attempts[pick]
     reason = ("the target's formats" if pick == 0 and passing else
               f"first attempt over the floor {floor}: {final['change']}" if passing else
@@ -419,33 +422,22 @@ def _sample_reader(ctx: PassContext, src: Path):
 # --------------------------------------------------------------------------- accuracy budget
 
 
-def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, reference: np.ndarray | None) -> float:
-    """The task metric in points (0-100) on the budget split.
-
-    Classification with labels: accuracy. Otherwise agreement with (classification) or mean cosine
-    to (feature extraction) the float graph's outputs ``reference``.
-    """
+def budget_outputs(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, label: str) -> np.ndarray:
     from xformopt.predictors import OrtPredictor
 
-    out = OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict(
-        dataset.texts, dataset.text_pairs, progress=progress.tracker(f"budget: scoring {model_dir.name} (rows)"))
-    if ctx.spec.task == "text-classification":
-        if dataset.labels is not None:
-            return 100.0 * float((out.argmax(-1) == np.asarray(dataset.labels)).mean())
-        if reference is None:
-            return 100.0
-        return 100.0 * float((out.argmax(-1) == reference.argmax(-1)).mean())
-    if reference is None:
-        return 100.0
-    cos = row_cosine(out, reference)
-    return 100.0 * float(cos.mean())
+    return OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict_data(
+        dataset, progress=progress.tracker(label))
+
+
+def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, reference: np.ndarray | None) -> float:
+    """The task metric in points (0-100) on the budget split (the task decides: its metric where the
+    rows are labelled, else agreement with the float graph's outputs ``reference``)."""
+    out = budget_outputs(ctx, model_dir, tokenizer_dir, dataset, f"budget: scoring {model_dir.name} (rows)")
+    return ctx.spec.task_def.budget_points(out, reference, dataset)[1]
 
 
 def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
-    from xformopt.predictors import OrtPredictor
-
-    return OrtPredictor(ctx.spec, src, threads=ctx.threads).predict(
-        dataset.texts, dataset.text_pairs, progress=progress.tracker("budget: float reference (rows)"))
+    return budget_outputs(ctx, src, src, dataset, "budget: float reference (rows)")
 
 
 TIMING_TOLERANCE = 0.05
@@ -457,13 +449,13 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     from xformopt.models import load_tokenizer
     from xformopt.passes import calibration as cal
 
-    labels = ctx.spec.task == "text-classification"
-    dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0, labels=labels)
+    task = ctx.spec.task_def
+    dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0,
+                             labels=task.labels_from_config)
     reference = float_reference(ctx, src, dataset)
     float_points = budget_metric(ctx, src, src, dataset, reference)
     allowed = allowed_drop(options.max_accuracy_drop, float_points)
-    metric = ("accuracy" if labels and dataset.labels is not None else
-              "agreement_with_float" if labels else "cosine_to_float")
+    metric = task.budget_points(reference, reference, dataset)[0]
     ctx.log(f"accuracy budget: {metric} of the float graph {float_points:.2f} on {len(dataset)} budget rows; "
             f"allowed drop {allowed:.3f} points")
 

@@ -351,9 +351,9 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
             f"float; {record['size_bytes']['before'] / 1e6:.1f} -> {record['size_bytes']['after'] / 1e6:.1f} MB")
     agreement = logits_agreement(ctx, src, dst)
     record["agreement"] = agreement
-    floor = agreement_floor(ctx.spec.task, options.min_agreement)
-    if agreement["mean_cosine"] < floor and record.get("budget_met", True):
-        raise PassFailed(f"int4 logits disagree with float: mean cosine {agreement['mean_cosine']:.3f} < {floor}")
+    floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
+    if agreement["mean_agreement"] < floor and record.get("budget_met", True):
+        raise PassFailed(f"int4 logits disagree with float: mean {agreement['measure']} {agreement['mean_agreement']:.3f} < {floor}")
     return record
 
 

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import math
 
-METRIC_LABELS = {
-    "accuracy": "Accuracy",
-    "cosine_to_baseline": "Cosine to fp32",
-    "macro_f1": "Macro-F1",
-    "agreement_with_baseline": "Agreement",
-    "probe_accuracy": "Probe acc.",
-    "perplexity": "Perplexity",
-    "next_token_agreement": "Next-token agr.",
-}
+from xformopt.tasks import TASKS, headlines, metric_info
+
+# Labels, scales and directions come from the tasks (xformopt/tasks: each declares its metrics).
+METRICS = metric_info()
+METRIC_LABELS = {name: m.label for name, m in METRICS.items()}
 # Shown next to the headline metric when a stage has them, in this order.
-SECONDARY_METRICS = ("macro_f1", "agreement_with_baseline", "probe_accuracy", "next_token_agreement")
-PERCENT_METRICS = frozenset({"accuracy", "agreement_with_baseline", "probe_accuracy", "next_token_agreement"})
+SECONDARY_METRICS = tuple(name for name in METRICS if name not in headlines())
+PERCENT_METRICS = frozenset(name for name, m in METRICS.items() if m.percent)
 # Metrics measured against the baseline's own outputs: on the baseline row they are 1 by definition.
-RELATIVE_METRICS = frozenset({"cosine_to_baseline", "agreement_with_baseline", "next_token_agreement"})
+RELATIVE_METRICS = frozenset(name for name, m in METRICS.items() if m.relative)
+LOWER_IS_BETTER = frozenset(name for name, m in METRICS.items() if m.lower_is_better)
 
 FUSED_ABBREVIATIONS = {
     "Attention": "Attn",
@@ -129,7 +126,9 @@ def metric_columns(report: dict) -> list[str]:
     """The headline metric first, then the secondary metrics any stage has."""
     headline = report["headline_metric"]
     present = {name for row in report["stages"] for name in (row.get("metrics") or {})}
-    return [headline, *(name for name in SECONDARY_METRICS if name in present and name != headline)]
+    task = TASKS.get((report.get("model") or {}).get("task"))
+    order = list(task.metrics) if task is not None else list(SECONDARY_METRICS)
+    return [headline, *(name for name in order if name in present and name != headline)]
 
 
 def metric_label(name: str) -> str:
@@ -202,7 +201,8 @@ def settings_text(report: dict) -> str:
     s = report.get("settings") or {}
     heldout = s.get("heldout") or {}
     rows = f" ({heldout['rows']} rows)" if "rows" in heldout else ""
-    decoder = (report.get("model") or {}).get("task") == "text-generation"
+    task = TASKS.get((report.get("model") or {}).get("task"))
+    decoder = task is not None and task.decoder
     parts = [
         f"one cached decode step at batch 1 after real held-out prompts; perplexity on {heldout.get('rows', '?')} held-out texts"
         if decoder else f"batch {s.get('batch', 1)} over real held-out texts{rows}",

@@ -16,6 +16,7 @@ from rich.text import Text
 
 from xformopt.report.cells import (
     DASH,
+    LOWER_IS_BETTER,
     metric_notes,
     REF,
     artifact_text,
@@ -103,7 +104,7 @@ class ReportView:
         half = ci_half(m)
         if metric == "cosine_to_baseline":
             return "yellow" if m.get("value", 1.0) < 0.99 else ""
-        if metric == "perplexity":  # lower is better
+        if metric in LOWER_IS_BETTER:
             return "red" if delta is not None and half is not None and delta > half else ""
         if delta is not None and half is not None and delta < -half:
             return "red"

@@ -101,12 +101,11 @@ def baseline_on_validation(s: Settings, spec, validation: dict, threads: int) ->
         outputs = np.load(path, allow_pickle=False)
     else:
         s.log(f"scoring the PyTorch fp32 baseline on {len(data)} validation rows")
-        outputs = TorchPredictor(spec, threads=threads).predict(data.texts, data.text_pairs)
+        outputs = TorchPredictor(spec, threads=threads).predict_data(data)
         path.parent.mkdir(parents=True, exist_ok=True)
         np.save(path, outputs.astype(np.float32), allow_pickle=False)
-    if spec.task == "feature-extraction":
-        validation["baseline"] = str(path.resolve())
-    return score_outputs(spec.task, outputs, data.labels, outputs), len(data), data
+    validation["baseline"] = str(path.resolve())  # metrics that compare with fp32 read it
+    return score_outputs(spec, outputs, data, outputs), len(data), data
 
 
 def canonical(recipe: dict) -> str:

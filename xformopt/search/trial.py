@@ -33,34 +33,26 @@ class TrialJob:
 
 
 def validation_set(spec, validation: dict):
-    """The rows the front is scored on: the vendored validation split unless the space names a file."""
-    from xformopt.data import load_text_dataset
-    from xformopt.resources import vader_split_path
-
-    path = validation.get("data") or vader_split_path("validation")
-    return load_text_dataset(
-        path, text_column=validation.get("text_column"), label_column=validation.get("label_column"),
-        label2id=spec.label2id or None, require_labels=spec.task == "text-classification",
-        limit=validation.get("limit"), seed=validation.get("seed", 0),
-    )
+    """The rows the front is scored on: the task's vendored validation split unless the space names a file."""
+    task = spec.task_def
+    path = validation.get("data") or task.default_data("validation")
+    return task.load(path, label2id=spec.label2id or None, limit=validation.get("limit"), seed=validation.get("seed", 0),
+                     columns={"text": validation.get("text_column"), "label": validation.get("label_column")})
 
 
-def score_outputs(task: str, outputs: np.ndarray, labels, baseline: np.ndarray | None) -> float:
+def score_outputs(spec, outputs: np.ndarray, data, baseline: np.ndarray | None) -> float:
     """The report's headline metric on the report's scale (a fraction: accuracy, or cosine to fp32)."""
-    from xformopt.evaluate.metrics import accuracy, cosine_to_baseline
-
-    if task == "text-classification":
-        return float(accuracy(outputs.argmax(-1), np.asarray(labels))["value"])
-    return float(cosine_to_baseline(outputs, baseline)["value"])
+    task = spec.task_def
+    return float(task.score(outputs, baseline, data)[task.headline]["value"])
 
 
 def score_artifact(spec, artifact: Path, validation: dict, threads: int) -> tuple[float, int]:
     from xformopt.predictors import OrtPredictor
 
     data = validation_set(spec, validation)
-    outputs = OrtPredictor(spec, artifact, threads=threads).predict(data.texts, data.text_pairs)
-    baseline = np.load(validation["baseline"], allow_pickle=False) if validation.get("baseline") else None
-    return score_outputs(spec.task, outputs, data.labels, baseline), len(data)
+    outputs = OrtPredictor(spec, artifact, threads=threads).predict_data(data)
+    baseline = np.load(validation["baseline"], allow_pickle=False)
+    return score_outputs(spec, outputs, data, baseline), len(data)
 
 
 def run_trial(job: TrialJob | dict) -> dict:

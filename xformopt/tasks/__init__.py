@@ -8,11 +8,24 @@ from __future__ import annotations
 
 from xformopt.errors import InputError
 from xformopt.tasks import classification, embeddings, generation
-from xformopt.tasks.base import Task
+from xformopt.tasks.base import Metric, Task
 
 _MODULES = (classification, embeddings, generation)
 
 TASKS: dict[str, Task] = {m.TASK.name: m.TASK for m in _MODULES}
+
+
+def metric_info() -> dict[str, Metric]:
+    """Every metric any task reports, in task order (headline first): labels, scale, direction."""
+    merged: dict[str, Metric] = {}
+    for task in TASKS.values():
+        for name, metric in task.metrics.items():
+            merged.setdefault(name, metric)
+    return merged
+
+
+def headlines() -> set[str]:
+    return {task.headline for task in TASKS.values()}
 
 
 def names(decoder: bool | None = None) -> tuple[str, ...]:

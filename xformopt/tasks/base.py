@@ -12,6 +12,7 @@ so they can be saved beside the artifact as ``reference_outputs.npy`` without pi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -25,6 +26,16 @@ if TYPE_CHECKING:  # typing only: a task module imports no pipeline layer
 Progress = Callable[[int, int], None]
 
 
+@dataclass(frozen=True)
+class Metric:
+    """How reports, the bench and the gate show one metric a task computes."""
+
+    label: str
+    percent: bool = False  # a proportion, shown as a percentage (macro-F1 and F1 scores stay 0-1)
+    relative: bool = False  # measured against the baseline's own outputs: 1 on the baseline row by definition
+    lower_is_better: bool = False
+
+
 class Task:
     """Base class; one subclass instance per task, registered in :mod:`xformopt.tasks`."""
 
@@ -35,13 +46,15 @@ class Task:
     export_task: ClassVar[str] = "feature-extraction"  # optimum's exporter task name
     architectures: ClassVar[tuple[str, ...]] = ()  # config.architectures suffixes that detect the task
     headline: ClassVar[str] = "accuracy"  # the metric the report leads with
-    higher_is_better: ClassVar[bool] = True
+    # Every metric ``score`` can return, the headline first, then the secondary columns in report order.
+    metrics: ClassVar[dict[str, Metric]] = {}
     decoder: ClassVar[bool] = False  # decoder families (KV cache) vs encoders
     labels_from_config: ClassVar[bool] = False  # label2id comes from the config (classifier heads)
     needs_labels: ClassVar[bool] = False  # held-out rows must be labelled (else the metric is meaningless)
     passes: ClassVar[tuple[str, ...]] = ("export", "fuse", "quantize", "prune", "distill")
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
     agreement_floor: ClassVar[float] = 0.9
+    agreement_measure: ClassVar[str] = "cosine"  # what ``agreement`` computes, in words (for records)
     # What prune and distill optimise the student towards: "logits" (the head's output, labels where
     # given) or "embedding" (mean-pooled token states); None: those passes do not take this task.
     torch_objective: ClassVar[str | None] = None
@@ -59,6 +72,13 @@ class Task:
             path, text_column=columns.get("text"), text_pair_column=columns.get("text_pair"),
             label_column=columns.get("label"), label2id=label2id,
             require_labels=self.needs_labels if require_labels is None else require_labels, limit=limit, seed=seed)
+
+    def default_data(self, split: str) -> Path:
+        """The vendored rows used when the user names no data (the VADER tweets: texts with 3 sentiment
+        labels). A task whose rows need more than a text raises an InputError naming the flag."""
+        from xformopt.resources import vader_split_path
+
+        return vader_split_path(split)
 
     # ------------------------------------------------------------------ running a stage
 
@@ -80,8 +100,9 @@ class Task:
 
     # ------------------------------------------------------------------ scoring
 
-    def score(self, outputs: np.ndarray, baseline: np.ndarray, data: TextDataset, seed: int = 0) -> dict:
-        """Metrics of one stage's ``outputs`` on ``data``; ``baseline`` is the PyTorch fp32 model's.
+    def score(self, outputs: np.ndarray, baseline: np.ndarray | None, data: TextDataset, seed: int = 0) -> dict:
+        """Metrics of one stage's ``outputs`` on ``data``; ``baseline`` is the PyTorch fp32 model's, or
+        None when a bench run has none for these rows (then only the metrics against labels).
         Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.evaluate.metrics)."""
         raise NotImplementedError
 
@@ -102,6 +123,10 @@ class Task:
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"
+
+
+# The arg-max agreement with the fp32 baseline most tasks report beside their own metric.
+AGREEMENT = Metric("Agreement", percent=True, relative=True)
 
 
 def argmax_agreement(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from xformopt.evaluate.metrics import accuracy, macro_f1, proportion
-from xformopt.tasks.base import Task, argmax_agreement
+from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_agreement
 
 
 class TextClassification(Task):
@@ -17,16 +17,18 @@ class TextClassification(Task):
     export_task = "text-classification"
     architectures = ("ForSequenceClassification",)
     headline = "accuracy"
+    metrics = {"accuracy": Metric("Accuracy", percent=True), "macro_f1": Metric("Macro-F1"),
+               "agreement_with_baseline": AGREEMENT}
     labels_from_config = True
     needs_labels = True
     torch_objective = "logits"
 
     def score(self, outputs, baseline, data, seed=0):
         pred = outputs.argmax(-1)
-        metrics = {"agreement_with_baseline": proportion(pred == baseline.argmax(-1))}
+        metrics = {} if baseline is None else {"agreement_with_baseline": proportion(pred == baseline.argmax(-1))}
         if data.labels is not None:
             y = np.asarray(data.labels)
-            metrics = {"accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y, seed=seed), **metrics}
+            metrics = {"accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y), **metrics}
         return metrics
 
     def budget_points(self, outputs, reference, data):

@@ -7,7 +7,7 @@ import numpy as np
 
 from xformopt.evaluate.metrics import cosine_to_baseline, row_cosine
 from xformopt.evaluate.pooling import mean_pool
-from xformopt.tasks.base import Task
+from xformopt.tasks.base import Metric, Task
 
 
 class FeatureExtraction(Task):
@@ -17,6 +17,8 @@ class FeatureExtraction(Task):
     ort_model = "ORTModelForFeatureExtraction"
     export_task = "feature-extraction"
     headline = "cosine_to_baseline"
+    metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True),
+               "probe_accuracy": Metric("Probe acc.", percent=True)}
     # Embeddings are compared by cosine downstream: the INT8 ladder holds them to the line users hold
     # embedders to (logits only need their ranking kept).
     agreement_floor = 0.99
@@ -28,6 +30,8 @@ class FeatureExtraction(Task):
     def score(self, outputs, baseline, data, seed=0):
         from xformopt.evaluate.probe import Probe
 
+        if baseline is None:  # both metrics compare with the fp32 embeddings
+            return {}
         metrics = {"cosine_to_baseline": cosine_to_baseline(outputs, baseline)}
         if Probe.usable(data.labels):
             metrics["probe_accuracy"] = Probe(baseline, data.labels, seed).score(outputs)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from xformopt.tasks.base import Task, argmax_agreement
+from xformopt.tasks.base import Metric, Task, argmax_agreement
 
 
 class TextGeneration(Task):
@@ -14,7 +14,8 @@ class TextGeneration(Task):
     export_task = "text-generation-with-past"
     architectures = ("ForCausalLM", "LMHeadModel")
     headline = "perplexity"
-    higher_is_better = False
+    metrics = {"perplexity": Metric("Perplexity", lower_is_better=True),
+               "next_token_agreement": Metric("Next-token agr.", percent=True, relative=True)}
     decoder = True
     passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
 
