@@ -129,12 +129,12 @@ def test_attention_mse_head_average_and_mask():
 
 def test_weights_and_combination():
     torch = torch_()
-    w = L.weights_for("text-classification", True, alpha=0.7, mse_weight=1, cosine_weight=1, hidden_weight=0,
+    w = L.weights_for("logits", True, alpha=0.7, mse_weight=1, cosine_weight=1, hidden_weight=0,
                       attention_weight=0)
     assert w == pytest.approx({"soft_kl": 0.7, "hard_ce": 0.3})
-    assert L.weights_for("text-classification", False, alpha=0.7, mse_weight=1, cosine_weight=1, hidden_weight=2,
+    assert L.weights_for("logits", False, alpha=0.7, mse_weight=1, cosine_weight=1, hidden_weight=2,
                          attention_weight=0) == {"soft_kl": 1.0, "hidden_mse": 2.0}
-    assert L.weights_for("feature-extraction", False, alpha=0.5, mse_weight=0, cosine_weight=1, hidden_weight=0,
+    assert L.weights_for("embedding", False, alpha=0.5, mse_weight=0, cosine_weight=1, hidden_weight=0,
                          attention_weight=0) == {"embedding_cosine": 1.0}
     total = L.combine({"soft_kl": torch.tensor(2.0), "hard_ce": torch.tensor(4.0)}, w)
     assert float(total) == pytest.approx(0.7 * 2 + 0.3 * 4)

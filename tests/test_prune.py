@@ -71,8 +71,8 @@ def test_taylor_ranks_silenced_units_last(tiny_classifier, sample_texts):
         layer.attention.output.dense.weight[:, 2 * HEAD_DIM:3 * HEAD_DIM] = 0
         layer.output.dense.weight[:, [5, 17]] = 0
     labels = [i % 2 for i in range(32)]
-    heads, ffn = P.taylor_importance(model, P.Arch("bert"), batches_for(tiny_classifier, sample_texts[:32], labels),
-                                     "text-classification", seed=0)
+    heads, ffn = P.taylor_importance(model, P.arch_for("bert"), batches_for(tiny_classifier, sample_texts[:32], labels),
+                                     "logits", seed=0)
     assert heads[0][2] == 0 and all(heads[0][h] > 0 for h in (0, 1, 3))
     assert set(np.argsort(ffn[0], kind="stable")[:2]) == {5, 17}
     assert P.top(heads[0], 3) == [0, 1, 3]
@@ -85,8 +85,8 @@ def test_feature_extraction_probe_importance_finds_dead_head(tiny_encoder, sampl
     model = load(tiny_encoder, "AutoModel")
     with torch.no_grad():
         model.encoder.layer[1].attention.output.dense.weight[:, :HEAD_DIM] = 0
-    heads, ffn = P.taylor_importance(model, P.Arch("bert"), batches_for(tiny_encoder, sample_texts[:16]),
-                                     "feature-extraction", seed=0)
+    heads, ffn = P.taylor_importance(model, P.arch_for("bert"), batches_for(tiny_encoder, sample_texts[:16]),
+                                     "embedding", seed=0)
     assert heads[1][0] == 0 and min(heads[1][1:]) > 0
     assert all((f > 0).all() for f in ffn)
 
@@ -97,7 +97,7 @@ def test_magnitude_ranks_scaled_head_first(tiny_classifier):
     model = load(tiny_classifier)
     with torch.no_grad():
         model.bert.encoder.layer[1].attention.output.dense.weight[:, 3 * HEAD_DIM:] *= 10
-    heads, _, _ = P.magnitude_importance(model, P.Arch("bert"))
+    heads, _, _ = P.magnitude_importance(model, P.arch_for("bert"))
     assert int(np.argmax(heads[1])) == 3
 
 
@@ -171,7 +171,7 @@ def test_checkpoint_round_trip_in_fresh_process(tiny_classifier, sample_texts, t
     what the unpruned model computes with the removed units masked."""
     import torch
 
-    arch = P.Arch("bert")
+    arch = P.arch_for("bert")
     texts = sample_texts[:6]
     cases = {}
     for name, keep_layers, fraction in (("width", [0, 1], 0.6), ("depth", [1], 0.33)):
@@ -679,7 +679,7 @@ def test_family_prune_pass_output_loads(tiny_family, sample_texts, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "p")
     batches = P.make_batches(tokenizer, held.texts, held.text_pairs, held.labels, 16, 128,
                              set(inspect.signature(loaded.forward).parameters))
-    assert P.quality(loaded, batches, "text-classification", None) == record["quality_before_recovery"]["pruned"]
+    assert P.quality(loaded, batches, "logits", None) == record["quality_before_recovery"]["pruned"]
 
 
 @pytest.mark.parametrize("tiny_family", ["roberta", "electra"], indirect=True)
@@ -720,6 +720,6 @@ def test_pass_refuses_other_architectures(tiny_classifier, sample_texts, tmp_pat
     with pytest.raises(InputError) as info:
         run_pass("prune", ctx, tiny_classifier, tmp_path / "p", sparsity=0.5, **FAST)
     message = info.value.message
-    assert message == (f"unsupported architecture {model_type!r} for pass 'prune': it takes BERT-family encoders "
-                       "(bert, roberta, xlm-roberta, electra, camembert, distilbert)")
+    assert message == (f"unsupported architecture {model_type!r} for pass 'prune': it takes encoders whose modules "
+                       "it knows (bert, electra, roberta, xlm-roberta, camembert, distilbert)")
     assert not any((tmp_path / "p").iterdir())  # refused before any work

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.evaluate.pooling import mean_pool
+
 POOL_BATCHES = 50
 
 
@@ -97,7 +99,7 @@ def sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
     return [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
 
 
-def forward(model, enc: dict, task: str, *, hidden: bool = False, attentions: bool = False):
+def forward(model, enc: dict, objective: str, *, hidden: bool = False, attentions: bool = False):
     """(main output, hidden states or None, attentions or None). Main output: logits, or the
     mean-pooled last hidden state (the embedding xformopt's predictors and report use)."""
     kwargs = {}
@@ -107,11 +109,7 @@ def forward(model, enc: dict, task: str, *, hidden: bool = False, attentions: bo
         kwargs["output_attentions"] = True
     out = model(**enc, **kwargs)
     first = out[0]
-    if task == "text-classification":
-        main = first
-    else:
-        mask = enc["attention_mask"].unsqueeze(-1).to(first.dtype)
-        main = (first * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    main = first if objective == "logits" else mean_pool(first, enc["attention_mask"])
     return main, (out.hidden_states if hidden else None), (out.attentions if attentions else None)
 
 
@@ -178,7 +176,7 @@ def hidden_cache_mb(lengths: np.ndarray, hidden_size: int, n_layers: int) -> flo
     return float(lengths.sum()) * hidden_size * n_layers * 2 / 2**20
 
 
-def teacher_outputs(teacher, data: Encoded, task: str, accepts: set[str], layers: list[int], batch_size: int,
+def teacher_outputs(teacher, data: Encoded, objective: str, accepts: set[str], layers: list[int], batch_size: int,
                     device, progress=None) -> TeacherCache:
     """The teacher's main output for every row, and the states of ``layers`` (float16, unpadded) if any."""
     import time
@@ -198,7 +196,7 @@ def teacher_outputs(teacher, data: Encoded, task: str, accepts: set[str], layers
     with torch.inference_mode():
         for b, idx in enumerate(batches):
             enc = {k: v.to(device) for k, v in collate(data, idx, accepts).items()}
-            main, states, _ = forward(teacher, enc, task, hidden=bool(layers))
+            main, states, _ = forward(teacher, enc, objective, hidden=bool(layers))
             main = main.float().cpu()
             for r, i in enumerate(idx):
                 mains[i] = main[r]

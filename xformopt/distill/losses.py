@@ -82,10 +82,10 @@ def combine(terms: dict, weights: dict):
     return total
 
 
-def weights_for(task: str, has_labels: bool, *, alpha: float, mse_weight: float, cosine_weight: float,
+def weights_for(objective: str, has_labels: bool, *, alpha: float, mse_weight: float, cosine_weight: float,
                 hidden_weight: float, attention_weight: float) -> dict[str, float]:
-    """The weight of each term for this task; terms with weight 0 are not computed."""
-    if task == "text-classification":
+    """The weight of each term for this objective; terms with weight 0 are not computed."""
+    if objective == "logits":
         w = {"soft_kl": alpha if has_labels else 1.0, "hard_ce": (1 - alpha) if has_labels else 0.0}
     else:
         w = {"embedding_mse": mse_weight, "embedding_cosine": cosine_weight}

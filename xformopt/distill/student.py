@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xformopt.errors import InputError
+from xformopt.families import FAMILIES
 
 
 @dataclass
@@ -142,7 +143,7 @@ def default_layer_map(origins: list[int] | None, student_layers: int, teacher_la
     return [max(1, round((i + 1) * teacher_layers / student_layers)) for i in range(student_layers)]
 
 
-def check_compatible(task: str, teacher_cfg: dict, student_cfg: dict, teacher_tok, student_tok,
+def check_compatible(objective: str, teacher_cfg: dict, student_cfg: dict, teacher_tok, student_tok,
                      teacher: Path, student: Path, need_same_hidden: bool) -> None:
     """Both models must read the same token ids and produce comparable outputs."""
     tv, sv = teacher_cfg.get("vocab_size"), student_cfg.get("vocab_size")
@@ -151,7 +152,7 @@ def check_compatible(task: str, teacher_cfg: dict, student_cfg: dict, teacher_to
         raise InputError(f"teacher {teacher} and student {student} have different vocabularies ({tn} vs "
                          f"{len(student_tok.get_vocab())} tokens); distillation feeds both the same token ids: use a "
                          "teacher with the student's tokenizer")
-    if task == "text-classification":
+    if objective == "logits":
         archs = teacher_cfg.get("architectures") or []
         if not any(a.endswith("ForSequenceClassification") for a in archs):
             raise InputError(f"teacher {teacher} has no sequence-classification head (architectures {archs}); "
@@ -161,9 +162,8 @@ def check_compatible(task: str, teacher_cfg: dict, student_cfg: dict, teacher_to
         if len(teacher_cfg.get("id2label") or tl) != len(student_cfg.get("id2label") or sl) or (tl and sl and tl != sl):
             raise InputError(f"teacher {teacher} and student {student} have different labels ({tl} vs {sl}); "
                              "distill between models of the same label set")
-    th = teacher_cfg.get("hidden_size") or teacher_cfg.get("dim")
-    sh = student_cfg.get("hidden_size") or student_cfg.get("dim")
-    if (need_same_hidden or task == "feature-extraction") and th != sh:
-        what = "embedding" if task == "feature-extraction" else "hidden-state/attention transfer"
+    th, sh = (FAMILIES[cfg["model_type"]].shape(cfg)[2] for cfg in (teacher_cfg, student_cfg))
+    if (need_same_hidden or objective == "embedding") and th != sh:
+        what = "embedding" if objective == "embedding" else "hidden-state/attention transfer"
         raise InputError(f"{what} needs the teacher and the student to have the same hidden size "
                          f"({th} vs {sh}); set hidden_weight and attention_weight to 0 or use a matching teacher")

@@ -59,7 +59,7 @@ HIGHER_IS_BETTER = {"accuracy": True, "agreement": True, "cosine": True, "kl_to_
 
 @dataclass
 class Settings:
-    task: str
+    objective: str
     weights: dict[str, float]
     temperature: float
     layer_map: list[int]  # teacher hidden-state index per student layer
@@ -105,10 +105,10 @@ def lr_at(step: int, peak: float, warm: int, horizon: int) -> float:
     return peak * max(0.0, (horizon - step) / max(1, horizon - warm))
 
 
-def selection_metric(select: str, task: str, has_labels: bool) -> str:
+def selection_metric(select: str, objective: str, has_labels: bool) -> str:
     if select != "auto":
         return select
-    if task == "feature-extraction":
+    if objective == "embedding":
         return "cosine"
     return "accuracy" if has_labels else "agreement"
 
@@ -159,7 +159,7 @@ class Trainer:
         self.interrupt_requested = False
         self.lengths = train.lengths
         self.spe = steps_per_epoch(len(train), settings.batch_size)
-        self.metric = selection_metric(settings.select, settings.task, heldout.labels is not None)
+        self.metric = selection_metric(settings.select, settings.objective, heldout.labels is not None)
         self.heldout_batches = sorted_batches(heldout.lengths, 64)
         self.need_hidden = "hidden_mse" in settings.weights
         self.need_attn = "attention_mse" in settings.weights
@@ -175,13 +175,13 @@ class Trainer:
         with torch.inference_mode():
             for idx in self.heldout_batches:
                 enc = {k: v.to(self.device) for k, v in collate(self.heldout, idx, self.accepts).items()}
-                main, _, _ = forward(self.student, enc, self.s.task)
+                main, _, _ = forward(self.student, enc, self.s.objective)
                 main = main.float().cpu()
                 for r, i in enumerate(idx):
                     outs[i] = main[r]
         self.student.train(was_training)
         student, teacher = torch.stack(outs), self.heldout_teacher
-        if self.s.task == "text-classification":
+        if self.s.objective == "logits":
             pred, tpred = student.argmax(-1), teacher.argmax(-1)
             m = {"agreement": float((pred == tpred).float().mean()),
                  "kl_to_teacher": float(L.soft_kl(student, teacher, 1.0))}
@@ -204,11 +204,11 @@ class Trainer:
         import torch
 
         enc = {k: v.to(self.device) for k, v in collate(self.train_data, idx, self.accepts).items()}
-        s_main, s_hid, s_att = forward(self.student, enc, self.s.task, hidden=self.need_hidden, attentions=self.need_attn)
+        s_main, s_hid, s_att = forward(self.student, enc, self.s.objective, hidden=self.need_hidden, attentions=self.need_attn)
         t_states = t_att = None
         if self.online:
             with torch.no_grad():
-                t_main, t_hid, t_att = forward(self.teacher, enc, self.s.task, hidden=self.need_hidden,
+                t_main, t_hid, t_att = forward(self.teacher, enc, self.s.objective, hidden=self.need_hidden,
                                                attentions=self.need_attn)
             if self.need_hidden:
                 t_states = [t_hid[j] for j in self.s.layer_map]
@@ -219,7 +219,7 @@ class Trainer:
                 t_states = [h.to(self.device) for h in self.cache.hidden_batch(idx, self.lengths, width)]
         w = self.s.weights
         terms = {}
-        if self.s.task == "text-classification":
+        if self.s.objective == "logits":
             terms["soft_kl"] = L.soft_kl(s_main, t_main, self.s.temperature)
             if "hard_ce" in w:
                 terms["hard_ce"] = L.hard_ce(s_main, torch.from_numpy(self.train_data.labels[idx]).to(self.device))

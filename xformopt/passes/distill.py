@@ -210,8 +210,8 @@ class DistillPass(Pass):
 
         started = T.CLOCK()
         wall_start = time.perf_counter()
-        task = ctx.spec.task
-        labelled = task == "text-classification"
+        objective = ctx.spec.task_def.torch_objective
+        labelled = objective == "logits"
         arch = arch_for(ctx.spec.model_type)
         src = Path(src)
         choice = S.resolve_teacher(src, ctx.spec.path, options.teacher)
@@ -225,20 +225,20 @@ class DistillPass(Pass):
             teacher_tok = load_tokenizer(choice.path, ctx.spec.trust_remote_code)
         except Exception:  # noqa: BLE001 - no (fast) tokenizer files: the vocabulary size is still compared
             teacher_tok = None
-        S.check_compatible(task, teacher_cfg, student_cfg, teacher_tok, student_tok, choice.path, src,
+        S.check_compatible(objective, teacher_cfg, student_cfg, teacher_tok, student_tok, choice.path, src,
                            need_same_hidden=options.hidden_weight > 0)
-        weights = L.weights_for(task, True, alpha=options.alpha, mse_weight=options.mse_weight,
+        weights = L.weights_for(objective, True, alpha=options.alpha, mse_weight=options.mse_weight,
                                 cosine_weight=options.cosine_weight, hidden_weight=options.hidden_weight,
                                 attention_weight=options.attention_weight)
         if not weights:
             raise InputError("every loss weight is 0: nothing to train on; raise alpha, mse_weight or cosine_weight")
         if options.select == "cosine" and labelled or options.select in ("accuracy", "agreement", "kl_to_teacher") \
                 and not labelled:
-            raise InputError(f"select: {options.select} does not apply to {task}; use auto")
+            raise InputError(f"select: {options.select} does not apply to {objective}; use auto")
 
         train_set, heldout_set, notes = load_sets(ctx, options, labelled)
         has_labels = labelled and train_set.labels is not None
-        weights = L.weights_for(task, has_labels, alpha=options.alpha, mse_weight=options.mse_weight,
+        weights = L.weights_for(objective, has_labels, alpha=options.alpha, mse_weight=options.mse_weight,
                                 cosine_weight=options.cosine_weight, hidden_weight=options.hidden_weight,
                                 attention_weight=options.attention_weight)
         ctx.log(f"distill: teacher {choice.path} ({choice.how}); {len(train_set)} training rows "
@@ -258,7 +258,7 @@ class DistillPass(Pass):
 
         from xformopt.passes.prune import weights_sha256
 
-        task = ctx.spec.task
+        objective = ctx.spec.task_def.torch_objective
         torch.manual_seed(options.seed)
         device = torch.device("cuda" if options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available())
                               else "cpu")
@@ -309,7 +309,7 @@ class DistillPass(Pass):
         train_enc = D.encode(tokenizer, train_set.texts, train_set.text_pairs,
                              train_set.labels if has_labels else None, options.max_length)
         heldout_enc = D.encode(tokenizer, heldout_set.texts, heldout_set.text_pairs,
-                               heldout_set.labels if task == "text-classification" else None, options.max_length)
+                               heldout_set.labels if objective == "logits" else None, options.max_length)
 
         need_hidden = options.hidden_weight > 0
         hidden_size = arch.hidden(teacher.config)
@@ -318,7 +318,7 @@ class DistillPass(Pass):
         cached_layers = sorted(set(layer_map)) if need_hidden and not online else []
         student_hash = hash_dir(src)
         teacher_hash = student_hash if choice.student_from_teacher else hash_dir(choice.path)
-        disk_key = hashlib.sha256(json.dumps([teacher_hash, task, D.ids_digest(train_enc, heldout_enc)]).encode())
+        disk_key = hashlib.sha256(json.dumps([teacher_hash, objective, D.ids_digest(train_enc, heldout_enc)]).encode())
         disk_path = ckpt.home() / "distill-teacher" / f"{disk_key.hexdigest()[:24]}.safetensors"
         on_disk = None if cached_layers or online else D.load_cached_main(disk_path)
         if on_disk and on_disk[0] is not None and len(on_disk[0]) == len(train_enc) and len(on_disk[1]) == len(heldout_enc):
@@ -328,12 +328,12 @@ class DistillPass(Pass):
         else:
             ctx.log(f"distill: teacher pass over {len(train_enc)} training rows" + (
                 f" (caching {len(cached_layers)} hidden layers, {cache_mb:.0f} MB float16)" if cached_layers else ""))
-            cache = D.teacher_outputs(teacher, train_enc, task, accepts, cached_layers, 64, device,
+            cache = D.teacher_outputs(teacher, train_enc, objective, accepts, cached_layers, 64, device,
                                       progress=progress.tracker("distill: teacher pass (batches)"))
             if cached_layers:  # the cache is indexed by position in cached_layers
                 position = {j: p for p, j in enumerate(cached_layers)}
                 cache.hidden = [cache.hidden[position[j]] for j in layer_map]
-            heldout_teacher = D.teacher_outputs(teacher, heldout_enc, task, accepts, [], 64, device).main
+            heldout_teacher = D.teacher_outputs(teacher, heldout_enc, objective, accepts, [], 64, device).main
             from_disk = False
             try:
                 D.save_cached_main(disk_path, cache.main, heldout_teacher)
@@ -344,7 +344,7 @@ class DistillPass(Pass):
             del teacher  # its outputs are all in the cache now
 
         settings = T.Settings(
-            task=task, weights=weights, temperature=options.temperature, layer_map=layer_map, lr=options.lr,
+            objective=objective, weights=weights, temperature=options.temperature, layer_map=layer_map, lr=options.lr,
             weight_decay=options.weight_decay, warmup=options.warmup, epochs=options.epochs,
             max_steps=options.max_steps, max_seconds=options.max_minutes * 60 if options.max_minutes else None,
             batch_size=options.batch_size, eval_every=options.eval_every, patience=options.patience,
@@ -352,7 +352,7 @@ class DistillPass(Pass):
             checkpoint_every=options.checkpoint_every, seed=options.seed, log_every_seconds=options.log_every_seconds)
         identity = hashlib.sha256(json.dumps({
             "student": student_hash, "teacher": teacher_hash if not choice.student_from_teacher else "input",
-            "task": task, "data": _texts_digest(train_set, heldout_set),
+            "objective": objective, "data": _texts_digest(train_set, heldout_set),
             "options": {k: v for k, v in options.model_dump().items() if k not in NOT_IN_IDENTITY},
         }, sort_keys=True, default=str).encode()).hexdigest()
         root = Path(options.checkpoint_dir) if options.checkpoint_dir else ckpt.default_root(identity)
@@ -368,7 +368,7 @@ class DistillPass(Pass):
         reload = self._reload_check(ctx, student, dst, heldout_enc, accepts)
         ckpt.remove(root)
 
-        teacher_metrics = self._teacher_metrics(task, heldout_teacher, heldout_enc)
+        teacher_metrics = self._teacher_metrics(objective, heldout_teacher, heldout_enc)
         shape = current_shape(student, arch)
         params = int(sum(p.numel() for p in student.parameters()))
         record = {
@@ -380,7 +380,7 @@ class DistillPass(Pass):
             "losses": {
                 "weights": weights, "temperature": options.temperature, "layer_map": layer_map if (
                     options.hidden_weight or options.attention_weight) else None,
-                "definitions": LOSS_DEFINITIONS[task],
+                "definitions": LOSS_DEFINITIONS[objective],
             },
             "data": {
                 "train": {"source": train_set.source, "rows": len(train_set), "labelled": has_labels},
@@ -420,8 +420,8 @@ class DistillPass(Pass):
         return record
 
     @staticmethod
-    def _teacher_metrics(task, heldout_teacher, heldout_enc) -> dict:
-        if task != "text-classification":
+    def _teacher_metrics(objective, heldout_teacher, heldout_enc) -> dict:
+        if objective != "logits":
             return {"cosine": 1.0}
         out = {"agreement": 1.0}
         if heldout_enc.labels is not None:
@@ -441,8 +441,8 @@ class DistillPass(Pass):
         enc = collate(heldout_enc, idx, accepts)
         reloaded = load_torch_model(ctx.spec, dst)
         with torch.inference_mode():
-            a = forward(student, enc, ctx.spec.task)[0]
-            b = forward(reloaded, enc, ctx.spec.task)[0]
+            a = forward(student, enc, ctx.spec.task_def.torch_objective)[0]
+            b = forward(reloaded, enc, ctx.spec.task_def.torch_objective)[0]
         diff = float((a - b).abs().max())
         if not diff <= 1e-4:
             raise PassFailed(f"the saved student does not reproduce the trained one (max |diff| {diff:.2e}); "
@@ -456,7 +456,7 @@ def _metrics_only(entry: dict) -> dict:
 
 
 LOSS_DEFINITIONS = {
-    "text-classification": {
+    "logits": {
         "soft_kl": "T^2 * KL(softmax(teacher/T) || softmax(student/T)), summed over classes, mean over the batch",
         "hard_ce": "cross-entropy of the student's logits on the gold labels, mean over the batch",
         "hidden_mse": "MSE of student layer i vs teacher layer layer_map[i] token states over real tokens, mean over layers",
@@ -464,7 +464,7 @@ LOSS_DEFINITIONS = {
         "total": "alpha * soft_kl + (1 - alpha) * hard_ce (soft_kl alone without labels) "
                  "+ hidden_weight * hidden_mse + attention_weight * attention_mse",
     },
-    "feature-extraction": {
+    "embedding": {
         "embedding_mse": "mean over batch and dimensions of (student - teacher)^2, mean-pooled embeddings",
         "embedding_cosine": "mean over the batch of 1 - cos(student, teacher)",
         "hidden_mse": "MSE of student layer i vs teacher layer layer_map[i] token states over real tokens, mean over layers",

@@ -112,10 +112,10 @@ from pydantic import Field, model_validator
 from xformopt import progress
 from xformopt.artifact import copy_side_files
 from xformopt.errors import InputError, PassFailed
+from xformopt.evaluate.pooling import mean_pool
+from xformopt.families import Layout, layout_of
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
-BERT_LIKE = ("bert", "roberta", "xlm-roberta", "electra", "camembert")
-SUPPORTED = (*BERT_LIKE, "distilbert")
 AUTO_TIE = 0.02  # candidates within 2% of the best sample loss prefer fewer layers
 
 
@@ -173,72 +173,56 @@ class PruneOptions(PassOptions):
 
 @dataclass
 class Arch:
-    """Where the prunable pieces of one family live (BERT-like and DistilBERT differ only in names)."""
+    """Where the prunable pieces of one family live: its row's module paths (xformopt.families.Layout)."""
 
-    family: str  # "bert" | "distilbert"
+    layout: Layout
 
     def layers(self, model):
-        base = model.base_model
-        return base.transformer.layer if self.family == "distilbert" else base.encoder.layer
+        return Layout.get(model.base_model, self.layout.layers)
 
     def set_layers(self, model, modules) -> None:
         import torch
 
-        base = model.base_model
-        owner = base.transformer if self.family == "distilbert" else base.encoder
-        owner.layer = torch.nn.ModuleList(modules)
-        key = "n_layers" if self.family == "distilbert" else "num_hidden_layers"
-        setattr(model.config, key, len(modules))
-        if self.family == "distilbert":
-            owner.n_layers = len(modules)
+        Layout.set(model.base_model, self.layout.layers, torch.nn.ModuleList(modules))
+        setattr(model.config, self.layout.layers_key, len(modules))
+        if self.layout.layer_count_attr:
+            Layout.set(model.base_model, self.layout.layer_count_attr, len(modules))
 
     def attention(self, layer):
         return layer.attention
 
     def heads(self, layer) -> int:
-        att = layer.attention
-        return att.n_heads if self.family == "distilbert" else att.self.num_attention_heads
+        return Layout.get(layer, self.layout.heads)
 
     def head_dim(self, layer) -> int:
-        att = layer.attention
-        return att.attention_head_size if self.family == "distilbert" else att.self.attention_head_size
+        return Layout.get(layer, self.layout.head_dim)
 
     def attn_out(self, layer):
-        return layer.attention.out_lin if self.family == "distilbert" else layer.attention.output.dense
+        return Layout.get(layer, self.layout.attn_out)
 
     def attn_value(self, layer):
-        return layer.attention.v_lin if self.family == "distilbert" else layer.attention.self.value
+        return Layout.get(layer, self.layout.attn_value)
 
     def ffn_in(self, layer):
-        return layer.ffn.lin1 if self.family == "distilbert" else layer.intermediate.dense
+        return Layout.get(layer, self.layout.ffn_in)
 
     def ffn_out(self, layer):
-        return layer.ffn.lin2 if self.family == "distilbert" else layer.output.dense
+        return Layout.get(layer, self.layout.ffn_out)
 
     def set_ffn(self, layer, lin_in, lin_out) -> None:
-        if self.family == "distilbert":
-            layer.ffn.lin1, layer.ffn.lin2 = lin_in, lin_out
-        else:
-            layer.intermediate.dense, layer.output.dense = lin_in, lin_out
+        Layout.set(layer, self.layout.ffn_in, lin_in)
+        Layout.set(layer, self.layout.ffn_out, lin_out)
 
     def set_ffn_config(self, config, width: int) -> None:
-        setattr(config, "hidden_dim" if self.family == "distilbert" else "intermediate_size", width)
+        setattr(config, self.layout.ffn_key, width)
 
     def hidden(self, config) -> int:
-        return config.dim if self.family == "distilbert" else config.hidden_size
+        return getattr(config, self.layout.hidden_key)
 
 
 def arch_for(model_type: str, pass_name: str = "prune") -> Arch:
-    """Where ``model_type``'s prunable pieces live; an InputError naming the supported families otherwise
-    (worded like the pipeline's decoder check; ``pass_name`` for other passes that reuse this access)."""
-    if model_type in BERT_LIKE:
-        return Arch("bert")
-    if model_type == "distilbert":
-        return Arch("distilbert")
-    raise InputError(
-        f"unsupported architecture {model_type!r} for pass {pass_name!r}: it takes BERT-family encoders "
-        f"({', '.join(SUPPORTED)})"
-    )
+    """Where ``model_type``'s prunable pieces live; an InputError naming the supported families otherwise."""
+    return Arch(layout_of(model_type, pass_name))
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -339,15 +323,12 @@ def make_batches(tokenizer, texts, pairs, labels, batch_size: int, max_length: i
     return Batches(out, ys if labels is not None else None)
 
 
-def pooled(model, enc, task: str):
+def pooled(model, enc, objective: str):
     out = model(**enc)[0]
-    if task == "text-classification":
-        return out
-    mask = enc["attention_mask"].unsqueeze(-1).to(out.dtype)
-    return (out * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    return out if objective == "logits" else mean_pool(out, enc["attention_mask"])
 
 
-def row_losses(model, batches: Batches, task: str, reference: list | None) -> np.ndarray:
+def row_losses(model, batches: Batches, objective: str, reference: list | None) -> np.ndarray:
     """Per-row loss: cross-entropy (classification) or MSE to the unpruned embeddings (feature extraction)."""
     import torch
 
@@ -355,8 +336,8 @@ def row_losses(model, batches: Batches, task: str, reference: list | None) -> np
     with torch.no_grad():
         for b, enc in enumerate(batches.encoded):
             progress.report("prune: importance (batches)", b + 1, len(batches.encoded))
-            out = pooled(model, enc, task)
-            if task == "text-classification":
+            out = pooled(model, enc, objective)
+            if objective == "logits":
                 loss = torch.nn.functional.cross_entropy(out, batches.labels[b], reduction="none")
             else:
                 loss = ((out - reference[b]) ** 2).mean(-1)
@@ -364,22 +345,22 @@ def row_losses(model, batches: Batches, task: str, reference: list | None) -> np
     return np.concatenate(rows) if rows else np.zeros(0)
 
 
-def sample_loss(model, batches: Batches, task: str, reference: list | None) -> float:
+def sample_loss(model, batches: Batches, objective: str, reference: list | None) -> float:
     """Classification: mean cross-entropy; feature extraction: mean MSE to the unpruned embeddings."""
-    rows = row_losses(model, batches, task, reference)
+    rows = row_losses(model, batches, objective, reference)
     return float(rows.mean()) if len(rows) else 0.0
 
 
-def reference_embeddings(model, batches: Batches, task: str):
+def reference_embeddings(model, batches: Batches, objective: str):
     import torch
 
-    if task == "text-classification":
+    if objective == "logits":
         return None
     with torch.no_grad():
-        return [pooled(model, enc, task) for enc in batches.encoded]
+        return [pooled(model, enc, objective) for enc in batches.encoded]
 
 
-def taylor_importance(model, arch: Arch, batches: Batches, task: str, seed: int) -> tuple[list, list]:
+def taylor_importance(model, arch: Arch, batches: Batches, objective: str, seed: int) -> tuple[list, list]:
     """Accumulated |dL/dmask| per head and per FFN neuron (classification), or the probe-squared
     gradient of the embedding (feature extraction); see the module docstring."""
     import torch
@@ -390,31 +371,31 @@ def taylor_importance(model, arch: Arch, batches: Batches, task: str, seed: int)
     gen = torch.Generator().manual_seed(seed)
     try:
         for b, enc in enumerate(batches.encoded):
-            out = pooled(model, enc, task)
-            if task == "text-classification":
+            out = pooled(model, enc, objective)
+            if objective == "logits":
                 loss = torch.nn.functional.cross_entropy(out, batches.labels[b], reduction="sum")
             else:
                 probe = torch.randn(out.shape, generator=gen)
                 loss = (out * probe).sum()
             grads = torch.autograd.grad(loss, masks.head + masks.ffn)
             for i, g in enumerate(grads[: len(head)]):
-                head[i] += g.abs() if task == "text-classification" else g ** 2
+                head[i] += g.abs() if objective == "logits" else g ** 2
             for i, g in enumerate(grads[len(head):]):
-                ffn[i] += g.abs() if task == "text-classification" else g ** 2
+                ffn[i] += g.abs() if objective == "logits" else g ** 2
     finally:
         masks.close()
     return [h.numpy().astype(np.float64) for h in head], [f.numpy().astype(np.float64) for f in ffn]
 
 
-def layer_sensitivity(model, arch: Arch, batches: Batches, task: str, reference) -> list[float]:
+def layer_sensitivity(model, arch: Arch, batches: Batches, objective: str, reference) -> list[float]:
     """Loss increase on the sample when each layer alone is skipped (measured, not estimated)."""
     masks = Masks(model, arch)
     try:
-        base = sample_loss(model, batches, task, reference)
+        base = sample_loss(model, batches, objective, reference)
         out = []
         for i in range(len(masks.layers)):
             masks.skip([i])
-            out.append(sample_loss(model, batches, task, reference) - base)
+            out.append(sample_loss(model, batches, objective, reference) - base)
             masks.skip([])
     finally:
         masks.close()
@@ -665,13 +646,13 @@ def load_sets(ctx: PassContext, options: PruneOptions, labelled: bool):
     return imp, held
 
 
-def quality(model, batches: Batches, task: str, reference) -> dict:
+def quality(model, batches: Batches, objective: str, reference) -> dict:
     """Classification: accuracy; feature extraction: mean cosine to the unpruned embeddings."""
     import torch
 
     with torch.no_grad():
-        outs = [pooled(model, enc, task) for enc in batches.encoded]
-    if task == "text-classification":
+        outs = [pooled(model, enc, objective) for enc in batches.encoded]
+    if objective == "logits":
         pred = torch.cat(outs).argmax(-1)
         gold = torch.cat(batches.labels)
         return {"accuracy": float((pred == gold).float().mean()), "n": len(gold)}
@@ -840,7 +821,7 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
                                                            "onnxruntime.transformers", "fusion_attention"):
                 warnings.simplefilter("ignore")
                 onnx_export_from_model(candidate, raw, opset=17, do_validation=False, no_post_process=True,
-                                       task=ctx.spec.task)
+                                       objective=ctx.spec.task_def.torch_objective)
                 counts = build_fused(raw / "model.onnx", stage / "model.onnx", sub, ())
             fused[key] = counts.get("Attention", 0)
             layers = len(plan.keep_layers) if plan else len(arch.layers(model))
@@ -918,7 +899,7 @@ class PrunePass(Pass):
         from xformopt.models import load_tokenizer, load_torch_model
 
         arch = arch_for(ctx.spec.model_type)
-        task = ctx.spec.task
+        objective = ctx.spec.task_def.torch_objective
         torch.manual_seed(options.seed)
         model = load_torch_model(ctx.spec, src)
         model.requires_grad_(False)
@@ -926,7 +907,7 @@ class PrunePass(Pass):
             check_explicit_prunes(current_shape(model, arch), options, ctx.target.simd_multiple)
         tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
         accepts = set(inspect.signature(model.forward).parameters)
-        labelled = task == "text-classification"
+        labelled = objective == "logits"
         imp_set, held_set = load_sets(ctx, options, labelled)
         ctx.log(f"importance sample {len(imp_set)} rows ({imp_set.source}); held-out {len(held_set)} rows")
 
@@ -935,8 +916,8 @@ class PrunePass(Pass):
                                 options.batch_size, options.max_length, accepts)
 
         imp_b, held_b = batches_of(imp_set), batches_of(held_set)
-        imp_ref = reference_embeddings(model, imp_b, task)
-        held_ref = reference_embeddings(model, held_b, task)
+        imp_ref = reference_embeddings(model, imp_b, objective)
+        held_ref = reference_embeddings(model, held_b, objective)
         mean_len = float(np.mean([len(ids) for ids in tokenizer(list(held_set.texts), truncation=True,
                                                                   max_length=options.max_length)["input_ids"]]))
         shape0 = current_shape(model, arch)
@@ -945,9 +926,9 @@ class PrunePass(Pass):
 
         if options.importance == "taylor":
             ctx.log("scoring heads and FFN neurons (Taylor: |d loss / d mask|)")
-            head_scores, ffn_scores = taylor_importance(model, arch, imp_b, task, options.seed)
+            head_scores, ffn_scores = taylor_importance(model, arch, imp_b, objective, options.seed)
             ctx.log("measuring layer-drop sensitivity")
-            layer_scores = layer_sensitivity(model, arch, imp_b, task, imp_ref)
+            layer_scores = layer_sensitivity(model, arch, imp_b, objective, imp_ref)
             method = {
                 "method": "taylor",
                 "heads": "accumulated |dL/d head_mask| (Michel et al. 2019), normalised per layer for global ranking"
@@ -987,16 +968,16 @@ class PrunePass(Pass):
                 raise InputError(f"nothing to prune: the explicit targets keep the model's whole shape "
                                  f"({shape_text(shape0)}); ask for fewer heads/FFN/layers or sparsity > 0")
         if options.importance == "taylor":
-            plan, selection = self.choose(model, arch, plans, imp_b, task, imp_ref, ctx, options, src)
+            plan, selection = self.choose(model, arch, plans, imp_b, objective, imp_ref, ctx, options, src)
         else:  # data-free: no sample loss to weigh speed against; the allocation that keeps the most structure
             plan = min(plans, key=lambda p: (-len(p.keep_layers), -p.kept_heads))
             selection = {"prefer": None, "timed": False,
                          "reason": "magnitude importance (no data): no layer dropped if possible, the most heads kept"}
 
-        before_quality = quality(model, held_b, task, held_ref)
+        before_quality = quality(model, held_b, objective, held_ref)
         apply_plan(model, arch, plan)
         model.eval()
-        after_quality = quality(model, held_b, task, held_ref)
+        after_quality = quality(model, held_b, objective, held_ref)
         shape1 = current_shape(model, arch)
         if shape1.num_layers == 0 or min(shape1.heads) == 0:
             raise PassFailed("pruning would leave a layer without attention heads")
@@ -1039,7 +1020,7 @@ class PrunePass(Pass):
         return record
 
     @staticmethod
-    def choose(model, arch: Arch, plans: list[Plan], batches: Batches, task: str, reference, ctx,
+    def choose(model, arch: Arch, plans: list[Plan], batches: Batches, objective: str, reference, ctx,
                options: PruneOptions | None = None, tokenizer_dir: Path | None = None) -> tuple[Plan, dict]:
         """Score every candidate's sample loss (masks on the unpruned model, one forward pass each), time
         them when the rule needs it (:func:`time_plans`), and pick by ``options.prefer``
@@ -1047,7 +1028,7 @@ class PrunePass(Pass):
         options = options or PruneOptions(sparsity=0.5, prefer="accuracy")
         if len(plans) == 1:
             return plans[0], {"prefer": options.prefer, "reason": "the only candidate", "timed": False}
-        base = round(score_plans(model, arch, plans, batches, task, reference, ctx), 6)
+        base = round(score_plans(model, arch, plans, batches, objective, reference, ctx), 6)
         want_timing = options.measure_latency if options.time_candidates is None else options.time_candidates
         timing: dict | None = None
         if options.prefer != "accuracy" and want_timing:
@@ -1077,12 +1058,12 @@ class PrunePass(Pass):
         return chosen, info
 
 
-def score_plans(model, arch: Arch, plans: list[Plan], batches: Batches, task: str, reference, ctx) -> float:
+def score_plans(model, arch: Arch, plans: list[Plan], batches: Batches, objective: str, reference, ctx) -> float:
     """Set each plan's ``sample_loss`` (its units masked and its dropped layers skipped on the unpruned
     model: numerically the pruned model); returns the unpruned model's sample loss."""
     import torch
 
-    base = sample_loss(model, batches, task, reference)
+    base = sample_loss(model, batches, objective, reference)
     rows = []
     masks = Masks(model, arch)
     try:
@@ -1094,7 +1075,7 @@ def score_plans(model, arch: Arch, plans: list[Plan], batches: Batches, task: st
                     masks.head[i][plan.heads[i]] = 1.0
                     masks.ffn[i][plan.ffn[i]] = 1.0
             masks.skip([i for i in range(len(masks.layers)) if i not in plan.keep_layers])
-            rows.append(row_losses(model, batches, task, reference))
+            rows.append(row_losses(model, batches, objective, reference))
             plan.sample_loss = round(float(rows[-1].mean()), 6)
             ctx.log(f"scored: {plan.note}: sample loss {plan.sample_loss:.4f}")
             masks.skip([])
