@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # toy_decoder: small decoders built in code
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see README "How latency is measured"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -34,7 +36,7 @@ def log(message: str) -> None:
 
 def stages(work: Path, args) -> dict[str, Path]:
     """Build (or reuse) the model and its export -> fuse -> quantize stages under ``work``."""
-    from xformopt.decoder.toy import build_decoder
+    from toy_decoder import build_decoder
     from xformopt.pipeline import run_single
 
     model = work / "model"
@@ -82,7 +84,7 @@ def main() -> None:
     from xformopt.bench.host import host_info, usable_cpus
     from xformopt.decoder.bench import bench_generation, rows
     from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
-    from xformopt.decoder.toy import corpus
+    from toy_decoder import corpus
     from xformopt.models import load_tokenizer
 
     threads = args.threads or usable_cpus()

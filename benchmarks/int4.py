@@ -38,6 +38,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # toy_decoder: small decoders built in code
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -63,7 +64,7 @@ def cli(*args: str) -> None:
 def build(root: Path, seed: int) -> Path:
     from transformers import Qwen2Config
 
-    from xformopt.decoder.toy import build_decoder
+    from toy_decoder import build_decoder
 
     def make(vocab, eos):
         return Qwen2Config(**{**SHAPES, "vocab_size": vocab}, bos_token_id=eos, eos_token_id=eos)

@@ -142,7 +142,7 @@ def main() -> None:
 
     from xformopt.decoder.perplexity import load_token_lists, perplexity
     from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
-    from xformopt.decoder.toy import build_decoder, corpus
+    from toy_decoder import build_decoder, corpus
     from xformopt.models import load_tokenizer
 
     root = Path(tempfile.mkdtemp(prefix="xformopt-int4-quality-"))

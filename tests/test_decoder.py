@@ -27,14 +27,14 @@ PROMPT = "The movie was"
 
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory):
-    from xformopt.decoder.toy import build_decoder
+    from toy_decoder import build_decoder
 
     return build_decoder(tmp_path_factory.mktemp("tiny-gpt2"), "gpt2", train_steps=60, train_batch=8)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
-    from xformopt.decoder.toy import build_decoder
+    from toy_decoder import build_decoder
 
     return build_decoder(tmp_path_factory.mktemp("tiny-llama"), "llama", seed=1)
 

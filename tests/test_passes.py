@@ -14,7 +14,7 @@ from onnx import numpy_helper
 from xformopt.errors import InputError, PassFailed
 from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, weighted_gemms
 from xformopt.passes import all_passes, get_pass
-from xformopt.passes.export import compare, parity_texts
+from xformopt.exporting import compare, parity_texts
 from xformopt.passes.fuse import choose
 
 LAYERS = TINY["layers"]

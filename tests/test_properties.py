@@ -14,7 +14,6 @@ import copy
 import json
 import math
 import os
-import shutil
 from pathlib import Path
 
 import pytest

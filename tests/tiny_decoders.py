@@ -30,7 +30,7 @@ FAMILIES = ("qwen2", "llama", "mistral", "phi3", "qwen3")
 
 
 def build(directory, family: str, train_steps: int = 0, seed: int = 0):
-    from xformopt.decoder.toy import build_decoder
+    from toy_decoder import build_decoder
 
     return build_decoder(directory, family, make_config=make_config(family), context=CONTEXT, seed=seed,
                          train_steps=train_steps, train_batch=8)

@@ -24,7 +24,7 @@ from xformopt.artifact import (
     write_json,
 )
 from xformopt.bench.host import library_versions
-from xformopt.data import TextDataset, load_text_dataset
+from xformopt.data import TextDataset
 from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
@@ -94,7 +94,7 @@ def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
 
     from xformopt.resources.defaults import check_labelled_fallbacks
 
-    check_labelled_fallbacks([(step.name, step.options) for step in recipe.passes], spec.task, spec.label2id)
+    check_labelled_fallbacks([(step.name, step.options) for step in recipe.passes], spec.task_def, spec.label2id)
     for step in recipe.passes:
         for name, value in step.options.items():
             if name.endswith("data") and isinstance(value, str) and value and not Path(value.split("::")[0]).exists():
@@ -354,7 +354,7 @@ def run_single(
     check_passes([(pass_name, options)], spec)
     from xformopt.resources.defaults import check_labelled_fallbacks
 
-    check_labelled_fallbacks([(pass_name, validated.model_dump())], spec.task, spec.label2id)
+    check_labelled_fallbacks([(pass_name, validated.model_dump())], spec.task_def, spec.label2id)
     resolved_target = targets.resolve(target)
     ctx = verification_context(spec, resolved_target, data, None, usable_cpus(), effective_cpu_flags(), log)
     # The same ordering contract as a recipe: the input's pass history plus this pass.

@@ -226,7 +226,7 @@ def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def parity_prompts(texts, tokenizer, context: int | None, steps: int) -> list[list[int]]:
     """Token ids of real texts at three or more distinct lengths (several past lengths)."""
-    from xformopt.passes.export import parity_texts
+    from xformopt.exporting import parity_texts
 
     limit = (context - steps - 1) if context else None
     prompts = []
@@ -306,11 +306,11 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
     from xformopt.decoder.generate import context_window
     from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
     from xformopt.models import load_tokenizer
-    from xformopt.passes.export import _quiet_loggers
+    from xformopt.exporting import quiet_loggers
 
     how, exporter = exporter_for(ctx.spec.model_type, ctx.log)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
-    with _quiet_loggers("optimum", "transformers", "torch.onnx"):
+    with quiet_loggers("optimum", "transformers", "torch.onnx"):
         exporter(src, dst, options.opset, ctx.spec.trust_remote_code)
     copy_config_files(src, dst)
     ctx.log("checking parity against PyTorch at every step of a greedy decode")

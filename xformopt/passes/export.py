@@ -9,18 +9,15 @@ test suite proves both halves of that claim on a tiny BERT.
 
 from __future__ import annotations
 
-import logging
-import os
 import shutil
 import warnings
 from pathlib import Path
 
-import numpy as np
 from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
-from xformopt.errors import InputError, PassFailed
-from xformopt.evaluate.metrics import row_cosine
+from xformopt.errors import PassFailed
+from xformopt.exporting import compare, parity_texts, quiet_loggers
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
 
@@ -28,30 +25,6 @@ class ExportOptions(PassOptions):
     opset: int = Field(17, ge=14, le=23, description="ONNX opset")
     max_abs_diff: float = Field(1e-3, gt=0, description="parity: largest |onnx - torch| allowed")
     min_cosine: float = Field(0.9999, gt=0, le=1, description="parity: smallest per-row cosine allowed")
-
-
-def parity_texts(texts, tokenizer, count: int = 4) -> list[str]:
-    """Real texts spanning distinct token lengths (shortest, longest and between)."""
-    by_length: dict[int, str] = {}
-    for text in texts:
-        by_length.setdefault(len(tokenizer(text)["input_ids"]), text)
-    lengths = sorted(by_length)
-    if len(lengths) < 3:
-        raise InputError(
-            f"export parity needs held-out texts of at least 3 different token lengths (got {len(texts)} texts); "
-            "raise --limit or pass a larger --data"
-        )
-    picks = np.linspace(0, len(lengths) - 1, num=min(count, len(lengths))).round().astype(int)
-    return [by_length[lengths[i]] for i in sorted(set(picks))]
-
-
-def compare(reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | None) -> dict:
-    """Max abs diff over real (unpadded) positions, and the smallest row-wise cosine."""
-    if mask is not None and reference.ndim == 3:  # token states: ignore padding positions
-        keep = mask.astype(bool)
-        reference, candidate = reference[keep], candidate[keep]
-    cos = row_cosine(reference, candidate)
-    return {"max_abs_diff": float(np.abs(reference - candidate).max()), "min_cosine": float(cos.min())}
 
 
 def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: ExportOptions) -> dict:
@@ -96,12 +69,12 @@ class ExportPass(Pass):
 
             return export_decoder(ctx, src, dst, options)
         ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) at opset {options.opset}")
-        with warnings.catch_warnings(), _quiet_loggers("optimum", "transformers", "torch.onnx"):
+        with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx"):
             warnings.simplefilter("ignore")
             main_export(
                 str(src),
                 output=dst,
-                task=ctx.spec.task,
+                task=ctx.spec.task_def.export_task,
                 opset=options.opset,
                 library_name="transformers",
                 do_validation=False,  # parity is checked below, on real texts, with recipe thresholds
@@ -132,21 +105,3 @@ def _keep_only_config_files(src: Path, dst: Path) -> None:
         if (src / name).is_file() and not (dst / name).exists():
             shutil.copy2(src / name, dst / name)
     copy_sentence_transformers_modules(src, dst)
-
-
-class _quiet_loggers:
-    """Silence chatty library loggers during export; our own log says what happens."""
-
-    def __init__(self, *names: str):
-        self.loggers = [logging.getLogger(n) for n in names]
-        self.levels: list[int] = []
-
-    def __enter__(self):
-        self.levels = [lg.level for lg in self.loggers]
-        for lg in self.loggers:
-            lg.setLevel(logging.ERROR)
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-    def __exit__(self, *exc):
-        for lg, level in zip(self.loggers, self.levels):
-            lg.setLevel(level)

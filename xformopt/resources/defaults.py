@@ -34,9 +34,10 @@ def labels_cover_vendored(label2id: dict) -> bool:
     return sorted(name.casefold() for name in label2id) == list(VADER_LABELS)
 
 
-def check_labelled_fallbacks(steps, task: str, label2id: dict) -> None:
-    """Refuse before any work when a pass would score a classifier on vendored labels it does not have."""
-    if task != "text-classification" or labels_cover_vendored(label2id):
+def check_labelled_fallbacks(steps, task, label2id: dict) -> None:
+    """Refuse before any work when a pass would score a classifier (``task``: xformopt.tasks.Task) on
+    vendored labels it does not have."""
+    if not task.labels_from_config or labels_cover_vendored(label2id):
         return
     for name, options in steps:
         options = options or {}

@@ -3,7 +3,6 @@ cosine to the PyTorch fp32 embeddings, and a linear probe's accuracy where the r
 
 from __future__ import annotations
 
-import numpy as np
 
 from xformopt.evaluate.metrics import cosine_to_baseline, row_cosine
 from xformopt.evaluate.pooling import mean_pool
