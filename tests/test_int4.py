@@ -297,10 +297,11 @@ def test_int4_artifact_loads_in_optimum_ort_model_for_causal_lm(family_stages):
 
 def test_a_missed_perplexity_budget_fails_the_run_with_its_numbers(tmp_path):
     from xformopt.errors import GateFailed
+    from xformopt.passes.record import PassRecord
     from xformopt.pipeline import raise_if_budget_missed
 
     record = {"budget_met": False, "budget": {"max_perplexity_increase": "1%", "float_perplexity": 100.0,
                                               "perplexity_after": 103.0, "increase": 0.03, "allowed_increase": 0.01,
                                               "max_extra_8bit": 5}}
     with pytest.raises(GateFailed, match=r"perplexity budget not met: 100.000 -> 103.000 \(\+3.00% > 1.00%\)"):
-        raise_if_budget_missed([{"pass": "quantize", "record": record}], tmp_path)
+        raise_if_budget_missed([PassRecord("quantize", record)], tmp_path)

@@ -145,6 +145,22 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     )
 
 
+def stage_spec(spec: ModelSpec, path: Path) -> ModelSpec:
+    """``spec`` with the shape of the stage in ``path`` (a pruned or distilled stage has its own layer,
+    head and width counts; an ONNX stage carries its config.json): what later passes work on."""
+    import dataclasses
+
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return spec
+    if not isinstance(config, dict) or config.get("model_type") != spec.model_type:
+        return spec
+    layers, heads, hidden = spec.family.shape(config)
+    return dataclasses.replace(spec, num_layers=layers, num_heads=heads, hidden_size=hidden,
+                               pruned=bool(config.get("pruned_heads")))
+
+
 def load_tokenizer(path: Path, trust_remote_code: bool = False):
     """The fast (Rust) tokenizer of a model or artifact directory; slow tokenizers are refused."""
     from transformers import AutoTokenizer

@@ -6,6 +6,7 @@ target, output path, held-out data and pass chain are all checked first.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -28,6 +29,7 @@ from xformopt.data import TextDataset
 from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
+from xformopt.passes.record import PassRecord
 from xformopt.recipe import PassStep, Recipe, check_order
 from xformopt.resources import vader_split_path
 
@@ -41,7 +43,12 @@ class Stage:
     name: str
     kind: str  # "hf" | "onnx"
     path: Path
-    pass_record: dict = field(default_factory=dict)
+    spec: models.ModelSpec  # the stage's own model: a pruned stage has its own layers, heads and widths
+    record: PassRecord | None = None  # None for the PyTorch baseline
+
+    @property
+    def pass_record(self) -> dict:
+        return self.record.record if self.record is not None else {}
 
 
 @dataclass
@@ -147,10 +154,12 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
 
 
 def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, workdir: Path,
-               input_key: str | None = None) -> tuple[list[Stage], list[dict]]:
-    """Run (or reuse from the cache) each pass; returns the stages and the per-pass records."""
+               input_key: str | None = None) -> tuple[list[Stage], list[PassRecord]]:
+    """Run (or reuse from the cache) each pass; returns the stages and the per-pass records.
+
+    Each pass runs on its input stage's own spec (the shape after a prune or distill)."""
     versions = library_versions()
-    stages = [Stage("pytorch", "hf", ctx.spec.path)]
+    stages = [Stage("pytorch", "hf", ctx.spec.path, ctx.spec)]
     input_key = input_key or hash_dir(ctx.spec.path)
     records = []
     for i, step in enumerate(recipe.passes, start=1):
@@ -159,6 +168,7 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
         key = cache.pass_key(input_key, step.name, step.options, ctx.target.name, ctx.spec.task,
                              {**versions, "context": context_key(ctx, step.options, pass_cls.depends_on)})
         src = stages[-1].path
+        step_ctx = dataclasses.replace(ctx, spec=stages[-1].spec)
         started = time.perf_counter()
         hit = cache.lookup(key, log) if use_cache else None
         if hit:
@@ -168,7 +178,7 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
             log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
 
             def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
-                return execute(pass_cls, ctx, src, dst, options)
+                return execute(pass_cls, step_ctx, src, dst, options)
 
             if use_cache:
                 out_dir, record = cache.build(key, work, {"pass": step.name}, log)
@@ -178,15 +188,9 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
                 record = work(out_dir)
         seconds = time.perf_counter() - started
         log(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s")
-        records.append({
-            "pass": step.name,
-            "options": step.options,
-            "cache_key": key,
-            "reused": bool(hit),
-            "seconds": round(seconds, 3),
-            "record": record,
-        })
-        stages.append(Stage(step.name, pass_cls.produces, out_dir, record))
+        entry = PassRecord(step.name, record, step.options, key, bool(hit), round(seconds, 3))
+        records.append(entry)
+        stages.append(Stage(step.name, pass_cls.produces, out_dir, models.stage_spec(ctx.spec, out_dir), entry))
         input_key = key
     return stages, records
 
@@ -252,7 +256,7 @@ def run(
             "versions": library_versions(),
             "recipe": recipe.to_dict(),
             "heldout": {"path": heldout.path, "source": heldout.source, "rows": len(heldout)},
-            "passes": records,
+            "passes": [r.to_dict() for r in records],
         }
         final = stages[-1]
         with atomic_dir(out, force, protected=protected) as tmp:
@@ -266,25 +270,14 @@ def run(
     return RunResult(out, manifest, report)
 
 
-def raise_if_budget_missed(entries: list[dict], out: Path) -> None:
+def raise_if_budget_missed(records: list[PassRecord], out: Path) -> None:
     """A pass that wrote its best effort but missed its accuracy budget fails the run (exit 1),
     after the artifact is written, so the result can still be inspected."""
     from xformopt.errors import GateFailed
 
-    for entry in entries:
-        if entry["record"].get("budget_met") is False:
-            b = entry["record"].get("budget", {})
-            if "max_perplexity_increase" in b:  # quantize --mode int4
-                raise GateFailed(
-                    f"{entry['pass']}: perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
-                    f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
-                    f"the best candidate was written to {out} (raise max_8bit_nodes, keep more roles at 8 bits, or loosen the budget)"
-                )
-            raise GateFailed(
-                f"{entry['pass']}: accuracy budget not met: {b.get('metric')} drop {b.get('drop')} points > allowed "
-                f"{b.get('allowed_drop_points')} with up to {b.get('max_float_nodes')} node(s) in float; the best "
-                f"candidate was written to {out} (raise max_float_nodes, loosen the budget, or try another calibration)"
-            )
+    for entry in records:
+        if entry.budget_met is False:
+            raise GateFailed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}")
 
 
 def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
@@ -374,7 +367,7 @@ def run_single(
     started = time.perf_counter()
     with atomic_dir(out, force, wait=wait, protected=protected) as tmp:
         record = execute(pass_cls, ctx, spec.path, tmp, validated)
-        entry = {"pass": pass_name, "options": validated.model_dump(), "seconds": round(time.perf_counter() - started, 3), "record": record}
+        entry = PassRecord(pass_name, record, validated.model_dump(), seconds=round(time.perf_counter() - started, 3))
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -383,8 +376,8 @@ def run_single(
                                                "revision": hub.commit_of(spec.path)},
             "target": resolved_target.to_dict(),
             "versions": library_versions(),
-            "passes": [*previous.get("passes", []), entry],
+            "passes": [*previous.get("passes", []), entry.to_dict()],
         }
         write_json(tmp / "manifest.json", manifest)
     raise_if_budget_missed([entry], out)
-    return entry
+    return entry.to_dict()

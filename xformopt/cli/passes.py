@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -13,6 +12,7 @@ import typer
 
 from xformopt.cli import options as opt
 from xformopt.cli import output
+from xformopt.passes.record import PassRecord
 
 
 def _finish(entry: dict, out: Path, as_json: bool) -> None:
@@ -24,54 +24,8 @@ def _finish(entry: dict, out: Path, as_json: bool) -> None:
 
 
 def summary(entry: dict) -> str:
-    """One line saying what the pass changed and how it was verified."""
-    rec = entry["record"]
-    if entry["pass"] == "prune":
-        s, q = rec["sparsity_achieved"], rec["quality_before_recovery"]
-        metric = "accuracy" if "accuracy" in q["pruned"] else "cosine_to_unpruned"
-        before = q["unpruned"].get(metric, 1.0)
-        line = (f"{rec['before']['layers']}->{rec['after']['layers']} layers, heads {rec['after']['heads_per_layer']}, "
-                f"FFN {rec['after']['ffn_per_layer'][0]}; FLOPs -{s['at_reference']:.0%} at {rec['reference_length']} tokens, "
-                f"params {rec['params']['before']:,}->{rec['params']['after']:,}; {metric} {before:.4f}->{q['pruned'][metric]:.4f} "
-                f"(before recovery, {rec['importance']['method']} importance)")
-        if "latency" in rec:
-            lat = rec["latency"]
-            line += (f"; ONNX fused batch 1: {lat['unpruned_ms']['median_ms']:.2f} -> {lat['pruned_ms']['median_ms']:.2f} ms "
-                     f"({lat['speedup_median']:.2f}x, {lat['measured_on']})")
-        return line
-    if entry["pass"] == "distill":
-        return distill_summary(rec)
-    if entry["pass"] == "export":
-        p = rec["parity"]
-        return f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} at lengths {p['sequence_lengths']}"
-    if entry["pass"] == "fuse":
-        kept = ", ".join(f"{k} {v}" for k, v in rec["fused_kept"].items() if v) or "none"
-        return f"kept {rec['kept']} ({kept}); {rec['reason']}"
-    if entry["pass"] == "quantize" and rec.get("mode") == "int4":
-        n = rec["matmulnbits"]
-        line = (f"int4 {rec['algorithm']} (block {rec['block_size']}, accuracy_level {rec['accuracy_level']}): "
-                f"{n['4bit']}/{rec['weighted_matmuls']} MatMuls 4-bit, {n['8bit']} 8-bit MatMulNBits, "
-                f"{len(rec['kept_float'])} float; logits {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
-        if "budget" in rec:
-            b = rec["budget"]
-            line += (f"; perplexity budget {'met' if b['budget_met'] else 'NOT met'}: {b['float_perplexity']:.3f} -> "
-                     f"{b['perplexity_after']:.3f} ({b['increase']:+.2%}), {b['chosen']} moved to 8 bits")
-        return line
-    if entry["pass"] == "quantize":
-        c = rec["coverage"]
-        mode = rec.get("mode", "dynamic")
-        if mode == "static":
-            cal = rec["calibration"]
-            mode = f"static {rec['formats']['format']}, {cal['method']} on {cal['rows']} rows"
-        line = (f"{mode}: {c['int8']}/{c['weighted_gemms']} weighted GEMMs in INT8 ({json.dumps(c['int8_ops'])}), "
-                f"{len(c['kept_float'])} kept in float; output {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
-        if "budget" in rec:
-            b = rec["budget"]
-            line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "
-                     f"{b['metric_after']:.2f} (drop {b['drop']:.2f} {'<=' if b['budget_met'] else '>'} {b['allowed_drop_points']:.2f}), "
-                     f"{len(b['kept_float'])} returned to float after {len(b['search'])} candidate(s)")
-        return line
-    return json.dumps(rec)[:200]
+    """One line saying what the pass changed and how it was verified (the pass says it)."""
+    return PassRecord.from_dict(entry).summary()
 
 
 def export(
@@ -194,22 +148,6 @@ def prune(
     entry = run_single("prune", model, out, options, target=target, task=task,
                        data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
-
-
-def distill_summary(rec: dict) -> str:
-    """Student shape, how long and why it stopped, the held-out metric before -> after (teacher)."""
-    st, tr, q = rec["student"], rec["training"], rec["quality"]
-    metric = rec["selection"]["metric"]
-    teacher = q["teacher"].get(metric)
-    line = (f"student {st['layers']} layers, heads {st['heads_per_layer']}, FFN {st['ffn_per_layer'][0]} "
-            f"({st['params']:,} params); {tr['steps']} steps, {tr['epochs']} epochs in "
-            f"{tr['seconds']['total_with_teacher_pass'] / 60:.1f} min (stopped: {tr['stopped_because']}); "
-            f"held-out {metric} {q['before'].get(metric, float('nan')):.4f} -> {q['after'].get(metric, float('nan')):.4f}"
-            f"{f' (teacher {teacher:.4f})' if teacher is not None and metric != 'cosine' else ''}, "
-            f"best at step {rec['selection']['best_step']}")
-    if rec.get("curve"):
-        line += f"; curve {rec['curve']}"
-    return line
 
 
 def distill(

@@ -76,6 +76,23 @@ class Pass:
     # the faster of measured candidates). A pass that times nothing must not be re-run on a new host.
     depends_on: ClassVar[tuple[str, ...]] = ("texts", "timing")
 
+    @staticmethod
+    def summarize(record: dict) -> str:
+        """One line saying what the pass changed and how it was verified, from its record."""
+        import json
+
+        return json.dumps(record)[:200]
+
+    @staticmethod
+    def report_facts(record: dict) -> dict:
+        """Graph facts of the stage for the report (fused ops, INT8 coverage); none by default."""
+        return {}
+
+    @staticmethod
+    def budget_failure(record: dict, out: Path) -> str:
+        """The one line explaining a missed budget (``record["budget_met"] is False``)."""
+        return f"budget not met; the best candidate was written to {out}"
+
     def run(self, ctx: PassContext, src: Path, dst: Path, options: PassOptions) -> dict:
         """Write the new stage into ``dst`` (an empty directory) and return the pass record:
         what changed and the figures that verify it. Raise PassFailed when verification fails."""

@@ -196,6 +196,22 @@ class DistillPass(Pass):
              "evaluation rows for early stopping (default: vendored validation split)",
              "the teacher (the run's input model, or --teacher)")
 
+    @staticmethod
+    def summarize(rec: dict) -> str:
+        """Student shape, how long and why it stopped, the held-out metric before -> after (teacher)."""
+        st, tr, q = rec["student"], rec["training"], rec["quality"]
+        metric = rec["selection"]["metric"]
+        teacher = q["teacher"].get(metric)
+        line = (f"student {st['layers']} layers, heads {st['heads_per_layer']}, FFN {st['ffn_per_layer'][0]} "
+                f"({st['params']:,} params); {tr['steps']} steps, {tr['epochs']} epochs in "
+                f"{tr['seconds']['total_with_teacher_pass'] / 60:.1f} min (stopped: {tr['stopped_because']}); "
+                f"held-out {metric} {q['before'].get(metric, float('nan')):.4f} -> {q['after'].get(metric, float('nan')):.4f}"
+                f"{f' (teacher {teacher:.4f})' if teacher is not None and metric != 'cosine' else ''}, "
+                f"best at step {rec['selection']['best_step']}")
+        if rec.get("curve"):
+            line += f"; curve {rec['curve']}"
+        return line
+
     def run(self, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> dict:
         import torch
 

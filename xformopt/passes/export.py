@@ -61,6 +61,17 @@ class ExportPass(Pass):
     summary = "PyTorch -> ONNX (dynamic batch/sequence axes), parity-checked against PyTorch"
     needs = ("held-out texts (parity)",)
 
+    @staticmethod
+    def report_facts(record: dict) -> dict:
+        # decoders whose exporter fuses (onnxruntime-genai's builder) record their fused ops
+        return {"fused_ops": record["fused"]} if "fused" in record else {}
+
+    @staticmethod
+    def summarize(rec: dict) -> str:
+        """One line: what the pass changed and how it was verified."""
+        p = rec["parity"]
+        return f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} at lengths {p['sequence_lengths']}"
+
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
         from optimum.exporters.onnx import main_export
 

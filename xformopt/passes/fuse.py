@@ -9,6 +9,8 @@ a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
 
 from __future__ import annotations
 
+import dataclasses
+
 import shutil
 import warnings
 from pathlib import Path
@@ -19,6 +21,7 @@ from pydantic import Field
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
+from xformopt import models
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
@@ -90,21 +93,6 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
     return {op: n for op, n in fused_counts(load_graph(scratch / "runtime.onnx")).items() if n}
 
 
-def stage_context(ctx: PassContext, src: Path) -> PassContext:
-    """The context with the shape of the graph being fused: after a torch pass such as prune, its
-    layer count and heads differ from the pipeline's input model's (expect_full counts its layers)."""
-    import dataclasses
-
-    from xformopt import models
-
-    if not (src / "config.json").is_file():
-        return ctx
-    own = models.resolve(str(src), ctx.spec.task, trust_remote_code=ctx.spec.trust_remote_code)
-    spec = dataclasses.replace(ctx.spec, num_layers=own.num_layers, num_heads=own.num_heads,
-                               hidden_size=own.hidden_size, pruned=own.pruned)
-    return dataclasses.replace(ctx, spec=spec)
-
-
 def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
     """What a BERT-family encoder must reach: one Attention per layer and two SkipLayerNorms."""
     if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
@@ -125,8 +113,19 @@ class FusePass(Pass):
     summary = "ONNX Runtime transformer fusions (Attention, SkipLayerNorm, ...), counted and timed"
     needs = ("held-out texts (timing candidates)",)
 
+    @staticmethod
+    def report_facts(record: dict) -> dict:
+        return {"fused_ops": {k: v for k, v in record["fused_kept"].items() if v},
+                "fusion_kept": record["kept"], "fusion_reason": record["reason"]}
+
+    @staticmethod
+    def summarize(rec: dict) -> str:
+        """One line: what the pass changed and how it was verified."""
+        kept = ", ".join(f"{k} {v}" for k, v in rec["fused_kept"].items() if v) or "none"
+        return f"kept {rec['kept']} ({kept}); {rec['reason']}"
+
     def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> dict:
-        ctx = stage_context(ctx, src)
+        ctx = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src))  # a pruned stage's own shape
         before = fused_counts(load_graph(src / "model.onnx"))
         work = dst / ".candidates"
         candidates: dict[str, Path] = {}

@@ -676,8 +676,7 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
     with tempfile.TemporaryDirectory(prefix="xformopt-prune-") as work:
         dirs = {}
         for name, src in (("unpruned", original), ("pruned", pruned)):
-            spec = models.resolve(str(src), ctx.spec.task)
-            sub = dataclasses.replace(ctx, spec=spec, log=lambda m: None)
+            sub = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src), log=lambda m: None)
             exported, fused = Path(work) / f"{name}-export", Path(work) / f"{name}-fused"
             exported.mkdir()
             fused.mkdir()
@@ -892,6 +891,22 @@ class PrunePass(Pass):
     Options = PruneOptions
     summary = "structured pruning (heads, FFN neurons, layers) from data-driven importance; a stock HF checkpoint"
     needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
+
+    @staticmethod
+    def summarize(rec: dict) -> str:
+        """One line: what the pass changed and how it was verified."""
+        s, q = rec["sparsity_achieved"], rec["quality_before_recovery"]
+        metric = "accuracy" if "accuracy" in q["pruned"] else "cosine_to_unpruned"
+        before = q["unpruned"].get(metric, 1.0)
+        line = (f"{rec['before']['layers']}->{rec['after']['layers']} layers, heads {rec['after']['heads_per_layer']}, "
+                f"FFN {rec['after']['ffn_per_layer'][0]}; FLOPs -{s['at_reference']:.0%} at {rec['reference_length']} tokens, "
+                f"params {rec['params']['before']:,}->{rec['params']['after']:,}; {metric} {before:.4f}->{q['pruned'][metric]:.4f} "
+                f"(before recovery, {rec['importance']['method']} importance)")
+        if "latency" in rec:
+            lat = rec["latency"]
+            line += (f"; ONNX fused batch 1: {lat['unpruned_ms']['median_ms']:.2f} -> {lat['pruned_ms']['median_ms']:.2f} ms "
+                     f"({lat['speedup_median']:.2f}x, {lat['measured_on']})")
+        return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: PruneOptions) -> dict:
         import torch

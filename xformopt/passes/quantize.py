@@ -26,6 +26,7 @@ fastest kept. When none passes within ``max_float_nodes``, the best is written w
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -169,6 +170,47 @@ class QuantizePass(Pass):
     must_not_follow = {"quantize": "the graph is already quantized"}
     summary = "INT8 quantization (dynamic or calibrated static), formats from the target, optional accuracy budget"
     needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
+
+    @staticmethod
+    def report_facts(record: dict) -> dict:
+        if "matmulnbits" in record:  # --mode int4
+            return {"matmulnbits": record["matmulnbits"], "weighted_gemms": record["weighted_matmuls"],
+                    "float_gemms": [g["name"] for g in record["kept_float"]]}
+        cov = record["coverage"]
+        return {"int8_gemms": cov["int8"], "weighted_gemms": cov["weighted_gemms"],
+                "float_gemms": [g["name"] for g in cov["kept_float"]]}
+
+    @staticmethod
+    def budget_failure(record: dict, out: Path) -> str:
+        b = record.get("budget", {})
+        if "max_perplexity_increase" in b:  # --mode int4
+            return (f"perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
+                    f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
+                    f"the best candidate was written to {out} (raise max_8bit_nodes, keep more roles at 8 bits, or loosen the budget)")
+        return (f"accuracy budget not met: {b.get('metric')} drop {b.get('drop')} points > allowed "
+                f"{b.get('allowed_drop_points')} with up to {b.get('max_float_nodes')} node(s) in float; the best "
+                f"candidate was written to {out} (raise max_float_nodes, loosen the budget, or try another calibration)")
+
+    @staticmethod
+    def summarize(rec: dict) -> str:
+        """One line: what the pass changed and how it was verified."""
+        if rec.get("mode") == "int4":
+            from xformopt.passes.quantize_int4 import summarize_int4
+
+            return summarize_int4(rec)
+        c = rec["coverage"]
+        mode = rec.get("mode", "dynamic")
+        if mode == "static":
+            cal = rec["calibration"]
+            mode = f"static {rec['formats']['format']}, {cal['method']} on {cal['rows']} rows"
+        line = (f"{mode}: {c['int8']}/{c['weighted_gemms']} weighted GEMMs in INT8 ({json.dumps(c['int8_ops'])}), "
+                f"{len(c['kept_float'])} kept in float; output {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
+        if "budget" in rec:
+            b = rec["budget"]
+            line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "
+                     f"{b['metric_after']:.2f} (drop {b['drop']:.2f} {'<=' if b['budget_met'] else '>'} {b['allowed_drop_points']:.2f}), "
+                     f"{len(b['kept_float'])} returned to float after {len(b['search'])} candidate(s)")
+        return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py

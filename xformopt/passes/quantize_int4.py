@@ -421,3 +421,16 @@ def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], p
         "harm_measure": "relative output error of simulated 4-bit RTN weights on the float graph's activations",
     }
     return dirs[best["extra_8bit"]], [*planned8, *best["moved_to_8bit"]], budget
+
+
+def summarize_int4(rec: dict) -> str:
+    """One line for an int4 record: MatMuls at 4 and 8 bits, agreement, the perplexity budget."""
+    n = rec["matmulnbits"]
+    line = (f"int4 {rec['algorithm']} (block {rec['block_size']}, accuracy_level {rec['accuracy_level']}): "
+            f"{n['4bit']}/{rec['weighted_matmuls']} MatMuls 4-bit, {n['8bit']} 8-bit MatMulNBits, "
+            f"{len(rec['kept_float'])} float; logits {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
+    if "budget" in rec:
+        b = rec["budget"]
+        line += (f"; perplexity budget {'met' if b['budget_met'] else 'NOT met'}: {b['float_perplexity']:.3f} -> "
+                 f"{b['perplexity_after']:.3f} ({b['increase']:+.2%}), {b['chosen']} moved to 8 bits")
+    return line

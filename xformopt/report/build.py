@@ -15,26 +15,6 @@ from xformopt.predictors import thread_pool_setting
 REPORT_SCHEMA = "xformopt.report/1"
 
 
-def _onnx_facts(record: dict) -> dict:
-    facts = {}
-    if "fused_kept" in record:
-        facts["fused_ops"] = {k: v for k, v in record["fused_kept"].items() if v}
-        facts["fusion_kept"] = record["kept"]
-        facts["fusion_reason"] = record["reason"]
-    if "coverage" in record:
-        cov = record["coverage"]
-        facts["int8_gemms"] = cov["int8"]
-        facts["weighted_gemms"] = cov["weighted_gemms"]
-        facts["float_gemms"] = [g["name"] for g in cov["kept_float"]]
-    if "matmulnbits" in record:  # quantize --mode int4
-        facts["matmulnbits"] = record["matmulnbits"]
-        facts["weighted_gemms"] = record["weighted_matmuls"]
-        facts["float_gemms"] = [g["name"] for g in record["kept_float"]]
-    if "fused" in record:  # decoders whose exporter fuses (onnxruntime-genai's builder)
-        facts["fused_ops"] = record["fused"]
-    return facts
-
-
 def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> dict:
     metric = headline(spec.task)
     per_stage = evaluation["stages"]
@@ -42,7 +22,7 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
     rows, facts = [], {}
     for stage in stages:
         ev = per_stage[stage.name]
-        facts.update(_onnx_facts(stage.pass_record))  # a stage inherits what earlier passes did
+        facts.update(stage.record.report_facts() if stage.record else {})  # a stage inherits what earlier passes did
         deltas = {
             name: m["value"] - base[name]["value"] for name, m in ev["metrics"].items() if name in base
         }
