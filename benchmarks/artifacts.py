@@ -38,7 +38,7 @@ def main() -> None:
     from xformopt.data import load_text_dataset
     from xformopt.evaluate.stage import headline, score
     from xformopt.resources import vader_split_path
-    from xformopt.predictors import OrtPredictor, TorchPredictor
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = models.resolve(args.model)
     threads = args.threads or usable_cpus()

@@ -83,7 +83,7 @@ def main() -> None:
 
     from xformopt.bench.host import host_info, usable_cpus
     from xformopt.decoder.bench import bench_generation, rows
-    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
     from toy_decoder import corpus
     from xformopt.models import load_tokenizer
 

@@ -115,7 +115,7 @@ def graph_facts(path: Path) -> dict:
 MEMORY_PROBE = """
 import sys, numpy as np
 sys.path.insert(0, {root!r})
-from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 kind, path = sys.argv[1], sys.argv[2]
 runner = (TorchDecoder(path, threads=2) if kind == "pytorch"
           else OrtDecoder(path, threads=2, share_buffer=False if kind == "int4-copy" else None))
@@ -142,7 +142,7 @@ def op_profile(path: Path, prompts: list[int], threads: int, steps: int = 12) ->
 
     import onnxruntime as ort
 
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
 
     out = {}
     for prompt_len in prompts:
@@ -187,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt.bench.latency import run_interleaved
-    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 
     root = args.workdir or Path(tempfile.mkdtemp(prefix="xformopt-int4-bench-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -141,7 +141,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from xformopt.decoder.perplexity import load_token_lists, perplexity
-    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
     from toy_decoder import build_decoder, corpus
     from xformopt.models import load_tokenizer
 

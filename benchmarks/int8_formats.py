@@ -35,7 +35,7 @@ def main() -> None:
     from xformopt.kernel_probe import int8_gemm_saturates
     from xformopt.models import resolve
     from xformopt.passes.quantize import _dynamic
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
     from xformopt.resources import vader_split_path
 
     spec = resolve(str(args.stage))

@@ -58,13 +58,13 @@ def llama_exported(tmp_path_factory, tiny_llama, sample_texts):
 
 
 def _torch(model_dir):
-    from xformopt.decoder.runtime import TorchDecoder
+    from xformopt.runtime.decoder import TorchDecoder
 
     return TorchDecoder(model_dir, threads=2)
 
 
 def _onnx(stage_dir, **kw):
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
 
     return OrtDecoder(stage_dir, threads=2, **kw)
 

@@ -46,13 +46,13 @@ def family_stages(tmp_path_factory, family_models, sample_texts):
 
 
 def _torch(model_dir):
-    from xformopt.decoder.runtime import TorchDecoder
+    from xformopt.runtime.decoder import TorchDecoder
 
     return TorchDecoder(model_dir, threads=2)
 
 
 def _onnx(stage_dir):
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
 
     return OrtDecoder(stage_dir, threads=2)
 
@@ -101,7 +101,7 @@ def _greedy_steps(runner, prompt, steps):
 
 
 def test_gqa_decode_writes_into_one_shared_kv_buffer_with_the_copying_paths_logits(family_stages):
-    from xformopt.decoder.runtime import OrtDecoder, SharedCache
+    from xformopt.runtime.decoder import OrtDecoder, SharedCache
 
     directory = family_stages["qwen2"]["int4"][0]
     shared, copying = OrtDecoder(directory, threads=2), OrtDecoder(directory, threads=2, share_buffer=False)
@@ -123,7 +123,7 @@ def test_gqa_decode_writes_into_one_shared_kv_buffer_with_the_copying_paths_logi
 
 
 def test_a_shared_buffer_state_reruns_but_a_superseded_one_refuses(family_stages):
-    from xformopt.decoder.runtime import OrtDecoder, StaleStateError
+    from xformopt.runtime.decoder import OrtDecoder, StaleStateError
 
     runner = OrtDecoder(family_stages["qwen2"]["export"][0], threads=2)
     _, s0 = runner.forward(np.array([[5, 6, 7]]))

@@ -203,7 +203,7 @@ def test_fuse_all_reaches_full_fusion(fused_classifier):
 
 def test_fused_graph_matches_unfused(fused_classifier, exported_classifier, tiny_classifier, sample_texts):
     from xformopt.models import resolve
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     spec = resolve(str(tiny_classifier))
     texts = sample_texts[:8]

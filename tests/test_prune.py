@@ -237,7 +237,7 @@ def test_pruned_model_exports_and_fuses_fully(pruned_classifier, sample_texts, t
     assert fused["expected"] == {"Attention": layers, "SkipLayerNormalization": 2 * layers}
     counts = onnx_op_counts(tmp_path / "f" / "model.onnx")
     assert counts["Attention"] == layers and counts["SkipLayerNormalization"] == 2 * layers
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     onnx_model = OrtPredictor(ctx.spec, tmp_path / "f", threads=1)
     enc = onnx_model.tokenize(sample_texts[:3])
@@ -699,7 +699,7 @@ def test_family_pruned_exports_and_fuses_fully(tiny_family, sample_texts, tmp_pa
     assert fused["expected"] == {"Attention": 2, "SkipLayerNormalization": 4}
     counts = onnx_op_counts(tmp_path / "f" / "model.onnx")
     assert counts["Attention"] == 2 and counts["SkipLayerNormalization"] == 4
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     onnx_model = OrtPredictor(ctx.spec, tmp_path / "f", threads=1)
     enc = onnx_model.tokenize(sample_texts[:3])

@@ -189,7 +189,7 @@ def test_trial_metric_is_the_validation_split_not_the_test_rows(local_search, ti
 
     from xformopt import models
     from xformopt.data import load_text_dataset
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
     from xformopt.resources import vader_split_path
 
     out, doc = local_search

@@ -40,7 +40,7 @@ from xformopt import progress
 from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
 from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
 from xformopt.errors import InputError
-from xformopt.predictors import thread_pool_setting
+from xformopt.runtime.session import thread_pool_setting
 
 Log = Callable[[str], None]
 
@@ -259,7 +259,7 @@ def load_reference(artifact: Artifact):
 
 def open_predictor(artifact: Artifact, threads: int):
     """The artifact's ONNX Runtime predictor; a damaged model or tokenizer is bad input (exit 2)."""
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     try:
         return OrtPredictor(artifact.spec, artifact.path, threads=threads)

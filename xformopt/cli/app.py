@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     # Hub ids download through huggingface_hub (xformopt/hub.py); offline only when the user sets
     # HF_HUB_OFFLINE=1 or the hub is unreachable, so neither it nor TRANSFORMERS_OFFLINE is forced here.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    # PyTorch's OpenMP pool must not spin either (see predictors.ort_session); it reads this once,
+    # PyTorch's OpenMP pool must not spin either (see xformopt.runtime.session.ort_session); it reads this once,
     # when torch is first imported, so it is set before any command runs. Measured on a 2-core
     # host: MiniLM at batch 1 in PyTorch took 35 ms with spinning and 13 ms without.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -91,7 +91,7 @@ def generate(
         eos_token_ids,
     )
     from xformopt.decoder.generate import generate as run_generation
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
     from xformopt.models import load_tokenizer
 
     from xformopt.validate import check_threads

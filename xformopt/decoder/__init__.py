@@ -11,7 +11,7 @@ past (shape ``(..., 0, head_dim)``); every later step feeds one token and the pr
 - ``split`` (Llama and other optimum exports): ``past_key_values.{i}.key`` / ``.value`` and
   ``present.{i}.key`` / ``.value`` of shape ``(batch, kv_heads, length, head_dim)``.
 
-Modules: :mod:`.runtime` (ONNX Runtime and PyTorch step runners, IO binding), :mod:`.generate`
+Modules: :mod:`xformopt.runtime.decoder` (ONNX Runtime and PyTorch step runners, IO binding), :mod:`.generate`
 (greedy and sampled generation, prompt checks), :mod:`.export` (export with past, multi-step parity),
 :mod:`.perplexity`, :mod:`.bench` (time to first token, per-token latency, tokens/s).
 """

@@ -198,11 +198,11 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
 
     from xformopt.bench.host import host_fingerprint, host_info, usable_cpus
     from xformopt.decoder.generate import context_window
-    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
     from xformopt.errors import InputError
     from xformopt.models import load_tokenizer
     from xformopt.resources import vader_split_path
-    from xformopt.predictors import thread_pool_setting
+    from xformopt.runtime.session import thread_pool_setting
 
     stages, notes = plan_stages(artifact, compare, pytorch, log)
     context = context_window(artifact)

@@ -28,7 +28,7 @@ GENERATION_ROUNDS = 3
 
 
 def runners_for(stages, spec, threads: int) -> dict:
-    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 
     return {s.name: (TorchDecoder(s.path, threads=threads, trust_remote_code=spec.trust_remote_code) if s.kind == "hf"
                      else OrtDecoder(s.path, threads=threads)) for s in stages}

@@ -304,7 +304,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
     import onnx
 
     from xformopt.decoder.generate import context_window
-    from xformopt.decoder.runtime import OrtDecoder, TorchDecoder
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
     from xformopt.models import load_tokenizer
     from xformopt.exporting import quiet_loggers
 

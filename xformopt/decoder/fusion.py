@@ -57,7 +57,7 @@ def time_decoder_dirs(ctx, dirs: dict[str, Path], rounds: int) -> dict[str, dict
     import numpy as np
 
     from xformopt.bench.latency import run_interleaved
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
     from xformopt.models import load_tokenizer
 
     tokenizer = load_tokenizer(next(iter(dirs.values())), ctx.spec.trust_remote_code)
@@ -76,7 +76,7 @@ def logits_agreement(ctx, float_dir: Path, int8_dir: Path, texts: int = 16, max_
     every position of real texts (prompt step, no cache), and how often their argmax agrees."""
     import numpy as np
 
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
     from xformopt.evaluate.metrics import row_cosine
     from xformopt.models import load_tokenizer
 

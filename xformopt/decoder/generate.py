@@ -119,7 +119,7 @@ def generate(
     clock: Callable[[], float] = time.perf_counter,
 ) -> Generation:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (batch 1) with ``runner``
-    (:class:`~xformopt.decoder.runtime.OrtDecoder` or ``TorchDecoder``).
+    (:class:`~xformopt.runtime.decoder.OrtDecoder` or ``TorchDecoder``).
 
     With the cache, step 0 runs the prompt and each later step one token against the cached keys
     and values; without it, each step runs the whole sequence so far. Stops early at

@@ -101,7 +101,7 @@ def sorted_batches(lengths: np.ndarray, batch_size: int) -> list[np.ndarray]:
 
 def forward(model, enc: dict, objective: str, *, hidden: bool = False, attentions: bool = False):
     """(main output, hidden states or None, attentions or None). Main output: logits, or the
-    mean-pooled last hidden state (the embedding xformopt's predictors and report use)."""
+    mean-pooled last hidden state (the embedding xformopt's runners and report use)."""
     kwargs = {}
     if hidden:
         kwargs["output_hidden_states"] = True

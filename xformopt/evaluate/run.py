@@ -18,7 +18,7 @@ from xformopt.onnx_graph import dir_size_bytes
 
 
 def stage_predictor(stage, spec, threads: int):
-    from xformopt.predictors import OrtPredictor, TorchPredictor
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     if stage.kind == "hf":
         return TorchPredictor(spec, stage.path, threads=threads)

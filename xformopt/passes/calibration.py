@@ -39,7 +39,7 @@ import numpy as np
 
 from xformopt import progress
 from xformopt.data import TextDataset, load_text_dataset
-from xformopt.predictors import ort_feed
+from xformopt.runtime.session import ort_feed
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
@@ -225,7 +225,7 @@ def harm_scores(model_path: Path, nodes: list[dict], reader: TextBatchReader, fo
     import onnx
     from onnx import helper, numpy_helper
 
-    from xformopt.predictors import ort_session
+    from xformopt.runtime.session import ort_session
 
     model = onnx.load(str(model_path))
     weights = {i.name: i for i in model.graph.initializer}

@@ -426,7 +426,7 @@ class DistillPass(Pass):
             "pass_seconds": round(time.perf_counter() - wall_start, 2),
         }
         try:
-            from xformopt.report.plots import plot_training_curve
+            from xformopt.distill.curve import plot_training_curve
 
             plot_training_curve(record, dst / CURVE, title=f"{ctx.spec.source}: distill")
             record["curve"] = CURVE

@@ -28,7 +28,7 @@ class ExportOptions(PassOptions):
 
 
 def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: ExportOptions) -> dict:
-    from xformopt.predictors import OrtPredictor, TorchPredictor
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     torch_model = TorchPredictor(ctx.spec, model_dir, threads=ctx.threads)
     onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)

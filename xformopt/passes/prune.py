@@ -51,7 +51,7 @@ multiply-adds. So every candidate is scored twice:
 - latency, measured (``time_plans``): each candidate is pruned for real on a copy, exported in
   memory (optimum, no parity check) and fully fused, and all of them and the unpruned model are
   timed interleaved at batch 1 on up to 64 real held-out texts (``passes.timing.time_stage_dirs``,
-  the ORT session settings of ``predictors``). About 3 s per candidate on MiniLM-L6.
+  the ORT session settings of ``xformopt.runtime.session``). About 3 s per candidate on MiniLM-L6.
 
 Choice (``prefer``), every candidate's loss and median and the reason are in the record's
 ``candidates`` and ``selection``:
@@ -670,7 +670,7 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
     from xformopt.bench.modes import real
     from xformopt.passes.export import ExportOptions, ExportPass, _quiet_loggers
     from xformopt.passes.fuse import FuseOptions, FusePass
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     out = {}
     with tempfile.TemporaryDirectory(prefix="xformopt-prune-") as work:

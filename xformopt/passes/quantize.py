@@ -151,7 +151,7 @@ def int8_coverage(before, after) -> dict:
 def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
     """The task's per-row agreement (cosine of logits or embeddings, span or tag agreement) of INT8
     outputs with float outputs on real rows: catches saturation and broken scales."""
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     rows = ctx.sample_data.subset(range(min(32, len(ctx.sample_data))))
     ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict_data(rows)
@@ -465,7 +465,7 @@ def _sample_reader(ctx: PassContext, src: Path):
 
 
 def budget_outputs(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, label: str) -> np.ndarray:
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     return OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict_data(
         dataset, progress=progress.tracker(label))

@@ -131,7 +131,7 @@ class DecoderCalibrationReader:
     def __init__(self, model_path: Path, tokenizer, texts, max_tokens: int = 64):
         import onnxruntime as ort
 
-        from xformopt.decoder.runtime import CacheLayout
+        from xformopt.runtime.decoder import CacheLayout
 
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.layout = CacheLayout.from_session(session)
@@ -240,7 +240,7 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
     import onnx
     from onnx import numpy_helper
 
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
 
     model = onnx.load(src_model)
     nodes = {n.name: n for n in model.graph.node}
@@ -366,7 +366,7 @@ def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], p
     """Fewest 4-bit MatMuls returned to 8 bits, most harmful first, that meet the perplexity budget."""
     from xformopt.decoder.generate import context_window
     from xformopt.decoder.perplexity import perplexity, token_lists
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
     from xformopt.passes import calibration as cal
 
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.perplexity_texts, 0, labels=False)

@@ -35,7 +35,7 @@ def time_stage_dirs(
     Returns each name's latency summary (:meth:`LatencyStats.to_dict`).
     """
     from xformopt.bench.latency import run_interleaved
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
     first = next(iter(predictors.values()))

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 from xformopt.bench.host import host_fingerprint
 from xformopt.evaluate.stage import headline
-from xformopt.predictors import thread_pool_setting
+from xformopt.runtime.session import thread_pool_setting
 
 REPORT_SCHEMA = "xformopt.report/1"
 

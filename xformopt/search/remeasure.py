@@ -15,7 +15,7 @@ def remeasure(spec, candidates: dict[str, Path], texts, pairs, *, rounds: int, w
               seed: int = 0, include_pytorch: bool = True, progress=None) -> dict:
     from xformopt.bench.host import host_info
     from xformopt.bench.modes import real
-    from xformopt.predictors import OrtPredictor, TorchPredictor
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     predictors = {name: OrtPredictor(spec, path, threads=threads) for name, path in candidates.items()}
     if include_pytorch:

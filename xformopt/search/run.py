@@ -93,7 +93,7 @@ def baseline_on_validation(s: Settings, spec, validation: dict, threads: int) ->
     reference every trial's cosine is taken against (saved as .npy in DIR, which workers read)."""
     import numpy as np
 
-    from xformopt.predictors import TorchPredictor
+    from xformopt.runtime.encoder import TorchPredictor
 
     data = validation_set(spec, validation)
     path = s.out / "validation" / "baseline_outputs.npy"

@@ -47,7 +47,7 @@ def score_outputs(spec, outputs: np.ndarray, data, baseline: np.ndarray | None) 
 
 
 def score_artifact(spec, artifact: Path, validation: dict, threads: int) -> tuple[float, int]:
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     data = validation_set(spec, validation)
     outputs = OrtPredictor(spec, artifact, threads=threads).predict_data(data)

@@ -82,6 +82,12 @@ class Task:
 
     # ------------------------------------------------------------------ running a stage
 
+    def encode(self, tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None,
+               max_length: int = 512) -> dict[str, np.ndarray]:
+        """One batch of texts (and pairs) as the graph's numpy inputs, padded to the batch's longest."""
+        return dict(tokenizer(list(texts), list(pairs) if pairs is not None else None, padding=True, truncation=True,
+                              max_length=max_length, return_tensors="np"))
+
     def combine(self, outputs: Sequence[np.ndarray]) -> np.ndarray:
         """The graph's (or torch model's) outputs as one array: what export parity compares."""
         return outputs[0]
@@ -91,7 +97,7 @@ class Task:
         return raw
 
     def predict(self, predictor, data: TextDataset, batch_size: int = 32, progress: Progress | None = None) -> np.ndarray:
-        """Outputs for every row of ``data`` (one row each), through ``predictor`` (xformopt.predictors)."""
+        """Outputs for every row of ``data`` (one row each), through ``predictor`` (xformopt.runtime.encoder)."""
         return predictor.predict(data.texts, data.text_pairs, batch_size=batch_size, progress=progress)
 
     def timing_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:

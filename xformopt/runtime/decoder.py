@@ -157,7 +157,7 @@ class OrtDecoder:
     layout: CacheLayout = field(init=False)
 
     def __post_init__(self):
-        from xformopt.predictors import ort_session
+        from xformopt.runtime.session import ort_session
 
         self.model_dir = Path(self.model_dir)
         self.session = ort_session(self.model_dir / "model.onnx", self.threads)

@@ -1,4 +1,4 @@
-"""Run one stage (the PyTorch model or an ONNX graph) on raw texts, tokenization included.
+"""Run one encoder stage (the PyTorch model or an ONNX graph) on raw texts, tokenization included.
 
 Every stage is evaluated and timed through the same interface, so the PyTorch baseline and each
 ONNX stage see identical tokenization, identical pooling and identical thread settings.
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.models import ModelSpec, load_tokenizer, load_torch_model
+from xformopt.runtime.session import ort_feed, ort_session
 
 MAX_LENGTH = 512
 
@@ -27,16 +28,8 @@ class Predictor:
         self.max_length = min(max_length, getattr(tokenizer, "model_max_length", max_length) or max_length)
 
     def tokenize(self, texts: Sequence[str], pairs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-        return dict(
-            self.tokenizer(
-                list(texts),
-                list(pairs) if pairs is not None else None,
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_tensors="np",
-            )
-        )
+        """A batch as the graph takes it, the task's way (``Task.encode``: 3-D for multiple choice, ...)."""
+        return self.task.encode(self.tokenizer, texts, pairs, self.max_length)
 
     def raw_outputs(self, encoded: dict[str, np.ndarray]) -> np.ndarray:
         """The graph's outputs as the task combines them (logits, token states, start/end logits):
@@ -91,45 +84,6 @@ class TorchPredictor(Predictor):
             inputs = {k: self._torch.from_numpy(v) for k, v in encoded.items() if k in self.accepts}
             outputs = self.model(**inputs).to_tuple()
             return self.task.combine([o.float().numpy() for o in outputs if hasattr(o, "float")])
-
-
-def ort_feed(encoded: dict, input_names) -> dict[str, np.ndarray]:
-    """The int64 inputs an ONNX graph takes; a graph input the tokenizer did not return (e.g.
-    token_type_ids) gets zeros."""
-    feed = {name: encoded[name].astype(np.int64) for name in input_names if name in encoded}
-    for name in input_names:
-        feed.setdefault(name, np.zeros_like(encoded["input_ids"], dtype=np.int64))
-    return feed
-
-
-def thread_pool_setting() -> str:
-    """How the thread pools wait, as this process really has it (recorded in every report)."""
-    import os
-
-    omp = os.environ.get("OMP_WAIT_POLICY", "unset: OpenMP's default, which spins")
-    return f"ONNX Runtime allow_spinning=0; PyTorch OMP_WAIT_POLICY={omp}"
-
-
-def ort_session(model_path: Path, threads: int | None = None, level: str = "all"):
-    """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    # Idle workers sleep instead of spin-waiting: spinning pools steal the cores that the other
-    # variants of an interleaved comparison (and the tokenizer) need. Measured on a 2-core host:
-    # MiniLM at batch 1 took 6.1 ms with spinning and 2.6 ms without.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    options.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[level]
-    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
 class OrtPredictor(Predictor):
