@@ -74,6 +74,10 @@ def test_registered_and_detected_from_the_config(tiny_mlm):
     spec = models.resolve(str(tiny_mlm))
     assert spec.task == "fill-mask" and spec.task_def is TASK
     assert (TASK.auto_model, TASK.ort_model, TASK.export_task) == ("AutoModelForMaskedLM", "ORTModelForMaskedLM", "fill-mask")
+    from xformopt.passes.applicable import check_passes
+
+    with pytest.raises(InputError, match="support export, fuse, quantize"):
+        check_passes([("prune", {})], spec)
 
 
 # --------------------------------------------------------------------------- data
@@ -279,14 +283,16 @@ def test_optimize_writes_an_int8_artifact_with_fill_mask_metrics(tiny_mlm, recip
 
     from xformopt.predictors import OrtPredictor
 
-    spec = models.resolve(str(tiny_mlm))
+    # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
     data = load(masked_file)
-    ours = OrtPredictor(spec, out).predict_data(data)
+    predictor = OrtPredictor(models.resolve(str(tiny_mlm)), out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     fill = pipeline("fill-mask", model=ORTModelForMaskedLM.from_pretrained(out), tokenizer=tokenizer, top_k=5)
     for i in (0, 3):
+        ours = predictor.predict_data(data.subset([i]))[0]
         got = fill(fill_mask.with_model_mask(data.texts[i], tokenizer.mask_token))
-        assert [g["token"] for g in got] == ours[i, 0].astype(int).tolist()
+        assert [g["token"] for g in got] == ours[0].astype(int).tolist()
+        assert np.allclose([g["score"] for g in got], ours[1], atol=1e-6)
 
 
 def test_optimize_on_rows_without_a_mask_is_exit_2(tiny_mlm, tmp_path, capsys):
