@@ -172,7 +172,7 @@ class MultipleChoice(Task):
 
     def predict(self, predictor, data, batch_size=32, progress=None):
         endings = data.extra["endings"]
-        # Longest row first by its longest pair, so each batch pads little.
+        # Rows ordered by length (context plus its longest choice), so each batch pads little.
         order = sorted(range(len(data)), key=lambda i: len(data.texts[i]) + max(map(len, endings[i])))
         out: np.ndarray | None = None
         for start in range(0, len(order), batch_size):
