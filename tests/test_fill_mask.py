@@ -213,7 +213,7 @@ def test_score_on_hand_made_cases():
 def test_outputs_match_the_transformers_fill_mask_pipeline(tiny_mlm, masked_file):
     from transformers import pipeline
 
-    from xformopt.predictors import TorchPredictor
+    from xformopt.runtime.encoder import TorchPredictor
 
     spec = models.resolve(str(tiny_mlm))
     predictor = TorchPredictor(spec)
@@ -231,7 +231,7 @@ def test_outputs_match_the_transformers_fill_mask_pipeline(tiny_mlm, masked_file
 
 
 def test_a_mask_truncated_away_names_the_row(tiny_mlm, tmp_path):
-    from xformopt.predictors import TorchPredictor
+    from xformopt.runtime.encoder import TorchPredictor
 
     path = write(tmp_path / "long.jsonl", '{"text": "a [MASK] film"}\n' + json.dumps({"text": "film " * 200 + "[MASK]"}) + "\n")
     with pytest.raises(InputError, match="row 1: the mask is past the model's 128 tokens"):
@@ -281,7 +281,7 @@ def test_optimize_writes_an_int8_artifact_with_fill_mask_metrics(tiny_mlm, recip
     from optimum.onnxruntime import ORTModelForMaskedLM
     from transformers import AutoTokenizer, pipeline
 
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
     data = load(masked_file)

@@ -1,11 +1,6 @@
 """multiple-choice: SWAG-like data formats, [batch, choices, tokens] inputs through both predictors,
 metrics on hand-made cases, and optimize end to end (export, fuse, INT8) on a tiny
 BertForMultipleChoice whose artifact loads in ORTModelForMultipleChoice.
-
-The end-to-end test wires Predictor.tokenize to the task's ``encode`` (``task_encode_wired``): export
-parity, the INT8 check and timing tokenize plain texts into 2-D inputs, which a multiple-choice graph
-does not take. That is the one-line change to xformopt/predictors.py the notes (wt-fmmc.md) ask for;
-once it is in, drop the fixture.
 """
 
 from __future__ import annotations
@@ -49,17 +44,6 @@ def swag_file(tmp_path_factory, tokenizer_dir) -> Path:
     path = tmp_path_factory.mktemp("mc") / "swag.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-@pytest.fixture
-def task_encode_wired(monkeypatch):
-    """Predictor.tokenize asks the task (Task.encode): the predictors.py change the notes propose."""
-    from xformopt import predictors
-
-    def tokenize(self, texts, pairs=None):
-        return self.task.encode(self.tokenizer, texts, pairs, self.max_length)
-
-    monkeypatch.setattr(predictors.Predictor, "tokenize", tokenize)
 
 
 def load(path, **kw):
@@ -172,11 +156,11 @@ def test_encode_shapes(tokenizer_dir):
     assert plain["input_ids"].shape[:2] == (2, 1)
 
 
-def test_both_predictors_take_3d_inputs_and_agree_with_the_model_row_by_row(tiny_mc, swag_file, tmp_path,
-                                                                          task_encode_wired):
+def test_both_predictors_take_3d_inputs_and_agree_with_the_model_row_by_row(tiny_mc, swag_file, tmp_path):
     import torch
 
-    from xformopt.predictors import OrtPredictor, TorchPredictor, ort_feed
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+    from xformopt.runtime.session import ort_feed
 
     spec = models.resolve(str(tiny_mc))
     torch_predictor = TorchPredictor(spec)
@@ -244,7 +228,7 @@ def recipe(tmp_path, swag_file) -> Path:
 
 
 def test_optimize_writes_an_int8_artifact_with_multiple_choice_metrics(tiny_mc, recipe, swag_file, tmp_path,
-                                                                       capsys, task_encode_wired):
+                                                                       capsys):
     out = tmp_path / "out"
     code, _, err = run_cli(["optimize", tiny_mc, "-r", recipe, "-o", out], capsys)
     assert code == 0, err
@@ -264,7 +248,7 @@ def test_optimize_writes_an_int8_artifact_with_multiple_choice_metrics(tiny_mc, 
     from optimum.onnxruntime import ORTModelForMultipleChoice
     from transformers import AutoTokenizer
 
-    from xformopt.predictors import OrtPredictor
+    from xformopt.runtime.encoder import OrtPredictor
 
     # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
     data = load(swag_file, limit=3)

@@ -23,7 +23,7 @@ import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.evaluate.metrics import proportion
-from xformopt.tasks.base import Task
+from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 MASK_LITERALS = ("[MASK]", "<mask>")
 TARGET_COLUMNS = ("target", "answer", "word", "label")
@@ -131,6 +131,9 @@ class FillMask(Task):
     # what an optimisation can lose is the fp32 model's own answer; top-1 accuracy is reported beside
     # it whenever the rows name their words.
     headline = "agreement_with_baseline"
+    metrics = {"agreement_with_baseline": AGREEMENT, "top5_overlap": Metric("Top-5 overlap", relative=True),
+               "top1_accuracy": Metric("Top-1 acc.", percent=True), "top5_accuracy": Metric("Top-5 acc.", percent=True)}
+    agreement_measure = "top-5 overlap"
     passes = ("export", "fuse", "quantize")  # prune and distill optimise classifier or embedding objectives
 
     # ------------------------------------------------------------------ data
@@ -239,6 +242,8 @@ class FillMask(Task):
             skipped = {"skipped_multi_token": int((targets == MULTI_TOKEN).sum())}
             metrics["top1_accuracy"] = {**proportion(ids[usable, 0] == targets[usable]), **skipped}
             metrics["top5_accuracy"] = {**proportion((ids[usable] == targets[usable, None]).any(1)), **skipped}
+        if baseline is None:  # a bench run without the fp32 reference: the target metrics alone
+            return metrics
         base = np.asarray(baseline)[:, 0, 0].astype(np.int64)
         metrics["agreement_with_baseline"] = proportion(ids[:, 0] == base)
         metrics["top5_overlap"] = mean_with_ci(top5_overlap(outputs, baseline))

@@ -23,7 +23,7 @@ import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.evaluate.metrics import accuracy, proportion
-from xformopt.tasks.base import Task
+from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 CONTEXT_COLUMNS = ("context", "sent1", "question", "ctx", "startphrase", "goal", "premise", "text")
 LIST_COLUMNS = ("endings", "choices", "options")
@@ -72,6 +72,7 @@ class MultipleChoice(Task):
     export_task = "multiple-choice"
     architectures = ("ForMultipleChoice",)
     headline = "accuracy"
+    metrics = {"accuracy": Metric("Accuracy", percent=True), "agreement_with_baseline": AGREEMENT}
     passes = ("export", "fuse", "quantize")  # prune and distill optimise classifier or embedding objectives
 
     # ------------------------------------------------------------------ data
@@ -194,7 +195,7 @@ class MultipleChoice(Task):
 
     def score(self, outputs, baseline, data, seed=0):
         pred = np.asarray(outputs).argmax(-1)
-        metrics = {"agreement_with_baseline": proportion(pred == np.asarray(baseline).argmax(-1))}
+        metrics = {} if baseline is None else {"agreement_with_baseline": proportion(pred == np.asarray(baseline).argmax(-1))}
         if data.labels is not None:
             metrics = {"accuracy": accuracy(pred, np.asarray(data.labels)), **metrics}
         return metrics
