@@ -17,6 +17,8 @@ which equals token accuracy when no word is "O". The headline stays ``entity_f1`
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 
 from xformopt.errors import InputError
@@ -44,10 +46,10 @@ class TokenClassification(Task):
     passes = ("export", "fuse", "quantize")  # prune/distill optimise sequence-level objectives only
     # For the report's metric tables (xformopt/report/cells.py: METRIC_LABELS, PERCENT_METRICS,
     # SECONDARY_METRICS), which the lead wires to the task.
-    metric_labels = {"entity_f1": "Entity F1", "entity_precision": "Entity P", "entity_recall": "Entity R",
+    metric_labels: ClassVar[dict[str, str]] = {"entity_f1": "Entity F1", "entity_precision": "Entity P", "entity_recall": "Entity R",
                      "token_accuracy": "Token acc."}
-    secondary_metrics = ("token_accuracy", "entity_precision", "entity_recall", "agreement_with_baseline")
-    percent_metrics = frozenset(metric_labels) | {"agreement_with_baseline"}
+    secondary_metrics: ClassVar[tuple[str, ...]] = ("token_accuracy", "entity_precision", "entity_recall", "agreement_with_baseline")
+    percent_metrics: ClassVar[frozenset[str]] = frozenset(metric_labels) | {"agreement_with_baseline"}
 
     # ------------------------------------------------------------------ data
 
