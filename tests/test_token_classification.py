@@ -385,3 +385,23 @@ def test_optimize_without_tags_reports_agreement(tmp_path, tiny_ner, capsys, mon
     for stage in report["stages"]:
         assert set(stage["metrics"]) == {"agreement_with_baseline"}
     assert report["stages"][-1]["metrics"]["agreement_with_baseline"]["value"] >= 0.9
+
+
+def test_finish_pads_subtoken_outputs_so_plain_text_batches_stack(tiny_ner):
+    """Plain-text prediction (export parity, the INT8 cosine on sample texts) stacks batches of different
+    lengths; the padding is zeros, so row cosine and ``agreement`` see only real tokens."""
+    from xformopt.evaluate.metrics import row_cosine
+    from xformopt.predictors import TorchPredictor
+
+    spec = models.resolve(str(tiny_ner))
+    predictor = TorchPredictor(spec)
+    texts = ["anna", "anna was in paris with bob", "the movie was good"]
+    out = predictor.predict(texts, batch_size=2)
+    assert out.shape == (3, tc.TOKEN_WIDTH, len(LABELS))
+    lengths = [len(predictor.tokenizer(t)["input_ids"]) for t in texts]
+    assert tc._has_logits(out).sum(1).tolist() == lengths  # every real token, no padding
+    alone = predictor(["anna"])
+    np.testing.assert_allclose(out[0], alone[0], atol=1e-5)
+    assert row_cosine(out, out) == pytest.approx(1.0)
+    noisy = out + np.where(tc._has_logits(out)[..., None], 0.01, 0.0).astype(np.float32)
+    assert spec.task_def.agreement(noisy, out).tolist() == [1.0, 1.0, 1.0]
