@@ -340,11 +340,19 @@ def _read_datasets_dir(directory: Path, split: str | None) -> _Table:
             raise InputError(f"{directory} holds a single dataset, not a DatasetDict with splits; "
                              f"drop '::{split}'")
         dataset, name, note = loaded, str(directory), ""
-    class_names = {col: list(feat.names) for col, feat in dataset.features.items()
-                   if isinstance(feat, datasets.ClassLabel)}
+    class_names = {col: list(names) for col, feat in dataset.features.items()
+                   if (names := _class_label_names(feat, datasets.ClassLabel)) is not None}
     return _Table(name=name, columns=list(dataset.column_names), n_rows=len(dataset),
                   fetch=lambda col: list(dataset[col]), where=lambda i: f"row index {i}",
                   class_names=class_names, note=note)
+
+
+def _class_label_names(feature, class_label) -> list[str] | None:
+    """A ClassLabel's names, also for a sequence of ClassLabels (per-token tags such as ner_tags)."""
+    if isinstance(feature, class_label):
+        return list(feature.names)
+    inner = getattr(feature, "feature", None)  # datasets.Sequence / List of ClassLabel
+    return list(inner.names) if isinstance(inner, class_label) else None
 
 
 def _choose_split(directory: Path, splits: list[str], wanted: str | None) -> tuple[str, str]:

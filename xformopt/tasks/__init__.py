@@ -7,10 +7,17 @@ and never test a task's name. ``get`` resolves a name (or None: detected from th
 from __future__ import annotations
 
 from xformopt.errors import InputError
-from xformopt.tasks import classification, embeddings, fill_mask, generation, multiple_choice
+from xformopt.tasks import (
+    classification,
+    embeddings,
+    fill_mask,
+    generation,
+    multiple_choice,
+    token_classification,
+)
 from xformopt.tasks.base import Metric, Task
 
-_MODULES = (classification, embeddings, generation, fill_mask, multiple_choice)
+_MODULES = (classification, embeddings, generation, token_classification, fill_mask, multiple_choice)
 
 TASKS: dict[str, Task] = {m.TASK.name: m.TASK for m in _MODULES}
 
