@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt import models
-    from xformopt.predictors import OrtPredictor, TorchPredictor
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = models.resolve(str(args.model))
     task = spec.task_def

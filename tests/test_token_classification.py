@@ -270,7 +270,7 @@ def test_predict_takes_the_first_subtoken_of_each_word(tiny_ner, heldout_conll):
     import torch
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-    from xformopt.predictors import TorchPredictor
+    from xformopt.runtime.encoder import TorchPredictor
 
     spec = models.resolve(str(tiny_ner))
     data = spec.task_def.load(heldout_conll, label2id=spec.label2id, limit=None, seed=0)
@@ -293,7 +293,7 @@ def test_predict_takes_the_first_subtoken_of_each_word(tiny_ner, heldout_conll):
 
 
 def test_words_past_truncation_have_no_logits(tiny_ner, tmp_path):
-    from xformopt.predictors import TorchPredictor
+    from xformopt.runtime.encoder import TorchPredictor
 
     spec = models.resolve(str(tiny_ner))
     long = (["zelda", "was"] * 80, ["B-PER", "O"] * 80)  # 160 words, far over the 128 positions
@@ -313,24 +313,10 @@ RECIPE = ("name: tiny-ner\ntarget: auto\npasses:\n  - export\n  - fuse:\n      s
           "evaluation:\n  latency_rounds: 3\n  warmup: 1\n  repeats: 1\n")
 
 
-def route_verification_through_the_task(monkeypatch):
-    """TODO(lead): pipeline.verification_texts reads --data with xformopt.data.load_text_dataset, which
-    knows no CoNLL and no tokens column; that call site must load through spec.task_def.load(...).texts.
-    Until it asks the task, these tests route it through the task's loader."""
-    from xformopt import pipeline
-
-    def texts(data, text_column=None):
-        return tasks.get("token-classification").load(data or pipeline.default_heldout(), label2id=None, limit=pipeline.VERIFICATION_ROWS, seed=0,
-                                                      columns={"text": text_column, "label": ""}).texts
-
-    monkeypatch.setattr(pipeline, "verification_texts", texts)
-
-
 def test_optimize_writes_an_int8_artifact_that_optimum_loads(tmp_path, tiny_ner, heldout_conll, heldout_rows,
                                                              capsys, monkeypatch):
     from conftest import onnx_op_counts
 
-    route_verification_through_the_task(monkeypatch)
     (tmp_path / "tiny.yaml").write_text(RECIPE)
     out = tmp_path / "out"
     code, _, err = run_cli(["optimize", tiny_ner, "-o", out, "--data", heldout_conll, "--recipe", tmp_path / "tiny.yaml"],
@@ -376,7 +362,6 @@ def check_loads_in_optimum(artifact: Path, tiny_ner: Path) -> None:
 
 def test_optimize_without_tags_reports_agreement(tmp_path, tiny_ner, capsys, monkeypatch):
     """The vendored sentiment split (text only): whitespace words, untagged; agreement is the metric."""
-    route_verification_through_the_task(monkeypatch)
     (tmp_path / "tiny.yaml").write_text(RECIPE.replace("repeats: 1", "repeats: 1\n  limit: 12"))
     out = tmp_path / "out"
     code, _, err = run_cli(["optimize", tiny_ner, "-o", out, "--recipe", tmp_path / "tiny.yaml"], capsys)
@@ -391,7 +376,7 @@ def test_finish_pads_subtoken_outputs_so_plain_text_batches_stack(tiny_ner):
     """Plain-text prediction (export parity, the INT8 cosine on sample texts) stacks batches of different
     lengths; the padding is zeros, so row cosine and ``agreement`` see only real tokens."""
     from xformopt.evaluate.metrics import row_cosine
-    from xformopt.predictors import TorchPredictor
+    from xformopt.runtime.encoder import TorchPredictor
 
     spec = models.resolve(str(tiny_ner))
     predictor = TorchPredictor(spec)

@@ -17,17 +17,16 @@ which equals token accuracy when no word is "O". The headline stays ``entity_f1`
 
 from __future__ import annotations
 
-from typing import ClassVar
 
 import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.evaluate.metrics import proportion
-from xformopt.tasks.base import Task
+from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 PREFIXES = ("B-", "I-", "E-", "S-")
 OUTSIDE = "O"
-# Predictor caps every tokenization at 512 tokens (xformopt.predictors.MAX_LENGTH): ``finish`` pads
+# Predictor caps every tokenization at 512 tokens (xformopt.runtime.encoder.MAX_LENGTH): ``finish`` pads
 # sub-token outputs to this width so batches of different lengths stack into one array.
 TOKEN_WIDTH = 512
 BOOTSTRAP = 200
@@ -44,12 +43,10 @@ class TokenClassification(Task):
     labels_from_config = True
     needs_labels = False  # untagged sentences still give agreement with the fp32 baseline
     passes = ("export", "fuse", "quantize")  # prune/distill optimise sequence-level objectives only
-    # For the report's metric tables (xformopt/report/cells.py: METRIC_LABELS, PERCENT_METRICS,
-    # SECONDARY_METRICS), which the lead wires to the task.
-    metric_labels: ClassVar[dict[str, str]] = {"entity_f1": "Entity F1", "entity_precision": "Entity P", "entity_recall": "Entity R",
-                     "token_accuracy": "Token acc."}
-    secondary_metrics: ClassVar[tuple[str, ...]] = ("token_accuracy", "entity_precision", "entity_recall", "agreement_with_baseline")
-    percent_metrics: ClassVar[frozenset[str]] = frozenset(metric_labels) | {"agreement_with_baseline"}
+    metrics = {"entity_f1": Metric("Entity F1", percent=True), "token_accuracy": Metric("Token acc.", percent=True),
+               "entity_precision": Metric("Entity P", percent=True), "entity_recall": Metric("Entity R", percent=True),
+               "agreement_with_baseline": AGREEMENT}
+    agreement_measure = "word tag agreement"
 
     # ------------------------------------------------------------------ data
 
@@ -102,9 +99,10 @@ class TokenClassification(Task):
 
     def score(self, outputs, baseline, data, seed=0):
         valid = _has_logits(outputs)
-        base_valid = _has_logits(baseline)
-        both = valid & base_valid
-        metrics = {"agreement_with_baseline": proportion((_argmax(outputs) == _argmax(baseline))[both])}
+        metrics = {}
+        if baseline is not None:  # a bench run without the fp32 reference scores the tags alone
+            both = valid & _has_logits(baseline)
+            metrics = {"agreement_with_baseline": proportion((_argmax(outputs) == _argmax(baseline))[both])}
         gold = data.extra.get("tags")
         if gold is None:
             return metrics
