@@ -332,7 +332,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
         "exporter": how,
         "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), options.opset),
         **fused,
-        "task": "text-generation",
+        "task": ctx.spec.task,
         "cache_layout": layout.kind,
         "past_inputs": len(layout.past_names),
         "inputs": [i.name for i in graph.input],

@@ -160,10 +160,11 @@ def generate(
 
 
 def context_window(model_dir: Path) -> int | None:
-    """The longest sequence the model has positions for (GPT-2 n_positions, Llama max_position_embeddings)."""
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    value = config.get("n_positions") or config.get("max_position_embeddings") or config.get("n_ctx")
-    return int(value) if value else None
+    """The longest sequence the model has positions for (its family's position key: GPT-2 n_positions,
+    Llama max_position_embeddings)."""
+    from xformopt.models import position_limit
+
+    return position_limit(Path(model_dir))
 
 
 def eos_token_ids(model_dir: Path, tokenizer=None) -> list[int]:

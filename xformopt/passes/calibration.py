@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt import progress
-from xformopt.data import TextDataset, load_text_dataset
+from xformopt.data import TextDataset
 from xformopt.runtime.session import ort_feed
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -54,18 +54,12 @@ def dataset_record(dataset: TextDataset, role: str) -> dict:
 
 
 def load_split(path: str | None, default_split: str, spec, limit: int | None, seed: int, labels: bool) -> TextDataset:
-    """A user file (same loader as --data) or a vendored split; labels mapped through the model's."""
-    from xformopt.resources import vader_split_path
-
-    source = Path(path) if path else vader_split_path(default_split)
-    return load_text_dataset(
-        source,
-        label2id=(spec.label2id or None) if labels else None,
-        label_column=None if labels else "",
-        require_labels=False,
-        limit=limit,
-        seed=seed,
-    )
+    """A user file (in the task's formats, as --data) or the task's vendored split; labels mapped through
+    the model's, or none read (``labels`` False)."""
+    task = spec.task_def
+    source = Path(path) if path else task.default_data(default_split)
+    return task.load(source, label2id=(spec.label2id or None) if labels else None, limit=limit, seed=seed,
+                     columns={"label": None if labels else ""}, require_labels=False)
 
 
 class TextBatchReader:
@@ -76,8 +70,9 @@ class TextBatchReader:
     """
 
     def __init__(self, tokenizer, texts: Sequence[str], input_names: Sequence[str], batch_size: int = 8,
-                 max_length: int = 128, pairs: Sequence[str] | None = None):
+                 max_length: int = 128, pairs: Sequence[str] | None = None, task=None):
         self.tokenizer = tokenizer
+        self.task = task  # xformopt.tasks.Task: batches are encoded the task's way (3-D for multiple choice)
         self.texts = list(texts)
         self.pairs = list(pairs) if pairs is not None else None
         self.input_names = list(input_names)
@@ -100,8 +95,11 @@ class TextBatchReader:
         texts = self.texts[self.position:end]
         pairs = self.pairs[self.position:end] if self.pairs is not None else None
         self.position = end
-        encoded = self.tokenizer(texts, pairs, padding=True, truncation=True, max_length=self.max_length,
-                                 return_tensors="np")
+        if self.task is not None:
+            encoded = self.task.encode(self.tokenizer, texts, pairs, self.max_length)
+        else:
+            encoded = self.tokenizer(texts, pairs, padding=True, truncation=True, max_length=self.max_length,
+                                     return_tensors="np")
         feed = ort_feed(encoded, self.input_names)
         self.batches += 1
         self.max_batch_rows = max(self.max_batch_rows, len(texts))

@@ -268,9 +268,10 @@ class QuantizePass(Pass):
         prep = cal.prepare_for_static(src / "model.onnx", prepared)
         dataset = cal.load_split(options.calibration_data, "train", ctx.spec, options.calibration_limit, 0, labels=False)
         ctx.log(f"calibrating static INT8 ({options.calibration_method}) on {len(dataset)} rows from {dataset.source}")
-        reader = cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), dataset.texts,
+        texts, pairs = ctx.spec.task_def.timing_inputs(dataset)  # rows as a request carries them
+        reader = cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts,
                                      cal.graph_input_names(prepared), batch_size=options.calibration_batch_size,
-                                     pairs=dataset.text_pairs)
+                                     pairs=pairs, task=ctx.spec.task_def)
         cache = work / "calibration.json"
         stats = cal.calibrate(prepared, reader, options.calibration_method, formats["op_types"], cache, work,
                               chunk_batches=options.calibration_chunk_batches,
@@ -457,8 +458,9 @@ def _sample_reader(ctx: PassContext, src: Path):
     from xformopt.models import load_tokenizer
     from xformopt.passes import calibration as cal
 
-    return cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), list(ctx.sample_texts)[:64],
-                               cal.graph_input_names(src / "model.onnx"))
+    texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data.subset(range(min(64, len(ctx.sample_data)))))
+    return cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts,
+                               cal.graph_input_names(src / "model.onnx"), pairs=pairs, task=ctx.spec.task_def)
 
 
 # --------------------------------------------------------------------------- accuracy budget
@@ -527,8 +529,10 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     row = attempt(0, ranked)
     if not row["passes"] and max_float > 0:
         started = time.perf_counter()
-        harm_reader = harm_reader or cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), dataset.texts,
-                                                         cal.graph_input_names(src / "model.onnx"), pairs=dataset.text_pairs)
+        texts, pairs = ctx.spec.task_def.timing_inputs(dataset)
+        harm_reader = harm_reader or cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts,
+                                                         cal.graph_input_names(src / "model.onnx"), pairs=pairs,
+                                                         task=ctx.spec.task_def)
         scores = cal.harm_scores(prepared, candidates, harm_reader, formats, ranges, work)
         ops = {g["name"]: g["op"] for g in candidates}
         ranking = [{"name": n, "op": ops[n], "harm": round(h, 6)} for n, h in sorted(scores.items(), key=lambda kv: -kv[1])]
