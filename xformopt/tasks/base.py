@@ -135,6 +135,16 @@ class Task:
 AGREEMENT = Metric("Agreement", percent=True, relative=True)
 
 
+def argmax_budget_points(outputs: np.ndarray, reference: np.ndarray | None, labels) -> tuple[str, float]:
+    """Budget points of an arg-max task (one class per row): accuracy where labelled, else agreement
+    with the float graph's ``reference``."""
+    if labels is not None:
+        return "accuracy", 100.0 * float((np.asarray(outputs).argmax(-1) == np.asarray(labels)).mean())
+    if reference is None:
+        return "agreement_with_float", 100.0
+    return "agreement_with_float", 100.0 * float(argmax_agreement(outputs, reference).mean())
+
+
 def argmax_agreement(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """1.0 where the arg-max class agrees, per row (and per position for token-level outputs)."""
     return (np.asarray(outputs).argmax(-1) == np.asarray(reference).argmax(-1)).astype(np.float64)

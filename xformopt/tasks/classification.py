@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from xformopt.evaluate.metrics import accuracy, macro_f1, proportion
-from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_agreement
+from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 
 
 class TextClassification(Task):
@@ -32,11 +32,7 @@ class TextClassification(Task):
         return metrics
 
     def budget_points(self, outputs, reference, data):
-        if data.labels is not None:
-            return "accuracy", 100.0 * float((outputs.argmax(-1) == np.asarray(data.labels)).mean())
-        if reference is None:
-            return "agreement_with_float", 100.0
-        return "agreement_with_float", 100.0 * float(argmax_agreement(outputs, reference).mean())
+        return argmax_budget_points(outputs, reference, data.labels)
 
 
 TASK = TextClassification()

@@ -23,7 +23,7 @@ import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.evaluate.metrics import accuracy, proportion
-from xformopt.tasks.base import AGREEMENT, Metric, Task
+from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 
 CONTEXT_COLUMNS = ("context", "sent1", "question", "ctx", "startphrase", "goal", "premise", "text")
 LIST_COLUMNS = ("endings", "choices", "options")
@@ -201,11 +201,7 @@ class MultipleChoice(Task):
         return metrics
 
     def budget_points(self, outputs, reference, data):
-        if data.labels is not None:
-            return "accuracy", 100.0 * float((outputs.argmax(-1) == np.asarray(data.labels)).mean())
-        if reference is None:
-            return "agreement_with_float", 100.0
-        return "agreement_with_float", 100.0 * float((outputs.argmax(-1) == reference.argmax(-1)).mean())
+        return argmax_budget_points(outputs, reference, data.labels)
 
 
 TASK = MultipleChoice()
