@@ -44,3 +44,20 @@ def test_mean_pool_matches_sentence_transformers_pooling():
         {"token_embeddings": hidden, "attention_mask": mask})["sentence_embedding"]
     torch.testing.assert_close(mean_pool(hidden, mask), reference)
     np.testing.assert_allclose(mean_pool(hidden.numpy(), mask.numpy()), reference.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_probe_splits_stratified_and_scores_the_held_out_half():
+    from xformopt.evaluate.probe import Probe
+
+    rng = np.random.default_rng(0)
+    labels = [0] * 30 + [1] * 10 + [2] * 8
+    centres = rng.normal(size=(3, 16)) * 4
+    embeddings = centres[labels] + rng.normal(size=(len(labels), 16))
+    probe = Probe(embeddings, labels, seed=3)
+    train, test = probe.train_idx, probe.test_idx
+    assert sorted(np.concatenate([train, test]).tolist()) == list(range(len(labels)))
+    assert list(train) == sorted(train) and list(test) == sorted(test)
+    assert np.bincount(np.asarray(labels)[train]).tolist() == [15, 5, 4]  # half of each class
+    assert np.array_equal(Probe(embeddings, labels, seed=3).train_idx, train)
+    result = probe.score(embeddings)
+    assert result["n"] == len(test) == 24 and result["train_rows"] == 24 and result["value"] > 0.9
