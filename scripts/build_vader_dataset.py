@@ -100,6 +100,8 @@ def parse(data: bytes) -> tuple[list[dict], dict[str, int]]:
 
 def split(rows: list[dict]) -> dict[str, list[dict]]:
     """Stratified, seeded split; each split is sorted by id so rebuilds diff cleanly."""
+    # By hand, not sklearn's train_test_split: this exact procedure made the vendored files, and the
+    # README promises a rebuild reproduces them byte for byte.
     rng = random.Random(SEED)
     out: dict[str, list[dict]] = {name: [] for name in SPLITS}
     for label in LABELS:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xformopt.data import TextDataset, load_text_dataset
+from xformopt.data import load_text_dataset
 from xformopt.errors import InputError
 
 SENTIMENT = {"NEGATIVE": 0, "POSITIVE": 1}
@@ -272,6 +272,30 @@ def test_split_is_disjoint_and_deterministic(numbered_csv):
     assert ds.split(0.8, seed=2)[1].row_ids != held_out.row_ids
 
 
+def test_split_with_labels_is_stratified_and_keeps_row_order(tmp_path):
+    # 30 rows of label 0, 10 of label 1 (every 4th row): a 0.5 split puts 15 + 5 in each part
+    rows = "".join(f"example {i},{int(i % 4 == 0)}\n" for i in range(40))
+    ds = load_text_dataset(write(tmp_path / "skewed.csv", "text,label\n" + rows))
+    for seed in range(5):
+        a, b = ds.split(0.5, seed=seed)
+        assert (sorted(a.labels), sorted(b.labels)) == ([0] * 15 + [1] * 5, [0] * 15 + [1] * 5)
+        assert a.row_ids == sorted(a.row_ids) and b.row_ids == sorted(b.row_ids)
+        assert a.labels == [int(i % 4 == 0) for i in a.row_ids] and "stratified by label" in a.source
+    assert ds.split(0.5, seed=0) == ds.split(0.5, seed=0) and ds.split(0.5, seed=0) != ds.split(0.5, seed=1)
+
+
+def test_split_falls_back_to_random_where_stratifying_cannot_work(tmp_path):
+    # label 1 has a single row: it cannot be in both parts, so the split is a plain random one
+    rows = "".join(f"example {i},{int(i == 7)}\n" for i in range(10))
+    ds = load_text_dataset(write(tmp_path / "lone.csv", "text,label\n" + rows))
+    a, b = ds.split(0.5, seed=0)
+    assert len(a) == len(b) == 5 and sorted(a.row_ids + b.row_ids) == list(range(10))
+    assert "stratified" not in a.source
+    unlabeled = load_text_dataset(write(tmp_path / "plain.csv", "text\n" + "".join(f"t {i}\n" for i in range(10))))
+    c, d = unlabeled.split(0.3, seed=0)
+    assert (len(c), len(d)) == (3, 7) and "stratified" not in c.source
+
+
 def test_split_of_a_limited_sample_keeps_original_row_ids(numbered_csv):
     sample = load_text_dataset(numbered_csv, limit=20, seed=0)
     a, b = sample.split(0.5, seed=0)
@@ -291,8 +315,8 @@ def test_split_rejects_bad_fraction_and_tiny_data(numbered_csv):
 def test_subset(numbered_csv):
     ds = load_text_dataset(numbered_csv)
     sub = ds.subset([5, 2])
-    assert isinstance(sub, TextDataset)
     assert sub.texts == ["example 5", "example 2"] and sub.row_ids == [5, 2] and sub.labels == [1, 0]
+    assert sub.source.endswith("subset of 2 rows") and sub.path == ds.path
     with pytest.raises(IndexError):
         ds.subset([-1])
 

@@ -69,6 +69,27 @@ def _onnx(stage_dir, **kw):
     return OrtDecoder(stage_dir, threads=2, **kw)
 
 
+def _reference_nll(model_dir, lists) -> np.ndarray:
+    """(texts, 2) summed NLL and predicted tokens from transformers' logits and torch's cross_entropy:
+    a reference independent of xformopt.decoder.perplexity's scoring."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    rows = []
+    with torch.no_grad():
+        for ids in lists:
+            x = torch.tensor([ids])
+            logits = model(x).logits[0, :-1].double()
+            rows.append((torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item(), len(ids) - 1))
+    return np.asarray(rows)
+
+
+def _reference_perplexity(model_dir, lists) -> float:
+    rows = _reference_nll(model_dir, lists)
+    return float(np.exp(rows[:, 0].sum() / rows[:, 1].sum()))  # exp of the mean NLL per predicted token
+
+
 def _prompt_ids(model_dir, text=PROMPT):
     from xformopt.models import load_tokenizer
 
@@ -228,9 +249,24 @@ def test_int8_artifact_perplexity_within_tolerance(gpt2_stages, tiny_gpt2):
     base = perplexity(_torch(tiny_gpt2), lists)["value"]
     int8 = perplexity(_onnx(gpt2_stages["quantize"][0]), lists)["value"]
     fp32 = perplexity(_onnx(gpt2_stages["fuse"][0]), lists)["value"]
+    assert base == pytest.approx(_reference_perplexity(tiny_gpt2, lists), rel=1e-6)
     assert base < 400  # trained: far below the ~1000 of a random model with this vocabulary
     assert abs(fp32 - base) / base < 1e-4
     assert abs(int8 - base) / base < INT8_PPL_TOLERANCE
+
+
+def test_production_nll_matches_torch_cross_entropy_per_text(tiny_gpt2):
+    from xformopt.decoder.perplexity import load_token_lists, nll_per_text, summarize
+    from xformopt.models import load_tokenizer
+
+    lists, _ = load_token_lists(None, load_tokenizer(tiny_gpt2), 128, limit=12)
+    rows = nll_per_text(_torch(tiny_gpt2), lists)
+    reference = _reference_nll(tiny_gpt2, lists)
+    np.testing.assert_allclose(rows, reference, rtol=1e-6)
+    result = summarize(rows)
+    assert result["value"] == pytest.approx(_reference_perplexity(tiny_gpt2, lists), rel=1e-9)
+    assert result["n"] == int(reference[:, 1].sum()) and result["texts"] == len(lists)
+    assert result["ci95"][0] <= result["value"] <= result["ci95"][1]
 
 
 def test_cache_runs_one_token_per_step_and_gives_the_same_tokens(gpt2_stages, tiny_gpt2):
@@ -309,13 +345,27 @@ def test_bad_prompts_are_clear_input_errors(tiny_gpt2):
 # --------------------------------------------------------------------------- CLI
 
 
+def _greedy_text(stage_dir, n: int) -> str:
+    """The greedy continuation of PROMPT by the stage itself (greedy == transformers' is pinned above)."""
+    from xformopt.decoder.generate import generate
+    from xformopt.models import load_tokenizer
+
+    ids = generate(_onnx(stage_dir), _prompt_ids(stage_dir), n).new_ids
+    return load_tokenizer(stage_dir).decode(ids, skip_special_tokens=True)
+
+
 def test_cli_generate_streams_text_and_json(gpt2_stages, capsys):
     artifact = gpt2_stages["quantize"][0]
     code, out, err = run_cli(["generate", artifact, PROMPT, "--max-new-tokens", "8", "--ignore-eos"], capsys)
-    assert code == 0 and out.strip() and "8 tokens in" in err and "first token" in err
+    assert code == 0 and "8 tokens in" in err and "first token" in err
+    assert out == _greedy_text(artifact, 8) + "\n"  # greedy by default; the whole text, streamed
     code, out, _ = run_cli(["generate", artifact, PROMPT, "-n", "8", "--top-k", "20", "--seed", "3", "--json", "--ignore-eos"], capsys)
     doc = json.loads(out)
     assert code == 0 and len(doc["new_ids"]) == 8 and doc["decoding"].startswith("sampling") and doc["use_cache"]
+    from xformopt.models import load_tokenizer
+
+    assert doc["prompt_ids"] == _prompt_ids(artifact)
+    assert doc["text"] == load_tokenizer(artifact).decode(doc["new_ids"], skip_special_tokens=True)
     code, again, _ = run_cli(["generate", artifact, PROMPT, "-n", "8", "--top-k", "20", "--seed", "3", "--json", "--ignore-eos"], capsys)
     assert json.loads(again)["new_ids"] == doc["new_ids"]
 
@@ -381,8 +431,23 @@ def test_cli_optimize_decoder_end_to_end(tiny_gpt2, tmp_path, capsys):
     for name in ("model.onnx", "tokenizer.json", "manifest.json", "report.md", "reference/baseline_outputs.npy"):
         assert (out / name).exists(), name
     # The artifact generates and benches like any decoder stage; bench finds PyTorch through the manifest.
-    code, text, _ = run_cli(["generate", out, PROMPT, "-n", "4"], capsys)
-    assert code == 0
+    code, text, _ = run_cli(["generate", out, PROMPT, "-n", "4", "--ignore-eos", "--json"], capsys)
+    doc = json.loads(text)
+    assert code == 0 and doc["prompt_ids"] == _prompt_ids(tiny_gpt2) and len(doc["new_ids"]) == 4
+    assert doc["text"] == _greedy_text(out, 4)
+    # The report's PyTorch perplexity is exp(mean NLL) of the model on the held-out rows it names.
+    from xformopt.data import load_text_dataset
+    from xformopt.decoder.evaluate import PPL_WINDOW
+    from xformopt.models import load_tokenizer
+    from xformopt.pipeline import default_heldout
+
+    rows = json.loads((out / "reference" / "rows.json").read_text())["row_ids"]
+    texts = load_text_dataset(default_heldout(), label_column="").subset(rows).texts
+    tokenizer = load_tokenizer(tiny_gpt2)
+    lists = [ids for ids in (list(tokenizer(t)["input_ids"])[:PPL_WINDOW] for t in texts) if len(ids) >= 2]
+    assert base["value"] == pytest.approx(_reference_perplexity(tiny_gpt2, lists), rel=1e-5)
+    saved = np.load(out / "reference" / "baseline_outputs.npy")
+    np.testing.assert_allclose(saved[saved[:, 1] > 0], _reference_nll(tiny_gpt2, lists), rtol=1e-5)
 
 
 def test_generate_help_has_examples(capsys):

@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_cli, write_heldout
 from harden_helpers import one_error, quick_recipe, tree
@@ -115,9 +116,31 @@ def test_sharded_and_bin_only_models_still_work(model_copy, tmp_path, capsys):
     torch.save(load_file(binary / "model.safetensors"), binary / "pytorch_model.bin")
     (binary / "model.safetensors").unlink()
     shard(model_copy, lambda index: None)
+    texts = ["a fine film", "dull and far too long"]
+    want = _torch_logits(binary, texts)
     for model in (model_copy, binary):
-        code, _, err = run_cli(["export", model, "-o", tmp_path / f"e-{model.name}"], capsys)
+        out = tmp_path / f"e-{model.name}"
+        code, _, err = run_cli(["export", model, "-o", out], capsys)
         assert code == 0, err
+        np.testing.assert_allclose(_onnx_logits(out, texts), want, atol=1e-4)  # the same weights were read
+
+
+def _torch_logits(model_dir: Path, texts: list[str]):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    enc = AutoTokenizer.from_pretrained(model_dir)(texts, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        return AutoModelForSequenceClassification.from_pretrained(model_dir).eval()(**enc).logits.numpy()
+
+
+def _onnx_logits(stage: Path, texts: list[str]):
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    enc = AutoTokenizer.from_pretrained(stage)(texts, padding=True, truncation=True, return_tensors="np")
+    session = ort.InferenceSession(str(stage / "model.onnx"), providers=["CPUExecutionProvider"])
+    return session.run(None, {i.name: enc[i.name].astype(np.int64) for i in session.get_inputs()})[0]
 
 
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
@@ -147,8 +170,29 @@ def test_texts_longer_than_the_position_limit_are_cut_there(model_copy, tmp_path
     long_rows = [{"text": words, "label": row["label"]} for row in test_rows[:5]]
     long_rows += [{"text": row["text"], "label": row["label"]} for row in test_rows[5:10]]  # parity needs varied lengths
     data = write_heldout(tmp_path / "long.jsonl", long_rows)
-    code, _, err = run_cli(["optimize", model_copy, "-r", quick_recipe(tmp_path, data), "-o", tmp_path / "out"], capsys)
+    out = tmp_path / "out"
+    code, _, err = run_cli(["optimize", model_copy, "-r", quick_recipe(tmp_path, data), "-o", out], capsys)
     assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert [s["metrics"]["accuracy"]["n"] for s in report["stages"]] == [8] * len(report["stages"])  # limit 8, none dropped
+    scored = json.loads((out / "reference" / "rows.json").read_text())["row_ids"]
+    assert any(i < 5 for i in scored) and np.load(out / "reference" / "baseline_outputs.npy").shape == (8, 2)
+    # xformopt's tokenizer for the artifact cuts at the 128 positions (not the 512 its config allows),
+    # and the artifact scores such a text as PyTorch does
+    import onnxruntime as ort
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from xformopt.models import load_tokenizer
+
+    enc = load_tokenizer(out)([words], truncation=True, return_tensors="np")
+    assert enc["input_ids"].shape == (1, 128)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {i.name: enc[i.name].astype(np.int64) for i in session.get_inputs()})[0]
+    with torch.no_grad():
+        want = AutoModelForSequenceClassification.from_pretrained(model_copy).eval()(
+            **{k: torch.from_numpy(v) for k, v in enc.items()}).logits.numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_zero_byte_onnx_is_refused(exported_classifier, tmp_path, capsys):

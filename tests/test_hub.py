@@ -164,9 +164,13 @@ def test_offline_by_the_user_is_one_line(empty_hub_cache, tmp_path, capsys, monk
 def test_a_downloaded_id_works_offline_afterwards(hub, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run_cli(["export", REPO, "-o", tmp_path / "a"], capsys)[0] == 0
+    requests = len(hub.seen)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _, err = run_cli(["export", REPO, "-o", tmp_path / "b"], capsys)
     assert code == 0, err
+    first, again = (json.loads((tmp_path / d / "manifest.json").read_text())["input"] for d in ("a", "b"))
+    assert again["revision"] == first["revision"] == SHA and again["path"] == first["path"]  # the same snapshot
+    assert len(hub.seen) == requests  # nothing asked of the hub offline
 
 
 @pytest.mark.parametrize("model", ["org/name@", "a/b/c@x", "bad id"])

@@ -9,11 +9,11 @@ import hashlib
 import json
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from xformopt.atomic import temp_sibling, write_json  # noqa: F401 - write_json re-exported for pipeline/cache
 from xformopt.errors import InputError
 
 MANIFEST_SCHEMA = "xformopt.manifest/1"
@@ -97,12 +97,6 @@ def _exchange(a: Path, b: Path) -> bool:
         return False
     at_fdcwd, rename_exchange = -100, 2
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def temp_sibling(out: Path, kind: str = "tmp") -> Path:
-    """``.NAME.tmp-PID-NS`` beside ``out``: the pid lets a later run sweep it if this one dies."""
-    out = Path(out)
-    return out.parent / f".{out.name}.{kind}-{os.getpid()}-{time.monotonic_ns()}"
 
 
 @contextmanager
@@ -222,10 +216,6 @@ def copy_sentence_transformers_modules(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-
-
 def load_json(path: Path, *, missing: str, fix: str) -> dict:
     """A JSON object from ``path``; every problem is one InputError line (``missing`` when the file
     is absent, otherwise what is wrong followed by ``fix``)."""
@@ -252,15 +242,3 @@ def read_manifest(artifact: Path) -> dict:
         fix="re-run optimize",
     )
 
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write to a temp file next to ``path``, then rename it into place (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(path)
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

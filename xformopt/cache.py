@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from xformopt.artifact import sha256_file, temp_sibling, write_json
+from xformopt.artifact import sha256_file
+from xformopt.atomic import temp_sibling, write_json
 from xformopt.locks import Lock
 
 ENTRY_SCHEMA = "xformopt.cache/1"

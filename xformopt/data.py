@@ -79,8 +79,12 @@ class TextDataset:
     def split(self, fraction: float, seed: int) -> tuple[TextDataset, TextDataset]:
         """Two disjoint parts: ``fraction`` of the rows (rounded, at least one) and the rest.
 
-        Deterministic for a given ``seed``; each part keeps the original row order.
+        Stratified by label when the rows have labels and every class can be in both parts (each
+        part then keeps the label mix); otherwise a plain random split. Deterministic for a given
+        ``seed``; each part keeps the original row order.
         """
+        from sklearn.model_selection import train_test_split
+
         if not 0 < fraction < 1:
             raise InputError(f"split fraction must be strictly between 0 and 1, got {fraction}; pass e.g. 0.8")
         n = len(self)
@@ -88,11 +92,23 @@ class TextDataset:
             raise InputError(f"cannot split {self.source}: it has {n} row(s) and a split needs at least 2; "
                              "use a larger data file")
         k = min(max(round(n * fraction), 1), n - 1)  # both parts non-empty
-        order = np.random.default_rng(seed).permutation(n)
-        first, second = sorted(order[:k].tolist()), sorted(order[k:].tolist())
-        note = f"split {fraction:g} seed {seed}"
+        strata = self._strata(k)
+        first, second = train_test_split(np.arange(n), train_size=k, test_size=n - k, random_state=seed,
+                                         stratify=strata)
+        first, second = sorted(first.tolist()), sorted(second.tolist())
+        note = f"split {fraction:g} seed {seed}{', stratified by label' if strata is not None else ''}"
         return (self._take(first, f"{note}, part 1 ({k} rows)"),
                 self._take(second, f"{note}, part 2 ({n - k} rows)"))
+
+    def _strata(self, k: int) -> list[int] | None:
+        """The labels to stratify a ``k`` / ``n - k`` split by, or None where stratifying cannot work
+        (no labels, one class, a class of one row, or a part smaller than the number of classes)."""
+        if not self.labels:
+            return None
+        counts = np.unique(self.labels, return_counts=True)[1]
+        if len(counts) < 2 or counts.min() < 2 or min(k, len(self) - k) < len(counts):
+            return None
+        return self.labels
 
     def _take(self, indices: list[int], note: str) -> TextDataset:
         bad = [i for i in indices if not 0 <= i < len(self)]

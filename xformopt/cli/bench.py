@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from xformopt.artifact import write_text_atomic as write_atomic
+from xformopt.atomic import write_text as write_atomic
 from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import GateFailed, InputError

@@ -54,7 +54,7 @@ def generation_table(doc: dict) -> Table:
 
 def run(artifact: Path, *, compare, pytorch: bool, prompt_tokens: str | None, new_tokens: str | None, cache_only: bool,
         rounds: int | None, threads: int | None, seed: int | None, as_json: bool, out: Path | None, gate_flags: dict) -> None:
-    from xformopt.artifact import write_text_atomic
+    from xformopt.atomic import write_text as write_text_atomic
     from xformopt.decoder.bench import bench_artifact
 
     used = [flag for flag, value in gate_flags.items() if value]

@@ -72,7 +72,7 @@ def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: 
     from xformopt.bench.latency import compare, run_interleaved
     from xformopt.decoder.bench import bench_generation
     from xformopt.decoder.generate import context_window
-    from xformopt.decoder.perplexity import log_softmax, summarize
+    from xformopt.decoder.perplexity import summarize, text_nll
     from xformopt.evaluate.metrics import proportion
     from xformopt.models import load_tokenizer
     from xformopt.onnx_graph import dir_size_bytes
@@ -93,8 +93,7 @@ def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: 
                 continue
             batch = np.asarray(ids, dtype=np.int64)[None]
             logits = runner.forward(batch, None, use_cache=False)[0][0, :-1]
-            logp = log_softmax(logits)
-            nll[name].append((float(-logp[np.arange(len(ids) - 1), batch[0, 1:]].sum()), len(ids) - 1))
+            nll[name].append(text_nll(logits, ids))
             argmax[name].append(logits.argmax(-1))
     metrics = {}
     for name in runners:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xformopt.errors import InputError, PassFailed
+from xformopt.errors import PassFailed
 
 # Small files a decoder stage carries beside model.onnx (config, generation defaults, tokenizer).
 CONFIG_FILES = (
@@ -360,8 +360,3 @@ def _fused_at_export(ctx, model, how: str) -> dict:
         detail = ", ".join(f"{op} {got}/{want}" for op, (got, want) in short.items())
         raise PassFailed(f"the genai builder's graph fell short of the fused ops expected: {detail} (fused {counts})")
     return {"fused": counts, "expected_fused": expected, "decoder": attention_record(ctx.spec, counts, ctx.log)}
-
-
-def require_decoder_dir(path: Path) -> None:
-    if not (Path(path) / "model.onnx").is_file():
-        raise InputError(f"{path} has no model.onnx; pass a decoder artifact (the -o folder of export, fuse, quantize or optimize)")

@@ -70,15 +70,20 @@ def load_token_lists(path: Path | None, tokenizer, context: int | None, *, limit
     return lists, source
 
 
+def text_nll(logits: np.ndarray, ids) -> tuple[float, int]:
+    """Summed NLL of ``ids[1:]`` under ``logits`` (tokens, vocab; position t predicts t+1) and the
+    number of tokens predicted: the one scoring rule of every perplexity xformopt reports."""
+    targets = np.asarray(ids, dtype=np.int64)[1:]
+    logp = log_softmax(logits[: len(targets)])
+    return float(-logp[np.arange(len(targets)), targets].sum()), len(targets)
+
+
 def nll_per_text(runner, lists: list[list[int]]) -> np.ndarray:
     """(texts, 2): summed negative log-likelihood and number of predicted tokens per text."""
     rows = []
     for ids in lists:
-        batch = np.asarray(ids, dtype=np.int64)[None]
-        logits, _ = runner.forward(batch, None, use_cache=False)
-        logp = log_softmax(logits[0, :-1])
-        nll = -logp[np.arange(len(ids) - 1), batch[0, 1:]]
-        rows.append((float(nll.sum()), len(ids) - 1))
+        logits, _ = runner.forward(np.asarray(ids, dtype=np.int64)[None], None, use_cache=False)
+        rows.append(text_nll(logits[0], ids))
     return np.asarray(rows, dtype=np.float64)
 
 

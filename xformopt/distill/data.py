@@ -162,14 +162,12 @@ def load_cached_main(path: Path):
 
 
 def save_cached_main(path: Path, train, heldout) -> None:
-    import os
-
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    save_file({"train": train.contiguous(), "eval": heldout.contiguous()}, str(tmp))
-    os.replace(tmp, path)
+    from xformopt.atomic import replacing
+
+    with replacing(path) as tmp:
+        save_file({"train": train.contiguous(), "eval": heldout.contiguous()}, str(tmp))
 
 
 def hidden_cache_mb(lengths: np.ndarray, hidden_size: int, n_layers: int) -> float:

@@ -33,8 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from xformopt import progress
 from xformopt.distill import checkpoint as ckpt
 from xformopt.distill import losses as L
@@ -436,12 +434,3 @@ class Trainer:
             resumed_from_step=resumed_from, checkpoints_written=checkpoints,
             extra={"resumed_from_steps": state["resumed_from"], "eval_every": eval_every, "metric": self.metric},
         )
-
-
-def rng_fingerprint() -> str:
-    """A short digest of the torch RNG state (for tests and the record)."""
-    import hashlib
-
-    import torch
-
-    return hashlib.sha256(np.asarray(torch.get_rng_state()).tobytes()).hexdigest()[:16]

@@ -15,17 +15,13 @@ from xformopt.evaluate.metrics import accuracy
 class Probe:
     def __init__(self, baseline_embeddings: np.ndarray, labels: list[int], seed: int = 0, train_fraction: float = 0.5):
         from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import train_test_split
 
         y = np.asarray(labels)
-        rng = np.random.default_rng(seed)
-        # Stratified: each class is split in the same proportion, so both halves hold every class.
-        train, test = [], []
-        for cls in np.unique(y):
-            members = rng.permutation(np.flatnonzero(y == cls))
-            cut = max(1, int(len(members) * train_fraction))
-            train.append(members[:cut])
-            test.append(members[cut:])
-        self.train_idx, self.test_idx = np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+        # Stratified: each class is split in the same proportion, so both halves hold every class
+        # (``usable`` guarantees every class has rows for both).
+        train, test = train_test_split(np.arange(len(y)), train_size=train_fraction, random_state=seed, stratify=y)
+        self.train_idx, self.test_idx = np.sort(train), np.sort(test)
         self.labels = y
         self.classifier = LogisticRegression(max_iter=2000).fit(baseline_embeddings[self.train_idx], y[self.train_idx])
 

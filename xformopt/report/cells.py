@@ -28,7 +28,6 @@ FUSED_ABBREVIATIONS = {
     "LayerNormalization": "LN",
     "GemmFastGelu": "GemmFastGelu",
 }
-PLOT_FILES = ("accuracy_latency.png", "latency_seq.png")
 
 MINUS = "\u2212"
 REF = "ref."
@@ -181,10 +180,6 @@ def fusion_choice(report: dict) -> tuple[str, str] | None:
 
 
 # --------------------------------------------------------------------------- captions
-
-
-def _baseline(report: dict) -> dict:
-    return report["stages"][0]
 
 
 def _final(report: dict) -> dict:

@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from xformopt.atomic import write_text
 from xformopt.report.markdown import markdown
 
 Log = Callable[[str], None]
@@ -34,7 +35,7 @@ def write_derived_files(report: dict, directory: Path, *, log: Log | None = None
 
     directory = Path(directory)
     md_path = directory / "report.md"
-    md_path.write_text(markdown(report))
+    write_text(md_path, markdown(report))
     written = [md_path]
     def failed(name: str, exc: Exception) -> None:
         _warn(log, f"{name} not written: {type(exc).__name__}: {exc}")
@@ -46,7 +47,7 @@ def write_derived_files(report: dict, directory: Path, *, log: Log | None = None
         images = []
     # Stale plots from an earlier run must not be linked: only what was written now is embedded.
     if images:
-        md_path.write_text(markdown(report, images=[p.name for p in images]))
+        write_text(md_path, markdown(report, images=[p.name for p in images]))
     return written + images
 
 
@@ -55,5 +56,5 @@ def write_report_files(report: dict, directory: Path, *, log: Log | None = None)
     never loses it. Returns the files written."""
     directory = Path(directory)
     json_path = directory / "report.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_text(json_path, json.dumps(report, indent=2) + "\n")
     return [json_path, *write_derived_files(report, directory, log=log)]

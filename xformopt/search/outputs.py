@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from xformopt.artifact import write_json, write_text_atomic
+from xformopt.atomic import write_json, write_text as write_text_atomic
 from xformopt.search.executors import describe
 
 SCHEMA = "xformopt.search/1"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xformopt import progress as progress_events
+from xformopt.atomic import write_text
 from xformopt.errors import InputError
 from xformopt.search import front as fronts
 from xformopt.search import sampler as samplers
@@ -133,7 +134,7 @@ def search(s: Settings) -> dict:
     threads = s.cpus_per_trial if s.ray else max(s.cpus_per_trial, cpus // executor.workers)
     s.out.mkdir(parents=True, exist_ok=True)
     (s.out / "trials").mkdir(exist_ok=True)
-    (s.out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    write_text(s.out / CONFIG, json.dumps(config, indent=2) + "\n")
     cache_dir = os.environ.get("XFORMOPT_CACHE_DIR")
     validation = dict(s.space.validation)
     try:
@@ -200,7 +201,7 @@ def reference_int8(s: Settings, job_for) -> dict:
     result = run_trial(job_for("reference", r, out))
     result["recipe"] = "default"
     result["artifact"] = REFERENCE
-    saved.write_text(json.dumps(result, indent=2) + "\n")
+    write_text(saved, json.dumps(result, indent=2) + "\n")
     if result["status"] != "complete":
         s.log(f"warning: the reference INT8 artifact failed: {result.get('error')}")
     else:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.atomic import write_text
+
 
 @dataclass
 class TrialJob:
@@ -69,13 +71,13 @@ def run_trial(job: TrialJob | dict) -> dict:
     out = Path(job.out)
     attempts_file = out.with_name(out.name + ".attempts")
     attempts = (int(attempts_file.read_text()) if attempts_file.is_file() else 0) + 1
-    attempts_file.write_text(str(attempts))
+    write_text(attempts_file, str(attempts))  # a torn count would crash the retry
     if out.exists():  # a previous attempt on a lost worker: start the directory afresh
         shutil.rmtree(out)
     for leftover in out.parent.glob(f".{out.name}.*"):
         shutil.rmtree(leftover, ignore_errors=True)
     where = {"host": socket.gethostname(), "pid": os.getpid()}
-    (out.parent / f"{out.name}.worker").write_text(f"{where['host']} {where['pid']}\n")
+    write_text(out.parent / f"{out.name}.worker", f"{where['host']} {where['pid']}\n")
     result = {"trial": job.number, "attempts": attempts, **where}
     started = time.perf_counter()
     r = recipes.validate(job.recipe, f"trial {job.number}")
