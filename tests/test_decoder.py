@@ -1,7 +1,7 @@
 """Decoders with a KV cache: export parity at several past lengths, fusion and INT8, the generation
 loop (greedy, seeded sampling, cache mechanics), prompt checks, and the CLI commands.
 
-Models are built in code (xformopt.decoder.toy): a byte-level BPE trained on the vendored text and
+Models are built in code (tests/toy_decoder.py): a byte-level BPE trained on the vendored text and
 2-layer, 64-wide GPT-2 / Llama configs. The GPT-2 is trained for a few seconds so its perplexity is
 far below its vocabulary size (a random model sits near it whatever the runtime does). No test times
 anything: speed claims live in benchmarks/generation.py and `xformopt bench`.
@@ -439,10 +439,10 @@ def test_cli_optimize_decoder_end_to_end(tiny_gpt2, tmp_path, capsys):
     from xformopt.data import load_text_dataset
     from xformopt.decoder.evaluate import PPL_WINDOW
     from xformopt.models import load_tokenizer
-    from xformopt.pipeline import default_heldout
+    from xformopt.resources import vader_split_path
 
     rows = json.loads((out / "reference" / "rows.json").read_text())["row_ids"]
-    texts = load_text_dataset(default_heldout(), label_column="").subset(rows).texts
+    texts = load_text_dataset(vader_split_path("test"), label_column="").subset(rows).texts
     tokenizer = load_tokenizer(tiny_gpt2)
     lists = [ids for ids in (list(tokenizer(t)["input_ids"])[:PPL_WINDOW] for t in texts) if len(ids) >= 2]
     assert base["value"] == pytest.approx(_reference_perplexity(tiny_gpt2, lists), rel=1e-5)

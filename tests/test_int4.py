@@ -258,7 +258,7 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
     code, text, err = run_cli(["generate", out, "The movie was", "-n", "6", "--ignore-eos"], capsys)
     assert code == 0 and "6 tokens in" in err
     from xformopt.decoder.generate import generate
-    from xformopt.decoder.runtime import OrtDecoder
+    from xformopt.runtime.decoder import OrtDecoder
     from xformopt.models import load_tokenizer
 
     tokenizer = load_tokenizer(out)
