@@ -7,10 +7,10 @@ and never test a task's name. ``get`` resolves a name (or None: detected from th
 from __future__ import annotations
 
 from xformopt.errors import InputError
-from xformopt.tasks import classification, embeddings, generation
+from xformopt.tasks import classification, embeddings, generation, question_answering
 from xformopt.tasks.base import Task
 
-_MODULES = (classification, embeddings, generation)
+_MODULES = (classification, embeddings, generation, question_answering)
 
 TASKS: dict[str, Task] = {m.TASK.name: m.TASK for m in _MODULES}
 
