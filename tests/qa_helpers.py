@@ -17,6 +17,7 @@ SUBJECTS = ["man", "women", "kids", "director", "writer", "cast", "audience", "f
 VERBS = ["like", "love", "want", "need", "make", "watch", "see", "find"]
 OBJECTS = ["film", "movie", "story", "comedy", "drama", "music", "picture", "script", "thriller", "plot",
            "screen", "cinema", "flick", "title", "piece", "documentary"]
+QUESTIONS = ["what will they {} ?", "so what will they {} ?", "what is it that they will {} ?"]
 ADJECTIVES = ["good", "bad", "new", "old", "big", "funny", "sweet", "great", "dull", "long"]
 
 
@@ -42,7 +43,7 @@ def make_row(rng: random.Random, fillers: int, answered: bool = True, answer_las
             if is_answer:
                 answer, start = obj, len(context)
             context += obj + " ."
-    question = f"what will they {asked} ?"
+    question = rng.choice(QUESTIONS).format(asked)
     answers = {"text": [answer], "answer_start": [start]} if answered else {"text": [], "answer_start": []}
     return {"question": question, "context": context, "answers": answers}
 

@@ -275,7 +275,7 @@ def test_optimize_int8_artifact_with_squad_metrics(tmp_path, capsys, tiny_qa, qa
         metrics = stage["metrics"]
         assert {"exact_match", "f1", "agreement_with_baseline", "span_f1_with_baseline"} <= set(metrics), stage
         assert metrics["f1"]["n"] == 40
-    ref = np.load(out / "reference_outputs.npy", allow_pickle=False)
+    ref = np.load(out / "reference" / "baseline_outputs.npy", allow_pickle=False)
     assert ref.shape == (40, 3)
     import onnx
 
