@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_cli
 from harden_helpers import one_error
 from qa_helpers import make_row, make_rows, train_tiny_qa, write_jsonl
+
 from xformopt import models, tasks
 from xformopt.errors import InputError
 from xformopt.tasks import question_answering as qa

@@ -24,7 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from xformopt.data import TextDataset, _listing, _open_text, _parse_path, _read_table, _Table, _text_values
+from xformopt.data import (
+    TextDataset,
+    _listing,
+    _open_text,
+    _parse_path,
+    _read_table,
+    _Table,
+    _text_values,
+)
 from xformopt.errors import InputError
 
 QUESTION, CONTEXT, ANSWERS = "question", "context", "answers"
