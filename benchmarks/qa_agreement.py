@@ -14,8 +14,10 @@ the character-overlap span F1 with fp32, and EM/F1 where the rows are answered.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -47,12 +49,27 @@ def xformopt_int8(model: Path, data: Path, work: Path, limit: int | None) -> tup
     recipe.write_text("name: qa-bench\ntarget: avx512_vnni\npasses:\n  - export\n  - fuse\n  - quantize: {mode: dynamic}\n"
                       f"evaluation:\n  data: {data}\n  limit: {limit or 'null'}\n  latency_rounds: 5\n  warmup: 1\n  repeats: 1\n")
     out = work / "xformopt-int8"
-    try:
-        main(["optimize", str(model), "--recipe", str(recipe), "-o", str(out), "--quiet"])
-    except SystemExit as exc:
-        if exc.code:
-            raise
-    return out, json.loads((out / "report.json").read_text())
+    with contextlib.redirect_stdout(sys.stderr):  # its summary table; stdout is this script's JSON
+        try:
+            main(["optimize", str(model), "--recipe", str(recipe), "-o", str(out), "--quiet"])
+        except SystemExit as exc:
+            if exc.code:
+                raise
+    return out, json.loads((out / "manifest.json").read_text())
+
+
+def first(tree, key: str):
+    """The first value stored under ``key`` anywhere in a JSON tree (the quantize pass's formats)."""
+    if isinstance(tree, dict):
+        if key in tree:
+            return tree[key]
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for item in tree:
+            found = first(item, key)
+            if found is not None:
+                return found
+    return None
 
 
 def main() -> None:
@@ -71,19 +88,25 @@ def main() -> None:
     data = task.load(args.data, label2id=None, limit=args.limit, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        artifact, report = xformopt_int8(args.model, args.data, work, args.limit)
+        artifact, manifest = xformopt_int8(args.model, args.data, work, args.limit)
         theirs = optimum_int8(args.model, work)
         fp32 = TorchPredictor(spec, args.model, threads=args.threads).predict_data(data)
         variants = {
             "xformopt_int8": OrtPredictor(spec, artifact, threads=args.threads).predict_data(data),
             "optimum_int8_avx512_vnni": OrtPredictor(spec, theirs, threads=args.threads).predict_data(data),
         }
-        quantize = next((s for s in report["stages"] if s["name"] == "quantize"), {})
+        from xformopt.tasks.question_answering import same_span
+
+        ours, theirs_out = (same_span(v, fp32) for v in variants.values())
         result = {
             "model": str(args.model), "data": data.source, "rows": len(data), "threads": args.threads,
             "fp32": {k: v for k, v in task.score(fp32, fp32, data).items() if k in ("exact_match", "f1")},
             "variants": {name: task.score(out, fp32, data) for name, out in variants.items()},
-            "xformopt_quantize_facts": quantize.get("graph", {}),
+            # paired: rows where only one of the two INT8 graphs moved the answer off fp32's span
+            "paired": {"both_same_as_fp32": int((ours & theirs_out).sum()), "only_xformopt_differs": int((~ours & theirs_out).sum()),
+                       "only_optimum_differs": int((ours & ~theirs_out).sum()), "both_differ": int((~ours & ~theirs_out).sum())},
+            "xformopt_int8_formats": first(manifest, "formats"),
+            "optimum_config": "AutoQuantizationConfig.avx512_vnni(is_static=False): QOperator, u8/s8, per-channel",
         }
     print(json.dumps(result, indent=1))
 

@@ -297,3 +297,15 @@ def check_artifact_loads(qa_artifact, qa_rows):
     enc = tokenizer(row["question"], row["context"], return_tensors="np")
     out = model(**enc)
     assert out.start_logits.shape == out.end_logits.shape == enc["input_ids"].shape
+
+
+@pytest.mark.xfail(strict=True, reason="pipeline.verification_texts reads --data with data.load_text_dataset, not "
+                   "the task's loader, so the nested SQuAD JSON fails there (the lead wires that call site)")
+def test_optimize_reads_the_official_squad_json(tmp_path, capsys, tiny_qa, qa_rows):
+    nested = tmp_path / "dev-v1.1.json"
+    nested.write_text(json.dumps(_nested(qa_rows[:12]), indent=2))
+    recipe = tmp_path / "export.yaml"
+    recipe.write_text(f"name: qa\ntarget: avx512_vnni\npasses:\n  - export\nevaluation:\n  data: {nested}\n"
+                      "  latency_rounds: 2\n  warmup: 0\n  repeats: 1\n")
+    code, _, err = run_cli(["optimize", tiny_qa, "--recipe", recipe, "-o", tmp_path / "out"], capsys)
+    assert code == 0, err

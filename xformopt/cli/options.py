@@ -41,7 +41,7 @@ Force = Annotated[bool, typer.Option("--force", help="Replace an existing output
 Wait = Annotated[bool, typer.Option("--wait", help="If another run is writing the same -o, wait for it instead of failing.")]
 StageOut = Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="Output stage directory (written atomically).")]
 Target = Annotated[str, typer.Option("--target", "-t", help=f"Hardware profile ({TARGETS}).")]
-Task = Annotated[str, typer.Option("--task", help="text-classification or feature-extraction [default: from the config].")]
+Task = Annotated[str, typer.Option("--task", help="text-classification, feature-extraction or question-answering [default: from the config].")]
 PassData = Annotated[Path, typer.Option("--data", metavar="FILE", help="Real texts for parity checks and timing [default: vendored VADER test split].")]
 TrustRemoteCode = Annotated[bool, typer.Option("--trust-remote-code", help="Allow the model's own Python code (off by default).")]
 Threads = Annotated[int, typer.Option("--threads", min=1, help="Intra-op threads [default: CPUs this process may use].")]
