@@ -306,6 +306,6 @@ def test_optimize_reads_the_official_squad_json(tmp_path, capsys, tiny_qa, qa_ro
     nested.write_text(json.dumps(_nested(qa_rows[:12]), indent=2))
     recipe = tmp_path / "export.yaml"
     recipe.write_text(f"name: qa\ntarget: avx512_vnni\npasses:\n  - export\nevaluation:\n  data: {nested}\n"
-                      "  latency_rounds: 2\n  warmup: 0\n  repeats: 1\n")
+                      "  latency_rounds: 3\n  warmup: 0\n  repeats: 1\n")
     code, _, err = run_cli(["optimize", tiny_qa, "--recipe", recipe, "-o", tmp_path / "out"], capsys)
     assert code == 0, err
