@@ -90,7 +90,15 @@ def test_formats_load_the_same_rows(tmp_path, qa_rows):
     ds_dir = tmp_path / "squad-ds"
     datasets.DatasetDict({"validation": datasets.Dataset.from_list(rows)}).save_to_disk(str(ds_dir))
 
-    loaded = [load_squad(p) for p in (nested, flat, as_list, array, ds_dir)]
+    import csv
+
+    table = tmp_path / "rows.csv"
+    with open(table, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "question", "context", "answers"])
+        writer.writerows([r["id"], r["question"], r["context"], json.dumps(r["answers"])] for r in rows)
+
+    loaded = [load_squad(p) for p in (nested, flat, as_list, array, ds_dir, table)]
     for data in loaded:
         assert data.texts == [r["question"] for r in rows]
         assert data.text_pairs == [r["context"] for r in rows]
