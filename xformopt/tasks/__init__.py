@@ -13,11 +13,12 @@ from xformopt.tasks import (
     fill_mask,
     generation,
     multiple_choice,
+    question_answering,
     token_classification,
 )
 from xformopt.tasks.base import Metric, Task
 
-_MODULES = (classification, embeddings, generation, token_classification, fill_mask, multiple_choice)
+_MODULES = (classification, embeddings, generation, token_classification, question_answering, fill_mask, multiple_choice)
 
 TASKS: dict[str, Task] = {m.TASK.name: m.TASK for m in _MODULES}
 
