@@ -81,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt.models import resolve
-    from xformopt.predictors import OrtPredictor, TorchPredictor
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = resolve(str(args.model))
     task = spec.task_def

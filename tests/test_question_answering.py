@@ -42,7 +42,7 @@ def long_row() -> dict:
 
 
 def torch_predictor(model_dir):
-    from xformopt.predictors import TorchPredictor
+    from xformopt.runtime.encoder import TorchPredictor
 
     return TorchPredictor(models.resolve(str(model_dir)), model_dir, threads=1)
 
@@ -307,8 +307,6 @@ def check_artifact_loads(qa_artifact, qa_rows):
     assert out.start_logits.shape == out.end_logits.shape == enc["input_ids"].shape
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline.verification_texts reads --data with data.load_text_dataset, not "
-                   "the task's loader, so the nested SQuAD JSON fails there (the lead wires that call site)")
 def test_optimize_reads_the_official_squad_json(tmp_path, capsys, tiny_qa, qa_rows):
     nested = tmp_path / "dev-v1.1.json"
     nested.write_text(json.dumps(_nested(qa_rows[:12]), indent=2))

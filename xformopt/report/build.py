@@ -9,16 +9,15 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from xformopt.bench.host import host_fingerprint
-from xformopt.evaluate.stage import headline
 from xformopt.runtime.session import thread_pool_setting
 
 REPORT_SCHEMA = "xformopt.report/1"
 
 
 def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> dict:
-    metric = headline(spec.task)
     per_stage = evaluation["stages"]
     base = per_stage[stages[0].name]["metrics"]
+    metric = spec.task_def.report_headline(base)
     rows, facts = [], {}
     for stage in stages:
         ev = per_stage[stage.name]

@@ -45,7 +45,8 @@ def validation_set(spec, validation: dict):
 def score_outputs(spec, outputs: np.ndarray, data, baseline: np.ndarray | None) -> float:
     """The report's headline metric on the report's scale (a fraction: accuracy, or cosine to fp32)."""
     task = spec.task_def
-    return float(task.score(outputs, baseline, data)[task.headline]["value"])
+    metrics = task.score(outputs, baseline, data)
+    return float(metrics[task.report_headline(metrics)]["value"])
 
 
 def score_artifact(spec, artifact: Path, validation: dict, threads: int) -> tuple[float, int]:

@@ -112,6 +112,13 @@ class Task:
         Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.evaluate.metrics)."""
         raise NotImplementedError
 
+    def report_headline(self, metrics: dict) -> str:
+        """The headline a report of these metrics leads with: the task's, else (rows without labels) the
+        first of its metrics present."""
+        if self.headline in metrics:
+            return self.headline
+        return next((name for name in self.metrics if name in metrics), self.headline)
+
     def agreement(self, outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
         """Per-row agreement in [0, 1] of ``outputs`` with a float ``reference`` (INT8 format ladder)."""
         return row_cosine(outputs, reference)

@@ -77,6 +77,10 @@ class MultipleChoice(Task):
 
     # ------------------------------------------------------------------ data
 
+    def default_data(self, split):
+        raise InputError("multiple-choice has no vendored data: pass --data FILE (SWAG-like rows: a context, the "
+                         "choices as `endings` or ending0..N, a label)")
+
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
         from dataclasses import replace
 

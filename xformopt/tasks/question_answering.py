@@ -22,7 +22,7 @@ import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.evaluate.metrics import proportion, row_cosine
-from xformopt.tasks.base import Task
+from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 MAX_LENGTH = 384  # the pipeline's and run_qa's window, capped at the model's limit
 DOC_STRIDE = 128  # tokens of overlap between windows (the pipeline: min(max_length // 2, 128))
@@ -120,10 +120,17 @@ class QuestionAnswering(Task):
     export_task = "question-answering"
     architectures = ("ForQuestionAnswering",)
     headline = "f1"
+    metrics = {"f1": Metric("F1", percent=True), "exact_match": Metric("Exact match", percent=True),
+               "agreement_with_baseline": AGREEMENT, "span_f1_with_baseline": Metric("Span F1 to fp32", relative=True)}
+    agreement_measure = "answer-span overlap F1"
     # prune and distill optimise sequence logits or pooled embeddings; start/end logits over a window
     # are neither, so those passes do not take QA models (yet).
     passes = ("export", "fuse", "quantize")
     torch_objective = None
+
+    def default_data(self, split):
+        raise InputError("question-answering has no vendored data: pass --data FILE (SQuAD JSON, or JSON/JSONL rows "
+                         "with question, context and answers) and the same for calibration/budget data")
 
     def load(self, path, *, label2id=None, limit=None, seed=0, columns=None, require_labels=None):
         from xformopt.tasks.qa_data import load_squad
@@ -170,12 +177,15 @@ class QuestionAnswering(Task):
     # ------------------------------------------------------------------ scoring
 
     def score(self, outputs, baseline, data, seed=0):
-        outputs, baseline = np.asarray(outputs), np.asarray(baseline)
+        outputs = np.asarray(outputs)
+        baseline = None if baseline is None else np.asarray(baseline)
         metrics = {}
         rows, em, f1 = squad_scores(outputs, data)
         if len(rows):
             metrics["exact_match"] = proportion(em.astype(bool))
             metrics["f1"] = mean_with_bootstrap(f1, seed)
+        if baseline is None:  # a bench run without the fp32 reference: the answers alone
+            return metrics
         metrics["agreement_with_baseline"] = proportion(same_span(outputs, baseline))
         metrics["span_f1_with_baseline"] = mean_with_bootstrap(span_overlap_f1(outputs, baseline), seed)
         return metrics
