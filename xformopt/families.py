@@ -89,6 +89,9 @@ class Family:
     fallback_per_layer: dict[str, int] = field(default_factory=dict)
     grouped_query: bool = False  # the config may share KV heads (num_key_value_heads)
     layout: Layout | None = None  # None: prune and distill do not reach this family's modules
+    # "module:function" run on ORT's OnnxModel after its optimizer, for families whose attention ORT
+    # does not fuse (function(onnx_model, spec) adds the fused nodes); None: ORT's fusions suffice.
+    own_fusion: str | None = None
 
     def config_value(self, config: dict, keys: tuple[str, ...]) -> Any:
         return next((config[k] for k in keys if config.get(k) is not None), None)

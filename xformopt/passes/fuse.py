@@ -10,6 +10,7 @@ a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
 from __future__ import annotations
 
 import dataclasses
+from importlib import import_module
 
 import shutil
 import warnings
@@ -74,6 +75,12 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
             optimization_options=fusion,
             opt_level=0,  # python fusions only: the saved graph stays portable to any CPU
         )
+        own = ctx.spec.family.own_fusion
+        if own and "enable_attention" not in disabled:
+            # ORT's optimizer fuses no attention for this family: the family's own fusion does (in ORT's
+            # Fusion style, on the same OnnxModel), e.g. xformopt/fusions/<family>.py.
+            module, function = own.split(":")
+            getattr(import_module(module), function)(model, ctx.spec)
     model.save_model_to_file(str(out_model), use_external_data_format=needs_external_data(src_model))
     return fused_counts(model.model)
 
@@ -94,13 +101,13 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
 
 
 def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
-    """What a BERT-family encoder must reach: one Attention per layer and two SkipLayerNorms."""
+    """What every layer must reach (the family's ``fused_per_layer``: BERT's one Attention and two SkipLayerNorms)."""
     if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
         from xformopt.decoder.fusion import expectation
 
         return expectation(ctx.spec, before)
     layers = ctx.spec.num_layers
-    return {"Attention": layers, "SkipLayerNormalization": 2 * layers}
+    return {op: n * layers for op, n in ctx.spec.family.fused_per_layer.items()}
 
 
 class FusePass(Pass):
