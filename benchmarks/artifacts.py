@@ -35,15 +35,12 @@ def main() -> None:
     from xformopt import models
     from xformopt.bench.host import host_info, usable_cpus
     from xformopt.bench.modes import real
-    from xformopt.data import load_text_dataset
-    from xformopt.evaluate.stage import headline, score
-    from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = models.resolve(args.model)
+    task = spec.task_def
     threads = args.threads or usable_cpus()
-    heldout = load_text_dataset(vader_split_path("test"), label2id=spec.label2id, limit=args.limit, seed=0)
-    labels = heldout.labels if spec.task == "text-classification" else None
+    heldout = task.load(task.default_data("test"), label2id=spec.label2id or None, limit=args.limit, seed=0)
     predictors = {"pytorch": TorchPredictor(spec, threads=threads)}
     for path in args.artifacts:
         name = path.name
@@ -52,16 +49,15 @@ def main() -> None:
         predictors[name] = OrtPredictor(spec, path, threads=threads)
 
     print(f"scoring {len(heldout)} held-out rows", file=sys.stderr)
-    baseline = predictors["pytorch"].predict(heldout.texts, heldout.text_pairs)
-    metric = headline(spec.task)
-    scores = {name: score(spec.task, baseline if name == "pytorch" else p.predict(heldout.texts, heldout.text_pairs),
-                          baseline, labels)[metric]["value"] for name, p in predictors.items()}
+    baseline = predictors["pytorch"].predict_data(heldout)
+    metric = task.report_headline(task.score(baseline, baseline, heldout))
+    scores = {name: task.score(baseline if name == "pytorch" else p.predict_data(heldout), baseline, heldout)[metric]["value"]
+              for name, p in predictors.items()}
 
     timed = {k: v for k, v in predictors.items() if not (args.no_pytorch and k == "pytorch")}
     rng = np.random.default_rng(0)
     rows = rng.choice(len(heldout), size=min(args.timing_rows, len(heldout)), replace=False)
-    texts = [heldout.texts[i] for i in rows]
-    pairs = [heldout.text_pairs[i] for i in rows] if heldout.text_pairs else None
+    texts, pairs = task.timing_inputs(heldout.subset(rows))
     print(f"timing {len(timed)} variants, {args.rounds} interleaved rounds", file=sys.stderr)
     stats = real(timed, texts, pairs, rounds=args.rounds, warmup=20)
 

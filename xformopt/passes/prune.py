@@ -668,7 +668,8 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
     from xformopt import models
     from xformopt.bench.host import host_info
     from xformopt.bench.modes import real
-    from xformopt.passes.export import ExportOptions, ExportPass, _quiet_loggers
+    from xformopt.exporting import quiet_loggers
+    from xformopt.passes.export import ExportOptions, ExportPass
     from xformopt.passes.fuse import FuseOptions, FusePass
     from xformopt.runtime.encoder import OrtPredictor
 
@@ -682,7 +683,7 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
             fused.mkdir()
             ctx.log(f"exporting and fusing the {name} model for timing")
             # ORT warns that a pruned layer's Q width differs from the input width; that is the point here.
-            with _quiet_loggers("onnxruntime.transformers", "fusion_attention"):
+            with quiet_loggers("onnxruntime.transformers", "fusion_attention"):
                 ExportPass().run(sub, src, exported, ExportOptions())
                 record = FusePass().run(sub, exported, fused, FuseOptions(select="all"))
             out[f"{name}_fused"] = {k: v for k, v in record["fused_kept"].items() if v}
@@ -798,7 +799,7 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
     from optimum.exporters.onnx import onnx_export_from_model
 
     from xformopt.bench.host import host_info
-    from xformopt.passes.export import _quiet_loggers
+    from xformopt.exporting import quiet_loggers
     from xformopt.passes.fuse import build_fused
     from xformopt.passes.timing import TIMED_TEXTS, time_stage_dirs
 
@@ -816,7 +817,7 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
             stage.mkdir()
             # A pruned graph's attention widths differ per layer: ORT reads them from the graph (see fuse).
             sub = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, pruned=True)) if plan else ctx
-            with warnings.catch_warnings(), _quiet_loggers("optimum", "transformers", "torch.onnx",
+            with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx",
                                                            "onnxruntime.transformers", "fusion_attention"):
                 warnings.simplefilter("ignore")
                 onnx_export_from_model(candidate, raw, opset=17, do_validation=False, no_post_process=True,
