@@ -63,7 +63,7 @@ def optimize(
     out: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Artifact directory [default: xformopt-out/MODEL]."),
     target: str = typer.Option(None, "--target", "-t", help="Hardware profile (auto, avx2, avx512, avx512_vnni, avx_vnni, arm64) [default: the recipe's, auto]."),
     recipe_name: str = typer.Option(None, "--recipe", "-r", help="Shipped recipe name or YAML path [default: export -> fuse -> dynamic INT8]."),
-    task: str = typer.Option(None, "--task", help="text-classification, feature-extraction, question-answering or text-generation (decoders) [default: from the config]."),
+    task: opt.Task = None,
     data: Path = typer.Option(None, "--data", metavar="FILE", help="Held-out CSV/TSV/JSONL/datasets dir [default: vendored VADER test split]."),
     text_column: opt.TextColumn = None,
     text_pair_column: opt.TextPairColumn = None,

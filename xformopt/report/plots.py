@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xformopt.plot_style import BASELINE_COLOR, DPI, STYLE, stage_colors
+from xformopt.report.cells import PERCENT_METRICS
 from xformopt.plot_style import figure as _figure
 
 ACCURACY_LATENCY = "accuracy_latency.png"
@@ -43,7 +44,7 @@ def _metric_point(row: dict, metric: str) -> tuple[float, float, float, float | 
     m = (row.get("metrics") or {}).get(metric)
     if not m or m.get("value") is None:
         return None
-    scale = 100.0 if metric in ("accuracy", "probe_accuracy", "agreement_with_baseline") else 1.0
+    scale = 100.0 if metric in PERCENT_METRICS else 1.0
     value = m["value"] * scale
     if m.get("ci95"):
         lo, hi = (v * scale for v in m["ci95"])
@@ -131,7 +132,7 @@ def plot_accuracy_latency(report: dict, path: Path) -> Path:
     metric = report["headline_metric"]
     stages = report["stages"]
     colors = stage_colors([s["name"] for s in stages])
-    percent = metric in ("accuracy", "probe_accuracy", "agreement_with_baseline")
+    percent = metric in PERCENT_METRICS
     with matplotlib.rc_context(STYLE):
         fig = _figure()
         ax = fig.add_subplot()
