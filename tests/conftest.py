@@ -276,3 +276,26 @@ def onnx_op_counts(model_path: Path) -> Counter:
     import onnx
 
     return Counter(n.op_type for n in onnx.load(str(model_path), load_external_data=False).graph.node)
+
+
+def check_bench_report_and_gate(artifact: Path, capsys) -> dict:
+    """`bench`, `bench --baseline` (the CI gate) and `report` work on an artifact of any task: bench on
+    the report's rows reproduces the report's metrics exactly, the gate against its own report passes
+    on accuracy (latency allowed any drift: the machine is shared), and the report re-renders."""
+    import json as _json
+
+    report = _json.loads((artifact / "report.json").read_text())
+    code, out, err = run_cli(["bench", artifact, "--json", "--rounds", "3", "--repeats", "1"], capsys)
+    assert code == 0, err
+    bench = _json.loads(out)
+    want = report["artifact"]["metrics"]
+    assert set(bench["artifact"]["metrics"]) == set(want), (bench["artifact"]["metrics"].keys(), want.keys())
+    for name, metric in want.items():
+        assert bench["artifact"]["metrics"][name]["value"] == pytest.approx(metric["value"], abs=1e-9), name
+    code, out, err = run_cli(["bench", artifact, "--baseline", artifact / "report.json", "--rounds", "3", "--repeats", "1",
+                              "--max-latency-regression", "1000%"], capsys)
+    assert code == 0 and "gate passed" in out, (out, err)
+    code, out, err = run_cli(["report", artifact, "--json"], capsys)
+    assert code == 0, err
+    assert _json.loads(out)["headline_metric"] == report["headline_metric"]
+    return bench

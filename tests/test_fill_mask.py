@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, run_cli
+from conftest import _bert_config, _save, check_bench_report_and_gate, run_cli
 from harden_helpers import one_error
 
 from xformopt import models
@@ -275,6 +275,7 @@ def test_optimize_writes_an_int8_artifact_with_fill_mask_metrics(tiny_mlm, recip
     quantize = manifest["passes"][-1]["record"]
     assert quantize["coverage"]["int8"] > 0
     assert np.load(out / "reference" / "baseline_outputs.npy").shape == (24, 2, 5)
+    check_bench_report_and_gate(out, capsys)
 
     # The artifact serves: optimum's ORTModelForMaskedLM in transformers' fill-mask pipeline gives
     # the top-1 token our evaluation recorded for the quantized stage.

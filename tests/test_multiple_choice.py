@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, make_ctx, run_cli, run_pass
+from conftest import _bert_config, _save, check_bench_report_and_gate, make_ctx, run_cli, run_pass
 from harden_helpers import one_error
 
 from xformopt import models
@@ -243,6 +243,7 @@ def test_optimize_writes_an_int8_artifact_with_multiple_choice_metrics(tiny_mc, 
     record = json.loads((out / "manifest.json").read_text())["passes"][-1]["record"]
     assert record["coverage"]["int8"] > 0
     assert np.load(out / "reference" / "baseline_outputs.npy").shape == (24, 4)
+    check_bench_report_and_gate(out, capsys)
 
     # The artifact loads in optimum's ORTModelForMultipleChoice and gives what our evaluation gave.
     from optimum.onnxruntime import ORTModelForMultipleChoice

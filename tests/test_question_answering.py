@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import check_bench_report_and_gate, run_cli
 from harden_helpers import one_error
 from qa_helpers import make_row, make_rows, train_tiny_qa, write_jsonl
 
@@ -290,6 +290,7 @@ def test_optimize_int8_artifact_with_squad_metrics(tmp_path, capsys, tiny_qa, qa
     ops = {n.op_type for n in onnx.load(str(out / "model.onnx"), load_external_data=False).graph.node}
     assert ops & {"DynamicQuantizeLinear", "MatMulInteger", "QAttention", "DynamicQuantizeMatMul"}, ops
     check_artifact_loads(out, qa_rows)
+    check_bench_report_and_gate(out, capsys)
 
 
 def check_artifact_loads(qa_artifact, qa_rows):

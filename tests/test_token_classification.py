@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, error_lines, run_cli
+from conftest import _bert_config, _save, check_bench_report_and_gate, error_lines, run_cli
 
 from xformopt import models, tasks
 from xformopt.errors import InputError
@@ -338,6 +338,7 @@ def test_optimize_writes_an_int8_artifact_that_optimum_loads(tmp_path, tiny_ner,
     assert ref.shape == (len(heldout_rows), max(len(w) for w, _ in heldout_rows), len(LABELS))
     assert np.isnan(ref).any() and not np.isnan(ref[:, 0]).any()  # NaN only past each row's words
     check_loads_in_optimum(out, tiny_ner)
+    check_bench_report_and_gate(out, capsys)
 
 
 def check_loads_in_optimum(artifact: Path, tiny_ner: Path) -> None:
