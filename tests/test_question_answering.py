@@ -316,3 +316,20 @@ def test_optimize_reads_the_official_squad_json(tmp_path, capsys, tiny_qa, qa_ro
                       "  latency_rounds: 3\n  warmup: 0\n  repeats: 1\n")
     code, _, err = run_cli(["optimize", tiny_qa, "--recipe", recipe, "-o", tmp_path / "out"], capsys)
     assert code == 0, err
+
+
+def test_static_int8_and_the_accuracy_budget_read_squad_rows(tmp_path, capsys, tiny_qa, qa_file):
+    """Calibration and the budget read the task's rows (question + context pairs) and the budget holds
+    the task's metric (F1 points), not a cosine of logits."""
+    recipe = tmp_path / "static.yaml"
+    recipe.write_text(f"name: qa-static\ntarget: avx512_vnni\npasses:\n  - export\n  - fuse: {{select: all}}\n"
+                      f"  - quantize: {{mode: static, calibration_data: {qa_file}, calibration_limit: 16,\n"
+                      f"                budget_data: {qa_file}, max_accuracy_drop: 50, min_agreement: 0.5}}\n"
+                      f"evaluation:\n  data: {qa_file}\n  latency_rounds: 3\n  warmup: 1\n  repeats: 1\n")
+    out = tmp_path / "artifact"
+    code, _, err = run_cli(["optimize", tiny_qa, "--recipe", recipe, "-o", out], capsys)
+    assert code == 0, err
+    record = json.loads((out / "manifest.json").read_text())["passes"][-1]["record"]
+    assert record["mode"] == "static" and record["calibration"]["rows"] == 16
+    assert record["budget"]["metric"] == "f1" and record["budget_met"] is True
+    assert record["agreement"]["measure"] == "answer-span overlap F1"

@@ -391,3 +391,20 @@ def test_finish_pads_subtoken_outputs_so_plain_text_batches_stack(tiny_ner):
     assert row_cosine(out, out) == pytest.approx(1.0)
     noisy = out + np.where(tc._has_logits(out)[..., None], 0.01, 0.0).astype(np.float32)
     assert spec.task_def.agreement(noisy, out).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_static_int8_and_the_accuracy_budget_read_tagged_rows(tmp_path, tiny_ner, heldout_conll, capsys):
+    """Calibration and the budget read CoNLL rows; the budget holds entity F1 points."""
+    (tmp_path / "static.yaml").write_text(
+        "name: ner-static\ntarget: avx512_vnni\npasses:\n  - export\n  - fuse: {select: all}\n"
+        f"  - quantize: {{mode: static, calibration_data: {heldout_conll}, calibration_limit: 16,\n"
+        f"                budget_data: {heldout_conll}, max_accuracy_drop: 50, min_agreement: 0.5}}\n"
+        "evaluation:\n  latency_rounds: 3\n  warmup: 1\n  repeats: 1\n")
+    out = tmp_path / "out"
+    code, _, err = run_cli(["optimize", tiny_ner, "-o", out, "--data", heldout_conll, "--recipe", tmp_path / "static.yaml"],
+                           capsys)
+    assert code == 0, err
+    record = json.loads((out / "manifest.json").read_text())["passes"][-1]["record"]
+    assert record["mode"] == "static" and record["calibration"]["rows"] == 16
+    assert record["budget"]["metric"] == "entity_f1" and record["budget_met"] is True
+    assert record["agreement"]["measure"] == "word tag agreement"

@@ -494,8 +494,7 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     from xformopt.passes import calibration as cal
 
     task = ctx.spec.task_def
-    dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0,
-                             labels=task.labels_from_config)
+    dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0, labels=True)
     reference = float_reference(ctx, src, dataset)
     float_points = budget_metric(ctx, src, src, dataset, reference)
     allowed = allowed_drop(options.max_accuracy_drop, float_points)
