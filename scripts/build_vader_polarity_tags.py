@@ -115,7 +115,8 @@ real text and human ratings, small enough to ship and use offline.
 nobody annotated spans in these sentences. A word's rating is the mean of 10 human raters who judged
 the word on its own (-4 extremely negative .. +4 extremely positive), so the tags are human-made in
 that sense only. Consequences: negation and context are ignored (`not good` -> `O B-POS`; `like` in
-"like a dream" is `B-POS`; `kind` in "kind of" is `B-POS`), and a word missing from the lexicon is `O`
+"like a dream" is `B-POS`; `kind` in "kind of" is `B-POS`; genre words are rated too: `comedy`
+`B-POS`, `horror` and `war` `B-NEG`), and a word missing from the lexicon is `O`
 however polar it reads (`masterpiece` is in, many inflected forms are not). A model trained on this
 learns the lexicon and has to carry it over to other casings and to the sub-word pieces of its
 tokenizer; entity F1 measures agreement with the lookup, not sentiment understanding. Each entity is
