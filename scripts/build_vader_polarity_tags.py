@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import random
 import re
@@ -30,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import build_vader_dataset as movie  # noqa: E402  (the snippet cleaning and the split of vader_movie)
+import build_vader_dataset as movie  # the snippet cleaning and the split of vader_movie
 
 LEXICON_MEMBER = f"{movie.SDIST}/vaderSentiment/vader_lexicon.txt"
 SEED = 29

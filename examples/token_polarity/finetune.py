@@ -22,9 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from transformers import AutoModelForTokenClassification, AutoTokenizer, get_linear_schedule_with_warmup
+from transformers import (
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    get_linear_schedule_with_warmup,
+)
 from transformers.utils import logging as hf_logging
 
 try:
@@ -32,10 +35,11 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from xformopt.resources import polarity_tags_path
-from xformopt import progress  # noqa: E402
-from xformopt.cli.output import progress_display  # noqa: E402
+from xformopt import progress
+from xformopt.cli.output import progress_display
+
 # The same word -> sub-token alignment xformopt predicts with: the first sub-token carries the tag.
-from xformopt.tasks.token_classification import first_subtokens  # noqa: E402
+from xformopt.tasks.token_classification import first_subtokens
 
 
 def _sentiment_helpers():
