@@ -2,6 +2,8 @@
 
 ``vader_movie/``: binary movie-review sentiment splits built by
 ``scripts/build_vader_dataset.py``; see ``vader_movie/README.md`` for provenance.
+``vader_polarity_tags/``: word-level B-POS/B-NEG/O tags (a lexicon lookup of human word ratings) on
+the same snippets, built by ``scripts/build_vader_polarity_tags.py``; see its README.md.
 """
 
 from __future__ import annotations
@@ -20,3 +22,10 @@ def vader_split_path(split: str) -> Path:
     if split not in VADER_SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(VADER_SPLITS)}")
     return _ROOT / "vader_movie" / f"{split}.jsonl"
+
+
+def polarity_tags_path(split: str) -> Path:
+    """Path of the vendored ``vader_polarity_tags/<split>.jsonl`` file (tokens + tags per line)."""
+    if split not in VADER_SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(VADER_SPLITS)}")
+    return _ROOT / "vader_polarity_tags" / f"{split}.jsonl"
