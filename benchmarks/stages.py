@@ -29,10 +29,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt import models, recipe, targets
-    from xformopt.bench.host import cpu_flags, host_info, usable_cpus
+    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.evaluate.run import evaluate_stages
-    from xformopt.passes.base import PassContext
-    from xformopt.pipeline import load_heldout, run_passes
+    from xformopt.pipeline import load_heldout, run_passes, verification_context
 
     r = recipe.load(args.recipe)
     r = recipe.validate({**r.to_dict(), "target": args.target, "evaluation": {
@@ -40,14 +39,14 @@ def main() -> None:
     spec = models.resolve(args.model)
     heldout = load_heldout(r, spec)
     threads = args.threads or usable_cpus()
-    ctx = PassContext(spec, targets.resolve(r.target), heldout.texts, threads, cpu_flags(),
-                      lambda m: print(f"  {m}", file=sys.stderr))
+    ctx = verification_context(spec, targets.resolve(r.target), r.evaluation.data, r.evaluation.text_column, threads,
+                               effective_cpu_flags(), lambda m: print(f"  {m}", file=sys.stderr), reported_texts=heldout.texts)
     with tempfile.TemporaryDirectory() as work:
         stages, _ = run_passes(r, ctx, True, ctx.log, Path(work))
         result = evaluate_stages(stages, spec, heldout, r.evaluation, threads, ctx.log)
 
     host = host_info()
-    metric = "accuracy" if spec.task == "text-classification" else "cosine_to_baseline"
+    metric = spec.task_def.report_headline(result["artifact"]["metrics"])
     print(f"{spec.source} ({spec.task}) on {host['cpu_model']}, {threads} threads, target {ctx.target.name}")
     print(f"batch 1, {len(heldout)} real held-out texts cycled, {args.rounds} interleaved rounds, tokenization included\n")
     print(f"{'stage':<10} {metric:>20} {'p50 ms':>8} {'p90 ms':>8} {'vs pytorch':>11} {'vs onnx fp32':>13}")

@@ -83,9 +83,7 @@ class Artifact:
 
     @property
     def headline_metric(self) -> str:
-        from xformopt.evaluate.stage import headline
-
-        return self.report.get("headline_metric") if self.report is not None else headline(self.spec.task)
+        return self.report.get("headline_metric") if self.report is not None else self.spec.task_def.headline
 
 
 NO_REPORT_NOTE = ("no report.json (the output of single-pass commands): no baseline stages to compare with, so no "
@@ -271,7 +269,7 @@ def open_predictor(artifact: Artifact, threads: int):
 
 
 def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str], log: Log):
-    """Metrics as optimize computed them for the artifact (evaluate.stage.score) when the held-out rows
+    """Metrics as optimize computed them for the artifact (the task's score) when the held-out rows
     are the reference rows; otherwise label metrics only (no fp32 baseline outputs for other rows)."""
     import numpy as np
 

@@ -29,8 +29,6 @@ def choose_best(front: list[dict], baseline_metric: float, allowed_points: float
 
 
 def document(s, spec, executor, trials, front, measured, reference, baseline, validation, allowed) -> dict:
-    from xformopt.evaluate.stage import headline
-
     best = choose_best(front, baseline["metric"], allowed)
     ref = None
     if reference.get("status") == "complete":
@@ -40,7 +38,7 @@ def document(s, spec, executor, trials, front, measured, reference, baseline, va
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "model": {"source": s.model, "task": spec.task, "model_type": spec.model_type},
-        "metric": {"name": headline(spec.task), "split": "validation", **validation,
+        "metric": {"name": spec.task_def.headline, "split": "validation", **validation,
                    "scale": "fraction, as report.json (accuracy, or cosine to the PyTorch fp32 outputs)"},
         "objectives": s.objectives,
         "sampler": {"name": s.sampler, "seed": s.seed},
