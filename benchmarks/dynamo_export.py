@@ -24,7 +24,7 @@ def build(spec, ctx, exporter: str, root: Path) -> tuple[Path, dict]:
     for name, options in (("export", {"exporter": exporter}), ("fuse", {"select": "all"}), ("quantize", {})):
         cls = get_pass(name)
         dst = root / exporter / name
-        dst.mkdir(parents=True)
+        dst.mkdir(parents=True, exist_ok=True)
         record = cls().run(ctx, src, dst, cls.Options.model_validate(options))
         if name == "export":
             facts["parity"] = record["parity"]
@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=300, help="interleaved batch-1 calls per artifact")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="write the stages here (default: a temp dir)")
     args = parser.parse_args()
 
     from xformopt import models, pipeline, targets
@@ -63,6 +64,8 @@ def main() -> None:
     result: dict = {"model": args.model, "task": spec.task, "target": target.name, "threads": args.threads,
                     "texts": len(texts), "exporters": {}}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.keep:
+            tmp = args.keep
         stages = {}
         for exporter in ("torchscript", "dynamo"):
             stages[exporter], result["exporters"][exporter] = build(spec, ctx, exporter, Path(tmp))
