@@ -124,3 +124,17 @@ def test_optimize_with_dynamo_recipe(tmp_path, tiny_classifier, heldout_file, sa
     tokenizer = AutoTokenizer.from_pretrained(out)
     logits = np.asarray(model(**tokenizer(sample_texts[:4], padding=True, return_tensors="np")).logits)
     assert logits.shape == (4, 2)
+
+
+def test_cli_export_dynamo_keeps_stdout_json(tiny_classifier, heldout_file, tmp_path, capsys):
+    """The dynamo exporter prints its progress; `--json` stdout must stay one JSON document."""
+    import json
+
+    from conftest import run_cli
+
+    code, out, err = run_cli(["export", tiny_classifier, "-o", tmp_path / "e", "--exporter", "dynamo",
+                              "--data", heldout_file, "--json"], capsys)
+    assert code == 0, err
+    entry = json.loads(out)
+    assert entry["options"]["exporter"] == "dynamo"
+    assert entry["record"]["exporter"].startswith("torch.onnx.export (dynamo=True)")
