@@ -180,3 +180,16 @@ def test_optimize_end_to_end_loads_in_optimum(tiny_modernbert, heldout_file, sam
     encoded.pop("token_type_ids", None)
     logits = np.asarray(model(**encoded).logits)
     assert logits.shape == (4, 2) and np.isfinite(logits).all()
+
+
+def test_embedder_stage_loads_in_optimum(encoder_stages, sample_texts):
+    from optimum.onnxruntime import ORTModelForFeatureExtraction
+    from transformers import AutoTokenizer
+
+    _, _, fused, _ = encoder_stages
+    model = ORTModelForFeatureExtraction.from_pretrained(fused)
+    tokenizer = AutoTokenizer.from_pretrained(fused)
+    encoded = tokenizer(sample_texts[:3], padding=True, return_tensors="np")
+    encoded.pop("token_type_ids", None)
+    states = np.asarray(model(**encoded).last_hidden_state)
+    assert states.shape[:2] == encoded["input_ids"].shape and states.shape[2] == TINY["hidden"]
