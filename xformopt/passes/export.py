@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import Field

@@ -93,7 +93,10 @@ def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
     unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them)."""
     import onnx
 
-    from xformopt.passes.export_dynamo import add_missing_layernorm_bias, onnxscript_fusions
+    from xformopt.passes.export_dynamo import (
+        add_missing_layernorm_bias,
+        onnxscript_fusions,
+    )
 
     model = onnx.load(str(src_model))
     if attention and is_dynamo_graph(model):
