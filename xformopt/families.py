@@ -15,7 +15,9 @@ do it (an exporter, a fusion).
   the extra these families fall back to optimum's exporter, where attention stays unfused and the fuse
   record says so (``fallback_per_layer``).
 
-Encoders are exported by optimum (``optimum``).
+Encoders are exported by optimum (``optimum``), or by torch's dynamo exporter (``dynamo``), whose
+graphs go through onnxscript's ORT fusion rewriter in ``fuse``: the only route that fuses ModernBERT's
+attention (ORT's optimizer matches none of it). A recipe's ``export: {exporter: ...}`` wins over the row.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class Family:
     decoder: bool
     ort_model_type: str  # ONNX Runtime transformer-optimizer model type used by `fuse`
     fused_per_layer: dict[str, int]  # fused ops each layer must reach after export (genai) or fuse
-    exporter: str = "optimum"  # "optimum" | "gpt2" | "genai"
+    exporter: str = "optimum"  # "optimum" | "dynamo" (encoders) | "gpt2" | "genai" (decoders)
     layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     heads_keys: tuple[str, ...] = ("num_attention_heads",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
@@ -113,6 +115,9 @@ class Family:
 _ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
 _ROTARY_FALLBACK = {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2}
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
+# ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
+# window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
+_MODERNBERT_FUSED = {"MultiHeadAttention": 1, "RotaryEmbedding": 2, "SkipLayerNormalization": 2}
 
 
 def _bert_like(model_type: str, offset: int = 0) -> Family:
@@ -132,6 +137,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("camembert", offset=2),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
+    # layers[i].attn.Wqkv packs q, k and v in one Linear: head pruning would have to split it (no layout).
+    Family("modernbert", False, "bert", _MODERNBERT_FUSED, exporter="dynamo"),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
            layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions", "n_ctx")),
     _genai("llama"),

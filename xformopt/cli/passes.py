@@ -32,6 +32,9 @@ def export(
     model: opt.Model,
     out: opt.StageOut,
     opset: int = typer.Option(17, "--opset", help="ONNX opset."),
+    exporter: Literal["family", "torchscript", "dynamo"] = typer.Option(
+        "family", "--exporter", help="torchscript (optimum), dynamo (torch.onnx dynamo=True; extra `dynamo`), "
+        "or the model family's (dynamo for ModernBERT)."),
     task: opt.Task = None,
     target: opt.Target = "auto",
     data: opt.PassData = None,
@@ -47,7 +50,8 @@ def export(
     """
     from xformopt.pipeline import run_single
 
-    entry = run_single("export", model, out, {"opset": opset}, target=target, task=task,
+    options = {"opset": opset, "exporter": None if exporter == "family" else exporter}
+    entry = run_single("export", model, out, options, target=target, task=task,
                        data=str(data) if data else None, force=force, wait=wait, trust_remote_code=trust_remote_code, log=output.log)
     _finish(entry, out, as_json)
 

@@ -4,7 +4,9 @@ Why optimum's exporter: it traces with the TorchScript exporter (``dynamo=False`
 scaled-dot-product attention into explicit MatMul/Softmax ops, which is the graph shape ONNX
 Runtime's transformer fusions match. ``torch.onnx.export`` with today's defaults (the dynamo
 exporter over transformers' SDPA attention) emits a graph in which no Attention node fuses; the
-test suite proves both halves of that claim on a tiny BERT.
+test suite proves both halves of that claim on a tiny BERT. ``exporter: dynamo`` (the default for
+families whose row says so) exports with that exporter instead; its graphs reach the fused kernels
+through onnxscript's ORT fusion rewriter in ``fuse`` (xformopt/passes/export_dynamo.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import shutil
 import warnings
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -25,6 +28,9 @@ class ExportOptions(PassOptions):
     opset: int = Field(17, ge=14, le=23, description="ONNX opset")
     max_abs_diff: float = Field(1e-3, gt=0, description="parity: largest |onnx - torch| allowed")
     min_cosine: float = Field(0.9999, gt=0, le=1, description="parity: smallest per-row cosine allowed")
+    exporter: Literal["torchscript", "dynamo"] | None = Field(
+        None, description="torchscript: optimum's exporter; dynamo: torch.onnx.export(dynamo=True), fused by "
+        "onnxscript in `fuse` (extra `dynamo`); default: the family's (dynamo for modernbert, else torchscript)")
 
 
 def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: ExportOptions) -> dict:
@@ -79,6 +85,9 @@ class ExportPass(Pass):
             from xformopt.decoder.export import export_decoder
 
             return export_decoder(ctx, src, dst, options)
+        exporter = options.exporter or ("dynamo" if ctx.spec.family.exporter == "dynamo" else "torchscript")
+        if exporter == "dynamo":
+            return _export_with_dynamo(ctx, src, dst, options)
         ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) at opset {options.opset}")
         with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx"):
             warnings.simplefilter("ignore")
@@ -95,18 +104,45 @@ class ExportPass(Pass):
         _keep_only_config_files(src, dst)
         ctx.log("checking parity against PyTorch")
         parity = check_parity(ctx, src, dst, options)
-        import onnx
+        return _record("optimum.exporters.onnx (TorchScript tracer, dynamo=False)", options.opset, dst, parity)
 
-        graph = onnx.load(dst / "model.onnx", load_external_data=False).graph
-        return {
-            "exporter": "optimum.exporters.onnx (TorchScript tracer, dynamo=False)",
-            "opset": options.opset,
-            "inputs": [i.name for i in graph.input],
-            "outputs": [o.name for o in graph.output],
-            "nodes": len(graph.node),
-            "dynamic_axes": {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input},
-            "parity": parity,
-        }
+
+DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset: lower ones are converted down after export
+
+
+def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
+    from xformopt.models import load_torch_model
+    from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript
+
+    require_onnxscript()  # before loading the model: a missing extra fails in a second
+    opset = max(options.opset, DYNAMO_MIN_OPSET)
+    ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) with torch.onnx.export(dynamo=True) at opset {opset}")
+    model = load_torch_model(ctx.spec, src)
+    dst.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), quiet_loggers("torch.onnx", "torch.export", "onnxscript"):
+        warnings.simplefilter("ignore")
+        export_dynamo(model, ctx.spec.task_def.export_task, dst / "model.onnx", opset)
+    model.config.save_pretrained(dst)
+    _keep_only_config_files(src, dst)
+    ctx.log("checking parity against PyTorch")
+    parity = check_parity(ctx, src, dst, options)
+    return _record("torch.onnx.export (dynamo=True); attention fuses in `fuse` (onnxscript ort_fusions)",
+                   opset, dst, parity)
+
+
+def _record(exporter: str, opset: int, dst: Path, parity: dict) -> dict:
+    import onnx
+
+    graph = onnx.load(dst / "model.onnx", load_external_data=False).graph
+    return {
+        "exporter": exporter,
+        "opset": opset,
+        "inputs": [i.name for i in graph.input],
+        "outputs": [o.name for o in graph.output],
+        "nodes": len(graph.node),
+        "dynamic_axes": {i.name: [d.dim_param for d in i.type.tensor_type.shape.dim] for i in graph.input},
+        "parity": parity,
+    }
 
 
 def _keep_only_config_files(src: Path, dst: Path) -> None:

@@ -24,6 +24,7 @@ from xformopt.errors import PassFailed
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt import models
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.export_dynamo import is_dynamo_graph
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 Candidate = Literal["all", "no_attention", "none"]
@@ -63,10 +64,11 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
         logging.getLogger("symbolic_shape_infer").setLevel(logging.ERROR)
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)
+    graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = optimize_model(
-            str(src_model),
+            graph,
             model_type=ctx.spec.ort_model_type,
             # Pruned heads (config.pruned_heads) leave each layer its own head count: 0 makes ORT read
             # num_heads and the attention width per layer from the graph's Reshape shapes.
@@ -83,6 +85,27 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
             getattr(import_module(module), function)(model, ctx.spec)
     model.save_model_to_file(str(out_model), use_external_data_format=needs_external_data(src_model))
     return fused_counts(model.model)
+
+
+def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
+    """The graph ORT's optimizer gets: a dynamo export first goes through onnxscript's ORT fusions
+    (its attention fuses only there: xformopt/passes/export_dynamo.py), skipped when attention must stay
+    unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them)."""
+    import onnx
+
+    from xformopt.passes.export_dynamo import (
+        add_missing_layernorm_bias,
+        onnxscript_fusions,
+    )
+
+    model = onnx.load(str(src_model))
+    if attention and is_dynamo_graph(model):
+        rewritten = out_model.with_name("onnxscript.onnx")
+        onnxscript_fusions(src_model, rewritten)
+        model = onnx.load(str(rewritten))
+        rewritten.unlink()
+    add_missing_layernorm_bias(model)
+    return model
 
 
 def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
@@ -180,7 +203,10 @@ class FusePass(Pass):
         for item in candidates[chosen].iterdir():
             shutil.move(str(item), dst / item.name)
         shutil.rmtree(work)
+        dynamo = is_dynamo_graph(load_graph(src / "model.onnx"))
         return {
+            "fusion_route": ("onnxscript.rewriter.ort_fusions, then ONNX Runtime's optimizer" if dynamo
+                             else "ONNX Runtime's optimizer"),
             "fused_before": before,
             "fused_possible": counts["all"],
             "fused_kept": counts[chosen],
