@@ -90,7 +90,8 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
 def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
     """The graph ORT's optimizer gets: a dynamo export first goes through onnxscript's ORT fusions
     (its attention fuses only there: xformopt/passes/export_dynamo.py), skipped when attention must stay
-    unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them)."""
+    unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them). The
+    path itself when neither applies."""
     import onnx
 
     from xformopt.passes.export_dynamo import (
@@ -98,14 +99,20 @@ def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
         onnxscript_fusions,
     )
 
-    model = onnx.load(str(src_model))
+    model = onnx.load(str(src_model), load_external_data=False)  # the graph alone: big weights stay on disk
+    changed = False
     if attention and is_dynamo_graph(model):
         rewritten = out_model.with_name("onnxscript.onnx")
         onnxscript_fusions(src_model, rewritten)
         model = onnx.load(str(rewritten))
         rewritten.unlink()
-    add_missing_layernorm_bias(model)
-    return model
+        changed = True
+    elif any(n.op_type == "LayerNormalization" and len(n.input) == 2 for n in model.graph.node):
+        model = onnx.load(str(src_model))
+    else:  # nothing to prepare: ORT reads the file itself (no in-memory proto: graphs over 2 GB load)
+        return str(src_model)
+    changed |= add_missing_layernorm_bias(model) > 0
+    return model if changed else str(src_model)
 
 
 def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
