@@ -72,6 +72,14 @@ DISTILBERT_LAYOUT = Layout(
     attn_value="attention.v_lin", attn_out="attention.out_lin", ffn_in="ffn.lin1", ffn_out="ffn.lin2",
     layers_key="n_layers", ffn_key="hidden_dim", hidden_key="dim", layer_count_attr="transformer.n_layers",
 )
+# MPNet keeps q/k/v/o side by side in ``attention.attn`` (o is the output projection, its LayerNorm
+# sits one level up in ``attention``); transformers' ``prune_heads`` works on MPNetAttention as on BERT.
+MPNET_LAYOUT = Layout(
+    layers="encoder.layer", heads="attention.attn.num_attention_heads",
+    head_dim="attention.attn.attention_head_size", attn_value="attention.attn.v",
+    attn_out="attention.attn.o", ffn_in="intermediate.dense", ffn_out="output.dense",
+    layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size",
+)
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("camembert", offset=2),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
+    # MPNet: positions start after padding_idx (1), as RoBERTa's. ORT's BERT fuser matches its layer
+    # norms but not its attention (the relative-position bias), so until a family fusion
+    # (own_fusion) adds Attention, a layer reaches its two SkipLayerNorms only.
+    Family("mpnet", False, "bert", {"SkipLayerNormalization": 2}, position_offset=2, layout=MPNET_LAYOUT),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
            layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions", "n_ctx")),
     _genai("llama"),
