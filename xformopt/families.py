@@ -46,6 +46,7 @@ class Layout:
     ffn_key: str  # config: FFN width
     hidden_key: str  # config: hidden size
     layer_count_attr: str | None = None  # a module attribute that caches the layer count too
+    head_pruning: bool = True  # False: heads stay whole (prune cuts FFN width and layers only)
 
     @staticmethod
     def get(obj: Any, path: str) -> Any:
@@ -73,12 +74,14 @@ DISTILBERT_LAYOUT = Layout(
     layers_key="n_layers", ffn_key="hidden_dim", hidden_key="dim", layer_count_attr="transformer.n_layers",
 )
 # MPNet keeps q/k/v/o side by side in ``attention.attn`` (o is the output projection, its LayerNorm
-# sits one level up in ``attention``); transformers' ``prune_heads`` works on MPNetAttention as on BERT.
+# sits one level up in ``attention``). Heads are not pruned: the encoder computes one relative-position
+# bias for all heads and adds it in every layer, and transformers' MPNet ``prune_heads`` leaves that
+# bias at full width (the forward then fails on the shape); FFN width and whole layers prune as BERT's.
 MPNET_LAYOUT = Layout(
     layers="encoder.layer", heads="attention.attn.num_attention_heads",
     head_dim="attention.attn.attention_head_size", attn_value="attention.attn.v",
     attn_out="attention.attn.o", ffn_in="intermediate.dense", ffn_out="output.dense",
-    layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size",
+    layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size", head_pruning=False,
 )
 
 
