@@ -476,8 +476,17 @@ def budget_outputs(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datas
 def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, reference: np.ndarray | None) -> float:
     """The task metric in points (0-100) on the budget split (the task decides: its metric where the
     rows are labelled, else agreement with the float graph's outputs ``reference``)."""
+    return budget_evaluation(ctx, model_dir, tokenizer_dir, dataset, reference)[0]
+
+
+def budget_evaluation(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset,
+                      reference: np.ndarray | None) -> tuple[float, dict]:
+    """``budget_metric`` and the measures behind it where the task combines several (embeddings: cosine,
+    recall@k, probe accuracy; Task.budget_components)."""
+    task = ctx.spec.task_def
     out = budget_outputs(ctx, model_dir, tokenizer_dir, dataset, f"budget: scoring {model_dir.name} (rows)")
-    return ctx.spec.task_def.budget_points(out, reference, dataset)[1]
+    parts = task.budget_components(out, reference, dataset) if reference is not None else {}
+    return task.budget_points(out, reference, dataset)[1], parts
 
 
 def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
@@ -495,7 +504,7 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
 
     task = ctx.spec.task_def
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0,
-                             labels=task.labels_from_config)
+                             labels=task.labels_from_config or task.budget_labels)
     reference = float_reference(ctx, src, dataset)
     float_points = budget_metric(ctx, src, src, dataset, reference)
     allowed = allowed_drop(options.max_accuracy_drop, float_points)
@@ -514,10 +523,10 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
         if k:
             build(out, [*options.exclude_nodes, *ranked[:k]])
         started = time.perf_counter()
-        points = budget_metric(ctx, out, src, dataset, reference)
+        points, parts = budget_evaluation(ctx, out, src, dataset, reference)
         row = {"float_nodes": k, "kept_float": ranked[:k], "metric": round(points, 4),
                "drop": round(float_points - points, 4), "passes": float_points - points <= allowed + 1e-9,
-               "eval_seconds": round(time.perf_counter() - started, 2)}
+               "eval_seconds": round(time.perf_counter() - started, 2), **({"components": parts} if parts else {})}
         ctx.log(f"budget candidate with {k} node(s) in float: {metric} {points:.2f} "
                 f"(drop {row['drop']:.3f}, {'within' if row['passes'] else 'over'} budget)")
         tried.append(row)

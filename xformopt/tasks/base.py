@@ -55,6 +55,7 @@ class Task:
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
     agreement_floor: ClassVar[float] = 0.9
     agreement_measure: ClassVar[str] = "cosine"  # what ``agreement`` computes, in words (for records)
+    budget_labels: ClassVar[bool] = False  # the INT8 budget reads the budget rows' labels as they are
     # What prune and distill optimise the student towards: "logits" (the head's output, labels where
     # given) or "embedding" (mean-pooled token states); None: those passes do not take this task.
     torch_objective: ClassVar[str | None] = None
@@ -129,6 +130,11 @@ class Task:
         if reference is None:
             return "agreement_with_float", 100.0
         return "agreement_with_float", 100.0 * float(np.mean(self.agreement(outputs, reference)))
+
+    def budget_components(self, outputs: np.ndarray, reference: np.ndarray, data: TextDataset) -> dict:
+        """The measures behind ``budget_points`` where it combines several (name -> float, value, drop,
+        in points), recorded per budget candidate; {} where it is one metric."""
+        return {}
 
     def skipped_without_baseline(self) -> str:
         """The metrics a bench run cannot compute without the artifact's reference outputs."""
