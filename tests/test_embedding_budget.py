@@ -126,3 +126,22 @@ def test_quantize_budget_on_a_pair_file_records_each_measure(fused_tiny_encoder,
     first = budget["search"][0]
     assert set(first["components"]) == {"cosine_to_float", "recall_at_1", "recall_at_5", "probe_accuracy"}
     assert first["drop"] == pytest.approx(max(0.0, *(c["drop"] for c in first["components"].values())), abs=1e-3)
+
+
+def test_optimize_on_a_pair_file_reports_recall(tiny_encoder, tmp_path, capsys):
+    from conftest import run_cli
+
+    from xformopt.resources import vader_split_path
+
+    rows = read_jsonl(vader_split_path("test"))[::50][:24]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"text": r["text"], "text_pair": r["text"].lower()}) + "\n" for r in rows))
+    out = tmp_path / "o"
+    code, _, err = run_cli(["optimize", tiny_encoder, "-o", out, "--data", data, "--no-cache"], capsys)
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    for stage in report["stages"]:
+        recall = stage["metrics"]["recall_at_1"]
+        assert recall["n"] == 24 and 0 <= recall["value"] <= 1
+    assert report["stages"][-1]["metrics"]["cosine_to_baseline"]["n"] == 48  # both sides of every pair
+    assert "Recall@1" in (out / "report.md").read_text()

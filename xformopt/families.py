@@ -103,6 +103,9 @@ class Family:
     # "module:function" run on ORT's OnnxModel after its optimizer, for families whose attention ORT
     # does not fuse (function(onnx_model, spec) adds the fused nodes); None: ORT's fusions suffice.
     own_fusion: str | None = None
+    # Weighted GEMMs that dynamic/static INT8 is known to wreck in this family (regexes, full match on
+    # the exported ONNX node names): quantize keeps them in float unless told not to (family_float).
+    int8_float: tuple[str, ...] = ()
 
     def config_value(self, config: dict, keys: tuple[str, ...]) -> Any:
         return next((config[k] for k in keys if config.get(k) is not None), None)
