@@ -127,3 +127,27 @@ def test_distill_drops_mpnet_layers(mpnet_models, sample_texts, tmp_path):
                       eval_samples=16, batch_size=16)
     config = json.loads((tmp_path / "d" / "config.json").read_text())
     assert config["model_type"] == "mpnet" and config["num_hidden_layers"] == 1, record
+
+
+def test_family_float_keeps_known_fragile_gemms(mpnet_stages, sample_texts, tmp_path, monkeypatch):
+    import dataclasses
+
+    stage = mpnet_stages["encoder"]
+    node = "/encoder/layer.1/output/dense/MatMul"
+    monkeypatch.setitem(FAMILIES, "mpnet", dataclasses.replace(FAMILIES["mpnet"], int8_float=(r"/encoder/layer\.1/output/dense/MatMul",)))
+    ctx = make_ctx(stage["model"], sample_texts)
+    record = run_pass("quantize", ctx, stage["root"] / "f", tmp_path / "q")
+    assert record["family_float"]["nodes"] == [node]
+    assert [g["name"] for g in record["coverage"]["kept_float"]] == [node]
+    assert any("known to wreck" in m for m in ctx.messages)
+    off = run_pass("quantize", make_ctx(stage["model"], sample_texts), stage["root"] / "f", tmp_path / "q2",
+                   family_float=False)
+    assert "family_float" not in off and off["coverage"]["kept_float"] == []
+
+
+def test_the_mpnet_pattern_names_the_measured_layers():
+    import re
+
+    names = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(12)] + ["/encoder/layer.6/intermediate/dense/MatMul"]
+    kept = [n for n in names if any(re.fullmatch(p, n) for p in FAMILIES["mpnet"].int8_float)]
+    assert kept == [f"/encoder/layer.{i}/output/dense/MatMul" for i in (6, 7, 8, 9, 10)]
