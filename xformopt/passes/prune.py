@@ -551,7 +551,7 @@ def explicit_plan(head_scores, ffn_scores, layer_scores, shape0: Shape, options:
 
 
 def candidate_plans(head_scores, ffn_scores, layer_scores, shape0: Shape, sparsity: float, strategy: str,
-                    multiple: int, length: float) -> list[Plan]:
+                    multiple: int, length: float, head_fractions: tuple[float, ...] = HEAD_FRACTIONS) -> list[Plan]:
     """Plans that each remove ``sparsity`` of the FLOPs: for every number of dropped layers (least
     sensitive first) the budget allows, and every head fraction, the FFN width that completes it."""
     n = shape0.num_layers
@@ -564,7 +564,7 @@ def candidate_plans(head_scores, ffn_scores, layer_scores, shape0: Shape, sparsi
         keep = sorted(set(range(n)) - set(order[:dropped]))
         if sum(per_layer[i] for i in keep) < target * (1 - 0.05):
             break  # dropping this many layers already removes more than the budget
-        plans = [p for f in HEAD_FRACTIONS
+        plans = [p for f in head_fractions
                  if (p := width_plan(head_scores, ffn_scores, keep, f, shape0, multiple, target, length)) is not None]
         if plans:
             by_depth[dropped] = plans
@@ -915,6 +915,9 @@ class PrunePass(Pass):
         from xformopt.models import load_tokenizer, load_torch_model
 
         arch = arch_for(ctx.spec.model_type)
+        if options.heads_per_layer is not None and not arch.layout.head_pruning:
+            raise InputError(f"{ctx.spec.model_type} attention heads cannot be pruned (its heads share one "
+                             "position bias); drop heads_per_layer and prune ffn_dim or layers")
         objective = ctx.spec.task_def.torch_objective
         torch.manual_seed(options.seed)
         model = load_torch_model(ctx.spec, src)
@@ -970,7 +973,8 @@ class PrunePass(Pass):
 
         if options.sparsity is not None:
             plans = candidate_plans(head_scores, ffn_scores, layer_scores, shape0, options.sparsity,
-                                    options.strategy, multiple, options.reference_length)
+                                    options.strategy, multiple, options.reference_length,
+                                    HEAD_FRACTIONS if arch.layout.head_pruning else (1.0,))
             # A small sparsity can round back to the full shape (the FFN width is a SIMD multiple, and
             # 5% of the target is tolerated): such a candidate removes nothing and is not a prune.
             plans = distinct([p for p in plans if not removes_nothing(p, shape0)])

@@ -73,6 +73,8 @@ class QuantizeOptions(PassOptions, Int4Options):
     weight_type: Literal["int8", "uint8"] | None = Field(None, description="weight type; default: the target's")
     op_types: list[str] | None = Field(None, description="op types to quantize; default: the target's")
     exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
+    family_float: bool = Field(True, description="keep the family's known-fragile GEMMs in float "
+                                                 "(xformopt/families.py int8_float); false: quantize them too")
     min_agreement: float | None = Field(
         None, ge=0, le=1,
         description="floor on the output cosine to the float graph; below it the pass tries safer formats, then "
@@ -102,6 +104,18 @@ class QuantizeOptions(PassOptions, Int4Options):
 def allowed_drop(budget: float | str, float_points: float) -> float:
     """The budget in metric points: absolute, or a percentage of the float graph's value."""
     return accuracy_budget.points(budget, float_points)
+
+
+def family_float_nodes(ctx: PassContext, src: Path, options: QuantizeOptions) -> list[str]:
+    """The weighted GEMMs of ``src`` the family keeps in float by default (Family.int8_float), less
+    those already excluded."""
+    import re
+
+    patterns = ctx.spec.family.int8_float if options.family_float else ()
+    if not patterns:
+        return []
+    names = [g["name"] for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"]]
+    return [n for n in names if n not in options.exclude_nodes and any(re.fullmatch(p, n) for p in patterns)]
 
 
 def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
@@ -223,10 +237,15 @@ class QuantizePass(Pass):
             raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
                              "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
         formats = resolved_formats(ctx, options)
+        record: dict = {"mode": options.mode}
+        if fragile := family_float_nodes(ctx, src, options):
+            options = options.model_copy(update={"exclude_nodes": [*options.exclude_nodes, *fragile]})
+            record["family_float"] = {"nodes": fragile, "patterns": list(ctx.spec.family.int8_float)}
+            ctx.log(f"keeping {len(fragile)} GEMM(s) in float that INT8 is known to wreck in {ctx.spec.model_type} "
+                    "(family_float: false quantizes them)")
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"
         work.mkdir()
-        record: dict = {"mode": options.mode}
         try:
             if options.mode == "static":
                 make_builder, record["calibration"], prepared, ranges, harm_reader = self._static(ctx, src, work, options, formats)
@@ -476,8 +495,17 @@ def budget_outputs(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, datas
 def budget_metric(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, reference: np.ndarray | None) -> float:
     """The task metric in points (0-100) on the budget split (the task decides: its metric where the
     rows are labelled, else agreement with the float graph's outputs ``reference``)."""
+    return budget_evaluation(ctx, model_dir, tokenizer_dir, dataset, reference)[0]
+
+
+def budget_evaluation(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset,
+                      reference: np.ndarray | None) -> tuple[float, dict]:
+    """``budget_metric`` and the measures behind it where the task combines several (embeddings: cosine,
+    recall@k, probe accuracy; Task.budget_components)."""
+    task = ctx.spec.task_def
     out = budget_outputs(ctx, model_dir, tokenizer_dir, dataset, f"budget: scoring {model_dir.name} (rows)")
-    return ctx.spec.task_def.budget_points(out, reference, dataset)[1]
+    parts = task.budget_components(out, reference, dataset) if reference is not None else {}
+    return task.budget_points(out, reference, dataset)[1], parts
 
 
 def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
@@ -513,10 +541,10 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
         if k:
             build(out, [*options.exclude_nodes, *ranked[:k]])
         started = time.perf_counter()
-        points = budget_metric(ctx, out, src, dataset, reference)
+        points, parts = budget_evaluation(ctx, out, src, dataset, reference)
         row = {"float_nodes": k, "kept_float": ranked[:k], "metric": round(points, 4),
                "drop": round(float_points - points, 4), "passes": float_points - points <= allowed + 1e-9,
-               "eval_seconds": round(time.perf_counter() - started, 2)}
+               "eval_seconds": round(time.perf_counter() - started, 2), **({"components": parts} if parts else {})}
         ctx.log(f"budget candidate with {k} node(s) in float: {metric} {points:.2f} "
                 f"(drop {row['drop']:.3f}, {'within' if row['passes'] else 'over'} budget)")
         tried.append(row)

@@ -47,11 +47,15 @@ def get(name: str) -> Task:
     return task
 
 
-def detect(config: dict, decoder: bool) -> Task:
+def detect(config: dict, decoder: bool, sentence_transformers: bool = False) -> Task:
     """The task a checkpoint's head was trained for (config.architectures), else its family's default:
-    embeddings for encoders, generation for decoders."""
+    embeddings for encoders, generation for decoders. ``sentence_transformers``: the folder is a
+    sentence-transformers model (modules.json), an embedder even where config.architectures still
+    names its pretraining head (all-mpnet-base-v2 says MPNetForMaskedLM; its weights have no LM head)."""
     architectures = config.get("architectures") or []
     for task in TASKS.values():
         if task.decoder == decoder and any(a.endswith(task.architectures) for a in architectures if task.architectures):
+            if sentence_transformers and task is fill_mask.TASK:
+                break
             return task
     return TASKS["text-generation"] if decoder else TASKS["feature-extraction"]

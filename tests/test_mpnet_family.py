@@ -1,0 +1,153 @@
+"""The mpnet family row on tiny MPNet checkpoints built in code: export parity, fuse (counted against
+the row's fused_per_layer), quantize, prune, and optimize through the CLI, for classification and
+embeddings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import TINY, make_ctx, onnx_op_counts, run_cli, run_pass
+from mpnet_helpers import tiny_mpnet
+
+from xformopt import models
+from xformopt.families import FAMILIES
+
+LAYERS = TINY["layers"]
+
+
+@pytest.fixture(scope="module")
+def mpnet_models(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("tiny-mpnet")
+    return {"classifier": tiny_mpnet(root / "cls", classifier=True, seed=0),
+            "encoder": tiny_mpnet(root / "enc", classifier=False, seed=1)}
+
+
+@pytest.fixture(scope="module")
+def mpnet_stages(mpnet_models, tmp_path_factory, sample_texts) -> dict:
+    """Each tiny MPNet exported then fused (select=all, the family's expect_full): records by kind."""
+    out = {}
+    for kind, model in mpnet_models.items():
+        root = tmp_path_factory.mktemp(f"mpnet-{kind}")
+        ctx = make_ctx(model, sample_texts)
+        export = run_pass("export", ctx, model, root / "e")
+        fuse = run_pass("fuse", ctx, root / "e", root / "f", select="all")
+        out[kind] = {"model": model, "root": root, "export": export, "fuse": fuse}
+    return out
+
+
+def test_resolves_with_the_family_row(mpnet_models):
+    cls = models.resolve(str(mpnet_models["classifier"]))
+    enc = models.resolve(str(mpnet_models["encoder"]))
+    assert (cls.task, enc.task) == ("text-classification", "feature-extraction")
+    assert cls.family is FAMILIES["mpnet"] and cls.ort_model_type == "bert"
+    assert (cls.num_layers, cls.num_heads, cls.hidden_size) == (LAYERS, TINY["heads"], TINY["hidden"])
+    # 130 position embeddings, less padding_idx + 1: as many tokens as the tokenizer may emit
+    assert models.position_limit(mpnet_models["classifier"]) == 128
+
+
+@pytest.mark.parametrize("kind,output", [("classifier", "logits"), ("encoder", "last_hidden_state")])
+def test_export_parity(mpnet_stages, kind, output):
+    record = mpnet_stages[kind]["export"]
+    assert record["outputs"] == [output]
+    assert record["inputs"] == ["input_ids", "attention_mask"]  # MPNet has no segment embeddings
+    assert record["parity"]["max_abs_diff"] <= 1e-3
+    assert len(set(record["parity"]["sequence_lengths"])) >= 3
+
+
+@pytest.mark.parametrize("kind", ["classifier", "encoder"])
+def test_fuse_reaches_what_ort_fuses_today(mpnet_stages, kind):
+    """ORT's BERT fuser: both layer norms of every layer (and the embeddings'), BiasGelu; no Attention
+    (the relative-position bias breaks its match) until a family fusion adds it."""
+    record = mpnet_stages[kind]["fuse"]
+    assert record["expected"] == {"SkipLayerNormalization": 2 * LAYERS}
+    possible = record["fused_possible"]
+    assert possible["SkipLayerNormalization"] >= 2 * LAYERS
+    assert possible["BiasGelu"] == LAYERS
+    if FAMILIES["mpnet"].own_fusion is None:
+        assert possible["Attention"] == 0 and possible["MultiHeadAttention"] == 0
+
+
+@pytest.mark.parametrize("kind", ["classifier", "encoder"])
+def test_quantize_covers_every_weighted_gemm(mpnet_stages, kind, sample_texts, tmp_path):
+    stage = mpnet_stages[kind]
+    ctx = make_ctx(stage["model"], sample_texts)
+    record = run_pass("quantize", ctx, stage["root"] / "f", tmp_path / "q")
+    coverage = record["coverage"]
+    assert coverage["weighted_gemms"] > 0 and coverage["int8"] == coverage["weighted_gemms"]
+    assert coverage["kept_float"] == []
+    assert record["agreement"]["mean_agreement"] >= 0.9
+    assert onnx_op_counts(tmp_path / "q" / "model.onnx")["MatMulInteger"] >= 6 * LAYERS  # q, k, v, o, FFN in/out
+
+
+def test_prune_reaches_mpnet_modules(mpnet_models, sample_texts, tmp_path):
+    """The layout's paths (intermediate/output.dense, encoder.layer): FFN pruned, heads kept whole (they
+    share one position bias), a checkpoint stock transformers reloads, which exports and fuses to the
+    family's expectation."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = mpnet_models["classifier"]
+    ctx = make_ctx(model, sample_texts, target="avx2")
+    record = run_pass("prune", ctx, model, tmp_path / "p", sparsity=0.2, strategy="width", measure_latency=False,
+                      samples=32, eval_samples=32, batch_size=16)
+    after = record["after"]
+    assert after["heads_per_layer"] == [TINY["heads"]] * after["layers"]
+    assert all(f < TINY["intermediate"] for f in after["ffn_per_layer"])
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "p").eval()
+    assert reloaded.config.model_type == "mpnet"
+    pruned_ctx = make_ctx(tmp_path / "p", sample_texts)
+    export = run_pass("export", pruned_ctx, tmp_path / "p", tmp_path / "e")
+    assert export["parity"]["max_abs_diff"] <= 1e-3
+    fuse = run_pass("fuse", pruned_ctx, tmp_path / "e", tmp_path / "f", select="all")
+    assert fuse["fused_possible"]["SkipLayerNormalization"] >= 2 * after["layers"]
+
+
+def test_optimize_embedder_end_to_end(mpnet_models, tmp_path, capsys):
+    out = tmp_path / "o"
+    code, _, err = run_cli(["optimize", mpnet_models["encoder"], "-o", out, "--limit", "24", "--no-cache"], capsys)
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert [s["name"] for s in report["stages"]] == ["pytorch", "export", "fuse", "quantize"]
+    final = report["stages"][-1]["metrics"]
+    assert final["cosine_to_baseline"]["value"] >= 0.9
+
+
+def test_prune_refuses_mpnet_heads(mpnet_models, sample_texts, tmp_path):
+    from xformopt.errors import InputError
+
+    model = mpnet_models["classifier"]
+    with pytest.raises(InputError, match="heads cannot be pruned"):
+        run_pass("prune", make_ctx(model, sample_texts), model, tmp_path / "p", heads_per_layer=2)
+
+
+def test_distill_drops_mpnet_layers(mpnet_models, sample_texts, tmp_path):
+    model = mpnet_models["encoder"]
+    ctx = make_ctx(model, sample_texts)
+    record = run_pass("distill", ctx, model, tmp_path / "d", student_layers=1, epochs=1, train_samples=32,
+                      eval_samples=16, batch_size=16)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["model_type"] == "mpnet" and config["num_hidden_layers"] == 1, record
+
+
+def test_family_float_keeps_known_fragile_gemms(mpnet_stages, sample_texts, tmp_path, monkeypatch):
+    import dataclasses
+
+    stage = mpnet_stages["encoder"]
+    node = "/encoder/layer.1/output/dense/MatMul"
+    monkeypatch.setitem(FAMILIES, "mpnet", dataclasses.replace(FAMILIES["mpnet"], int8_float=(r"/encoder/layer\.1/output/dense/MatMul",)))
+    ctx = make_ctx(stage["model"], sample_texts)
+    record = run_pass("quantize", ctx, stage["root"] / "f", tmp_path / "q")
+    assert record["family_float"]["nodes"] == [node]
+    assert [g["name"] for g in record["coverage"]["kept_float"]] == [node]
+    assert any("known to wreck" in m for m in ctx.messages)
+    off = run_pass("quantize", make_ctx(stage["model"], sample_texts), stage["root"] / "f", tmp_path / "q2",
+                   family_float=False)
+    assert "family_float" not in off and off["coverage"]["kept_float"] == []
+
+
+def test_the_mpnet_pattern_names_the_measured_layers():
+    import re
+
+    names = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(12)] + ["/encoder/layer.6/intermediate/dense/MatMul"]
+    kept = [n for n in names if any(re.fullmatch(p, n) for p in FAMILIES["mpnet"].int8_float)]
+    assert kept == [f"/encoder/layer.{i}/output/dense/MatMul" for i in (6, 7, 8, 9, 10)]

