@@ -3,10 +3,10 @@
 A task is one object (one module under ``xformopt/tasks/``); nothing outside this package tests a task's
 name. Callers ask the task: which transformers/optimum classes load it, how its held-out rows are read,
 what the graph's outputs become (pooled embeddings, word-level tags, answer spans), how a stage is scored
-against the PyTorch baseline, what one INT8 agreement figure is, which passes and latency modes apply.
+against the PyTorch baseline, what one INT8 agreement figure is, which passes apply.
 
 Outputs flow as numpy arrays of one row per held-out example (padded where a task's rows are ragged),
-so they can be saved beside the artifact as ``reference_outputs.npy`` without pickle.
+so they can be saved in the artifact as ``reference/baseline_outputs.npy`` without pickle.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Task:
     decoder: ClassVar[bool] = False  # decoder families (KV cache) vs encoders
     labels_from_config: ClassVar[bool] = False  # label2id comes from the config (classifier heads)
     needs_labels: ClassVar[bool] = False  # held-out rows must be labelled (else the metric is meaningless)
-    passes: ClassVar[tuple[str, ...]] = ("export", "fuse", "quantize", "prune", "distill")
+    passes: ClassVar[tuple[str, ...]] = ("export", "fuse", "quantize")  # prune/distill need a torch_objective
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
     agreement_floor: ClassVar[float] = 0.9
     agreement_measure: ClassVar[str] = "cosine"  # what ``agreement`` computes, in words (for records)
@@ -74,8 +74,8 @@ class Task:
             require_labels=self.needs_labels if require_labels is None else require_labels, limit=limit, seed=seed)
 
     def default_data(self, split: str) -> Path:
-        """The vendored rows used when the user names no data (the VADER tweets: texts with 3 sentiment
-        labels). A task whose rows need more than a text raises an InputError naming the flag."""
+        """The vendored rows used when the user names no data (the VADER movie-review split: texts with
+        negative/positive labels). A task whose rows need more than a text raises an InputError naming --data."""
         from xformopt.resources import vader_split_path
 
         return vader_split_path(split)

@@ -21,6 +21,7 @@ class TextClassification(Task):
                "agreement_with_baseline": AGREEMENT}
     labels_from_config = True
     needs_labels = True
+    passes = ("export", "fuse", "quantize", "prune", "distill")
     torch_objective = "logits"
 
     def score(self, outputs, baseline, data, seed=0):

@@ -48,6 +48,7 @@ class FeatureExtraction(Task):
     # Embeddings are compared by cosine downstream: the INT8 ladder holds them to the line users hold
     # embedders to (logits only need their ranking kept).
     agreement_floor = 0.99
+    passes = ("export", "fuse", "quantize", "prune", "distill")
     torch_objective = "embedding"
 
     def finish(self, raw, encoded):
