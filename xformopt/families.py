@@ -67,6 +67,12 @@ BERT_LAYOUT = Layout(
     attn_out="attention.output.dense", ffn_in="intermediate.dense", ffn_out="output.dense",
     layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size",
 )
+MPNET_LAYOUT = Layout(
+    layers="encoder.layer", heads="attention.attn.num_attention_heads",
+    head_dim="attention.attn.attention_head_size", attn_value="attention.attn.v",
+    attn_out="attention.attn.o", ffn_in="intermediate.dense", ffn_out="output.dense",
+    layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size",
+)
 DISTILBERT_LAYOUT = Layout(
     layers="transformer.layer", heads="attention.n_heads", head_dim="attention.attention_head_size",
     attn_value="attention.v_lin", attn_out="attention.out_lin", ffn_in="ffn.lin1", ffn_out="ffn.lin2",
@@ -132,6 +138,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("camembert", offset=2),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
+    # ORT's BERT fuser matches no MPNet attention (relative position bias on the scores): own fusion into
+    # MultiHeadAttention with the bias as attention_bias (xformopt/fusions/mpnet.py).
+    Family("mpnet", False, "bert", {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}, position_offset=2,
+           layout=MPNET_LAYOUT, own_fusion="xformopt.fusions.mpnet:fuse"),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
            layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions", "n_ctx")),
     _genai("llama"),
