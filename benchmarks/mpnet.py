@@ -96,7 +96,7 @@ def mean_cosine(a, b) -> dict:
     cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
     half = 1.96 * cos.std(ddof=1) / np.sqrt(len(cos)) if len(cos) > 1 else 0.0
     return {"mean": float(cos.mean()), "min": float(cos.min()), "ci95": [float(cos.mean() - half), float(cos.mean() + half)],
-            "n": int(len(cos))}
+            "n": len(cos)}
 
 
 def main() -> None:

@@ -3,7 +3,6 @@ relative position bias as its attention bias, parity to the unfused graph, count
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 from collections import Counter
@@ -12,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from conftest import LABELS, TINY, make_ctx, onnx_op_counts, read_jsonl, run_pass
+
 from xformopt.errors import PassFailed
 from xformopt.resources import vader_split_path
 
@@ -72,7 +71,7 @@ def mpnet(request, tmp_path_factory, mpnet_tokenizer_dir, sample_texts):
 
 
 def test_every_layer_fuses_into_multihead_attention(mpnet):
-    model, _, record, fused = mpnet
+    _, _, record, fused = mpnet
     assert record["fused_before"]["MultiHeadAttention"] == 0
     assert record["fused_possible"]["MultiHeadAttention"] == LAYERS
     assert record["expected"] == {"MultiHeadAttention": LAYERS, "SkipLayerNormalization": 2 * LAYERS}
