@@ -153,13 +153,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
     # layers[i].attn.Wqkv packs q, k and v in one Linear: head pruning would have to split it (no layout).
     Family("modernbert", False, "bert", _MODERNBERT_FUSED, exporter="dynamo"),
-    # MPNet: positions start after padding_idx (1), as RoBERTa's. ORT's BERT fuser matches its layer
-    # norms but not its attention (the relative-position bias), so until a family fusion
-    # (own_fusion) adds Attention, a layer reaches its two SkipLayerNorms only.
+    # MPNet: positions start after padding_idx (1), as RoBERTa's. ORT's BERT fuser matches its layer norms
+    # but no attention (relative position bias on the scores): own fusion into MultiHeadAttention with the
+    # bias as attention_bias (xformopt/fusions/mpnet.py).
     # INT8: the FFN output projections of layers 6-10 take post-GELU activations whose outliers
     # per-tensor uint8 cannot hold (harm 0.39-0.55 against <= 0.11 for every other GEMM, measured on
     # all-mpnet-base-v2); in float they lift mean cosine to float from 0.867 to 0.986 (notes: wt-mpnet).
-    Family("mpnet", False, "bert", {"SkipLayerNormalization": 2}, position_offset=2, layout=MPNET_LAYOUT,
+    Family("mpnet", False, "bert", {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}, position_offset=2,
+           layout=MPNET_LAYOUT, own_fusion="xformopt.fusions.mpnet:fuse",
            int8_float=(r"/encoder/layer\.([6-9]|10)/output/dense/MatMul",)),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
            layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions", "n_ctx")),

