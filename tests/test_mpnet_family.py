@@ -56,16 +56,17 @@ def test_export_parity(mpnet_stages, kind, output):
 
 
 @pytest.mark.parametrize("kind", ["classifier", "encoder"])
-def test_fuse_reaches_what_ort_fuses_today(mpnet_stages, kind):
-    """ORT's BERT fuser: both layer norms of every layer (and the embeddings'), BiasGelu; no Attention
-    (the relative-position bias breaks its match) until a family fusion adds it."""
+def test_fuse_reaches_every_layer(mpnet_stages, kind):
+    """ORT's BERT fuser: both layer norms of every layer (and the embeddings'), BiasGelu, but no Attention
+    (the relative-position bias breaks its match); the family's own fusion adds one MultiHeadAttention
+    per layer and ORT's Attention stays at 0."""
     record = mpnet_stages[kind]["fuse"]
-    assert record["expected"] == {"SkipLayerNormalization": 2 * LAYERS}
+    assert record["expected"] == {"MultiHeadAttention": LAYERS, "SkipLayerNormalization": 2 * LAYERS}
     possible = record["fused_possible"]
     assert possible["SkipLayerNormalization"] >= 2 * LAYERS
     assert possible["BiasGelu"] == LAYERS
-    if FAMILIES["mpnet"].own_fusion is None:
-        assert possible["Attention"] == 0 and possible["MultiHeadAttention"] == 0
+    assert possible["MultiHeadAttention"] == LAYERS and possible["Attention"] == 0
+    assert FAMILIES["mpnet"].own_fusion == "xformopt.fusions.mpnet:fuse"
 
 
 @pytest.mark.parametrize("kind", ["classifier", "encoder"])
