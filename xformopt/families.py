@@ -111,6 +111,7 @@ class Family:
 
 
 _ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
+_DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 _ROTARY_FALLBACK = {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2}
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 
@@ -130,6 +131,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("roberta", offset=2),
     _bert_like("xlm-roberta", offset=2),
     _bert_like("camembert", offset=2),
+    # DeBERTa-v2/v3: relative (disentangled) attention, no absolute positions in v3
+    # (position_biased_input: false), but max_position_embeddings still bounds the tokenizer.
+    # ORT's BERT fuser matches its layer norms only; attention is xformopt's own fusion.
+    Family("deberta-v2", False, "bert", _DEBERTA_FUSED, own_fusion="xformopt.fusions.deberta_v2:fuse"),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",

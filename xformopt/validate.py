@@ -44,7 +44,8 @@ OPTIONAL_TYPES = {
     "vocab_size": "a positive whole number", "max_position_embeddings": "a positive whole number",
     "n_positions": "a positive whole number", "n_ctx": "a positive whole number",
     "intermediate_size": "a positive whole number", "hidden_dim": "a positive whole number",
-    "n_inner": "a positive whole number", "type_vocab_size": "a positive whole number",
+    "n_inner": "a positive whole number",
+    "type_vocab_size": "a whole number",  # 0 in DeBERTa-v3: no token type embeddings
     "pad_token_id": "a whole number", "bos_token_id": "a whole number", "eos_token_id": "a whole number",
     "layer_norm_eps": "a positive number", "layer_norm_epsilon": "a positive number",
     "num_labels": "a positive whole number", "problem_type": "a name such as \"single_label_classification\"",
