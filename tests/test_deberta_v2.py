@@ -204,3 +204,43 @@ def test_optimize_end_to_end_and_the_artifact_loads_in_optimum(kind, tiny_debert
 
         model = ORTModelForFeatureExtraction.from_pretrained(out)
         assert model(**encoded).last_hidden_state.shape == (1, encoded["input_ids"].shape[1], 64)
+
+
+VARIANTS = {  # (transformers class, config changes): the other heads and attention settings the family has
+    "no-relative-attention": ("DebertaV2Model", dict(relative_attention=False, position_biased_input=True)),
+    "c2p-only": ("DebertaV2Model", dict(pos_att_type=["c2p"])),
+    "token-classification": ("DebertaV2ForTokenClassification", {}),
+    "question-answering": ("DebertaV2ForQuestionAnswering", {}),
+    "multiple-choice": ("DebertaV2ForMultipleChoice", {}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_other_heads_and_attention_settings_fuse_with_parity(variant, tokenizer_dir, sample_texts, tmp_path):
+    import onnxruntime as ort
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    cls, extra = VARIANTS[variant]
+    torch.manual_seed(5)
+    model_dir = _save(getattr(transformers, cls)(_config(tokenizer_dir, **extra)).eval(), tokenizer_dir, tmp_path / "m")
+    ctx = make_ctx(model_dir, sample_texts)
+    run_pass("export", ctx, model_dir, tmp_path / "e")
+    record = run_pass("fuse", ctx, tmp_path / "e", tmp_path / "f", select="all")
+    assert record["fused_possible"]["MultiHeadAttention"] == 2
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    sessions = [ort.InferenceSession(str(tmp_path / d / "model.onnx"), providers=["CPUExecutionProvider"])
+                for d in ("e", "f")]
+    names = {i.name for i in sessions[0].get_inputs()}
+    by_length = sorted(sample_texts, key=len)
+    for batch in ([by_length[0]], [by_length[-1]], by_length[::10]):
+        enc = {k: v for k, v in tokenizer(batch, padding=True, truncation=True, max_length=128, return_tensors="np").items() if k in names}
+        mask = enc["attention_mask"].astype(bool)
+        if variant == "multiple-choice":  # [batch, choices, length]: two identical choices
+            enc = {k: np.repeat(v[:, None], 2, axis=1) for k, v in enc.items()}
+        for unfused, fused_out in zip(*(s.run(None, enc) for s in sessions)):
+            if unfused.shape[:2] == mask.shape:  # per token: padded positions are not compared
+                unfused, fused_out = unfused[mask], fused_out[mask]
+            np.testing.assert_allclose(fused_out, unfused, atol=1e-4, err_msg=f"{variant} {unfused.shape}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import helper
+from onnx import TensorProto, helper
 from onnxruntime.transformers.fusion_base import Fusion
 from onnxruntime.transformers.onnx_model import OnnxModel
 
@@ -89,15 +89,17 @@ class FusionDebertaV2Attention(Fusion):
         to_4d = model.match_parent(where, "Reshape", 2, output_name_to_node)
         if to_4d is None:
             return
-        add = model.match_parent(to_4d, "Add", 0, output_name_to_node)
-        if add is None:
-            return
-        qk = None
-        for i in (0, 1):
-            parent = output_name_to_node.get(add.input[i])
-            if parent is not None and parent.op_type == "MatMul":
-                qk, rel = parent, add.input[1 - i]
-                break
+        scores = output_name_to_node.get(to_4d.input[0])
+        qk, add, rel = None, None, None
+        if scores is not None and scores.op_type == "MatMul":  # relative_attention false: no bias terms
+            qk = scores
+        elif scores is not None and scores.op_type == "Add":
+            add = scores
+            for i in (0, 1):
+                parent = output_name_to_node.get(add.input[i])
+                if parent is not None and parent.op_type == "MatMul":
+                    qk, rel = parent, add.input[1 - i]
+                    break
         if qk is None:
             return
         q_path = model.match_parent_path(qk, ["Reshape", "Transpose", "Reshape"], [0, 0, 0], output_name_to_node)
@@ -146,15 +148,21 @@ class FusionDebertaV2Attention(Fusion):
         # K^T and Q.K^T are needed only by the scores: anything else reading them (there is nothing in
         # DeBERTa's graph) would lose its input.
         for inner in (div, k_transpose, qk, add):
-            readers = [c for c in input_name_to_nodes.get(inner.output[0], []) if c.op_type != "Shape"]
+            readers = [c for c in input_name_to_nodes.get(inner.output[0], []) if c.op_type != "Shape"] if inner else [1]
             if len(readers) != 1:
                 return
 
-        # attention_bias = Where(Not(mask), finfo.min, Reshape(rel, [B, H, S, S])): the relative terms
-        # with the padding mask, in the nodes the graph already has. The Reshape's shape is computed
-        # from Shape(scores), which has the shape of rel: its readers now read rel.
-        for reader in input_name_to_nodes.get(add.output[0], []):
-            OnnxModel.replace_node_input(reader, add.output[0], rel)
+        if add is not None:
+            # attention_bias = Where(Not(mask), finfo.min, Reshape(rel, [B, H, S, S])): the relative terms
+            # with the padding mask, in the nodes the graph already has. The Reshape's shape is computed
+            # from Shape(scores), which has the shape of rel: its readers now read rel.
+            for reader in input_name_to_nodes.get(add.output[0], []):
+                OnnxModel.replace_node_input(reader, add.output[0], rel)
+        else:
+            # attention_bias = Where(Not(mask), finfo.min, 0): the padding mask alone, [B, 1, S, S]
+            zero = self.model.create_node_name("deberta_zero_bias")
+            self.add_initializer(zero, TensorProto.FLOAT, [], [0.0])
+            OnnxModel.replace_node_input(where, where.input[2], zero)
         out_name = tail[2].output[0]
         mha = helper.make_node(
             "MultiHeadAttention",
@@ -167,7 +175,7 @@ class FusionDebertaV2Attention(Fusion):
         )
         self.nodes_to_add.append(mha)
         self.node_name_to_graph_name[mha.name] = self.this_graph_name
-        self.add_nodes_to_remove([qk, div, k_transpose, add, softmax, probs_3d, pv, *tail])
+        self.add_nodes_to_remove([n for n in (qk, div, k_transpose, add, softmax, probs_3d, pv, *tail) if n])
         self.increase_counter("MultiHeadAttention")
 
 
