@@ -244,3 +244,25 @@ def test_other_heads_and_attention_settings_fuse_with_parity(variant, tokenizer_
             if unfused.shape[:2] == mask.shape:  # per token: padded positions are not compared
                 unfused, fused_out = unfused[mask], fused_out[mask]
             np.testing.assert_allclose(fused_out, unfused, atol=1e-4, err_msg=f"{variant} {unfused.shape}")
+
+
+def test_prune_and_distill_refuse_deberta_in_one_line():
+    from xformopt.errors import InputError
+    from xformopt.passes.prune import arch_for
+
+    for name in ("prune", "distill"):
+        with pytest.raises(InputError, match=rf"unsupported architecture 'deberta-v2' for pass '{name}'"):
+            arch_for("deberta-v2", name)
+
+
+def test_type_vocab_size_zero_is_deberta_only(tiny_deberta_cls, tiny_classifier, tmp_path):
+    from xformopt import models
+    from xformopt.errors import InputError
+
+    assert models.resolve(str(tiny_deberta_cls)).model_type == "deberta-v2"  # v3 has type_vocab_size 0
+    bert = tmp_path / "bert"
+    shutil.copytree(tiny_classifier, bert)
+    config = json.loads((bert / "config.json").read_text())
+    (bert / "config.json").write_text(json.dumps({**config, "type_vocab_size": 0}))
+    with pytest.raises(InputError, match="type_vocab_size is 0; it must be a positive whole number"):
+        models.resolve(str(bert))

@@ -131,9 +131,12 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("roberta", offset=2),
     _bert_like("xlm-roberta", offset=2),
     _bert_like("camembert", offset=2),
-    # DeBERTa-v2/v3: relative (disentangled) attention, no absolute positions in v3
-    # (position_biased_input: false), but max_position_embeddings still bounds the tokenizer.
-    # ORT's BERT fuser matches its layer norms only; attention is xformopt's own fusion.
+    # DeBERTa-v2/v3: relative (disentangled) attention; v3 has no absolute positions
+    # (position_biased_input: false), but max_position_embeddings still bounds the tokenizer. ORT's BERT
+    # fuser matches its layer norms only; attention is xformopt's own fusion into MultiHeadAttention.
+    # No layout: transformers cannot prune DeBERTa heads (DebertaV2Model._prune_heads raises, so a
+    # config.pruned_heads would not reload), and a head is also rows of the position projections
+    # (pos_key_proj/pos_query_proj, or query/key_proj applied to the relative embeddings).
     Family("deberta-v2", False, "bert", _DEBERTA_FUSED, own_fusion="xformopt.fusions.deberta_v2:fuse"),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),

@@ -44,14 +44,18 @@ OPTIONAL_TYPES = {
     "vocab_size": "a positive whole number", "max_position_embeddings": "a positive whole number",
     "n_positions": "a positive whole number", "n_ctx": "a positive whole number",
     "intermediate_size": "a positive whole number", "hidden_dim": "a positive whole number",
-    "n_inner": "a positive whole number",
-    "type_vocab_size": "a whole number",  # 0 in DeBERTa-v3: no token type embeddings
+    "n_inner": "a positive whole number", "type_vocab_size": "a positive whole number",
     "pad_token_id": "a whole number", "bos_token_id": "a whole number", "eos_token_id": "a whole number",
     "layer_norm_eps": "a positive number", "layer_norm_epsilon": "a positive number",
     "num_labels": "a positive whole number", "problem_type": "a name such as \"single_label_classification\"",
     "pruned_heads": "an object of layer -> head list", "num_key_value_heads": "a positive whole number",
     "rms_norm_eps": "a positive number", "tie_word_embeddings": "true or false",
 }
+
+
+# Keys a family may set to 0 where OPTIONAL_TYPES wants them positive (DeBERTa-v3: no token type
+# embeddings, type_vocab_size 0; optimum then exports no token_type_ids input).
+ZERO_ALLOWED = {"deberta-v2": {"type_vocab_size"}}
 
 
 def _of_kind(value, kind: str) -> bool:
@@ -89,6 +93,8 @@ def check_config(config: dict, file: Path, family) -> None:
         if not _positive_int(value) or value > MAX_DIM:
             raise InputError(f"{file}: {present[0]} must be a positive whole number (got {value!r})")
     for key, kind in OPTIONAL_TYPES.items():
+        if key in ZERO_ALLOWED.get(family.model_type, ()) and type(config.get(key)) is int and config[key] == 0:
+            continue
         if key in config and config[key] is not None and not _of_kind(config[key], kind):
             raise InputError(f"{file}: {key} is {config[key]!r}; it must be {kind}")
     width, heads = family.config_value(config, family.hidden_keys), family.config_value(config, family.heads_keys)
