@@ -30,6 +30,7 @@ class FusionDebertaV2Attention(Fusion):
     def __init__(self, model: OnnxModel):
         super().__init__(model, "MultiHeadAttention", "Softmax", "DeBERTa-v2 disentangled attention")
         self.prune_graph = True  # the shape subgraphs of the removed Reshapes become dead
+        self.zero: str | None = None  # the scalar 0 bias shared by layers without relative attention
 
     def _const(self, name: str):
         value = self.model.get_constant_value(name)
@@ -84,7 +85,8 @@ class FusionDebertaV2Attention(Fusion):
         model = self.model
         # Before the softmax: the padding mask's Where over the scores reshaped to [B, H, S, S].
         where = model.match_parent(softmax, "Where", 0, output_name_to_node)
-        if where is None:
+        fill = None if where is None else self._const(where.input[1])
+        if fill is None or fill.size != 1 or float(fill.reshape(())) > -1e4:  # not a padding mask's fill
             return
         to_4d = model.match_parent(where, "Reshape", 2, output_name_to_node)
         if to_4d is None:
@@ -160,9 +162,10 @@ class FusionDebertaV2Attention(Fusion):
                 OnnxModel.replace_node_input(reader, add.output[0], rel)
         else:
             # attention_bias = Where(Not(mask), finfo.min, 0): the padding mask alone, [B, 1, S, S]
-            zero = self.model.create_node_name("deberta_zero_bias")
-            self.add_initializer(zero, TensorProto.FLOAT, [], [0.0])
-            OnnxModel.replace_node_input(where, where.input[2], zero)
+            if self.zero is None:
+                self.zero = self.model.create_node_name("deberta_zero_bias")
+                self.add_initializer(self.zero, TensorProto.FLOAT, [], [0.0])
+            OnnxModel.replace_node_input(where, where.input[2], self.zero)
         out_name = tail[2].output[0]
         mha = helper.make_node(
             "MultiHeadAttention",
