@@ -82,9 +82,7 @@ def test_family_row_reads_a_deberta_v3_config(tiny_deberta_cls):
 
 def test_export_parity_and_inputs(model_dir, exported):
     _, record = exported
-    import json as _json
-
-    type_vocab = _json.loads((model_dir / "config.json").read_text())["type_vocab_size"]
+    type_vocab = json.loads((model_dir / "config.json").read_text())["type_vocab_size"]
     # DeBERTa-v3 (type_vocab_size 0) takes no token_type_ids; the graph must not ask for them
     assert ("token_type_ids" in record["inputs"]) == (type_vocab > 0)
     assert record["parity"]["max_abs_diff"] < 1e-4 and record["parity"]["min_cosine"] > 0.9999

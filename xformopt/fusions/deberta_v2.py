@@ -4,7 +4,7 @@ ORT's optimizer has no DeBERTa fuser (optimum routes the family to the BERT one,
 layer norms). DeBERTa's disentangled attention adds content->position and position->content terms to
 the scores; both are gathers over relative-position buckets computed from Q, K and the (shared)
 relative embeddings, which no ORT kernel computes. So this fusion keeps that subgraph as it is and
-fuses only the core around it (``torch`` exported by optimum's TorchScript path, per layer)::
+fuses only the core around it (per layer, as optimum's TorchScript export writes it)::
 
     scores = MatMul(Q_heads, Div(K_heads^T, sqrt(d * scale_factor))) + rel      [B*H, S, S]
     probs  = Softmax(Where(Not(mask), finfo.min, Reshape(scores, [B, H, S, S])))
