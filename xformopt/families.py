@@ -127,6 +127,7 @@ class Family:
 
 
 _ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
+_DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 _ROTARY_FALLBACK = {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2}
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
@@ -149,6 +150,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _bert_like("roberta", offset=2),
     _bert_like("xlm-roberta", offset=2),
     _bert_like("camembert", offset=2),
+    # DeBERTa-v2/v3: relative (disentangled) attention; v3 has no absolute positions
+    # (position_biased_input: false), but max_position_embeddings still bounds the tokenizer. ORT's BERT
+    # fuser matches its layer norms only; attention is xformopt's own fusion into MultiHeadAttention.
+    # No layout: transformers cannot prune DeBERTa heads (DebertaV2Model._prune_heads raises, so a
+    # config.pruned_heads would not reload), and a head is also rows of the position projections
+    # (pos_key_proj/pos_query_proj, or query/key_proj applied to the relative embeddings).
+    Family("deberta-v2", False, "bert", _DEBERTA_FUSED, own_fusion="xformopt.fusions.deberta_v2:fuse"),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
     # layers[i].attn.Wqkv packs q, k and v in one Linear: head pruning would have to split it (no layout).

@@ -53,6 +53,11 @@ OPTIONAL_TYPES = {
 }
 
 
+# Keys a family may set to 0 where OPTIONAL_TYPES wants them positive (DeBERTa-v3: no token type
+# embeddings, type_vocab_size 0; optimum then exports no token_type_ids input).
+ZERO_ALLOWED = {"deberta-v2": {"type_vocab_size"}}
+
+
 def _of_kind(value, kind: str) -> bool:
     if kind.startswith("a list"):
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
@@ -88,6 +93,8 @@ def check_config(config: dict, file: Path, family) -> None:
         if not _positive_int(value) or value > MAX_DIM:
             raise InputError(f"{file}: {present[0]} must be a positive whole number (got {value!r})")
     for key, kind in OPTIONAL_TYPES.items():
+        if key in ZERO_ALLOWED.get(family.model_type, ()) and type(config.get(key)) is int and config[key] == 0:
+            continue
         if key in config and config[key] is not None and not _of_kind(config[key], kind):
             raise InputError(f"{file}: {key} is {config[key]!r}; it must be {kind}")
     width, heads = family.config_value(config, family.hidden_keys), family.config_value(config, family.heads_keys)
