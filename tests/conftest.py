@@ -299,3 +299,13 @@ def check_bench_report_and_gate(artifact: Path, capsys) -> dict:
     assert code == 0, err
     assert _json.loads(out)["headline_metric"] == report["headline_metric"]
     return bench
+
+
+def write_tiny_recipe(path: Path, data: Path | None = None, **evaluation) -> Path:
+    """The quick export -> fuse -> quantize recipe the end-to-end tests run (3 timing rounds, one repeat):
+    ``evaluation`` adds or overrides keys of its evaluation block (limit, text_column, ...)."""
+    settings = {"latency_rounds": 3, "warmup": 1, "repeats": 1, **({"data": str(data)} if data else {}), **evaluation}
+    lines = "".join(f"  {key}: {value}\n" for key, value in settings.items() if value is not None)  # None: the default
+    path.write_text("name: tiny\ntarget: avx512_vnni\npasses:\n  - export\n  - fuse: {timing_rounds: 3}\n  - quantize\n"
+                    f"evaluation:\n{lines}")
+    return path

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import error_lines, onnx_op_counts, run_cli
+from conftest import error_lines, onnx_op_counts, run_cli, write_tiny_recipe
 
 from xformopt import __version__
 from xformopt.recipe import RECIPES_DIR
@@ -20,21 +19,7 @@ LAYERS = 2
 
 @pytest.fixture
 def tiny_recipe_file(tmp_path, heldout_file) -> Path:
-    path = tmp_path / "tiny.yaml"
-    path.write_text(textwrap.dedent(f"""
-        name: tiny
-        target: avx512_vnni
-        passes:
-          - export
-          - fuse: {{timing_rounds: 3}}
-          - quantize
-        evaluation:
-          data: {heldout_file}
-          limit: 12
-          latency_rounds: 3
-          warmup: 1
-    """))
-    return path
+    return write_tiny_recipe(tmp_path / "tiny.yaml", heldout_file, limit=12, repeats=None)
 
 
 def assert_input_error(code: int, stderr: str, *fragments: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import LABELS, _save, _vocab_size, make_ctx, onnx_op_counts, run_cli, run_pass
+from conftest import LABELS, _save, _vocab_size, make_ctx, onnx_op_counts, run_cli, run_pass, write_tiny_recipe
 
 V3 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
           max_position_embeddings=128, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
@@ -157,21 +157,7 @@ def test_dynamic_int8_after_fusion(model_dir, fused, sample_texts, tmp_path):
 
 
 def _recipe(tmp_path: Path, heldout: Path | None) -> Path:
-    data = f"data: {heldout}\n  " if heldout else ""
-    path = tmp_path / "tiny.yaml"
-    path.write_text(f"""name: tiny
-target: avx512_vnni
-passes:
-  - export
-  - fuse: {{timing_rounds: 3}}
-  - quantize
-evaluation:
-  {data}limit: 24
-  latency_rounds: 3
-  warmup: 1
-  repeats: 1
-""")
-    return path
+    return write_tiny_recipe(tmp_path / "tiny.yaml", heldout, limit=24)
 
 
 @pytest.mark.parametrize("kind", ["cls", "enc"])

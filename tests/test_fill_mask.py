@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, check_bench_report_and_gate, run_cli
+from conftest import _bert_config, _save, check_bench_report_and_gate, run_cli, write_tiny_recipe
 from harden_helpers import one_error
 
 from xformopt import models
@@ -243,19 +243,7 @@ def test_a_mask_truncated_away_names_the_row(tiny_mlm, tmp_path):
 
 @pytest.fixture
 def recipe(tmp_path, masked_file) -> Path:
-    return write(tmp_path / "tiny.yaml", f"""
-        name: tiny
-        target: avx512_vnni
-        passes:
-          - export
-          - fuse: {{timing_rounds: 3}}
-          - quantize
-        evaluation:
-          data: {masked_file}
-          latency_rounds: 3
-          warmup: 1
-          repeats: 1
-    """)
+    return write_tiny_recipe(tmp_path / "tiny.yaml", masked_file)
 
 
 def test_optimize_writes_an_int8_artifact_with_fill_mask_metrics(tiny_mlm, recipe, masked_file, tmp_path, capsys):

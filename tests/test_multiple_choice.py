@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, check_bench_report_and_gate, make_ctx, run_cli, run_pass
+from conftest import _bert_config, _save, check_bench_report_and_gate, make_ctx, run_cli, run_pass, write_tiny_recipe
 from harden_helpers import one_error
 
 from xformopt import models
@@ -210,21 +210,7 @@ def test_score_on_hand_made_cases():
 
 @pytest.fixture
 def recipe(tmp_path, swag_file) -> Path:
-    return write(tmp_path / "tiny.yaml", f"""
-        name: tiny
-        target: avx512_vnni
-        passes:
-          - export
-          - fuse: {{timing_rounds: 3}}
-          - quantize
-        evaluation:
-          data: {swag_file}
-          text_column: sent1
-          limit: 24
-          latency_rounds: 3
-          warmup: 1
-          repeats: 1
-    """)
+    return write_tiny_recipe(tmp_path / "tiny.yaml", swag_file, text_column="sent1", limit=24)
 
 
 def test_optimize_writes_an_int8_artifact_with_multiple_choice_metrics(tiny_mc, recipe, swag_file, tmp_path,
