@@ -727,5 +727,5 @@ def test_pass_refuses_other_architectures(tiny_classifier, sample_texts, tmp_pat
         run_pass("prune", ctx, tiny_classifier, tmp_path / "p", sparsity=0.5, **FAST)
     message = info.value.message
     assert message == (f"unsupported architecture {model_type!r} for pass 'prune': it takes encoders whose modules "
-                       "it knows (bert, electra, roberta, xlm-roberta, camembert, distilbert)")
+                       "it knows (bert, electra, roberta, xlm-roberta, camembert, distilbert, mpnet)")
     assert not any((tmp_path / "p").iterdir())  # refused before any work

@@ -172,15 +172,17 @@ def test_ort_calib_max_intermediate_outputs_still_drops_chunks(fused_classifier,
 
 
 def fake_metric(harmful: set[str], drop_per_node: float = 1.0):
-    """A metric that drops by ``drop_per_node`` points for every ``harmful`` node still quantized."""
+    """A budget evaluation (points, components) that drops by ``drop_per_node`` points for every
+    ``harmful`` node still quantized: patched over ``quantize.budget_evaluation``, which scores the float
+    graph and every candidate."""
     from xformopt.onnx_graph import load_graph, weighted_gemms
 
-    def metric(ctx, model_dir, tokenizer_dir, dataset, reference):
+    def evaluation(ctx, model_dir, tokenizer_dir, dataset, reference):
         model = load_graph(model_dir / "model.onnx")
         still_float = {g["name"].removesuffix("_MatMul") for g in weighted_gemms(model) if g["has_weight"]}
-        return 90.0 - drop_per_node * len(harmful - still_float)
+        return 90.0 - drop_per_node * len(harmful - still_float), {}
 
-    return metric
+    return evaluation
 
 
 def harm_in_order(order: list[str]):
@@ -213,7 +215,7 @@ def test_budget_falls_back_most_harmful_first(fused_classifier, tiny_classifier,
     names = gemm_names(fused_classifier[0])
     order = [names[3], names[0], names[5], names[1]] + [n for i, n in enumerate(names) if i not in (0, 1, 3, 5)]
     harmful = set(order[:3])  # the three most harmful must return to float; each costs 1 point
-    monkeypatch.setattr(q_mod, "budget_metric", fake_metric(harmful))
+    monkeypatch.setattr(q_mod, "budget_evaluation", fake_metric(harmful))
     monkeypatch.setattr(cal_mod, "harm_scores", harm_in_order(order))
     ctx = make_ctx(tiny_classifier, sample_texts, host_flags={"avx512f", "avx512bw", "avx512_vnni"})
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q", max_accuracy_drop=0.0, budget_limit=16,
@@ -233,7 +235,7 @@ def test_budget_relative_percent(fused_classifier, tiny_classifier, tmp_path, sa
     import xformopt.passes.quantize as q_mod
 
     names = gemm_names(fused_classifier[0])
-    monkeypatch.setattr(q_mod, "budget_metric", fake_metric({names[0]}, drop_per_node=0.8))  # 0.8 of 90 points
+    monkeypatch.setattr(q_mod, "budget_evaluation", fake_metric({names[0]}, drop_per_node=0.8))  # 0.8 of 90 points
     ctx = make_ctx(tiny_classifier, sample_texts)
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q", max_accuracy_drop="1%", budget_limit=16)
     assert record["budget"]["allowed_drop_points"] == pytest.approx(0.9)
@@ -244,7 +246,7 @@ def test_budget_unmet_writes_artifact_and_exits_1(fused_classifier, tiny_classif
     import xformopt.passes.quantize as q_mod
 
     names = gemm_names(fused_classifier[0])
-    monkeypatch.setattr(q_mod, "budget_metric", fake_metric(set(names)))  # every node hurts: half in float is not enough
+    monkeypatch.setattr(q_mod, "budget_evaluation", fake_metric(set(names)))  # every node hurts: half in float is not enough
     out = tmp_path / "q"
     code, _, stderr = run_cli(["quantize", fused_classifier[0], "-o", out, "--mode", "static",
                                     "--max-accuracy-drop", "0.5", "--target", "avx512_vnni"], capsys)
