@@ -4,8 +4,10 @@ interleaved run on real held-out texts (tokenization included); ratios against t
     python benchmarks/artifacts.py examples/sentiment/model out/int8 out/prune-distill-int8 --rounds 600
 
 The first positional argument is the original model (it gives the task, labels and the PyTorch
-baseline accuracy); each further argument is an artifact directory holding model.onnx. Never run as a
-test: speed claims live here and in `xformopt bench`.
+baseline accuracy); each further argument is an artifact directory holding model.onnx. With
+``--optimum DIR``, optimum's own dynamic-INT8 artifact of the model (xformopt/bench/optimum_reference.py,
+built in DIR or reused) is added first, so the ratios are against it. Never run as a test: speed
+claims live here and in `xformopt bench`.
 """
 
 from __future__ import annotations
@@ -24,23 +26,33 @@ def main() -> None:
     parser.add_argument("model", help="the original Hugging Face model (baseline and labels)")
     parser.add_argument("artifacts", nargs="+", type=Path, help="artifact directories (model.onnx inside)")
     parser.add_argument("--limit", type=int, default=None, help="held-out rows scored (default: all)")
+    parser.add_argument("--split", choices=("test", "validation"), default="test",
+                        help="vendored split scored (validation: the rows `xformopt search` scores its front on)")
     parser.add_argument("--timing-rows", type=int, default=500, help="held-out texts cycled through when timing")
     parser.add_argument("--rounds", type=int, default=600, help="interleaved batch-1 rounds")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-pytorch", action="store_true", help="leave the PyTorch baseline out of the timing")
+    parser.add_argument("--optimum", type=Path, default=None, metavar="DIR",
+                        help="build (or reuse) optimum's dynamic-INT8 artifact in DIR and compare against it")
     args = parser.parse_args()
 
     import numpy as np
 
-    from xformopt import models
-    from xformopt.bench.host import host_info, usable_cpus
+    from xformopt import models, targets
+    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.bench.modes import real
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = models.resolve(args.model)
     task = spec.task_def
+    if args.optimum is not None:
+        from xformopt.bench.optimum_reference import optimum_dynamic_int8
+
+        target = targets.detect(effective_cpu_flags()).name
+        print(f"optimum's dynamic INT8 ({target}) in {args.optimum}", file=sys.stderr)
+        args.artifacts.insert(0, optimum_dynamic_int8(Path(args.model), args.optimum, task, target))
     threads = args.threads or usable_cpus()
-    heldout = task.load(task.default_data("test"), label2id=spec.label2id or None, limit=args.limit, seed=0)
+    heldout = task.load(task.default_data(args.split), label2id=spec.label2id or None, limit=args.limit, seed=0)
     predictors = {"pytorch": TorchPredictor(spec, threads=threads)}
     for path in args.artifacts:
         name = path.name
@@ -48,7 +60,7 @@ def main() -> None:
             name += "'"
         predictors[name] = OrtPredictor(spec, path, threads=threads)
 
-    print(f"scoring {len(heldout)} held-out rows", file=sys.stderr)
+    print(f"scoring {len(heldout)} rows of the {args.split} split", file=sys.stderr)
     baseline = predictors["pytorch"].predict_data(heldout)
     metric = task.report_headline(task.score(baseline, baseline, heldout))
     scores = {name: task.score(baseline if name == "pytorch" else p.predict_data(heldout), baseline, heldout)[metric]["value"]
@@ -63,7 +75,8 @@ def main() -> None:
 
     host = host_info()
     first = args.artifacts[0].name
-    print(f"{spec.source} ({spec.task}) on {host['cpu_model']}, {threads} threads; {len(heldout)} rows scored; "
+    print(f"{spec.source} ({spec.task}) on {host['cpu_model']} (target {targets.detect(effective_cpu_flags()).name}, "
+          f"load {os.getloadavg()[0]:.1f}), {threads} threads; {len(heldout)} {args.split} rows scored; "
           f"batch 1, {len(texts)} real held-out texts cycled, {args.rounds} interleaved rounds")
     print(f"{'variant':<28} {metric:>10} {'p50 ms':>8} {'p90 ms':>8} {f'speed-up vs {first}':>24}")
     for name, value in scores.items():

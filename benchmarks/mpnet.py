@@ -6,7 +6,10 @@ MODEL is the sentence-transformers folder (the `mpnet` alias assembles it from P
 under --work:
 
 - ``xformopt-int8``: xformopt's passes, export -> fuse (select all: MPNet's attention in
-  MultiHeadAttention, xformopt/fusions/mpnet.py) -> quantize (dynamic INT8 for this host's target);
+  MultiHeadAttention, xformopt/fusions/mpnet.py) -> quantize (dynamic INT8 for this host's target, the
+  family's outlier rules: FFN inputs smoothed, FFN output projections split, xformopt/passes/outliers.py);
+- ``xformopt-int8-plain`` (``--plain``): the same quantize with ``outlier_rules: false`` (and
+  ``min_agreement: 0``: the pass refuses it otherwise, its cosine to float being far below 0.99);
 - ``optimum-int8``: optimum's ORTModelForFeatureExtraction export + ORTQuantizer with
   AutoQuantizationConfig for this host (avx512_vnni, or avx2 without VNNI), is_static=False,
   per_channel=False: optimum's documented dynamic recipe.
@@ -36,57 +39,27 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def ffn_out_nodes(stage: Path) -> list[str]:
-    """Every layer's FFN output projection (MatMul after GELU): MPNet's activation outliers live there."""
-    from xformopt.onnx_graph import load_graph, weighted_gemms
-
-    return [g["name"] for g in weighted_gemms(load_graph(stage / "model.onnx")) if "/output/dense/" in g["name"]]
-
-
-def xformopt_artifact(model: Path, work: Path, float_ffn_out: bool) -> tuple[Path, dict]:
+def xformopt_artifact(model: Path, work: Path, plain: bool = False) -> tuple[Path, dict]:
     from xformopt.pipeline import run_single
 
-    int8 = work / ("int8-ffn-out-float" if float_ffn_out else "int8")
+    int8 = work / ("int8-plain" if plain else "int8")
     chain = [("export", model, work / "export", {}), ("fuse", work / "export", work / "fused", {"select": "all"}),
-             ("quantize", work / "fused", int8, {"mode": "dynamic"})]
+             ("quantize", work / "fused", int8, {"mode": "dynamic", "outlier_rules": not plain,
+                                                 # plain: built for the comparison though the pass would refuse it
+                                                 **({"min_agreement": 0.0} if plain else {})})]
     records = {}
     for name, src, dst, options in chain:
-        if name == "quantize" and float_ffn_out:
-            options = {**options, "exclude_nodes": ffn_out_nodes(src)}
         manifest = dst / "manifest.json"
-        if manifest.is_file():
+        if manifest.is_file() and json.loads(manifest.read_text())["passes"][-1].get("options", {}).get(
+                "outlier_rules", not plain) == (not plain):
             log(f"{name}: reusing {dst}")
             records[name] = json.loads(manifest.read_text())["passes"][-1].get("record", {})
             continue
+        shutil.rmtree(dst, ignore_errors=True)
         started = time.perf_counter()
         records[name] = run_single(name, str(src), dst, options, task="feature-extraction", log=log)["record"]
         log(f"{name}: {time.perf_counter() - started:.0f}s")
     return int8, records
-
-
-def optimum_artifact(model: Path, work: Path, vnni: bool) -> Path:
-    from optimum.onnxruntime import ORTModelForFeatureExtraction, ORTQuantizer
-    from optimum.onnxruntime.configuration import AutoQuantizationConfig
-
-    out = work / "optimum-int8"
-    if (out / "model.onnx").is_file():
-        log(f"optimum: reusing {out}")
-        return out
-    exported = work / "optimum-fp32"
-    if not (exported / "model.onnx").is_file():
-        log("optimum: exporting")
-        ORTModelForFeatureExtraction.from_pretrained(str(model), export=True).save_pretrained(str(exported))
-    recipe = AutoQuantizationConfig.avx512_vnni if vnni else AutoQuantizationConfig.avx2
-    config = recipe(is_static=False, per_channel=False)
-    log(f"optimum: quantizing ({config})")
-    staging = work / "optimum-int8.tmp"
-    ORTQuantizer.from_pretrained(str(exported)).quantize(save_dir=str(staging), quantization_config=config)
-    (staging / "model_quantized.onnx").rename(staging / "model.onnx")
-    for item in Path(model).iterdir():  # the tokenizer files, so both artifacts tokenize alike
-        if item.is_file() and item.name.startswith(("tokenizer", "special_tokens", "vocab")):
-            shutil.copy2(item, staging / item.name)
-    staging.rename(out)
-    return out
 
 
 def mean_cosine(a, b) -> dict:
@@ -107,17 +80,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--timing-rows", type=int, default=500, help="held-out texts cycled through when timing")
     parser.add_argument("--cosine-rows", type=int, default=None, help="held-out texts for the cosine (default: all)")
-    parser.add_argument("--fp32", action="store_true", help="also time xformopt's fused fp32 stage and optimum's fp32 export")
-    parser.add_argument("--int8-ffn-out", action="store_true",
-                        help="quantize the FFN output projections too (by default they stay float: with them in INT8 "
-                             "the output cosine to float falls below 0.99 and the quantize pass refuses)")
+    parser.add_argument("--fp32", action="store_true",
+                        help="also time xformopt's fused fp32 stage and its unfused export (optimum's exporter)")
+    parser.add_argument("--plain", action="store_true",
+                        help="also time xformopt's INT8 without the family's outlier rules (outlier_rules: false)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
     import numpy as np
 
-    from xformopt import models, targets
+    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+
+    from xformopt import models, targets, tasks
     from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.bench.modes import real
     from xformopt.data import load_text_dataset
@@ -127,16 +102,18 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     target = targets.detect(effective_cpu_flags())
     log(f"host target: {target.name}")
-    ours, records = xformopt_artifact(args.model, args.work, float_ffn_out=not args.int8_ffn_out)
-    theirs = optimum_artifact(args.model, args.work, vnni=target.name == "avx512_vnni")
+    ours, records = xformopt_artifact(args.model, args.work)
+    theirs = optimum_dynamic_int8(args.model, args.work / "optimum-int8", tasks.get("feature-extraction"), target.name)
 
     spec = models.resolve(str(args.model), task="feature-extraction")
     threads = args.threads or usable_cpus()
     heldout = load_text_dataset(vader_split_path("test"), limit=args.cosine_rows, seed=0)
     texts = list(heldout.texts)
     paths = {"xformopt-int8": ours, "optimum-int8": theirs}
+    if args.plain:
+        paths["xformopt-int8-plain"] = xformopt_artifact(args.model, args.work, plain=True)[0]
     if args.fp32:
-        paths.update({"xformopt-fused-fp32": args.work / "fused", "optimum-fp32": args.work / "optimum-fp32"})
+        paths.update({"xformopt-fused-fp32": args.work / "fused", "xformopt-export-fp32": args.work / "export"})
     predictors = {name: OrtPredictor(spec, path, threads=threads, tokenizer_dir=args.model) for name, path in paths.items()}
     for name, p in predictors.items():
         log(f"{name}: inputs {p.input_names}")
@@ -165,7 +142,9 @@ def main() -> None:
         "fused_attention_blocks": fused.get("MultiHeadAttention", 0), "fuse_record": {k: records["fuse"].get(k) for k in (
             "fused_possible", "fused_kept", "expected", "kept", "reason")},
         "quantize_coverage": records["quantize"].get("coverage"),
-        "quantize_agreement_to_float": records["quantize"].get("agreement"), "cosine_to_pytorch_fp32": cosine, "latency": rows,
+        "quantize_agreement_to_float": records["quantize"].get("agreement"),
+        "outliers": {k: v for k, v in (records["quantize"].get("outliers") or {}).items() if k != "nodes"},
+        "cosine_to_pytorch_fp32": cosine, "latency": rows,
     }
     print(f"\nall-mpnet-base-v2, batch 1, {args.rounds} interleaved rounds, {threads} threads, load "
           f"{load_before[0]:.1f}->{load_after[0]:.1f}; attention blocks fused: {result['fused_attention_blocks']}/12")

@@ -16,30 +16,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-
-def optimum_int8(model: Path, work: Path) -> Path:
-    """optimum's export and its avx512_vnni dynamic INT8, as a stage folder (model.onnx + tokenizer)."""
-    from optimum.onnxruntime import ORTModelForQuestionAnswering, ORTQuantizer
-    from optimum.onnxruntime.configuration import AutoQuantizationConfig
-    from transformers import AutoTokenizer
-
-    fp32 = work / "optimum-fp32"
-    ORTModelForQuestionAnswering.from_pretrained(model, export=True).save_pretrained(fp32)
-    AutoTokenizer.from_pretrained(model).save_pretrained(fp32)
-    quantized = work / "optimum-int8-raw"
-    ORTQuantizer.from_pretrained(fp32).quantize(AutoQuantizationConfig.avx512_vnni(is_static=False), save_dir=quantized)
-    stage = work / "optimum-int8"
-    stage.mkdir()
-    for item in fp32.iterdir():
-        if item.suffix != ".onnx":
-            shutil.copy2(item, stage / item.name)
-    (quantized / "model_quantized.onnx").rename(stage / "model.onnx")
-    return stage
 
 
 def xformopt_int8(model: Path, data: Path, work: Path, limit: int | None) -> tuple[Path, dict]:
@@ -73,6 +52,8 @@ def first(tree, key: str):
 
 
 def main() -> None:
+    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="a ...ForQuestionAnswering checkpoint folder")
     parser.add_argument("data", type=Path, help="SQuAD rows: official JSON, .jsonl, or a datasets folder")
@@ -89,7 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         artifact, manifest = xformopt_int8(args.model, args.data, work, args.limit)
-        theirs = optimum_int8(args.model, work)
+        theirs = optimum_dynamic_int8(Path(args.model), work / "optimum-int8", spec.task_def, "avx512_vnni")
         fp32 = TorchPredictor(spec, args.model, threads=args.threads).predict_data(data)
         variants = {
             "xformopt_int8": OrtPredictor(spec, artifact, threads=args.threads).predict_data(data),

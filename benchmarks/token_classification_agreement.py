@@ -23,23 +23,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def optimum_int8(model_dir: Path, work: Path, target: str) -> Path:
-    """optimum's path: ORTModel export, then ORTQuantizer with AutoQuantizationConfig (dynamic)."""
-    from optimum.onnxruntime import ORTModelForTokenClassification, ORTQuantizer
-    from optimum.onnxruntime.configuration import AutoQuantizationConfig
-    from transformers import AutoTokenizer
-
-    exported = work / "optimum-fp32"
-    ORTModelForTokenClassification.from_pretrained(model_dir, export=True).save_pretrained(exported)
-    config = {"avx2": AutoQuantizationConfig.avx2, "avx512": AutoQuantizationConfig.avx512,
-              "avx512_vnni": AutoQuantizationConfig.avx512_vnni}[target](is_static=False, per_channel=False)
-    quantized = work / "optimum-int8"
-    ORTQuantizer.from_pretrained(exported).quantize(save_dir=quantized, quantization_config=config)
-    (quantized / "model_quantized.onnx").rename(quantized / "model.onnx")  # OrtPredictor loads model.onnx
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(quantized)
-    return quantized
-
-
 def xformopt_int8(spec, model_dir: Path, work: Path, texts, target: str) -> tuple[Path, dict]:
     from xformopt import targets
     from xformopt.passes import get_pass
@@ -64,6 +47,8 @@ def int8_ops(model_dir: Path) -> dict:
 
 
 def main() -> None:
+    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", type=Path, help="a ...ForTokenClassification Hugging Face directory")
     parser.add_argument("data", help="held-out sentences (CoNLL, JSONL/CSV tokens+tags, datasets dir)")
@@ -82,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tok-agreement-") as tmp:
         work = Path(tmp)
         ours, record = xformopt_int8(spec, args.model, work, data.texts[:200], args.target)
-        theirs = optimum_int8(args.model, work, args.target)
+        theirs = optimum_dynamic_int8(Path(args.model), work / "optimum-int8", spec.task_def, args.target)
         for name, directory in (("xformopt_int8", ours), ("optimum_dynamic_int8", theirs)):
             outputs = OrtPredictor(spec, directory, threads=2).predict_data(data)
             metrics = task.score(outputs, baseline, data)

@@ -130,25 +130,29 @@ def test_distill_drops_mpnet_layers(mpnet_models, sample_texts, tmp_path):
     assert config["model_type"] == "mpnet" and config["num_hidden_layers"] == 1, record
 
 
-def test_family_float_keeps_known_fragile_gemms(mpnet_stages, sample_texts, tmp_path, monkeypatch):
-    import dataclasses
-
+def test_outlier_rules_keep_every_gemm_int8(mpnet_stages, sample_texts, tmp_path):
+    """The family's rules: every FFN input smoothed, every FFN output projection split in two INT8 GEMMs
+    (the extra one per layer counted), float parity of the rewrite recorded; off, plain INT8."""
     stage = mpnet_stages["encoder"]
-    node = "/encoder/layer.1/output/dense/MatMul"
-    monkeypatch.setitem(FAMILIES, "mpnet", dataclasses.replace(FAMILIES["mpnet"], int8_float=(r"/encoder/layer\.1/output/dense/MatMul",)))
     ctx = make_ctx(stage["model"], sample_texts)
     record = run_pass("quantize", ctx, stage["root"] / "f", tmp_path / "q")
-    assert record["family_float"]["nodes"] == [node]
-    assert [g["name"] for g in record["coverage"]["kept_float"]] == [node]
-    assert any("known to wreck" in m for m in ctx.messages)
+    nodes = record["outliers"]["nodes"]
+    treatments = sorted((name.split("/")[3], node["treatment"]) for name, node in nodes.items())
+    assert treatments == sorted([("intermediate", "smooth")] * LAYERS + [("output", "split")] * LAYERS)
+    assert record["outliers"]["float_parity_max_abs_diff"] <= 1e-3
+    coverage = record["coverage"]
+    assert coverage["weighted_gemms"] == 7 * LAYERS and coverage["int8"] == 7 * LAYERS
+    assert any("outlier rules" in m for m in ctx.messages)
     off = run_pass("quantize", make_ctx(stage["model"], sample_texts), stage["root"] / "f", tmp_path / "q2",
-                   family_float=False)
-    assert "family_float" not in off and off["coverage"]["kept_float"] == []
+                   outlier_rules=False)
+    assert "outliers" not in off and off["coverage"]["weighted_gemms"] == 6 * LAYERS
 
 
-def test_the_mpnet_pattern_names_the_measured_layers():
-    import re
+def test_the_mpnet_rules_name_the_ffn_gemms():
+    from xformopt.passes.outliers import matching
 
-    names = [f"/encoder/layer.{i}/output/dense/MatMul" for i in range(12)] + ["/encoder/layer.6/intermediate/dense/MatMul"]
-    kept = [n for n in names if any(re.fullmatch(p, n) for p in FAMILIES["mpnet"].int8_float)]
-    assert kept == [f"/encoder/layer.{i}/output/dense/MatMul" for i in (6, 7, 8, 9, 10)]
+    names = [f"/encoder/layer.{i}/{role}/MatMul" for i in (0, 11) for role in
+             ("attention/attn/q", "attention/attn/o", "intermediate/dense", "output/dense")]
+    assert matching(names, FAMILIES["mpnet"].int8_outliers) == {
+        f"/encoder/layer.{i}/{role}/MatMul": t for i in (0, 11)
+        for role, t in (("intermediate/dense", "smooth"), ("output/dense", "split"))}

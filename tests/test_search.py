@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import onnx
 import pytest
 import yaml
 
@@ -136,6 +137,11 @@ def test_pareto_front():
     pts = [{"metric": 0.9, "latency_ms": 5}, {"metric": 0.8, "latency_ms": 2}, {"metric": 0.7, "latency_ms": 3},
            {"metric": 0.9, "latency_ms": 6}, {"metric": 0.95, "latency_ms": 9}]
     assert [(p["metric"], p["latency_ms"]) for p in pareto(pts)] == [(0.8, 2), (0.9, 5), (0.95, 9)]
+    # re-measure candidates: front by front, so a cap drops the points furthest behind, never a front point
+    from xformopt.search.front import layers
+
+    ordered = [(p["metric"], p["latency_ms"]) for p in layers(pts, len(pts))]
+    assert ordered == [(0.9, 5), (0.8, 2), (0.95, 9), (0.7, 3), (0.9, 6)]
 
 
 def test_ray_flag_without_ray_names_the_extra(tmp_path, capsys, monkeypatch, space_file):
@@ -178,7 +184,12 @@ def test_local_search_writes_the_schema(local_search, tiny_classifier):
         trial = next(t for t in complete if t["trial"] == point["trial"])
         assert point["latency_ms"] == trial["remeasured_latency_ms"]  # the front is over re-measured latency
     assert on_disk["reference_int8"]["metric"] > 0 and on_disk["reference_int8"]["latency_ms"] > 0
-    assert "pytorch" in on_disk["remeasure"]["latency"]
+    optimum = on_disk["optimum_int8"]  # optimum's own ORTQuantizer artifact, timed in the same interleave
+    assert optimum["artifact"] == "optimum-int8" and optimum["latency_ms"] > 0 and 0 <= optimum["metric"] <= 1
+    ops = {n.op_type for n in onnx.load(str(out / "optimum-int8" / "model.onnx")).graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
+    assert {"pytorch", "reference-int8", "optimum-int8"} <= set(on_disk["remeasure"]["latency"])
+    assert "optimum dynamic INT8" in (out / "search.md").read_text()
     assert (out / "pareto.png").stat().st_size > 1000
     assert "| trial" in (out / "search.md").read_text()
 
@@ -326,3 +337,39 @@ def test_ray_retries_a_killed_worker(ray_cluster, tiny_classifier, space_file, s
     assert all(t["status"] == "complete" for t in doc["trials"]), doc["trials"]
     assert max(t.get("attempts", 1) for t in doc["trials"]) >= 2  # the killed trial ran again
     assert doc["front"]
+
+
+def test_an_interrupted_local_search_ends_its_running_trials():
+    """close(abort=True), what an interrupted search calls: the pool's busy workers are ended, not
+    waited for (a distillation trial runs for minutes)."""
+    import time as clock
+
+    from xformopt.search.executors.local import PoolExecutor
+
+    executor = PoolExecutor(2)
+    busy = [executor._pool.submit(clock.sleep, 600) for _ in range(2)]
+    deadline = clock.monotonic() + 120
+    while not all(f.running() for f in busy) and clock.monotonic() < deadline:
+        clock.sleep(0.05)
+    processes = list(executor._pool._processes.values())
+    alive = [p.is_alive() for p in processes]
+    assert processes and all(alive), (alive, [f.running() for f in busy])
+    started = clock.monotonic()
+    executor.close(abort=True)
+    assert not any(p.is_alive() for p in processes), [p.exitcode for p in processes]
+    assert not any(f.done() and not f.cancelled() and f.exception() is None for f in busy)  # none ran to the end
+    assert clock.monotonic() - started < 300  # far less than the 600 s the sleeping "trials" would take
+
+
+def test_a_new_training_prefix_brings_its_cheap_variants():
+    """--expand: the fuse/quantize variants of a prune/distill choice reuse its trained model, so they
+    are queued; a space with nothing to train has no siblings (the sampler chooses freely)."""
+    space = spaces.load(preset="encoder")
+    cheap = space.cheap_keys()
+    assert cheap == ["fuse.select", "quantize.mode", "quantize.max_accuracy_drop"]
+    params = {k: v[0] for k, v in space.choices.items()}
+    siblings = space.siblings(params)
+    assert len(siblings) == 3 and params not in siblings  # 1 fusion x 2 modes x 2 budgets, less itself
+    assert all({k: s[k] for k in space.choices if k not in cheap} ==
+               {k: params[k] for k in space.choices if k not in cheap} for s in siblings)
+    assert spaces.load(preset="encoder-int8").siblings({k: v[0] for k, v in spaces.load(preset="encoder-int8").choices.items()}) == []

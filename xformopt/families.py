@@ -105,9 +105,10 @@ class Family:
     # "module:function" run on ORT's OnnxModel after its optimizer, for families whose attention ORT
     # does not fuse (function(onnx_model, spec) adds the fused nodes); None: ORT's fusions suffice.
     own_fusion: str | None = None
-    # Weighted GEMMs that dynamic/static INT8 is known to wreck in this family (regexes, full match on
-    # the exported ONNX node names): quantize keeps them in float unless told not to (family_float).
-    int8_float: tuple[str, ...] = ()
+    # GEMMs whose inputs carry activation outliers that per-tensor INT8 cannot hold: (regex, treatment),
+    # full match on the exported ONNX node names, treatment "smooth", "split" or "float"
+    # (xformopt/passes/outliers.py); quantize applies them unless told not to (outlier_rules: false).
+    int8_outliers: tuple[tuple[str, str], ...] = ()
 
     def config_value(self, config: dict, keys: tuple[str, ...]) -> Any:
         return next((config[k] for k in keys if config.get(k) is not None), None)
@@ -164,12 +165,14 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # MPNet: positions start after padding_idx (1), as RoBERTa's. ORT's BERT fuser matches its layer norms
     # but no attention (relative position bias on the scores): own fusion into MultiHeadAttention with the
     # bias as attention_bias (xformopt/fusions/mpnet.py).
-    # INT8: the FFN output projections of layers 6-10 take post-GELU activations whose outliers
-    # per-tensor uint8 cannot hold (harm 0.39-0.55 against <= 0.11 for every other GEMM, measured on
-    # all-mpnet-base-v2); in float they lift mean cosine to float from 0.867 to 0.986 (notes: wt-mpnet).
+    # INT8 on all-mpnet-base-v2: the FFN inputs (layer-norm outputs, a few channels at |x| ~ 50 against a
+    # median of 1.5) and the FFN output projections' inputs (post-GELU, up to |x| ~ 100 against 2) take
+    # mean cosine to float from 0.9996 to 0.861 when plainly quantized; smoothing the first and splitting
+    # the 8 largest channels of the second keep every GEMM INT8 at 0.996 (benchmarks/mpnet.py).
     Family("mpnet", False, "bert", {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}, position_offset=2,
            layout=MPNET_LAYOUT, own_fusion="xformopt.fusions.mpnet:fuse",
-           int8_float=(r"/encoder/layer\.([6-9]|10)/output/dense/MatMul",)),
+           int8_outliers=((r"/encoder/layer\.\d+/intermediate/dense/MatMul", "smooth"),
+                          (r"/encoder/layer\.\d+/output/dense/MatMul", "split"))),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
            layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions", "n_ctx")),
     _genai("llama"),

@@ -34,6 +34,8 @@ def search(
     workers: int = typer.Option(None, "--workers", min=1, help="Trials at once [default: CPUs / --cpus-per-trial; 1 runs them in this process]."),
     cpus_per_trial: int = typer.Option(1, "--cpus-per-trial", min=1, help="CPUs (threads) each trial declares and uses."),
     remeasure_rounds: int = typer.Option(200, "--remeasure-rounds", min=3, help="Interleaved batch-1 rounds when re-measuring the front."),
+    expand: bool = typer.Option(True, "--expand/--no-expand", help="After a trial with new prune/distill choices, run "
+                                "its other fuse/quantize variants next (cheap: the pass cache has the trained model)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the search in DIR (its Optuna journal)."),
     force: opt.Force = False,
     trust_remote_code: opt.TrustRemoteCode = False,
@@ -44,8 +46,9 @@ def search(
 
     Each trial is a recipe run into DIR/trials/NNN/ (the pass cache runs shared prefixes once),
     scored on the validation split, never the report's test rows. Trials run side by side, so the
-    front candidates are then re-measured serially, interleaved with the PyTorch baseline and the
-    default INT8 artifact, and the front is recomputed from those latencies.
+    front candidates are then re-measured serially, interleaved with the PyTorch baseline, the
+    default INT8 artifact and optimum's own dynamic INT8, and the front is recomputed from those
+    latencies.
     """
     from xformopt.search import run as runner
     from xformopt.search import sampler as samplers
@@ -66,7 +69,7 @@ def search(
         model=model, out=out, space=s, trials=trials, objectives=objectives,
         max_accuracy_drop=1.0 if max_accuracy_drop is None else max_accuracy_drop, sampler=sampler, seed=seed,
         ray=ray, workers=workers, cpus_per_trial=cpus_per_trial, resume=resume, force=force,
-        remeasure_rounds=remeasure_rounds, trust_remote_code=trust_remote_code, log=output.log,
+        remeasure_rounds=remeasure_rounds, trust_remote_code=trust_remote_code, expand=expand, log=output.log,
     )
     doc = runner.search(settings)
     if as_json:

@@ -73,8 +73,8 @@ class QuantizeOptions(PassOptions, Int4Options):
     weight_type: Literal["int8", "uint8"] | None = Field(None, description="weight type; default: the target's")
     op_types: list[str] | None = Field(None, description="op types to quantize; default: the target's")
     exclude_nodes: list[str] = Field(default_factory=list, description="node names kept in float")
-    family_float: bool = Field(True, description="keep the family's known-fragile GEMMs in float "
-                                                 "(xformopt/families.py int8_float); false: quantize them too")
+    outlier_rules: bool = Field(True, description="apply the family's INT8 outlier rules (xformopt/families.py "
+                                                  "int8_outliers: smooth, split or float); false: plain INT8")
     min_agreement: float | None = Field(
         None, ge=0, le=1,
         description="floor on the output cosine to the float graph; below it the pass tries safer formats, then "
@@ -106,16 +106,30 @@ def allowed_drop(budget: float | str, float_points: float) -> float:
     return accuracy_budget.points(budget, float_points)
 
 
-def family_float_nodes(ctx: PassContext, src: Path, options: QuantizeOptions) -> list[str]:
-    """The weighted GEMMs of ``src`` the family keeps in float by default (Family.int8_float), less
-    those already excluded."""
-    import re
+def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
+    """The family's outlier rules applied to a copy of the float stage (xformopt/passes/outliers.py):
+    the stage to quantize, and the record (None when the family has no rules or they are off)."""
+    from xformopt.models import load_tokenizer
+    from xformopt.passes import outliers
+    from xformopt.passes.calibration import TextBatchReader, graph_input_names, load_split
 
-    patterns = ctx.spec.family.int8_float if options.family_float else ()
-    if not patterns:
-        return []
-    names = [g["name"] for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"]]
-    return [n for n in names if n not in options.exclude_nodes and any(re.fullmatch(p, n) for p in patterns)]
+    rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
+    if not rules:
+        return src, None
+    treated = work / "outliers"
+    treated.mkdir()
+    copy_stage(src, treated, with_model=False)
+    rows = load_split(options.calibration_data, "train", ctx.spec, outliers.RANGE_TEXTS, 0, labels=False)
+    texts, pairs = ctx.spec.task_def.timing_inputs(rows)
+    reader = TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts, graph_input_names(src / "model.onnx"),
+                             batch_size=1, pairs=pairs, task=ctx.spec.task_def)  # one row each: no padding in the ranges
+    feeds = list(iter(reader.get_next, None))
+    record = outliers.treat(src / "model.onnx", treated / "model.onnx", rules, feeds, feeds[:4])
+    record["range_source"] = rows.source
+    ctx.log(f"{ctx.spec.model_type} INT8 outlier rules: {len(record['nodes'])} GEMM input(s) smoothed or split, "
+            f"{len(record['kept_float'])} kept float" + (f", {len(record['skipped'])} skipped" if record["skipped"] else "")
+            + " (outlier_rules: false turns them off)")
+    return treated, record
 
 
 def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
@@ -219,6 +233,11 @@ class QuantizePass(Pass):
             mode = f"static {rec['formats']['format']}, {cal['method']} on {cal['rows']} rows"
         line = (f"{mode}: {c['int8']}/{c['weighted_gemms']} weighted GEMMs in INT8 ({json.dumps(c['int8_ops'])}), "
                 f"{len(c['kept_float'])} kept in float; output {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
+        if rec.get("outliers", {}).get("nodes"):
+            o = rec["outliers"]
+            done = [n["treatment"] for n in o["nodes"].values()]
+            line += (f"; outlier rules: {done.count('smooth')} input(s) smoothed, {done.count('split')} split "
+                     f"(float parity {o['float_parity_max_abs_diff']:.1e})")
         if "budget" in rec:
             b = rec["budget"]
             line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "
@@ -238,15 +257,16 @@ class QuantizePass(Pass):
                              "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
         formats = resolved_formats(ctx, options)
         record: dict = {"mode": options.mode}
-        if fragile := family_float_nodes(ctx, src, options):
-            options = options.model_copy(update={"exclude_nodes": [*options.exclude_nodes, *fragile]})
-            record["family_float"] = {"nodes": fragile, "patterns": list(ctx.spec.family.int8_float)}
-            ctx.log(f"keeping {len(fragile)} GEMM(s) in float that INT8 is known to wreck in {ctx.spec.model_type} "
-                    "(family_float: false quantizes them)")
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"
         work.mkdir()
+        float_src = src  # agreement is checked against the input stage itself
         try:
+            src, treated = treat_outliers(ctx, src, work, options)
+            if treated is not None:
+                record["outliers"] = treated
+                extra = [n for n in treated["kept_float"] if n not in options.exclude_nodes]
+                options = options.model_copy(update={"exclude_nodes": [*options.exclude_nodes, *extra]})
             if options.mode == "static":
                 make_builder, record["calibration"], prepared, ranges, harm_reader = self._static(ctx, src, work, options, formats)
             else:
@@ -263,15 +283,15 @@ class QuantizePass(Pass):
                 record["budget_met"] = record["budget"]["budget_met"]
             for item in chosen.iterdir():
                 shutil.move(str(item), dst / item.name)
+            coverage = int8_coverage(load_graph(src / "model.onnx"), load_graph(dst / "model.onnx"))
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        coverage = int8_coverage(load_graph(src / "model.onnx"), load_graph(dst / "model.onnx"))
         if coverage["int8"] == 0:
             raise PassFailed(
                 f"quantize changed nothing: none of {coverage['weighted_gemms']} weighted MatMul/Gemm nodes "
                 f"became INT8 (op types {formats['op_types']})"
             )
-        agreement = _agreement(ctx)(ctx, src, dst)
+        agreement = _agreement(ctx)(ctx, float_src, dst)
         floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
         if agreement["mean_agreement"] < floor and record.get("budget_met", True):
             raise PassFailed(f"INT8 outputs disagree with float: mean {agreement['measure']} "

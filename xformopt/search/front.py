@@ -25,8 +25,9 @@ def pareto(points: list[dict]) -> list[dict]:
 
 
 def layers(points: list[dict], count: int) -> list[dict]:
-    """The front and the next COUNT-1 fronts behind it: the candidates worth re-measuring, since a
-    point just behind the parallel-measured front may be on it once latencies are measured quietly."""
+    """The front and the next COUNT-1 fronts behind it, front by front: the candidates worth
+    re-measuring, since a point behind the parallel-measured front may be on it once latencies are
+    measured quietly."""
     rest, chosen = list(points), []
     for _ in range(count):
         if not rest:

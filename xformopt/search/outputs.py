@@ -28,12 +28,14 @@ def choose_best(front: list[dict], baseline_metric: float, allowed_points: float
     return max(front, key=lambda p: p["metric"]) if front else None
 
 
-def document(s, spec, executor, trials, front, measured, reference, baseline, validation, allowed) -> dict:
+def reference_entry(result: dict, **extra) -> dict | None:
+    if result.get("status") != "complete":
+        return None
+    return {"artifact": result["artifact"], **extra, "metric": result["metric"], "latency_ms": result.get("remeasured_latency_ms")}
+
+
+def document(s, spec, executor, trials, front, measured, reference, optimum, baseline, validation, allowed) -> dict:
     best = choose_best(front, baseline["metric"], allowed)
-    ref = None
-    if reference.get("status") == "complete":
-        ref = {"artifact": reference["artifact"], "recipe": "default", "metric": reference["metric"],
-               "latency_ms": reference.get("remeasured_latency_ms")}
     return {
         "schema": SCHEMA,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -46,7 +48,8 @@ def document(s, spec, executor, trials, front, measured, reference, baseline, va
         "executor": describe(executor),
         "max_accuracy_drop": {"given": s.max_accuracy_drop, "points": allowed},
         "baseline": {"name": "pytorch", **baseline},
-        "reference_int8": ref,
+        "reference_int8": reference_entry(reference, recipe="default"),
+        "optimum_int8": reference_entry(optimum, target=optimum.get("target"), config=optimum.get("config")),
         "trials": trials,
         "remeasure": measured,
         "front": [front_entry(p) for p in front],
@@ -82,15 +85,21 @@ def markdown(doc: dict) -> str:
              f"({doc['executor']['workers']} workers). {m['name']} on {m['rows']} rows of the validation split; latency "
              f"re-measured serially, interleaved, batch 1, {doc['remeasure']['threads']} threads, "
              f"{doc['remeasure']['rounds']} rounds.", "",
-             "| point | metric | drop (points) | latency ms | speed-up vs INT8 reference | recipe |", "|---|---|---|---|---|---|"]
+             "| point | metric | drop (points) | latency ms | speed-up vs optimum INT8 | speed-up vs INT8 reference | recipe |",
+             "|---|---|---|---|---|---|---|"]
     base = doc["baseline"]
-    ref = doc["reference_int8"]
+    ref, opt = doc["reference_int8"], doc.get("optimum_int8")
+
+    def speed(against, latency):
+        return f"{against['latency_ms'] / latency:.2f}x" if against and against.get("latency_ms") and latency else ""
 
     def row(name, metric, latency, recipe):
-        speed = f"{ref['latency_ms'] / latency:.2f}x" if ref and ref.get("latency_ms") and latency else ""
-        lines.append(f"| {name} | {metric:.4f} | {(base['metric'] - metric) * 100:+.2f} | {latency:.2f} | {speed} | {recipe} |")
+        lines.append(f"| {name} | {metric:.4f} | {(base['metric'] - metric) * 100:+.2f} | {latency:.2f} | "
+                     f"{speed(opt, latency)} | {speed(ref, latency)} | {recipe} |")
 
     row("PyTorch fp32", base["metric"], base["latency_ms"], "-")
+    if opt and opt.get("latency_ms"):
+        row("optimum dynamic INT8", opt["metric"], opt["latency_ms"], f"ORTQuantizer, {opt['target']}")
     if ref:
         row("INT8 reference", ref["metric"], ref["latency_ms"], "default")
     for p in doc["front"]:
@@ -127,6 +136,9 @@ def plot(doc: dict, path: Path) -> None:
     ref = doc["reference_int8"]
     if ref and ref.get("latency_ms"):
         ax.scatter([ref["latency_ms"]], [ref["metric"]], marker="D", c="tab:blue", label="INT8 reference (default recipe)")
+    opt = doc.get("optimum_int8")
+    if opt and opt.get("latency_ms"):
+        ax.scatter([opt["latency_ms"]], [opt["metric"]], marker="^", c="tab:green", label="optimum dynamic INT8")
     ax.set_xscale("log")
     ax.set_xlabel("latency, batch 1, median ms (log)")
     ax.set_ylabel(f"{doc['metric']['name']} (validation)")

@@ -21,6 +21,7 @@ from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation
 
 CONFIG = "search-config.json"
 REFERENCE = "reference-int8"  # the unpruned model through the `default` recipe: export -> fuse -> dynamic INT8
+OPTIMUM = "optimum-int8"  # optimum's own dynamic INT8 of the unpruned model (xformopt/bench/optimum_reference.py)
 
 
 @dataclass
@@ -40,8 +41,9 @@ class Settings:
     force: bool = False
     remeasure_rounds: int = 200
     remeasure_rows: int = 200
-    max_candidates: int = 8
+    max_candidates: int = 16
     trust_remote_code: bool = False
+    expand: bool = True  # after a trial with new prune/distill choices, run its fuse/quantize variants next
     log: Callable[[str], None] = lambda m: None
 
 
@@ -137,6 +139,7 @@ def search(s: Settings) -> dict:
     write_text(s.out / CONFIG, json.dumps(config, indent=2) + "\n")
     cache_dir = os.environ.get("XFORMOPT_CACHE_DIR")
     validation = dict(s.space.validation)
+    aborted = True  # until the trials are in: an interruption must not wait minutes for running trials
     try:
         baseline_metric, validation_rows, vdata = baseline_on_validation(s, spec, validation, cpus)
         allowed = points(s.max_accuracy_drop, baseline_metric * 100)
@@ -149,23 +152,27 @@ def search(s: Settings) -> dict:
                             cache_dir, validation, s.trust_remote_code)
 
         reference = reference_int8(s, job_for)
+        optimum = optimum_int8(s, spec, validation, threads)
         study = samplers.open_study(s.out, s.sampler, s.seed, s.objectives, s.resume)
         trials = run_trials(s, study, executor, job_for, optuna)
+        aborted = False
     finally:
-        executor.close()
+        executor.close(abort=aborted)
     complete = [t for t in trials if t["status"] == "complete"]
     if not complete:
         raise InputError(f"no trial completed ({len(trials)} failed: {trials[0].get('error') if trials else 'none ran'}); "
                          "see the trial errors in the log and fix the space")
     unique = [t for t in complete if "duplicate_of" not in t]
-    candidates = fronts.layers(unique, 2)
-    candidates = sorted(candidates, key=lambda t: t["latency_ms"])[: s.max_candidates]
-    s.log(f"re-measuring {len(candidates)} front candidates serially, interleaved with the baseline and the "
+    # Front after front (by the noisy parallel latencies) until max_candidates: quiet timing is cheap next to
+    # a trial, and a point two fronts back in parallel may lead once measured alone.
+    candidates = fronts.layers(unique, len(unique))[: s.max_candidates]
+    s.log(f"re-measuring {len(candidates)} front candidates serially, interleaved with the baseline, optimum's INT8 and the "
           f"reference INT8 ({s.remeasure_rounds} rounds, {cpus} threads)")
     rows = min(s.remeasure_rows, len(vdata))
     paths = {f"trial-{t['trial']:03d}": trial_dir(s.out, t["trial"]) for t in candidates}
-    if reference.get("status") == "complete":
-        paths[REFERENCE] = s.out / REFERENCE
+    for ref in (reference, optimum):
+        if ref.get("status") == "complete":
+            paths[ref["artifact"]] = s.out / ref["artifact"]
     measured = remeasure(spec, paths, vdata.texts[:rows], vdata.text_pairs[:rows] if vdata.text_pairs else None,
                          rounds=s.remeasure_rounds, warmup=10, threads=cpus, seed=s.seed,
                          progress=progress_events.tracker("re-measuring the front (interleaved)"))
@@ -176,9 +183,10 @@ def search(s: Settings) -> dict:
             t["remeasured_latency_ms"] = lat[name]["median_ms"]
     points_ = [{**t, "latency_ms": t["remeasured_latency_ms"]} for t in candidates]
     front = fronts.pareto(points_)
-    if reference.get("status") == "complete":
-        reference["remeasured_latency_ms"] = lat[REFERENCE]["median_ms"]
-    doc = outputs.document(s, spec, executor, trials, front, measured, reference,
+    for ref in (reference, optimum):
+        if ref.get("status") == "complete":
+            ref["remeasured_latency_ms"] = lat[ref["artifact"]]["median_ms"]
+    doc = outputs.document(s, spec, executor, trials, front, measured, reference, optimum,
                            {"metric": baseline_metric, "latency_ms": lat["pytorch"]["median_ms"]},
                            {"source": vdata.source, "rows": validation_rows}, allowed)
     outputs.write_all(s.out, doc, base_evaluation=s.space.base.evaluation.model_dump())
@@ -209,6 +217,31 @@ def reference_int8(s: Settings, job_for) -> dict:
     return result
 
 
+def optimum_int8(s: Settings, spec, validation: dict, threads: int) -> dict:
+    """optimum's own dynamic-INT8 artifact of the unpruned model (ORTQuantizer, AutoQuantizationConfig
+    for the target), scored on the validation rows and re-measured with the front: what users compare with."""
+    from xformopt import targets
+    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+    from xformopt.search.trial import score_artifact
+
+    saved = s.out / f"{OPTIMUM}.json"
+    if saved.is_file() and (s.out / OPTIMUM / "model.onnx").is_file():
+        return json.loads(saved.read_text())
+    target = targets.resolve(s.space.base.target).name
+    s.log(f"building optimum's dynamic INT8 artifact (ORTQuantizer, AutoQuantizationConfig for {target})")
+    result = {"artifact": OPTIMUM, "target": target, "config": "AutoQuantizationConfig(is_static=False, per_channel=False)"}
+    try:
+        optimum_dynamic_int8(spec.path, s.out / OPTIMUM, spec.task_def, target)
+        metric, rows = score_artifact(spec, s.out / OPTIMUM, validation, threads)
+        result.update(status="complete", metric=metric, validation_rows=rows)
+        s.log(f"optimum INT8: metric {metric:.4f}")
+    except Exception as exc:  # the comparison is missing, the search is not: say so and go on
+        result.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        s.log(f"warning: optimum's INT8 artifact could not be built: {result['error']}")
+    write_text(saved, json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
     from optuna.trial import TrialState
 
@@ -224,11 +257,30 @@ def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
     running: dict[object, tuple] = {}
     waiting: dict[str, list] = {}  # recipe -> asked trials that duplicate a running one
 
+    expensive_seen: set[str] = set()
+    queued: set[str] = set()
+
+    def expand(params: dict) -> None:
+        """A new prune/distill prefix was paid for: queue its fuse/quantize variants (cheap, from the
+        pass cache), so the sampler's budget goes to the expensive choices."""
+        cheap = set(s.space.cheap_keys())
+        prefix = json.dumps({k: v for k, v in params.items() if k not in cheap}, sort_keys=True, default=str)
+        if not s.expand or prefix in expensive_seen:
+            return
+        expensive_seen.add(prefix)
+        for variant in s.space.siblings(params):
+            key = canonical(s.space.recipe_for(variant).to_dict())
+            if key not in by_recipe and key not in queued:
+                queued.add(key)
+                study.enqueue_trial(variant)
+
     def finish(trial, result):
         result["trial"] = trial.number
         trial.set_user_attr("result", result)
         if result["status"] == "complete":
             study.tell(trial, samplers.values_for(result, s.objectives))
+            if "duplicate_of" not in result and result.get("params"):
+                expand(result["params"])
         else:
             study.tell(trial, state=TrialState.FAIL)
         results[trial.number] = result
@@ -246,6 +298,9 @@ def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
                | {"params": params, "recipe": r, "duplicate_of": of, "artifact": original["artifact"]})
 
     distinct_total = s.space.distinct_recipes()
+    for r in list(results.values()):  # resumed: the variants queued before the interruption are lost with it
+        if r["status"] == "complete" and "duplicate_of" not in r and r.get("params"):
+            expand(r["params"])
 
     def counted() -> int:  # duplicates of an earlier trial cost nothing and do not count toward --trials
         return sum(1 for r in results.values() if "duplicate_of" not in r)

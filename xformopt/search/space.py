@@ -80,6 +80,26 @@ class SearchSpace:
         return {**base, "name": name, "passes": passes, "evaluation": evaluation,
                 "description": f"search {self.name}: " + ", ".join(f"{k}={v}" for k, v in params.items())}
 
+    def cheap_keys(self) -> list[str]:
+        """Choice keys of passes that run on the ONNX graph (fuse, quantize): once a trial has paid for its
+        torch passes (prune, distill), variants that differ only here reuse them from the pass cache."""
+        from xformopt.passes import get_pass
+
+        return [k for k in self.choices if get_pass(k.split(".", 1)[0]).stage == "onnx"]
+
+    def siblings(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every other assignment of the cheap keys with the rest of ``params`` kept; none when the space
+        has no expensive keys (then nothing is shared and the sampler should choose freely)."""
+        cheap = self.cheap_keys()
+        if not cheap or len(cheap) == len(self.choices):
+            return []
+        out = []
+        for combo in itertools.product(*(self.choices[k] for k in cheap)):
+            variant = {**params, **dict(zip(cheap, combo))}
+            if variant != params:
+                out.append(variant)
+        return out
+
     def fingerprint(self) -> str:
         """What a resumed search must share with the interrupted one."""
         blob = json.dumps({"base": self.base.to_dict(), "choices": self.choices, "evaluation": self.evaluation,

@@ -24,7 +24,7 @@ class SequentialExecutor:
     def wait(self, handles):
         return [(h, self._done.pop(h)) for h in handles]
 
-    def close(self):
+    def close(self, abort: bool = False):
         pass
 
 
@@ -53,8 +53,19 @@ class PoolExecutor:
                 results.append((future, {"status": "failed", "error": f"worker lost: {type(exc).__name__}: {exc}"}))
         return results
 
-    def close(self):
-        self._pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, abort: bool = False):
+        """Wait for the pool to drain; ``abort`` (the search was interrupted or failed) ends the running
+        trials now instead of minutes later. A trial cut off this way is rerun by --resume."""
+        if not abort:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            return
+        # No public way to stop a ProcessPoolExecutor's workers before Python 3.14's terminate_workers().
+        processes = list((getattr(self._pool, "_processes", None) or {}).values())
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=30)
 
 
 def make(workers: int):

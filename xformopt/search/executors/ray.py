@@ -42,19 +42,26 @@ class RayExecutor:
         # retry_exceptions=False: a trial that fails on its own returns a failed result; only a lost
         # worker or node (a system failure) is retried.
         self._task = ray.remote(num_cpus=cpus_per_trial, max_retries=RETRIES, retry_exceptions=False)(run_trial)
+        self._running: set = set()
 
     def submit(self, job):
-        return self._task.remote(job.to_dict())
+        ref = self._task.remote(job.to_dict())
+        self._running.add(ref)
+        return ref
 
     def wait(self, handles):
         ready, _ = self._ray.wait(list(handles), num_returns=1)
         results = []
         for ref in ready:
+            self._running.discard(ref)
             try:
                 results.append((ref, self._ray.get(ref)))
             except Exception as exc:  # retries exhausted (WorkerCrashedError, NodeDiedError, ...)
                 results.append((ref, {"status": "failed", "error": f"lost after {RETRIES} retries: {type(exc).__name__}"}))
         return results
 
-    def close(self):
+    def close(self, abort: bool = False):
+        if abort:  # interrupted: stop the trials in flight on the cluster, not only the driver
+            for ref in self._running:
+                self._ray.cancel(ref, force=True)
         self._ray.shutdown()
