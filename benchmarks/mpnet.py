@@ -50,10 +50,10 @@ def xformopt_artifact(model: Path, work: Path, plain: bool = False) -> tuple[Pat
     records = {}
     for name, src, dst, options in chain:
         manifest = dst / "manifest.json"
-        if manifest.is_file() and json.loads(manifest.read_text())["passes"][-1].get("options", {}).get(
-                "outlier_rules", not plain) == (not plain):
+        stored = json.loads(manifest.read_text())["passes"][-1] if manifest.is_file() else None
+        if stored is not None and all(stored.get("options", {}).get(k) == v for k, v in options.items()):
             log(f"{name}: reusing {dst}")
-            records[name] = json.loads(manifest.read_text())["passes"][-1].get("record", {})
+            records[name] = stored.get("record", {})
             continue
         shutil.rmtree(dst, ignore_errors=True)
         started = time.perf_counter()

@@ -257,6 +257,16 @@ def run_pass(name: str, ctx, src: Path, dst: Path, **options) -> dict:
 
 
 @pytest.fixture(scope="session")
+def fused_encoder(tmp_path_factory, tiny_encoder, sample_texts) -> Path:
+    """The tiny feature-extraction BertModel, exported and fully fused once per session (its graph has no Gemm)."""
+    root = tmp_path_factory.mktemp("encoder-stages")
+    ctx = make_ctx(tiny_encoder, sample_texts)
+    run_pass("export", ctx, tiny_encoder, root / "e")
+    run_pass("fuse", ctx, root / "e", root / "f", select="all")
+    return root / "f"
+
+
+@pytest.fixture(scope="session")
 def exported_classifier(tmp_path_factory, tiny_classifier, sample_texts) -> tuple[Path, dict]:
     """The tiny classifier exported once per session: (stage dir, export record)."""
     dst = tmp_path_factory.mktemp("stages") / "exported"

@@ -102,16 +102,7 @@ def test_budget_includes_the_probe_where_labelled():
     assert points == pytest.approx(100 - max(p["drop"] for p in parts.values()), abs=1e-3)
 
 
-@pytest.fixture(scope="module")
-def fused_tiny_encoder(tmp_path_factory, tiny_encoder, sample_texts):
-    root = tmp_path_factory.mktemp("budget-enc")
-    ctx = make_ctx(tiny_encoder, sample_texts)
-    run_pass("export", ctx, tiny_encoder, root / "e")
-    run_pass("fuse", ctx, root / "e", root / "f", select="all")
-    return root / "f"
-
-
-def test_quantize_budget_on_a_pair_file_records_each_measure(fused_tiny_encoder, tiny_encoder, sample_texts, tmp_path):
+def test_quantize_budget_on_a_pair_file_records_each_measure(fused_encoder, tiny_encoder, sample_texts, tmp_path):
     from xformopt.resources import vader_split_path
 
     rows = read_jsonl(vader_split_path("validation"))[::25][:40]  # both classes (the file is grouped by label)
@@ -119,7 +110,7 @@ def test_quantize_budget_on_a_pair_file_records_each_measure(fused_tiny_encoder,
     pairs.write_text("".join(json.dumps({"text": r["text"], "text_pair": " ".join(r["text"].split()[len(r["text"].split()) // 2:]) or r["text"],
                                          "label": r["label"]}) + "\n" for r in rows))
     ctx = make_ctx(tiny_encoder, sample_texts)
-    record = run_pass("quantize", ctx, fused_tiny_encoder, tmp_path / "q", max_accuracy_drop=100, budget_data=str(pairs))
+    record = run_pass("quantize", ctx, fused_encoder, tmp_path / "q", max_accuracy_drop=100, budget_data=str(pairs))
     budget = record["budget"]
     assert budget["metric"] == "worst_of(cosine_to_float,recall_at_1,recall_at_5,probe_accuracy)"
     assert budget["float_metric"] == 100.0 and budget["budget_met"]

@@ -373,16 +373,6 @@ def test_quantize_exclude_nodes_kept_float(fused_classifier, tiny_classifier, tm
     assert excluded in {n.name for n in graph.graph.node if n.op_type == "MatMul"}
 
 
-@pytest.fixture(scope="module")
-def fused_encoder(tmp_path_factory, tiny_encoder, sample_texts) -> Path:
-    """The tiny feature-extraction BertModel, exported and fully fused (its graph has no Gemm)."""
-    root = tmp_path_factory.mktemp("encoder-stages")
-    ctx = make_ctx(tiny_encoder, sample_texts)
-    run_pass("export", ctx, tiny_encoder, root / "e")
-    run_pass("fuse", ctx, root / "e", root / "f", select="all")
-    return root / "f"
-
-
 def test_quantize_nothing_quantizable_fails(fused_encoder, tiny_encoder, tmp_path, sample_texts):
     ctx = make_ctx(tiny_encoder, sample_texts)
     with pytest.raises(PassFailed) as info:

@@ -15,15 +15,6 @@ from tests.conftest import make_ctx, run_cli, run_pass
 CAL_LIMIT = 32  # calibration rows: enough for ranges on a tiny model, fast
 
 
-@pytest.fixture(scope="module")
-def fused_encoder(tmp_path_factory, tiny_encoder, sample_texts) -> Path:
-    exported = tmp_path_factory.mktemp("sq") / "e"
-    run_pass("export", make_ctx(tiny_encoder, sample_texts), tiny_encoder, exported)
-    fused = exported.parent / "f"
-    run_pass("fuse", make_ctx(tiny_encoder, sample_texts), exported, fused, select="all")
-    return fused
-
-
 def graph(path: Path):
     import onnx
 

@@ -62,6 +62,17 @@ def load_split(path: str | None, default_split: str, spec, limit: int | None, se
                      columns={"label": None if labels else ""}, require_labels=False)
 
 
+def dataset_reader(spec, stage: Path, rows: TextDataset, *, graph: Path | None = None, batch_size: int = 8):
+    """A TextBatchReader over ``rows`` as requests carry them (the task's timing inputs), tokenized with
+    ``stage``'s tokenizer for the inputs of ``graph`` (default: the stage's model.onnx)."""
+    from xformopt.models import load_tokenizer
+
+    texts, pairs = spec.task_def.timing_inputs(rows)
+    return TextBatchReader(load_tokenizer(stage, spec.trust_remote_code), texts,
+                           graph_input_names(graph or stage / "model.onnx"), batch_size=batch_size, pairs=pairs,
+                           task=spec.task_def)
+
+
 class TextBatchReader:
     """ORT CalibrationDataReader over texts: tokenizes one batch per ``get_next`` (never all at once).
 

@@ -109,9 +109,8 @@ def allowed_drop(budget: float | str, float_points: float) -> float:
 def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
     """The family's outlier rules applied to a copy of the float stage (xformopt/passes/outliers.py):
     the stage to quantize, and the record (None when the family has no rules or they are off)."""
-    from xformopt.models import load_tokenizer
     from xformopt.passes import outliers
-    from xformopt.passes.calibration import TextBatchReader, graph_input_names, load_split
+    from xformopt.passes.calibration import dataset_reader, load_split
 
     rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
     if not rules:
@@ -120,9 +119,7 @@ def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOpt
     treated.mkdir()
     copy_stage(src, treated, with_model=False)
     rows = load_split(options.calibration_data, "train", ctx.spec, outliers.RANGE_TEXTS, 0, labels=False)
-    texts, pairs = ctx.spec.task_def.timing_inputs(rows)
-    reader = TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts, graph_input_names(src / "model.onnx"),
-                             batch_size=1, pairs=pairs, task=ctx.spec.task_def)  # one row each: no padding in the ranges
+    reader = dataset_reader(ctx.spec, src, rows, batch_size=1)  # one row each: no padding in the ranges
     feeds = list(iter(reader.get_next, None))
     record = outliers.treat(src / "model.onnx", treated / "model.onnx", rules, feeds, feeds[:4])
     record["range_source"] = rows.source
@@ -300,17 +297,13 @@ class QuantizePass(Pass):
         return {**record, "coverage": coverage, "agreement": agreement}
 
     def _static(self, ctx: PassContext, src: Path, work: Path, options: QuantizeOptions, formats: dict):
-        from xformopt.models import load_tokenizer
         from xformopt.passes import calibration as cal
 
         prepared = work / "prepared.onnx"
         prep = cal.prepare_for_static(src / "model.onnx", prepared)
         dataset = cal.load_split(options.calibration_data, "train", ctx.spec, options.calibration_limit, 0, labels=False)
         ctx.log(f"calibrating static INT8 ({options.calibration_method}) on {len(dataset)} rows from {dataset.source}")
-        texts, pairs = ctx.spec.task_def.timing_inputs(dataset)  # rows as a request carries them
-        reader = cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts,
-                                     cal.graph_input_names(prepared), batch_size=options.calibration_batch_size,
-                                     pairs=pairs, task=ctx.spec.task_def)
+        reader = cal.dataset_reader(ctx.spec, src, dataset, graph=prepared, batch_size=options.calibration_batch_size)
         cache = work / "calibration.json"
         stats = cal.calibrate(prepared, reader, options.calibration_method, formats["op_types"], cache, work,
                               chunk_batches=options.calibration_chunk_batches,
@@ -494,12 +487,9 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
 
 
 def _sample_reader(ctx: PassContext, src: Path):
-    from xformopt.models import load_tokenizer
     from xformopt.passes import calibration as cal
 
-    texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data.subset(range(min(64, len(ctx.sample_data)))))
-    return cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts,
-                               cal.graph_input_names(src / "model.onnx"), pairs=pairs, task=ctx.spec.task_def)
+    return cal.dataset_reader(ctx.spec, src, ctx.sample_data.subset(range(min(64, len(ctx.sample_data)))))
 
 
 # --------------------------------------------------------------------------- accuracy budget
@@ -538,7 +528,6 @@ TIMING_TOLERANCE = 0.05
 def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work: Path, build, prepared: Path,
                   ranges: dict | None, harm_reader) -> tuple[Path, dict]:
     """Return the most harmful GEMMs to float until the metric drop fits the budget; the fastest passing wins."""
-    from xformopt.models import load_tokenizer
     from xformopt.passes import calibration as cal
 
     task = ctx.spec.task_def
@@ -576,10 +565,7 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     row = attempt(0, ranked)
     if not row["passes"] and max_float > 0:
         started = time.perf_counter()
-        texts, pairs = ctx.spec.task_def.timing_inputs(dataset)
-        harm_reader = harm_reader or cal.TextBatchReader(load_tokenizer(src, ctx.spec.trust_remote_code), texts,
-                                                         cal.graph_input_names(src / "model.onnx"), pairs=pairs,
-                                                         task=ctx.spec.task_def)
+        harm_reader = harm_reader or cal.dataset_reader(ctx.spec, src, dataset)
         scores = cal.harm_scores(prepared, candidates, harm_reader, formats, ranges, work)
         ops = {g["name"]: g["op"] for g in candidates}
         ranking = [{"name": n, "op": ops[n], "harm": round(h, 6)} for n, h in sorted(scores.items(), key=lambda kv: -kv[1])]
