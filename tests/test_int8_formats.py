@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import make_ctx, run_pass
+from host_facts import real_cpu_flags
 from onnx import numpy_helper
 
 from xformopt import targets
@@ -29,6 +30,8 @@ from xformopt.passes.int8_formats import agreement_floor, format_ladder
 FORMATS = {"weight_type": "int8", "per_channel": False, "reduce_range": False, "activation_type": "uint8",
            "activation_symmetric": False, "op_types": ["MatMul"], "format": "QOperator"}
 NOT_FIXED = {"per_channel": None, "reduce_range": None, "weight_type": None}
+
+pytestmark = pytest.mark.host_sensitive
 
 
 def test_ladder_moves_only_towards_safer_formats():
@@ -122,6 +125,7 @@ def test_failure_names_the_switch_the_user_fixed(fused_classifier, tiny_classifi
     assert "exclude_nodes" in message
 
 
+@pytest.mark.real_host
 def test_real_formats_agree_on_this_host(fused_classifier, tiny_classifier, tmp_path, sample_texts):
     """No injection: the host's own target writes a graph the floor accepts at the first attempt."""
     ctx = make_ctx(tiny_classifier, sample_texts, target=targets.detect().name)
@@ -133,6 +137,7 @@ def test_real_formats_agree_on_this_host(fused_classifier, tiny_classifier, tmp_
 # --------------------------------------------------------------------------- the kernel, for real
 
 
+@pytest.mark.real_host
 def test_probe_matches_the_flags_of_this_host():
     """Natively, ORT's kernel saturates exactly where the CPU lacks VNNI (x86)."""
     flags = cpu_flags()
@@ -145,7 +150,8 @@ def test_probe_matches_the_flags_of_this_host():
 QEMU = shutil.which("qemu-x86_64")
 
 
-@pytest.mark.skipif(QEMU is None or "avx2" not in cpu_flags(),
+@pytest.mark.real_host
+@pytest.mark.skipif(QEMU is None or "avx2" not in real_cpu_flags(),
                     reason="qemu-user (qemu-x86_64) is not installed: .ci/run installs it to emulate an AVX2-only CPU")
 def test_probe_sees_saturation_on_an_emulated_avx2_cpu():
     code = "from xformopt.kernel_probe import int8_gemm_saturates as s; print(s())"

@@ -237,6 +237,7 @@ def test_fuse_select_none_keeps_unfused_graph(exported_classifier, tiny_classifi
     assert onnx_op_counts(tmp_path / "f" / "model.onnx")["Attention"] == 0
 
 
+@pytest.mark.host_sensitive
 def test_fuse_fastest_times_candidates_on_host(exported_classifier, tiny_classifier, tmp_path, sample_texts):
     from xformopt.bench.host import cpu_flags
 
@@ -254,6 +255,7 @@ def test_fuse_fastest_times_candidates_on_host(exported_classifier, tiny_classif
     assert any(m.startswith("timing all, no_attention, none") for m in ctx.messages)
 
 
+@pytest.mark.host_sensitive
 def test_fuse_fastest_on_foreign_host_keeps_full_fusion(exported_classifier, tiny_classifier, tmp_path, sample_texts):
     ctx = make_ctx(tiny_classifier, sample_texts, target="arm64", host_flags={"avx2"})
     record = run_pass("fuse", ctx, exported_classifier[0], tmp_path / "f", select="fastest")
