@@ -22,6 +22,11 @@ error under quantization, ``calibration.harm_scores``) and the most harmful retu
 4, 8 ... nodes, then bisected; the passing candidates are timed interleaved at batch 1 and the
 fastest kept. When none passes within ``max_float_nodes``, the best is written with
 ``budget_met: false`` and the run exits 1 after the artifact is written.
+
+Agreement floor (``min_agreement``). Missed after every safer format and the float ladder (up to a
+tenth of the GEMMs, rounded up), it is a failing verdict like a missed budget: the closest attempt is
+written, ``verdict.passed`` is false, ``verdict.accept`` names the floor that accepts it, and the run
+exits 1.
 """
 
 from __future__ import annotations
