@@ -146,6 +146,9 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
     key: dict = {"files": files}
     if "texts" in depends_on:
         key["texts"] = digest(ctx.sample_texts)
+        texts, pairs = ctx.spec.task_def.model_inputs(ctx.sample_data)
+        if pairs is not None or list(texts) != list(ctx.sample_texts):  # the contexts or choices verified on too
+            key["inputs"] = digest([*texts, *(pairs or [])])
     if "reported" in depends_on:
         key["reported"] = digest(ctx.heldout_texts)
     if "timing" in depends_on:
@@ -271,13 +274,13 @@ def run(
 
 
 def raise_if_budget_missed(records: list[PassRecord], out: Path) -> None:
-    """A pass that wrote its best effort but missed its accuracy budget fails the run (exit 1),
-    after the artifact is written, so the result can still be inspected."""
+    """A pass that wrote its best effort but missed its accuracy budget or agreement floor fails the run
+    (exit 1), after the artifact is written, so the result can still be inspected (and accepted)."""
     from xformopt.errors import GateFailed
 
     for entry in records:
         if entry.budget_met is False:
-            raise GateFailed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}")
+            raise GateFailed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}", entry.accept)
 
 
 def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:

@@ -277,6 +277,7 @@ OVERRIDES: dict[str, dict[str, str]] = {
     "calibration_data": {"quantize": "calibration_data"},
     "max_accuracy_drop": {"quantize": "max_accuracy_drop"},
     "per_channel": {"quantize": "per_channel"},
+    "min_agreement": {"quantize": "min_agreement"},
 }
 
 

@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except XformoptError as exc:
         output.error(exc.message)
+        if getattr(exc, "accept", None):  # a gate missed, its best attempt written: how to accept it
+            from xformopt.cli.accept import accept_command
+
+            output.error(f"to accept it: {accept_command(argv, exc.accept)}")
         sys.exit(exc.exit_code)
     except Interrupted as exc:
         output.error(f"interrupted ({exc.name})")

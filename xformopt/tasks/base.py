@@ -101,8 +101,15 @@ class Task:
         return predictor.predict(data.texts, data.text_pairs, batch_size=batch_size, progress=progress)
 
     def timing_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:
-        """What latency is measured on: the texts (and pairs) a served request carries."""
+        """What latency is measured on: the texts (and pairs) a served request carries, one request per
+        row, each fed through ``encode`` (a question with its context, a context with its choices)."""
         return list(data.texts), data.text_pairs
+
+    def model_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:
+        """Every single request the model receives for ``data``, as (texts, pairs) for ``encode``: what
+        export parity checks, so the encoded length of a pair (not its first text) decides which rows
+        span the lengths. Default: the timed requests."""
+        return self.timing_inputs(data)
 
     # ------------------------------------------------------------------ scoring
 

@@ -64,6 +64,10 @@ class FeatureExtraction(Task):
     def timing_inputs(self, data):
         return list(data.texts), None  # a served embedder gets one text per request, pair sets too
 
+    def model_inputs(self, data):
+        # both sides of a pair set are embedded, each on its own: parity sees the partners too
+        return [*data.texts, *(data.text_pairs or [])], None
+
     def agreement(self, outputs, reference):
         return row_cosine(_embeddings(outputs), _embeddings(reference))
 
