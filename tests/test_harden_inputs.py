@@ -298,6 +298,11 @@ BASELINE_CASES = {
     "negative-rounds": (lambda d: d["settings"].update(rounds=-3), "settings.rounds is -3"),
     "zero-repeats": (lambda d: d["settings"].update(repeats=0), "settings.repeats is 0"),
     "huge-threads": (lambda d: d["settings"].update(threads=10**30), "settings.threads"),
+    # issue 21: numbers of the right type that no measurement gives
+    "reversed-ci95": (lambda d: d["artifact"]["metrics"]["accuracy"].update(ci95=[0.9, 0.1]),
+                      "accuracy.ci95 is [0.9, 0.1]: its low end is above its high end"),
+    "accuracy-above-1": (lambda d: d["artifact"]["metrics"]["accuracy"].update(value=86.5), "accuracy.value is 86.5"),
+    "p90-below-median": (lambda d: d["artifact"]["latency"].update(median_ms=5.0, p90_ms=1.0), "median_ms 5.0 above p90_ms"),
 }
 
 

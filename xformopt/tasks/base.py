@@ -34,6 +34,7 @@ class Metric:
     percent: bool = False  # a proportion, shown as a percentage (macro-F1 and F1 scores stay 0-1)
     relative: bool = False  # measured against the baseline's own outputs: 1 on the baseline row by definition
     lower_is_better: bool = False
+    bounds: tuple[float, float] = (0.0, 1.0)  # the values it can take: a baseline outside them is refused
 
 
 class Task:

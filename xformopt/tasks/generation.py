@@ -14,7 +14,7 @@ class TextGeneration(Task):
     export_task = "text-generation-with-past"
     architectures = ("ForCausalLM", "LMHeadModel")
     headline = "perplexity"
-    metrics = {"perplexity": Metric("Perplexity", lower_is_better=True),
+    metrics = {"perplexity": Metric("Perplexity", lower_is_better=True, bounds=(1.0, float("inf"))),
                "next_token_agreement": Metric("Next-token agr.", percent=True, relative=True)}
     decoder = True
     passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
