@@ -10,6 +10,7 @@ class TextGeneration(Task):
     name = "text-generation"
     summary = "causal language models with a KV cache (GPT-2, Llama, Qwen, Mistral, Phi-3)"
     auto_model = "AutoModelForCausalLM"
+    head_may_be_fresh = False
     ort_model = "ORTModelForCausalLM"
     export_task = "text-generation-with-past"
     architectures = ("ForCausalLM", "LMHeadModel")
