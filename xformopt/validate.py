@@ -271,7 +271,9 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
     cls = getattr(transformers, tasks.get(task).auto_model)
     try:
         config = AutoConfig.from_pretrained(path)
-        with torch.device("meta"):
+        # prune_heads (config.pruned_heads, a head-pruned stage) indexes with torch.nonzero, which has no
+        # meta kernel: such a model is built for real (memory of its size, once, before any pass)
+        with torch.device("cpu" if getattr(config, "pruned_heads", None) else "meta"):
             model = cls.from_config(config)
     except Exception as exc:  # transformers raises KeyError, ValueError, TypeError, ... for odd configs
         raise InputError(f"{file}: no {task} model can be built from this config ({type(exc).__name__}: "
