@@ -191,12 +191,14 @@ def test_quiet_silences_the_download_bars_of_huggingface_hub(quiet, hub, tmp_pat
     code, _, err = run_cli([*(["-q"] if quiet else []), "export", REPO, "-o", tmp_path / "e"], capsys)
     assert code == 0, err
     assert any(s.startswith(f"GET /{REPO}/resolve/") for s in hub.seen)  # it did download
+    import transformers.utils.logging as transformers_logging
+
     if quiet:
         assert err == ""
-        assert are_progress_bars_disabled()
+        assert are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()  # shard bars too
     else:
         assert "Fetching" in err and "100%" in err, err  # huggingface_hub's own bar
     from xformopt.cli import output
 
     output.set_quiet(False)  # quiet mode off again: the bars are back for whatever runs next in this process
-    assert not are_progress_bars_disabled()
+    assert not are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()
