@@ -383,3 +383,17 @@ def test_a_stage_latency_out_of_order_is_refused_too():
     doc = document()
     doc["stages"] = [{"name": "export", "latency": {**latency(3.0), "p90_ms": 2.0}}]
     assert "stages[0].latency has median_ms 3.0 above p90_ms 2.0" in _refusal(doc)
+
+
+def test_a_baseline_with_a_key_given_twice_is_refused(tmp_path):
+    """json.loads keeps the last of two "median_ms" silently; a gate must not pick one for the user."""
+    text = json.dumps(document())
+    doubled = text.replace('"median_ms": 3.1,', '"median_ms": 3.1, "median_ms": 0.1,', 1)
+    assert doubled != text
+    baseline = tmp_path / "b.json"
+    baseline.write_text(doubled)
+    with pytest.raises(InputError) as info:
+        gate.load_baseline(baseline)
+    assert info.value.message.startswith(f"{baseline}: key 'median_ms' is given twice in one object")
+    baseline.write_text(text)
+    assert gate.load_baseline(baseline)["artifact"]["latency"]["median_ms"] == 3.1
