@@ -60,11 +60,11 @@ def missing(model, checkpoint_names) -> list[str]:
 
 
 def fresh_head(model, checkpoint_names, *, head_may_be_fresh: bool) -> set[str]:
-    """The missing tensors that are a freshly initialised task head, as intended: every tensor of a
+    """The model's tensors that form a freshly initialised task head, as intended: every tensor of a
     top-level module outside the base model when none of them is in the checkpoint (a classifier on
-    a base checkpoint, or in place of another task's head), and a pooler absent altogether (HEAD_PARTS_OF_THE_BASE) when the task does not
-    read it or its head is fresh too. HEAD_MAY_BE_FRESH is the task's say (a language-model head is
-    never trained by the user, so it is not)."""
+    a base checkpoint, or in place of another task's head), and a pooler absent altogether
+    (HEAD_PARTS_OF_THE_BASE) when the model has no head or its whole head is fresh too.
+    HEAD_MAY_BE_FRESH is the task's say (a language-model head only pretraining trains: it is not)."""
     prefix = getattr(model, "base_model_prefix", "") or ""
     present = loaded_names(model, checkpoint_names)
     expected = list(model.state_dict())
