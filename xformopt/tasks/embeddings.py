@@ -42,7 +42,7 @@ class FeatureExtraction(Task):
     ort_model = "ORTModelForFeatureExtraction"
     export_task = "feature-extraction"
     headline = "cosine_to_baseline"
-    metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True),
+    metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True, bounds=(-1.0, 1.0)),
                "probe_accuracy": Metric("Probe acc.", percent=True),
                **{f"recall_at_{k}": Metric(f"Recall@{k}", percent=True) for k in RECALL_AT}}
     # Embeddings are compared by cosine downstream: the INT8 ladder holds them to the line users hold
