@@ -4,15 +4,20 @@ Fused nodes lose the layer in their own name (``Attention_0``, ``SkipLayerNorm_A
 node's layer is read from its name, else its weights' (initializer) names, else its outputs' names
 (``layer.3``, ``layers.3``, ``h.3``, ``block.3``); a node none of these name takes the layer of what
 it feeds (a fused attention node reads the previous layer's output), or "embeddings" when it runs
-before the first layer and "head" when after the last.
+before the first layer and "head" when after the last. A graph whose names name no layer gets none.
 """
 
 from __future__ import annotations
 
 import re
 
+from xformopt.profiling.ops import category
+
 _LAYER = re.compile(r"(?:^|[./_])(?:layers?|h|blocks?)[._/](\d+)(?=$|[./_])", re.IGNORECASE)
 EMBEDDINGS = "embeddings"
+# What only a layer does: a node of these kinds that nothing named feeds (layer 0's fused attention,
+# fed by the embeddings) belongs to the layer it feeds, not to the embeddings.
+LAYER_WORK = frozenset({"attention", "gemm", "layer norm", "activation"})
 HEAD = "head"
 
 
@@ -50,12 +55,14 @@ def node_layers(graph) -> dict[str, str]:
     for i in range(len(nodes) - 1, -1, -1):
         fed = [backward[j] for j in consumers.get(i, ()) if backward[j] is not None]
         backward[i] = direct[i] if direct[i] is not None else (min(fed) if fed else None)
+    if all(d is None for d in direct):
+        return {}  # names say nothing about layers: every node stays unmapped rather than guessed
     labels = {}
     for i, node in enumerate(nodes):
         if direct[i] is not None:
             label = f"layer {direct[i]}"
-        elif forward[i] is None:
-            label = EMBEDDINGS
+        elif forward[i] is None and (backward[i] is None or category(node.op_type) not in LAYER_WORK):
+            label = EMBEDDINGS  # runs before the first layer: embeddings, the mask's casts
         elif backward[i] is None:
             label = HEAD
         else:

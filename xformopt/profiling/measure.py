@@ -56,6 +56,13 @@ def _node_attrs(graph) -> dict[str, dict]:
     return {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute} for n in graph.node if n.name}
 
 
+def _weighted_nodes(graph) -> dict[str, bool]:
+    """Node name -> whether one of its inputs is a weight (an initializer or a Constant's output)."""
+    weights = {i.name for i in graph.initializer}
+    weights |= {out for n in graph.node if n.op_type == "Constant" for out in n.output}
+    return {n.name: any(x in weights for x in n.input) for n in graph.node if n.name}
+
+
 def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[str] | None, settings: Settings,
                   workdir: Path, log: Log = lambda m: None) -> tuple[dict, Path]:
     """Profile ``model_dir/model.onnx`` on ``texts``; returns (the profile document without host
@@ -122,14 +129,16 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
     n = len(timed)
     layers = layer_map.node_layers(graph) if graph is not None else {}
     attrs = _node_attrs(graph) if graph is not None else {}
-    by_op: dict[str, dict] = defaultdict(lambda: {"us": 0.0, "calls": 0, "flops": 0.0, "flops_us": 0.0})
+    weighted = _weighted_nodes(graph) if graph is not None else {}
+    by_op: dict[tuple[str, str], dict] = defaultdict(lambda: {"us": 0.0, "calls": 0, "flops": 0.0, "flops_us": 0.0})
     by_layer: dict[str, float] = defaultdict(float)
     by_node: dict[tuple[str, str], float] = defaultdict(float)
     gemm: dict[str, dict] = defaultdict(lambda: {"flops": 0.0, "us": 0.0})
     unmapped = 0
     for run in timed:
         for k in run.kernels:
-            entry = by_op[k.op_type]
+            kind = ops.kernel_category(k.op_type, weighted.get(k.node), k.input_shapes)
+            entry = by_op[(k.op_type, kind)]
             entry["us"] += k.dur_us
             entry["calls"] += 1
             label = layers.get(k.node)
@@ -144,9 +153,9 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
             if work is not None:
                 entry["flops"] += work
                 entry["flops_us"] += k.dur_us
-                kind = "attention (fused)" if k.op_type in ops.FUSED_ATTENTION else precision
-                gemm[kind]["flops"] += work
-                gemm[kind]["us"] += k.dur_us
+                row = "attention" if kind == "attention" else precision
+                gemm[row]["flops"] += work
+                gemm[row]["us"] += k.dur_us
     tok_on = [t for t, _ in samples["on"]]
     e2e_on = [e for _, e in samples["on"]]
     e2e_off = [e for _, e in samples["off"]]
@@ -155,8 +164,8 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
     mean_e2e_ms = 1e3 * sum(e2e_on) / n
     per_request = lambda us: us / n / 1e3  # noqa: E731  total microseconds -> ms per request
     categories: dict[str, float] = defaultdict(float)
-    for op_type, entry in by_op.items():
-        categories[ops.category(op_type)] += entry["us"]
+    for (_, kind), entry in by_op.items():
+        categories[kind] += entry["us"]
     tok_ms = 1e3 * sum(tok_on) / n
     kernels_ms = per_request(sum(kernel_us))
     between_ms = per_request(sum(ort_us)) - kernels_ms
@@ -173,10 +182,10 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
     median_on, median_off = 1e3 * _median(e2e_on), 1e3 * _median(e2e_off)
     coverage = _median(accounted) / median_on if median_on > 0 else 0.0
     op_rows = [{
-        "op_type": op_type, "category": ops.category(op_type), "ms": per_request(entry["us"]),
+        "op_type": op_type, "category": kind, "ms": per_request(entry["us"]),
         "calls_per_request": entry["calls"] / n, "share": per_request(entry["us"]) / mean_e2e_ms,
         "gflops_per_s": (entry["flops"] / (entry["flops_us"] * 1e3)) if entry["flops_us"] else None,
-    } for op_type, entry in by_op.items()]
+    } for (op_type, kind), entry in by_op.items()]
     op_rows.sort(key=lambda row: -row["ms"])
     return {
         "schema": SCHEMA,
@@ -215,8 +224,8 @@ def attach_peak(doc: dict, peak: dict) -> dict:
     doc["gemm_peak"] = peak
     for row in doc["gemm_throughput"]:
         base = {"fp32": peak.get("fp32_gflops"), "int8": peak.get("int8_gflops")}.get(row["kind"])
-        if row["kind"] == "attention (fused)":
-            base = None  # its GEMMs are int8 or fp32 and it does softmax besides: no one peak applies
+        if row["kind"] == "attention":
+            base = None  # fused attention does softmax besides its GEMMs, in int8 or fp32: no one peak applies
         row["peak_gflops_per_s"] = base
         row["fraction_of_peak"] = (row["gflops_per_s"] / base) if base and row["gflops_per_s"] else None
     return doc

@@ -14,8 +14,8 @@ CATEGORIES: dict[str, frozenset[str]] = {
         "MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulInteger", "DynamicQuantizeMatMul",
         "MatMulIntegerToFloat", "QLinearMatMul", "QGemm", "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized",
     }),
-    # Fused attention does its Q/K/V projection GEMMs inside; Softmax only appears in unfused graphs,
-    # where the attention matmuls themselves count as GEMMs.
+    # Fused attention does its Q/K/V projection GEMMs inside. In an unfused graph, Softmax and the
+    # matmuls of two activations (Q K^T, scores x V: see kernel_category) are the attention.
     "attention": frozenset({
         "Attention", "QAttention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
         "PackedMultiHeadAttention", "DecoderMaskedMultiHeadAttention", "RotaryEmbedding", "Softmax",
@@ -55,6 +55,19 @@ _BY_OP = {op: name for name, ops in CATEGORIES.items() for op in ops}
 
 def category(op_type: str) -> str:
     return _BY_OP.get(op_type, OTHER)
+
+
+def kernel_category(op_type: str, weight_inputs: bool | None, input_shapes: list[list[int]]) -> str:
+    """The category of one kernel call: its op type's, except that a GEMM multiplying two
+    activations (no weight among its inputs) is an unfused graph's attention (Q K^T, scores x V).
+    ``weight_inputs``: whether the graph gives the node an initializer input (None: graph unknown,
+    then two batched inputs of rank >= 3 tell, since weights are rank 2)."""
+    kind = category(op_type)
+    if kind != "gemm":
+        return kind
+    if weight_inputs is None:
+        weight_inputs = not (len(input_shapes) >= 2 and all(len(s) >= 3 for s in input_shapes[:2]))
+    return kind if weight_inputs else "attention"
 
 
 def precision(op_type: str, input_dtypes: list[str]) -> str | None:
