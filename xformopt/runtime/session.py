@@ -40,6 +40,10 @@ def ort_session(model_path: Path, threads: int | None = None, level: str = "all"
         options.profile_file_prefix = profile_prefix
     if optimized_path is not None:
         options.optimized_model_filepath = optimized_path
+        # Weights beside it, not in it: a graph past 2 GB cannot be one protobuf, and only names are read back.
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         Path(optimized_path).name + ".data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         options.log_severity_level = 3  # not the "hardware-specific optimizations" warning: the file is ours, for names
     # Idle workers sleep instead of spin-waiting: spinning pools steal the cores that the other
     # variants of an interleaved comparison (and the tokenizer) need. Measured on a 2-core host:
