@@ -71,7 +71,10 @@ def test_trace_is_valid_and_kernels_sit_inside_their_runs(profiled):
     per_request_ms = sum(r.kernel_us for r in timed) / len(timed) / 1e3
     op_ms = sum(row["ms"] for row in doc["op_types"])
     assert op_ms == pytest.approx(per_request_ms, rel=1e-9)
-    assert doc["accounted"]["operators_median_ms"] <= doc["accounted"]["ort_run_median_ms"]
+    acc = doc["accounted"]
+    assert acc["operators_median_ms"] <= acc["ort_run_median_ms"]
+    assert acc["within_limit"] == (abs(acc["share_of_end_to_end_median"] - 1) <= 0.10)
+    assert 0 < acc["median_share_per_request"] <= 1  # within a request the parts never exceed the whole
 
 
 def test_categories_and_layers_partition_the_operators(profiled):
@@ -182,6 +185,7 @@ def test_layers_from_names_weights_and_neighbours():
 
     nodes = [
         helper.make_node("Cast", ["mask"], ["mask_f"], name="mask_cast"),  # before any layer
+        helper.make_node("LayerNormalization", ["e", "bert.embeddings.LayerNorm.weight"], ["x"], name="LayerNorm_7"),
         helper.make_node("Attention", ["x", "mask_f"], ["a0"], name="Attention_0"),  # no layer in its names
         helper.make_node("SkipLayerNormalization", ["a0", "x", "encoder.layer.0.ln.weight"], ["h0"], name="SkipLN_0"),
         helper.make_node("Attention", ["h0", "mask_f"], ["a1"], name="Attention_1"),
@@ -189,9 +193,10 @@ def test_layers_from_names_weights_and_neighbours():
         helper.make_node("Gemm", ["h1", "classifier.weight"], ["logits"], name="/classifier/Gemm"),
     ]
     inits = [helper.make_tensor(n, TensorProto.FLOAT, [1], [1.0])
-             for n in ("encoder.layer.0.ln.weight", "encoder.layer.1.ln.weight", "classifier.weight")]
-    graph = helper.make_graph(nodes, "g", [vi("x"), vi("mask")], [vi("logits")], inits)
-    assert node_layers(graph) == {"mask_cast": "embeddings", "Attention_0": "layer 0", "SkipLN_0": "layer 0",
+             for n in ("bert.embeddings.LayerNorm.weight", "encoder.layer.0.ln.weight", "encoder.layer.1.ln.weight",
+                       "classifier.weight")]
+    graph = helper.make_graph(nodes, "g", [vi("e"), vi("mask")], [vi("logits")], inits)
+    assert node_layers(graph) == {"mask_cast": "embeddings", "LayerNorm_7": "embeddings", "Attention_0": "layer 0", "SkipLN_0": "layer 0",
                                   "Attention_1": "layer 1", "SkipLN_1": "layer 1", "/classifier/Gemm": "head"}
 
 

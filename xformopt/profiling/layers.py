@@ -2,7 +2,7 @@
 
 Fused nodes lose the layer in their own name (``Attention_0``, ``SkipLayerNorm_AddBias_3``), so a
 node's layer is read from its name, else its weights' (initializer) names, else its outputs' names
-(``layer.3``, ``layers.3``, ``h.3``, ``block.3``); a node none of these name takes the layer of what
+(``layer.3``, ``layers.3``, ``h.3``, ``block.3``; ``embeddings``); a node none of these name takes the layer of what
 it feeds (a fused attention node reads the previous layer's output), or "embeddings" when it runs
 before the first layer and "head" when after the last. A graph whose names name no layer gets none.
 """
@@ -26,12 +26,17 @@ def layer_number(name: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+_EMBEDDING = re.compile(r"embed", re.IGNORECASE)
+_BEFORE_LAYERS = -1  # named as the embeddings' own (word/position embeddings, their LayerNorm)
+
+
 def _direct(node, initializers: set[str]) -> int | None:
-    for name in [node.name, *(i for i in node.input if i in initializers), *node.output]:
+    names = [node.name, *(i for i in node.input if i in initializers), *node.output]
+    for name in names:
         number = layer_number(name)
         if number is not None:
             return number
-    return None
+    return _BEFORE_LAYERS if any(_EMBEDDING.search(name or "") for name in names) else None
 
 
 def node_layers(graph) -> dict[str, str]:
@@ -59,14 +64,16 @@ def node_layers(graph) -> dict[str, str]:
         return {}  # names say nothing about layers: every node stays unmapped rather than guessed
     labels = {}
     for i, node in enumerate(nodes):
+        before, after = forward[i], backward[i]
         if direct[i] is not None:
-            label = f"layer {direct[i]}"
-        elif forward[i] is None and (backward[i] is None or category(node.op_type) not in LAYER_WORK):
-            label = EMBEDDINGS  # runs before the first layer: embeddings, the mask's casts
-        elif backward[i] is None:
-            label = HEAD
+            layer = direct[i]
+        elif before is None:  # runs before anything named: the embeddings, the mask's casts
+            layer = after if after is not None and after >= 0 and category(node.op_type) in LAYER_WORK else _BEFORE_LAYERS
+        elif after is None:
+            layer = None
         else:
-            label = f"layer {backward[i]}"
+            layer = after
+        label = HEAD if layer is None else (EMBEDDINGS if layer < 0 else f"layer {layer}")
         if node.name:
             labels[node.name] = label
     return labels

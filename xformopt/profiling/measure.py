@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from xformopt import progress
 from xformopt.errors import InputError, PassFailed
 from xformopt.profiling import layers as layer_map
 from xformopt.profiling import ops
@@ -99,6 +100,7 @@ def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[s
     log(f"profiling {settings.runs} requests (batch {settings.batch}, "
         f"{'exact length ' + str(settings.seq) if settings.seq else 'real lengths'}, {settings.threads} threads; "
         f"{settings.warmup} warm-up), interleaved with the same requests unprofiled")
+    step = progress.tracker("profiling (requests)")
     for r, idx in enumerate(requests):
         batch_texts = [texts[i] for i in idx]
         batch_pairs = [pairs[i] for i in idx] if pairs is not None else None
@@ -113,6 +115,7 @@ def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[s
             t2 = time.perf_counter()
             if r >= settings.warmup:
                 samples[which].append((t1 - t0, t2 - t0))
+        step(r + 1, len(requests))
     trace_path = Path(profiled.end_profiling())
     found = trace_runs(load_events(trace_path))
     if len(found) != len(requests):
@@ -200,6 +203,8 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
             "tokenization_median_ms": 1e3 * _median(tok_on),
             "operators_plus_tokenization_median_ms": _median(accounted),
             "share_of_end_to_end_median": coverage,
+            # The same within each request (robust when a busy host makes the timings bimodal).
+            "median_share_per_request": _median([a / (1e3 * e) for a, e in zip(accounted, e2e_on) if e > 0]),
             "within_limit": abs(coverage - 1) <= COVERAGE_LIMIT,
             "limit": COVERAGE_LIMIT,
             "ort_run_median_ms": _median(ort_us) / 1e3,

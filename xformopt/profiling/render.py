@@ -63,7 +63,7 @@ def markdown(doc: dict, images: tuple[str, ...] = ()) -> str:
              "", headline(doc) + ".", ""]
     verdict = "within" if acc["within_limit"] else "NOT within"
     lines += [f"Operators + tokenization come {verdict} {100 * acc['limit']:.0f}% of the end-to-end median "
-              f"({_pct(acc['share_of_end_to_end_median'])}); ORT's run median is {_ms(acc['ort_run_median_ms'])}, of "
+              f"({_pct(acc['share_of_end_to_end_median'])}; within each request, median {_pct(acc.get('median_share_per_request'))}); ORT's run median is {_ms(acc['ort_run_median_ms'])}, of "
               f"which kernels are {_pct(acc['operators_share_of_ort_run'])}. End-to-end median without the profiler: "
               f"{_ms(e2e['median_ms_profiling_off'])}.", ""]
     if PLOT in images:
