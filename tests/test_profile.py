@@ -234,3 +234,22 @@ def test_gemm_peak_cached_per_host_fingerprint(monkeypatch):
     again = peak.gemm_peak(2)
     assert again["cached"] is False and again["int8_gflops"] == 65.0 and len(measured) == 8
     assert peak.gemm_peak(2, remeasure=True)["cached"] is False and len(measured) == 10
+
+
+def test_a_peak_is_never_lowered_and_a_beaten_peak_is_remeasured(monkeypatch):
+    from xformopt.profiling import measure, peak
+
+    speeds = {"fp32": 50.0, "int8": 65.0}
+    calls = []
+    monkeypatch.setattr(peak, "measure_gflops", lambda kind, threads: calls.append(kind) or speeds[kind])
+    monkeypatch.setattr(peak.host, "host_fingerprint", lambda info: "cccc000011112222")
+    monkeypatch.setattr(peak.host, "host_info", lambda: {"cpu_model": "test"})
+    peak.gemm_peak(2)
+    speeds.update(fp32=20.0, int8=200.0)  # a busy moment for fp32, a quiet one for int8
+    again = peak.gemm_peak(2, remeasure=True)
+    assert (again["fp32_gflops"], again["int8_gflops"]) == (50.0, 200.0)
+
+    speeds.update(int8=300.0)
+    doc = {"gemm_throughput": [{"kind": "int8", "ms": 1.0, "gflop_per_request": 0.25, "gflops_per_s": 250.0}]}
+    measure.add_peak(doc, 2)  # 250 beats the cached 200: measured again before comparing
+    assert doc["gemm_peak"]["int8_gflops"] == 300.0 and doc["gemm_throughput"][0]["fraction_of_peak"] == 250.0 / 300.0

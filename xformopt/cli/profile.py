@@ -57,8 +57,7 @@ def profile(
     from xformopt.bench.host import host_fingerprint, host_info
     from xformopt.decoder.bench import is_decoder_dir
     from xformopt.profiling import render
-    from xformopt.profiling.measure import Settings, attach_peak, profile_stage
-    from xformopt.profiling.peak import gemm_peak
+    from xformopt.profiling.measure import Settings, add_peak, profile_stage
     from xformopt.validate import check_threads
 
     if is_decoder_dir(artifact):
@@ -76,7 +75,7 @@ def profile(
                         seed=run.settings["seed"])
     with tempfile.TemporaryDirectory(prefix="xformopt-profile-") as work:
         doc, trace = profile_stage(art.spec, art.path, texts, pairs, settings, Path(work), output.log)
-        attach_peak(doc, gemm_peak(settings.threads, output.log, remeasure=remeasure_peak))
+        add_peak(doc, settings.threads, output.log, remeasure=remeasure_peak)
         info = host_info()
         doc = {"schema": doc.pop("schema"), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "artifact": str(artifact), "stage": art.stage, "heldout": run.settings["heldout"], "host": info,

@@ -224,6 +224,18 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
     }
 
 
+def add_peak(doc: dict, threads: int, log: Log = lambda m: None, *, remeasure: bool = False) -> dict:
+    """The host's GEMM peak into ``doc``; a cached peak that this profile's GEMMs beat was measured
+    on a busier host, so it is measured again (once) before comparing."""
+    from xformopt.profiling.peak import gemm_peak
+
+    attach_peak(doc, gemm_peak(threads, log, remeasure=remeasure))
+    if not remeasure and any((row.get("fraction_of_peak") or 0) > 1 for row in doc["gemm_throughput"]):
+        log("this profile's GEMMs ran faster than the cached peak (measured on a busier host); measuring it again")
+        attach_peak(doc, gemm_peak(threads, log, remeasure=True))
+    return doc
+
+
 def attach_peak(doc: dict, peak: dict) -> dict:
     """Each GEMM kind's achieved GFLOP/s as a fraction of this host's measured peak of its precision."""
     doc["gemm_peak"] = peak
@@ -245,8 +257,6 @@ def profile_for_report(stage, heldout, threads: int, seed: int, log: Log = lambd
     recorded as ``{"error": ...}``: it informs, it never fails the run."""
     import tempfile
 
-    from xformopt.profiling.peak import gemm_peak
-
     if stage.kind != "onnx" or stage.spec.task_def.decoder:
         return None
     texts, pairs = stage.spec.task_def.timing_inputs(heldout)
@@ -254,7 +264,7 @@ def profile_for_report(stage, heldout, threads: int, seed: int, log: Log = lambd
     try:
         with tempfile.TemporaryDirectory(prefix="xformopt-profile-") as work:
             doc, _ = profile_stage(stage.spec, stage.path, texts, pairs, settings, Path(work), log)
-        attach_peak(doc, gemm_peak(threads, log))
+        add_peak(doc, threads, log)
     except Exception as exc:  # noqa: BLE001 - ORT's profiler, a damaged trace: the artifact is still good
         message = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
         log(f"profile of {stage.name} not made: {message}")
