@@ -22,7 +22,8 @@ from xformopt import progress
 from xformopt.errors import InputError, PassFailed
 from xformopt.profiling import layers as layer_map
 from xformopt.profiling import ops
-from xformopt.profiling.trace import load_events, runs as trace_runs
+from xformopt.profiling.trace import load_events
+from xformopt.profiling.trace import runs as trace_runs
 
 SCHEMA = "xformopt.profile/1"
 NAMED_SHARES = ("gemm", "attention", "layer norm", "tokenization")
@@ -165,7 +166,10 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
     kernel_us = [r.kernel_us for r in timed]
     ort_us = [r.dur_us for r in timed]
     mean_e2e_ms = 1e3 * sum(e2e_on) / n
-    per_request = lambda us: us / n / 1e3  # noqa: E731  total microseconds -> ms per request
+
+    def per_request(us: float) -> float:  # total microseconds -> ms per request
+        return us / n / 1e3
+
     categories: dict[str, float] = defaultdict(float)
     for (_, kind), entry in by_op.items():
         categories[kind] += entry["us"]

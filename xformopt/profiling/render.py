@@ -57,15 +57,17 @@ def summary_lines(doc: dict, top: int = 5) -> list[str]:
 def markdown(doc: dict, images: tuple[str, ...] = ()) -> str:
     s, e2e, acc = doc["settings"], doc["end_to_end"], doc["accounted"]
     host = doc.get("host") or {}
+    flags = ", ".join(host.get("cpu_flags") or []) or "no flags read"
     lines = [f"### xformopt profile: {doc.get('artifact', '?')}", "",
-             f"{s['runs']} requests (batch {s['batch']}, {s['inputs']}, {s['rows']} held-out rows, {s['threads']} threads, "
-             f"seed {s['seed']}) on {host.get('cpu_model', '?')} ({', '.join(host.get('cpu_flags') or []) or 'no flags read'}).",
+             (f"{s['runs']} requests (batch {s['batch']}, {s['inputs']}, {s['rows']} held-out rows, {s['threads']} "
+              f"threads, seed {s['seed']}) on {host.get('cpu_model', '?')} ({flags})."),
              "", headline(doc) + ".", ""]
-    verdict = "within" if acc["within_limit"] else "NOT within"
-    lines += [f"Operators + tokenization come {verdict} {100 * acc['limit']:.0f}% of the end-to-end median "
-              f"({_pct(acc['share_of_end_to_end_median'])}; within each request, median {_pct(acc.get('median_share_per_request'))}); ORT's run median is {_ms(acc['ort_run_median_ms'])}, of "
-              f"which kernels are {_pct(acc['operators_share_of_ort_run'])}. End-to-end median without the profiler: "
-              f"{_ms(e2e['median_ms_profiling_off'])}.", ""]
+    verdict = "come within" if acc["within_limit"] else "do NOT come within"
+    lines += [(f"Operators + tokenization {verdict} {100 * acc['limit']:.0f}% of the end-to-end median "
+               f"({_pct(acc['share_of_end_to_end_median'])}; within each request, median "
+               f"{_pct(acc.get('median_share_per_request'))}); ORT's run median is {_ms(acc['ort_run_median_ms'])}, "
+               f"of which kernels are {_pct(acc['operators_share_of_ort_run'])}. End-to-end median without the "
+               f"profiler: {_ms(e2e['median_ms_profiling_off'])}."), ""]
     if PLOT in images:
         lines += [f"![time by category, op type and layer]({PLOT})", ""]
     lines += ["#### Per request", ""]
@@ -87,15 +89,15 @@ def markdown(doc: dict, images: tuple[str, ...] = ()) -> str:
     lines += [f"- {line}" for line in gemm_lines(doc)] or ["- no GEMM with shapes in the trace"]
     lines += ["", "#### Slowest nodes", ""]
     lines += _table(["node", "op type", "ms"], [[f"`{r['node']}`", r["op_type"], f"{r['ms']:.3f}"] for r in doc["top_nodes"]])
-    lines += ["", f"Trace: `{doc.get('trace', 'trace.json')}` (open in https://ui.perfetto.dev or chrome://tracing; it "
-              f"also holds the {s['warmup']} warm-up runs)."]
+    lines += ["", (f"Trace: `{doc.get('trace') or 'trace.json'}` (open in https://ui.perfetto.dev or chrome://tracing; "
+                   f"it also holds the {s['warmup']} warm-up runs).")]
     return "\n".join(lines) + "\n"
 
 
 def write_plot(doc: dict, path: Path) -> Path:
+    from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib import rc_context
 
     from xformopt.plot_style import DPI, PALETTE, STYLE
 
