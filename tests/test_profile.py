@@ -253,3 +253,11 @@ def test_a_peak_is_never_lowered_and_a_beaten_peak_is_remeasured(monkeypatch):
     doc = {"gemm_throughput": [{"kind": "int8", "ms": 1.0, "gflop_per_request": 0.25, "gflops_per_s": 250.0}]}
     measure.add_peak(doc, 2)  # 250 beats the cached 200: measured again before comparing
     assert doc["gemm_peak"]["int8_gflops"] == 300.0 and doc["gemm_throughput"][0]["fraction_of_peak"] == 250.0 / 300.0
+
+
+def test_report_markdown_says_why_a_profile_is_missing():
+    from xformopt.report.markdown import _profile_lines
+
+    assert _profile_lines(None) == []
+    lines = _profile_lines({"error": "RuntimeError: no trace", "stage": "quantize"})
+    assert lines[0].startswith("#### Where the time goes (quantize") and "not profiled: RuntimeError: no trace" in lines[2]

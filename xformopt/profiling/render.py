@@ -27,6 +27,11 @@ def headline(doc: dict) -> str:
 
 def gemm_lines(doc: dict) -> list[str]:
     lines = []
+    peak = doc.get("gemm_peak") or {}
+    if peak.get("fp32_gflops") and peak.get("int8_gflops"):
+        # What INT8 can buy here at best: the int8 kernel's throughput over fp32's on this host.
+        lines.append(f"this host's int8 GEMM peak is {peak['int8_gflops'] / peak['fp32_gflops']:.2f}x its fp32 peak "
+                     f"({peak['int8_gflops']:.0f} vs {peak['fp32_gflops']:.0f} GFLOP/s)")
     for row in doc["gemm_throughput"]:
         if row["gflops_per_s"] is None:
             continue
