@@ -18,7 +18,7 @@ from xformopt.cli import output
 ROOT = Path(__file__).resolve().parents[1]
 
 LEAF_COMMANDS = [["optimize"], ["bench"], ["report"], ["export"], ["fuse"], ["quantize"], ["prune"], ["distill"],
-                 ["generate"], ["search"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
+                 ["generate"], ["search"], ["profile"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
                  ["targets", "detect"], ["passes", "list"], ["cache", "list"], ["cache", "verify"], ["cache", "prune"],
                  ["cache", "clear"]]
 

@@ -246,6 +246,10 @@ def run(
         evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
         host = host_info()
         report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
+        from xformopt.profiling.measure import profile_for_report
+
+        if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed, log)) is not None:
+            report["profile"] = profile  # where the final stage's time goes: report.md shows the top lines
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
