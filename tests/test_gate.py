@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from xformopt.bench import gate
-from xformopt.bench.host import host_fingerprint
+from xformopt.measure.host import host_fingerprint
 from xformopt.bench.junit import junit_xml
 from xformopt.errors import InputError
 

@@ -1,4 +1,4 @@
-"""Tests for xformopt.bench.host."""
+"""Tests for xformopt.measure.host."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from xformopt.bench import host
+from xformopt.measure import host
 
 
 @pytest.fixture
@@ -192,7 +192,7 @@ def test_host_info_does_not_import_torch():
     import sys
 
     code = (
-        "import sys; from xformopt.bench import host; host.host_info(); "
+        "import sys; from xformopt.measure import host; host.host_info(); "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

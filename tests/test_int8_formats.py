@@ -20,9 +20,9 @@ from conftest import make_ctx, run_pass
 from onnx import numpy_helper
 
 from xformopt import targets
-from xformopt.bench.host import cpu_flags
+from xformopt.measure.host import cpu_flags
 from xformopt.errors import PassFailed
-from xformopt.kernel_probe import int8_gemm_saturates
+from xformopt.measure.kernel_probe import int8_gemm_saturates
 from xformopt.passes import quantize as q
 from xformopt.passes.int8_formats import agreement_floor, format_ladder
 
@@ -148,7 +148,7 @@ QEMU = shutil.which("qemu-x86_64")
 @pytest.mark.skipif(QEMU is None or "avx2" not in cpu_flags(),
                     reason="qemu-user (qemu-x86_64) is not installed: .ci/run installs it to emulate an AVX2-only CPU")
 def test_probe_sees_saturation_on_an_emulated_avx2_cpu():
-    code = "from xformopt.kernel_probe import int8_gemm_saturates as s; print(s())"
+    code = "from xformopt.measure.kernel_probe import int8_gemm_saturates as s; print(s())"
     out = subprocess.run([QEMU, "-cpu", "Haswell", sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -238,7 +238,7 @@ def test_fuse_select_none_keeps_unfused_graph(exported_classifier, tiny_classifi
 
 
 def test_fuse_fastest_times_candidates_on_host(exported_classifier, tiny_classifier, tmp_path, sample_texts):
-    from xformopt.bench.host import cpu_flags
+    from xformopt.measure.host import cpu_flags
 
     flags = cpu_flags()
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx2", host_flags=flags | {"avx2"})

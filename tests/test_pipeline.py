@@ -14,7 +14,7 @@ import pytest
 
 from xformopt import pipeline, recipe, targets
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
-from xformopt.bench import host
+from xformopt.measure import host
 from xformopt.errors import InputError, PassFailed
 from xformopt.report.build import REPORT_SCHEMA
 

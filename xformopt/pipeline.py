@@ -24,7 +24,7 @@ from xformopt.artifact import (
     hash_dir,
     write_json,
 )
-from xformopt.bench.host import library_versions
+from xformopt.measure.host import library_versions
 from xformopt.data import TextDataset
 from xformopt.errors import InputError, PassFailed, XformoptError
 from xformopt.passes import get_pass
@@ -133,7 +133,7 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
     import hashlib
 
     from xformopt.artifact import sha256_file
-    from xformopt.bench.host import cpu_model
+    from xformopt.measure.host import cpu_model
 
     def digest(texts) -> str:
         return hashlib.sha256("\x1f".join(texts).encode()).hexdigest()
@@ -207,7 +207,7 @@ def run(
     progress: Callable[[str, int, int], None] | None = None,
     wait: bool = False,
 ) -> RunResult:
-    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
+    from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.evaluate.run import evaluate_stages
     from xformopt.locks import claim_output
     from xformopt.report.build import build_report
@@ -327,7 +327,7 @@ def run_single(
     The output carries a manifest whose pass list extends the input's, so a chain of commands
     records the same history ``optimize`` would.
     """
-    from xformopt.bench.host import effective_cpu_flags, usable_cpus
+    from xformopt.measure.host import effective_cpu_flags, usable_cpus
     from xformopt.recipe import validate_options
 
     pass_cls = get_pass(pass_name)

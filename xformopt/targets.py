@@ -115,7 +115,7 @@ def host_supports(target: Target, flags: set[str]) -> bool:
 def detect(flags: set[str] | None = None) -> Target:
     """The best profile the host runs; raises when none does (e.g. x86 without AVX2)."""
     if flags is None:
-        from xformopt.bench.host import effective_cpu_flags
+        from xformopt.measure.host import effective_cpu_flags
 
         flags = effective_cpu_flags()
     for name in DETECTION_ORDER:

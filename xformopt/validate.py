@@ -276,7 +276,7 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
 def check_threads(threads: int | None, flag: str = "--threads") -> None:
     """More intra-op threads than the process may run oversubscribes the host (thousands of
     threads hang it): refused, naming the limit."""
-    from xformopt.bench.host import usable_cpus
+    from xformopt.measure.host import usable_cpus
 
     if threads is None:
         return

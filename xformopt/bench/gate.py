@@ -52,7 +52,7 @@ from pathlib import Path
 
 from xformopt import accuracy_budget
 from xformopt.artifact import load_json
-from xformopt.bench.host import (
+from xformopt.measure.host import (
     FINGERPRINT_FIELDS,
     FINGERPRINT_VERSIONS,
     host_fingerprint,
@@ -124,7 +124,7 @@ def check_document(doc, origin: str) -> dict:
         raise InputError(f"{origin}: artifact.metrics is not an object")
     if not isinstance(doc.get("host"), dict) and not isinstance(doc.get("host_fingerprint"), str):
         raise InputError(f"{origin} records no host (host / host_fingerprint); re-create it with the current xformopt")
-    from xformopt.bench.schema import check_numbers
+    from xformopt.report.schema import check_numbers
 
     check_numbers(doc, origin)  # every documented number finite and typed, not only those read below
     return doc

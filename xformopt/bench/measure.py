@@ -188,7 +188,7 @@ def row_ids_digest(row_ids) -> str:
 
 def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan:
     """Settings and held-out rows: the flags where given, else what the artifact's report used."""
-    from xformopt.bench.host import usable_cpus
+    from xformopt.measure.host import usable_cpus
 
     ev = artifact.evaluation
     reported = artifact.report["settings"] if artifact.report is not None else {}
@@ -299,8 +299,8 @@ def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str
 
 def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
     """Score and time the artifact; returns the bench document without its ``comparison``."""
-    from xformopt.bench import modes
-    from xformopt.bench.host import host_fingerprint, host_info
+    from xformopt.measure import modes
+    from xformopt.measure.host import host_fingerprint, host_info
 
     s, heldout = run.settings, run.heldout
     notes = list(run.notes)
@@ -332,7 +332,7 @@ def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
 
 def preview(artifact: Artifact, run: Plan) -> dict:
     """The parts of the bench document known before timing (for comparability checks up front)."""
-    from xformopt.bench.host import host_fingerprint, host_info
+    from xformopt.measure.host import host_fingerprint, host_info
 
     host = host_info()
     return {"schema": BENCH_SCHEMA, "settings": run.settings, "host": host, "host_fingerprint": host_fingerprint(host),

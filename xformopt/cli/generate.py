@@ -83,7 +83,7 @@ def generate(
     step, with an empty past. A prompt that is empty or does not fit the model's context window
     with --max-new-tokens more tokens is refused (exit 2) with the numbers to change.
     """
-    from xformopt.bench.host import usable_cpus
+    from xformopt.measure.host import usable_cpus
     from xformopt.decoder.generate import (
         Sampling,
         context_window,

@@ -17,7 +17,7 @@ def list_targets(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt targets list
     """
-    from xformopt.bench.host import effective_cpu_flags
+    from xformopt.measure.host import effective_cpu_flags
     from xformopt.targets import PROFILES, host_supports
 
     flags = effective_cpu_flags()
@@ -40,7 +40,7 @@ def detect(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt targets detect --json | jq -r .target
     """
-    from xformopt.bench.host import host_info
+    from xformopt.measure.host import host_info
     from xformopt.targets import detect as detect_target
 
     target = detect_target()

@@ -3,7 +3,7 @@ KV cache, for several runners (PyTorch, ONNX fp32, INT8...) in one interleaved r
 
 For every (prompt length, new tokens) cell, each round runs every (runner, cache mode) pair once,
 in an order shuffled per round (seeded), so machine drift lands on all of them alike (see
-:mod:`xformopt.bench.latency`). Each run generates exactly ``new_tokens`` tokens greedily (EOS is
+:mod:`xformopt.measure.latency`). Each run generates exactly ``new_tokens`` tokens greedily (EOS is
 ignored, so every run does the same work) from a prompt of real held-out text cut to the length.
 
 - ``ttft_ms``: the prompt step plus picking the first token (median over rounds);
@@ -196,7 +196,7 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
     """The generation bench document for a decoder artifact (schema ``xformopt.generation-bench/1``)."""
     from datetime import datetime, timezone
 
-    from xformopt.bench.host import host_fingerprint, host_info, usable_cpus
+    from xformopt.measure.host import host_fingerprint, host_info, usable_cpus
     from xformopt.decoder.generate import context_window
     from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
     from xformopt.errors import InputError

@@ -55,7 +55,7 @@ def step_calls(runners: dict, tokenizer, texts, prompt_tokens: int = STEP_PROMPT
 
 def solo_steps(call, n: int, rounds: int, warmup: int, repeats: int) -> dict:
     """The artifact alone: ``repeats`` runs of ``rounds`` cached steps (the shape of modes.solo_repeats)."""
-    from xformopt.bench.latency import run_interleaved
+    from xformopt.measure.latency import run_interleaved
 
     stats = [run_interleaved({"m": call}, n, warmup=warmup if r == 0 else 0, iterations=rounds, seed=r)["m"]
              for r in range(repeats)]
@@ -69,11 +69,11 @@ def solo_steps(call, n: int, rounds: int, warmup: int, repeats: int) -> dict:
 
 def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
                             progress=None) -> dict:
-    from xformopt.bench.latency import compare, run_interleaved
+    from xformopt.measure.latency import compare, run_interleaved
     from xformopt.decoder.bench import bench_generation
     from xformopt.decoder.generate import context_window
     from xformopt.decoder.perplexity import summarize, text_nll
-    from xformopt.evaluate.metrics import proportion
+    from xformopt.scoring.metrics import proportion
     from xformopt.models import load_tokenizer
     from xformopt.onnx_graph import dir_size_bytes
 

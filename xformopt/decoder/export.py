@@ -219,7 +219,7 @@ def exporter_for(model_type: str, log=None):
 
 
 def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    from xformopt.evaluate.metrics import row_cosine
+    from xformopt.scoring.metrics import row_cosine
 
     return row_cosine(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
 

@@ -56,7 +56,7 @@ def time_decoder_dirs(ctx, dirs: dict[str, Path], rounds: int) -> dict[str, dict
     the candidates interleaved; the same dict shape as :func:`xformopt.passes.timing.time_stage_dirs`."""
     import numpy as np
 
-    from xformopt.bench.latency import run_interleaved
+    from xformopt.measure.latency import run_interleaved
     from xformopt.runtime.decoder import OrtDecoder
     from xformopt.models import load_tokenizer
 
@@ -77,7 +77,7 @@ def logits_agreement(ctx, float_dir: Path, int8_dir: Path, texts: int = 16, max_
     import numpy as np
 
     from xformopt.runtime.decoder import OrtDecoder
-    from xformopt.evaluate.metrics import row_cosine
+    from xformopt.scoring.metrics import row_cosine
     from xformopt.models import load_tokenizer
 
     tokenizer = load_tokenizer(float_dir, ctx.spec.trust_remote_code)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xformopt.evaluate.pooling import mean_pool
+from xformopt.scoring.pooling import mean_pool
 
 POOL_BATCHES = 50
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 
 from xformopt import progress as progress_events
-from xformopt.bench import modes
-from xformopt.bench.latency import compare
+from xformopt.measure import modes
+from xformopt.measure.latency import compare
 from xformopt.onnx_graph import dir_size_bytes
 
 

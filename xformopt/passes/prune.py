@@ -112,7 +112,7 @@ from pydantic import Field, model_validator
 from xformopt import progress
 from xformopt.artifact import copy_side_files
 from xformopt.errors import InputError, PassFailed
-from xformopt.evaluate.pooling import mean_pool
+from xformopt.scoring.pooling import mean_pool
 from xformopt.families import Layout, layout_of
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
@@ -666,8 +666,8 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
     import dataclasses
 
     from xformopt import models
-    from xformopt.bench.host import host_info
-    from xformopt.bench.modes import real
+    from xformopt.measure.host import host_info
+    from xformopt.measure.modes import real
     from xformopt.exporting import quiet_loggers
     from xformopt.passes.export import ExportOptions, ExportPass
     from xformopt.passes.fuse import FuseOptions, FusePass
@@ -798,7 +798,7 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
 
     from optimum.exporters.onnx import onnx_export_from_model
 
-    from xformopt.bench.host import host_info
+    from xformopt.measure.host import host_info
     from xformopt.exporting import quiet_loggers
     from xformopt.passes.fuse import build_fused
     from xformopt.passes.timing import TIMED_TEXTS, time_stage_dirs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from xformopt.bench.host import host_fingerprint
+from xformopt.measure.host import host_fingerprint
 from xformopt.runtime.session import thread_pool_setting
 
 REPORT_SCHEMA = "xformopt.report/1"

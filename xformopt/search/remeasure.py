@@ -13,8 +13,8 @@ from pathlib import Path
 
 def remeasure(spec, candidates: dict[str, Path], texts, pairs, *, rounds: int, warmup: int, threads: int,
               seed: int = 0, include_pytorch: bool = True, progress=None) -> dict:
-    from xformopt.bench.host import host_info
-    from xformopt.bench.modes import real
+    from xformopt.measure.host import host_info
+    from xformopt.measure.modes import real
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     predictors = {name: OrtPredictor(spec, path, threads=threads) for name, path in candidates.items()}

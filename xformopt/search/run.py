@@ -119,7 +119,7 @@ def search(s: Settings) -> dict:
     """Run (or continue) the search; returns the search.json document (also written to DIR)."""
     from xformopt import models
     from xformopt.accuracy_budget import points
-    from xformopt.bench.host import usable_cpus
+    from xformopt.measure.host import usable_cpus
     from xformopt.search import outputs
     from xformopt.search.remeasure import remeasure
 

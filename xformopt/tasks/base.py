@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from xformopt.evaluate.metrics import row_cosine
+from xformopt.scoring.metrics import row_cosine
 
 if TYPE_CHECKING:  # typing only: a task module imports no pipeline layer
     from xformopt.data import TextDataset
@@ -109,7 +109,7 @@ class Task:
     def score(self, outputs: np.ndarray, baseline: np.ndarray | None, data: TextDataset, seed: int = 0) -> dict:
         """Metrics of one stage's ``outputs`` on ``data``; ``baseline`` is the PyTorch fp32 model's, or
         None when a bench run has none for these rows (then only the metrics against labels).
-        Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.evaluate.metrics)."""
+        Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.scoring.metrics)."""
         raise NotImplementedError
 
     def report_headline(self, metrics: dict) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import proportion
+from xformopt.scoring.metrics import proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 MASK_LITERALS = ("[MASK]", "<mask>")

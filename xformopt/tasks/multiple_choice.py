@@ -22,7 +22,7 @@ import json
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import accuracy, proportion
+from xformopt.scoring.metrics import accuracy, proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 
 CONTEXT_COLUMNS = ("context", "sent1", "question", "ctx", "startphrase", "goal", "premise", "text")

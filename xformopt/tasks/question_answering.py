@@ -21,7 +21,7 @@ import string
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import proportion, row_cosine
+from xformopt.scoring.metrics import proportion, row_cosine
 from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 MAX_LENGTH = 384  # the pipeline's and run_qa's window, capped at the model's limit

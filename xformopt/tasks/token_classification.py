@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import proportion
+from xformopt.scoring.metrics import proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 PREFIXES = ("B-", "I-", "E-", "S-")

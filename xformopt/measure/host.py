@@ -215,7 +215,7 @@ def effective_cpu_flags() -> set[str]:
 
     The runtime's behaviour is the authority for the quantize formats (see kernel_probe.py).
     """
-    from xformopt.kernel_probe import int8_gemm_saturates
+    from xformopt.measure.kernel_probe import int8_gemm_saturates
 
     flags = cpu_flags()
     if int8_gemm_saturates():
@@ -298,7 +298,7 @@ def _ort_providers() -> list[str]:
 
 
 def _int8_saturates() -> bool | None:
-    from xformopt.kernel_probe import int8_gemm_saturates
+    from xformopt.measure.kernel_probe import int8_gemm_saturates
 
     return int8_gemm_saturates()
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from xformopt.bench.latency import LatencyStats, run_interleaved, summarize
+from xformopt.measure.latency import LatencyStats, run_interleaved, summarize
 
 Progress = Callable[[int, int], None] | None
 
