@@ -222,7 +222,7 @@ class DistillPass(Pass):
         from xformopt.distill import student as S
         from xformopt.distill import train as T
         from xformopt.models import load_tokenizer
-        from xformopt.passes.prune import arch_for, current_shape
+        from xformopt.passes.surgery import arch_for, current_shape
 
         started = T.CLOCK()
         wall_start = time.perf_counter()
@@ -272,7 +272,7 @@ class DistillPass(Pass):
                arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape) -> dict:
         import torch
 
-        from xformopt.passes.prune import weights_sha256
+        from xformopt.passes.surgery import weights_sha256
 
         objective = ctx.spec.task_def.torch_objective
         torch.manual_seed(options.seed)
