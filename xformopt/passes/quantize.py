@@ -40,13 +40,7 @@ from pydantic import Field, field_validator
 from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
-from xformopt.onnx_graph import (
-    INT8_GEMM_OPS,
-    load_graph,
-    needs_external_data,
-    op_counts,
-    weighted_gemms,
-)
+from xformopt.onnx_graph import int8_coverage, load_graph, needs_external_data, op_counts, weighted_gemms
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int8_formats import agreement_floor, describe, failure_hint, format_ladder
@@ -145,31 +139,6 @@ def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
         "reduce_range": pick(options.reduce_range, q.reduce_range),
         "op_types": list(options.op_types or q.op_types),
         "format": pick(options.quant_format, q.quant_format) if static else "QOperator",
-    }
-
-
-def int8_coverage(before, after) -> dict:
-    """How many weighted GEMMs run in INT8 now, and which stayed in float.
-
-    Counted, not matched by name: ORT's quantizer rewrites a Gemm as ``<name>_MatMul`` + Add even
-    when it leaves it in float, so a name lookup would count that Gemm as quantized.
-    """
-    weighted = [g for g in weighted_gemms(before) if g["has_weight"]]
-    still_float = [g for g in weighted_gemms(after) if g["has_weight"]]
-    activation_only = [g["name"] for g in weighted_gemms(before) if not g["has_weight"]]
-    counts = op_counts(after)
-    original = {g["name"]: g["op"] for g in weighted}
-
-    def source(g: dict) -> dict:  # report a float Gemm under its original name and op
-        name = g["name"].removesuffix("_MatMul")
-        return {"name": name, "op": original[name]} if name in original else {"name": g["name"], "op": g["op"]}
-
-    return {
-        "weighted_gemms": len(weighted),
-        "int8": len(weighted) - len(still_float),
-        "kept_float": [source(g) for g in still_float],
-        "activation_matmuls_float": len(activation_only),  # e.g. Q.K^T in unfused attention: no weight
-        "int8_ops": {op: counts[op] for op in INT8_GEMM_OPS if counts.get(op)},
     }
 
 

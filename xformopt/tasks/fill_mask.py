@@ -154,7 +154,8 @@ class FillMask(Task):
             return replace(data, texts=[m[0] for m in masked], extra={"target": [m[1] for m in masked]},
                            source=f"{data.source}; one content word per text masked (seed {seed})")
 
-        from xformopt.data import _guess_column, _named_column, _read_table, _resolve_text_column, _text_values
+        from xformopt.data import _guess_column, _named_column, _resolve_text_column, _text_values
+        from xformopt.data_files import _read_table
 
         table = _read_table(path)
         if table.n_rows == 0:

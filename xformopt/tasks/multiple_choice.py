@@ -84,7 +84,8 @@ class MultipleChoice(Task):
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
         from dataclasses import replace
 
-        from xformopt.data import TextDataset, _guess_column, _named_column, _read_table, _text_values
+        from xformopt.data import TextDataset, _guess_column, _named_column, _text_values
+        from xformopt.data_files import _read_table
 
         columns = columns or {}
         table = _read_table(path)
