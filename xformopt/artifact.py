@@ -15,6 +15,8 @@ from pathlib import Path
 
 from xformopt.atomic import temp_sibling, write_json  # noqa: F401 - write_json re-exported for pipeline/cache
 from xformopt.errors import InputError
+from xformopt.locks import claim_output
+from xformopt.stale import sweep
 
 MANIFEST_SCHEMA = "xformopt.manifest/1"
 
@@ -105,9 +107,6 @@ def atomic_dir(out: Path, force: bool, *, wait: bool = False, protected: tuple =
 
     The output's lock is held from before the temp folder exists until the rename, so two runs on
     one -o cannot both publish (the second is refused, or waits with ``wait``)."""
-    from xformopt.locks import claim_output
-    from xformopt.stale import sweep
-
     out = Path(out)
     check_output(out, force, protected)
     out.parent.mkdir(parents=True, exist_ok=True)

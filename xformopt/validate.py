@@ -8,7 +8,9 @@ import json
 import struct
 from pathlib import Path
 
+from xformopt import tasks
 from xformopt.errors import InputError
+from xformopt.measure import host as host_facts
 
 # config keys each family needs (the first present of each alternative group), all positive ints:
 # the ones xformopt itself reads (width, heads, layers). Others transformers defaults when absent;
@@ -245,8 +247,6 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
     import transformers
     from transformers import AutoConfig
 
-    from xformopt import tasks
-
     file = Path(path) / "config.json"
     cls = getattr(transformers, tasks.get(task).auto_model)
     try:
@@ -276,11 +276,9 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
 def check_threads(threads: int | None, flag: str = "--threads") -> None:
     """More intra-op threads than the process may run oversubscribes the host (thousands of
     threads hang it): refused, naming the limit."""
-    from xformopt.measure.host import usable_cpus
-
     if threads is None:
         return
-    limit = usable_cpus()
+    limit = host_facts.usable_cpus()
     if threads > limit:
         raise InputError(f"{flag} {threads} is more than the {limit} CPU(s) this process may use "
                          f"(affinity mask and cgroup quota); pass --threads {limit} or fewer")

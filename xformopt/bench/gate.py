@@ -52,14 +52,11 @@ from pathlib import Path
 
 from xformopt import accuracy_budget
 from xformopt.artifact import load_json
-from xformopt.measure.host import (
-    FINGERPRINT_FIELDS,
-    FINGERPRINT_VERSIONS,
-    host_fingerprint,
-)
 from xformopt.errors import InputError
+from xformopt.measure.host import FINGERPRINT_FIELDS, FINGERPRINT_VERSIONS, host_fingerprint
 from xformopt.report.build import REPORT_SCHEMA
 from xformopt.report.cells import PERCENT_METRICS
+from xformopt.report.schema import check_numbers
 
 BENCH_SCHEMA = "xformopt.bench/1"
 KNOWN_SCHEMAS = (REPORT_SCHEMA, BENCH_SCHEMA)
@@ -124,7 +121,6 @@ def check_document(doc, origin: str) -> dict:
         raise InputError(f"{origin}: artifact.metrics is not an object")
     if not isinstance(doc.get("host"), dict) and not isinstance(doc.get("host_fingerprint"), str):
         raise InputError(f"{origin} records no host (host / host_fingerprint); re-create it with the current xformopt")
-    from xformopt.report.schema import check_numbers
 
     check_numbers(doc, origin)  # every documented number finite and typed, not only those read below
     return doc

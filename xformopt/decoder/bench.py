@@ -19,7 +19,18 @@ from collections.abc import Callable
 
 import numpy as np
 
-from xformopt.decoder.generate import Sampling, generate
+from xformopt import cache
+from xformopt.artifact import read_manifest
+from xformopt.data import load_text_dataset
+from xformopt.decoder.generate import context_window, generate, Sampling
+from xformopt.errors import InputError
+from xformopt.families import DECODERS
+from xformopt.measure import host as host_facts
+from xformopt.measure.host import host_fingerprint, host_info
+from xformopt.models import load_tokenizer
+from xformopt.resources import vader_split_path
+from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
+from xformopt.runtime.session import thread_pool_setting
 
 CACHE_MODES = {"cache": True, "no_cache": False}
 
@@ -135,8 +146,6 @@ def is_decoder_dir(path) -> bool:
     import json
     from pathlib import Path
 
-    from xformopt.families import DECODERS
-
     config = Path(path) / "config.json"
     try:
         return Path(path).is_dir() and json.loads(config.read_text()).get("model_type") in DECODERS
@@ -149,16 +158,11 @@ def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str],
     ``compare`` directories, then the artifact. Returns ({name: (kind, path)}, notes)."""
     from pathlib import Path
 
-    from xformopt import cache
-    from xformopt.errors import InputError
-
     artifact = Path(artifact)
     if not (artifact / "model.onnx").is_file():
         raise InputError(f"{artifact} has no model.onnx; pass a decoder artifact (the -o folder of export, fuse, quantize or optimize)")
     manifest = {}
     if (artifact / "manifest.json").is_file():
-        from xformopt.artifact import read_manifest
-
         manifest = read_manifest(artifact)
     notes: list[str] = []
     stages: dict[str, tuple[str, Path]] = {}
@@ -196,13 +200,6 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
     """The generation bench document for a decoder artifact (schema ``xformopt.generation-bench/1``)."""
     from datetime import datetime, timezone
 
-    from xformopt.measure.host import host_fingerprint, host_info, usable_cpus
-    from xformopt.decoder.generate import context_window
-    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
-    from xformopt.errors import InputError
-    from xformopt.models import load_tokenizer
-    from xformopt.resources import vader_split_path
-    from xformopt.runtime.session import thread_pool_setting
 
     stages, notes = plan_stages(artifact, compare, pytorch, log)
     context = context_window(artifact)
@@ -210,11 +207,10 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
     if context and longest > context:
         raise InputError(f"--prompt-tokens {max(prompt_lengths)} + --new-tokens {max(new_tokens)} = {longest} exceeds the "
                          f"model's context window of {context} tokens; use shorter lengths")
-    threads = threads or usable_cpus()
+    threads = threads or host_facts.usable_cpus()
     runners = {name: TorchDecoder(path, threads=threads) if kind == "hf" else OrtDecoder(path, threads=threads)
                for name, (kind, path) in stages.items()}
     tokenizer = load_tokenizer(artifact)
-    from xformopt.data import load_text_dataset
 
     texts = load_text_dataset(vader_split_path("test"), label_column="", limit=None, seed=seed).texts
     log(f"timing {', '.join(stages)}: prompts {list(prompt_lengths)} x new tokens {list(new_tokens)}, "

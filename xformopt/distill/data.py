@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.atomic import replacing
 from xformopt.scoring.pooling import mean_pool
 
 POOL_BATCHES = 50
@@ -163,8 +164,6 @@ def load_cached_main(path: Path):
 
 def save_cached_main(path: Path, train, heldout) -> None:
     from safetensors.torch import save_file
-
-    from xformopt.atomic import replacing
 
     with replacing(path) as tmp:
         save_file({"train": train.contiguous(), "eval": heldout.contiguous()}, str(tmp))

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from xformopt.measure import kernel_probe
+
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 
 # ISA extensions that change which ONNX Runtime / PyTorch kernels run (mostly
@@ -215,10 +217,8 @@ def effective_cpu_flags() -> set[str]:
 
     The runtime's behaviour is the authority for the quantize formats (see kernel_probe.py).
     """
-    from xformopt.measure.kernel_probe import int8_gemm_saturates
-
     flags = cpu_flags()
-    if int8_gemm_saturates():
+    if kernel_probe.int8_gemm_saturates():
         flags -= {"avx512_vnni", "avx512vnni", "avx_vnni"}
     return flags
 
@@ -298,9 +298,7 @@ def _ort_providers() -> list[str]:
 
 
 def _int8_saturates() -> bool | None:
-    from xformopt.measure.kernel_probe import int8_gemm_saturates
-
-    return int8_gemm_saturates()
+    return kernel_probe.int8_gemm_saturates()
 
 
 def host_info() -> dict:

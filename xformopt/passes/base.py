@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from xformopt.data import TextDataset
 from xformopt.models import ModelSpec
-from xformopt.targets import Target
+from xformopt.targets import host_supports, Target
 
 Kind = Literal["hf", "onnx"]
 
@@ -43,7 +43,6 @@ class PassContext:
         """The verification sample as a TextDataset: what a pass runs ``predict_data`` on."""
         if self.sample is not None:
             return self.sample
-        from xformopt.data import TextDataset
 
         texts = list(self.sample_texts)
         return TextDataset(texts=texts, text_pairs=None, labels=None, label_names=None,
@@ -55,8 +54,6 @@ class PassContext:
 
     @property
     def host_runs_target(self) -> bool:
-        from xformopt.targets import host_supports
-
         return host_supports(self.target, self.host_flags)
 
 

@@ -32,9 +32,16 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from xformopt.artifact import copy_stage
+from xformopt.decoder.fusion import logits_agreement
+from xformopt.decoder.generate import context_window
+from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
+from xformopt.models import load_tokenizer
+from xformopt.passes import calibration as cal
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int8_formats import agreement_floor
+from xformopt.runtime.decoder import CacheLayout, OrtDecoder
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
 ROLES = {
@@ -130,8 +137,6 @@ class DecoderCalibrationReader:
 
     def __init__(self, model_path: Path, tokenizer, texts, max_tokens: int = 64):
         import onnxruntime as ort
-
-        from xformopt.runtime.decoder import CacheLayout
 
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.layout = CacheLayout.from_session(session)
@@ -240,8 +245,6 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
     import onnx
     from onnx import numpy_helper
 
-    from xformopt.runtime.decoder import OrtDecoder
-
     model = onnx.load(src_model)
     nodes = {n.name: n for n in model.graph.node}
     inits = {i.name: i for i in model.graph.initializer}
@@ -281,11 +284,6 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
 
 def run_int4(ctx, src: Path, dst: Path, options) -> dict:
     import onnx
-
-    from xformopt.artifact import copy_stage
-    from xformopt.decoder.fusion import logits_agreement
-    from xformopt.models import load_tokenizer
-    from xformopt.passes import calibration as cal
 
     if not ctx.spec.is_decoder:
         raise InputError("quantize --mode int4 is for decoders (text-generation); encoders take --mode dynamic or static")
@@ -364,11 +362,6 @@ def _size(stage: Path) -> int:
 def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], planned8: list[str], tokenizer,
             first_counts: dict):
     """Fewest 4-bit MatMuls returned to 8 bits, most harmful first, that meet the perplexity budget."""
-    from xformopt.decoder.generate import context_window
-    from xformopt.decoder.perplexity import perplexity, token_lists
-    from xformopt.runtime.decoder import OrtDecoder
-    from xformopt.passes import calibration as cal
-
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.perplexity_texts, 0, labels=False)
     lists = token_lists(dataset.texts, tokenizer, context_window(src), 128)
     float_ppl = perplexity(OrtDecoder(src, threads=ctx.threads), lists)["value"]

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from xformopt import progress
+from xformopt.measure.latency import run_interleaved
+from xformopt.runtime.encoder import OrtPredictor
 
 K = TypeVar("K", bound=Hashable)
 
@@ -34,9 +36,6 @@ def time_stage_dirs(
     candidate is fed the same encodings (tokenized once, by the first candidate's tokenizer).
     Returns each name's latency summary (:meth:`LatencyStats.to_dict`).
     """
-    from xformopt.measure.latency import run_interleaved
-    from xformopt.runtime.encoder import OrtPredictor
-
     predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
     first = next(iter(predictors.values()))
     source = ctx.sample_texts if texts is None else texts

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from xformopt.tasks import TASKS, headlines, metric_info
+from xformopt.decoder.bench import rows
+from xformopt.tasks import headlines, metric_info, TASKS
 
 # Labels, scales and directions come from the tasks (xformopt/tasks: each declares its metrics).
 METRICS = metric_info()
@@ -294,8 +295,6 @@ def fixed_rows(report: dict, speedup_label: str | None = "Speedup") -> tuple[lis
 
 def generation_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """Decoders: time to first token, per-token latency and tokens/s, with and without the KV cache."""
-    from xformopt.decoder.bench import rows
-
     return rows(report["generation"])
 
 

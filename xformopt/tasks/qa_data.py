@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from xformopt.data import TextDataset, _text_values
+from xformopt.data import _find_column, _named_column, _text_values, TextDataset
 from xformopt.data_files import _listing, _open_text, _parse_path, _read_table, _Table
 from xformopt.errors import InputError
 
@@ -121,8 +121,6 @@ def _text(name: str, where: str, field: str, value: Any) -> str:
 
 
 def _column(table: _Table, given: str | None, default: str, flag: str, required: bool) -> str | None:
-    from xformopt.data import _find_column, _named_column
-
     if given == "" and not required:
         return None
     if given:
