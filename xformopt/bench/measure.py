@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from xformopt import models, progress
-from xformopt.artifact import load_json, MANIFEST_SCHEMA, read_manifest
+from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
 from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts, modes

@@ -22,7 +22,7 @@ import numpy as np
 from xformopt import cache
 from xformopt.artifact import read_manifest
 from xformopt.data import load_text_dataset
-from xformopt.decoder.generate import context_window, generate, Sampling
+from xformopt.decoder.generate import Sampling, context_window, generate
 from xformopt.errors import InputError
 from xformopt.families import DECODERS
 from xformopt.measure import host as host_facts

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from xformopt.data import TextDataset
 from xformopt.models import ModelSpec
-from xformopt.targets import host_supports, Target
+from xformopt.targets import Target, host_supports
 
 Kind = Literal["hf", "onnx"]
 

@@ -20,7 +20,7 @@ from xformopt import models
 from xformopt.exporting import quiet_loggers
 from xformopt.measure.modes import real
 from xformopt.passes.export import ExportOptions, ExportPass
-from xformopt.passes.fuse import build_fused, FuseOptions, FusePass
+from xformopt.passes.fuse import FuseOptions, FusePass, build_fused
 from xformopt.passes.timing import time_stage_dirs
 from xformopt.runtime.encoder import OrtPredictor
 

@@ -113,16 +113,24 @@ from xformopt.measure.host import host_info
 from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.candidates import CandidateGraphs
-from xformopt.passes.prune_flops import encoder_flops, Shape
+from xformopt.passes.prune_flops import Shape, encoder_flops
 from xformopt.passes.prune_importance import (
     Batches, layer_sensitivity, magnitude_importance, make_batches, quality, reference_embeddings, score_plans,
     taylor_importance,
 )
 from xformopt.passes.prune_plans import (
-    candidate_plans, candidate_record, check_explicit_prunes, distinct, explicit_plan, HEAD_FRACTIONS, Plan,
-    removes_nothing, select_plan, shape_text,
+    HEAD_FRACTIONS,
+    Plan,
+    candidate_plans,
+    candidate_record,
+    check_explicit_prunes,
+    distinct,
+    explicit_plan,
+    removes_nothing,
+    select_plan,
+    shape_text,
 )
-from xformopt.passes.surgery import apply_plan, Arch, arch_for, current_shape, weights_sha256
+from xformopt.passes.surgery import Arch, apply_plan, arch_for, current_shape, weights_sha256
 from xformopt.passes.timing import TIMED_TEXTS
 from xformopt.resources import vader_split_path
 

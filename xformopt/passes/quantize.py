@@ -44,7 +44,7 @@ from xformopt.errors import InputError, PassFailed
 from xformopt.onnx_graph import int8_coverage, load_graph, needs_external_data, op_counts, weighted_gemms
 from xformopt.passes import calibration as cal, outliers
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.calibration import dataset_reader, load_split, METHODS
+from xformopt.passes.calibration import METHODS, dataset_reader, load_split
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int8_formats import agreement_floor, describe, failure_hint, format_ladder
 from xformopt.passes.quantize_int4 import Int4Options, run_int4, summarize_int4

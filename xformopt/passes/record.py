@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from xformopt.passes import get_pass, REGISTRY
+from xformopt.passes import REGISTRY, get_pass
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from xformopt.decoder.bench import rows
-from xformopt.tasks import headlines, metric_info, TASKS
+from xformopt.tasks import TASKS, headlines, metric_info
 
 # Labels, scales and directions come from the tasks (xformopt/tasks: each declares its metrics).
 METRICS = metric_info()

@@ -5,8 +5,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from xformopt.report.cells import (
-    artifact_text, DASH, fixed_rows, fused_text, fusion_choice, generation_rows, graph_rows, int8_text, metric_label,
-    metric_notes, rows_for_display, settings_text, target_warning, throughput_rows,
+    DASH,
+    artifact_text,
+    fixed_rows,
+    fused_text,
+    fusion_choice,
+    generation_rows,
+    graph_rows,
+    int8_text,
+    metric_label,
+    metric_notes,
+    rows_for_display,
+    settings_text,
+    target_warning,
+    throughput_rows,
 )
 
 

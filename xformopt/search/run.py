@@ -23,7 +23,7 @@ from xformopt.search.executors import local
 from xformopt.search.executors.ray import RayExecutor
 from xformopt.search.remeasure import remeasure
 from xformopt.search.space import SearchSpace
-from xformopt.search.trial import run_trial, score_artifact, score_outputs, TrialJob, validation_set
+from xformopt.search.trial import TrialJob, run_trial, score_artifact, score_outputs, validation_set
 
 CONFIG = "search-config.json"
 REFERENCE = "reference-int8"  # the unpruned model through the `default` recipe: export -> fuse -> dynamic INT8

@@ -27,7 +27,7 @@ import yaml
 
 from xformopt import recipe as recipes
 from xformopt.errors import InputError
-from xformopt.passes import get_pass, REGISTRY
+from xformopt.passes import REGISTRY, get_pass
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 CHAIN = ("prune", "distill", "export", "fuse", "quantize")  # the ordering contract, as one list

@@ -22,7 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.data import (
-    _guess_column, _named_column, _resolve_text_column, _text_values, load_text_dataset, TextDataset,
+    TextDataset,
+    _guess_column,
+    _named_column,
+    _resolve_text_column,
+    _text_values,
+    load_text_dataset,
 )
 from xformopt.data_files import _read_table
 from xformopt.errors import InputError

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from xformopt.data import load_text_dataset
-from xformopt.tasks.base import argmax_agreement, Metric, Task
+from xformopt.tasks.base import Metric, Task, argmax_agreement
 
 
 class TextGeneration(Task):

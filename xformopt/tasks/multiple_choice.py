@@ -21,11 +21,11 @@ import json
 
 import numpy as np
 
-from xformopt.data import _guess_column, _named_column, _text_values, TextDataset
+from xformopt.data import TextDataset, _guess_column, _named_column, _text_values
 from xformopt.data_files import _read_table
 from xformopt.errors import InputError
 from xformopt.scoring.metrics import accuracy, proportion
-from xformopt.tasks.base import AGREEMENT, argmax_budget_points, Metric, Task
+from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 
 CONTEXT_COLUMNS = ("context", "sent1", "question", "ctx", "startphrase", "goal", "premise", "text")
 LIST_COLUMNS = ("endings", "choices", "options")
