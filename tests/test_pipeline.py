@@ -16,7 +16,7 @@ from xformopt import pipeline, recipe, targets
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
 from xformopt.measure import host
 from xformopt.errors import InputError, PassFailed
-from xformopt.report.build import REPORT_SCHEMA
+from xformopt.report.schema import REPORT_SCHEMA
 
 LAYERS = 2
 ROWS = 16

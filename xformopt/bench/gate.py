@@ -54,12 +54,8 @@ from xformopt import accuracy_budget
 from xformopt.artifact import load_json
 from xformopt.errors import InputError
 from xformopt.measure.host import FINGERPRINT_FIELDS, FINGERPRINT_VERSIONS, host_fingerprint
-from xformopt.report.build import REPORT_SCHEMA
 from xformopt.report.cells import PERCENT_METRICS
-from xformopt.report.schema import check_numbers
-
-BENCH_SCHEMA = "xformopt.bench/1"
-KNOWN_SCHEMAS = (REPORT_SCHEMA, BENCH_SCHEMA)
+from xformopt.report.schema import KNOWN_SCHEMAS, check_numbers
 
 LATENCY_CHECK = "latency_median_ms"
 DEFAULT_MAX_LATENCY_REGRESSION = 0.05

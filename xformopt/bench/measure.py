@@ -38,12 +38,12 @@ from pathlib import Path
 
 from xformopt import models, progress
 from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
-from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
+from xformopt.bench.gate import check_document, heldout_identity
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts, modes
 from xformopt.measure.host import host_fingerprint, host_info
 from xformopt.recipe import EvaluationSettings
-from xformopt.report.build import REPORT_SCHEMA
+from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.session import thread_pool_setting
 from xformopt.validate import check_onnx_file

@@ -12,10 +12,10 @@ from xformopt.artifact import load_json, read_manifest
 from xformopt.cli import options as opt, output
 from xformopt.cli.passes import summary
 from xformopt.errors import InputError
-from xformopt.report.build import REPORT_SCHEMA
 from xformopt.report.console import console_table
 from xformopt.report.markdown import markdown
 from xformopt.report.render import write_derived_files
+from xformopt.report.schema import REPORT_SCHEMA
 
 EXAMPLES = """
 Examples:
