@@ -200,7 +200,6 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
     """The generation bench document for a decoder artifact (schema ``xformopt.generation-bench/1``)."""
     from datetime import datetime, timezone
 
-
     stages, notes = plan_stages(artifact, compare, pytorch, log)
     context = context_window(artifact)
     longest = max(prompt_lengths) + max(new_tokens)

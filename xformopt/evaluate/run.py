@@ -41,7 +41,6 @@ def quality(task, outputs: dict[str, np.ndarray], baseline_name: str, heldout, s
 def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None], progress=None) -> dict:
     """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing."""
     if spec.task_def.decoder:  # perplexity, cached-step latency, generation grid: xformopt/decoder/evaluate.py
-
         return evaluate_decoder_stages(stages, spec, heldout, settings, threads, log, progress)
     report = progress or progress_events.report  # (label, done, total): a live bar or periodic lines
 

@@ -84,7 +84,6 @@ class ExportPass(Pass):
         from optimum.exporters.onnx import main_export
 
         if ctx.spec.is_decoder:  # with past key/values, parity at every decode step: xformopt/decoder/export.py
-
             return export_decoder(ctx, src, dst, options)
         exporter = options.exporter or ("dynamo" if ctx.spec.family.exporter == "dynamo" else "torchscript")
         if exporter == "dynamo":

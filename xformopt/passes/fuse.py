@@ -129,7 +129,6 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
 def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
     """What every layer must reach (the family's ``fused_per_layer``: BERT's one Attention and two SkipLayerNorms)."""
     if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
-
         return expectation(ctx.spec, before)
     layers = ctx.spec.num_layers
     return {op: n * layers for op, n in ctx.spec.family.fused_per_layer.items()}
@@ -198,7 +197,6 @@ class FusePass(Pass):
 
         decoder = {}
         if ctx.spec.is_decoder:  # whether attention fused: loud when it did not (xformopt/decoder/fusion.py)
-
             decoder = {"decoder": attention_record(ctx.spec, counts["all"], ctx.log)}
         at_load = runtime_fusions(src / "model.onnx", work)
         for item in candidates[chosen].iterdir():

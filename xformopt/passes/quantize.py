@@ -211,7 +211,6 @@ class QuantizePass(Pass):
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py
-
             return run_int4(ctx, src, dst, options)
         if ctx.spec.is_decoder and (options.mode == "static" or options.max_accuracy_drop is not None):
             raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
@@ -367,7 +366,6 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
 
 def _agreement(ctx: PassContext):
     if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
-
         return logits_agreement
     return output_agreement
 
