@@ -80,8 +80,9 @@ class CandidateGraphs:
         """Every candidate interleaved on pre-tokenized real texts (:func:`passes.timing.time_stage_dirs`)."""
         return time_stage_dirs(self.ctx, self.dirs, rounds, tokenizer_dir=tokenizer_dir)
 
-    def time_real(self, texts: list[str], rounds: int) -> dict:
-        """Every candidate interleaved on ``texts``, tokenization included (:func:`measure.modes.real`)."""
+    def time_real(self, texts: list[str], rounds: int, pairs: list[str] | None = None) -> dict:
+        """Every candidate interleaved on ``texts`` (and their ``pairs``), tokenization included
+        (:func:`measure.modes.real`)."""
         ctx = self.ctx
         predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads) for name, d in self.dirs.items()}
-        return real(predictors, texts, None, rounds=rounds, warmup=10, seed=0)
+        return real(predictors, texts, pairs, rounds=rounds, warmup=10, seed=0)
