@@ -5,10 +5,12 @@ An existing output is never replaced without ``force``; a failed run leaves noth
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -88,7 +90,6 @@ def _exchange(a: Path, b: Path) -> bool:
     By hand because os has no renameat2: it is the only way to replace a non-empty folder so that
     every observer sees the old one or the new one, never neither."""
     import ctypes
-    import sys
 
     if not sys.platform.startswith("linux"):
         return False
@@ -155,8 +156,6 @@ RUN_OUTPUTS = ("manifest.json", "report.json", "report.md", "reference", "*.png"
 
 def is_run_output(name: str) -> bool:
     """Hidden bookkeeping or a file a run writes beside the model (report, manifest, plots)."""
-    import fnmatch
-
     return name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in RUN_OUTPUTS)
 
 

@@ -4,8 +4,10 @@ downloaded through huggingface_hub (see xformopt/hub.py for offline mode and tim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,8 +95,6 @@ def _packaged_mpnet() -> Path | None:
 def _log(message: str) -> None:
     """The download's one log line, on stderr beside huggingface_hub's own progress bars (this layer
     does not import the CLI)."""
-    import sys
-
     print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
@@ -169,8 +169,6 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
 def stage_spec(spec: ModelSpec, path: Path) -> ModelSpec:
     """``spec`` with the shape of the stage in ``path`` (a pruned or distilled stage has its own layer,
     head and width counts; an ONNX stage carries its config.json): what later passes work on."""
-    import dataclasses
-
     try:
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -5,6 +5,7 @@ the thread count. Each problem is one InputError line naming the file and the fi
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
@@ -71,8 +72,6 @@ def _of_kind(value, kind: str) -> bool:
         return (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < (1 << 31)) or (
             isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
     if kind == "a positive number":
-        import math
-
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value < 1
     if kind.startswith("an object"):
         return isinstance(value, dict)

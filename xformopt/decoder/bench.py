@@ -14,8 +14,11 @@ ignored, so every run does the same work) from a prompt of real held-out text cu
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
@@ -143,9 +146,6 @@ GENERATION_BENCH_SCHEMA = "xformopt.generation-bench/1"
 
 def is_decoder_dir(path) -> bool:
     """True for a directory whose config.json names a decoder family (without loading anything)."""
-    import json
-    from pathlib import Path
-
     config = Path(path) / "config.json"
     try:
         return Path(path).is_dir() and json.loads(config.read_text()).get("model_type") in DECODERS
@@ -156,8 +156,6 @@ def is_decoder_dir(path) -> bool:
 def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str], None] = lambda m: None):
     """What to time: the PyTorch model the manifest names, earlier stages still in the pass cache,
     ``compare`` directories, then the artifact. Returns ({name: (kind, path)}, notes)."""
-    from pathlib import Path
-
     artifact = Path(artifact)
     if not (artifact / "model.onnx").is_file():
         raise InputError(f"{artifact} has no model.onnx; pass a decoder artifact (the -o folder of export, fuse, quantize or optimize)")
@@ -198,8 +196,6 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
                    cache_modes=("cache", "no_cache"), rounds: int = 3, threads: int | None = None, seed: int = 0,
                    log: Callable[[str], None] = lambda m: None) -> dict:
     """The generation bench document for a decoder artifact (schema ``xformopt.generation-bench/1``)."""
-    from datetime import datetime, timezone
-
     stages, notes = plan_stages(artifact, compare, pytorch, log)
     context = context_window(artifact)
     longest = max(prompt_lengths) + max(new_tokens)

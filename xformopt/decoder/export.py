@@ -30,7 +30,11 @@ several lengths, so several past lengths) and on a left-padded batch of two.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -171,10 +175,6 @@ def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fal
     """onnxruntime-genai's model builder as a library, fp32 for CPU: GroupQueryAttention (rotary
     inside) with the split KV cache, fused RMSNorms. ``quantize --mode int4`` does the 4-bit step
     itself (the builder's int4 is what benchmarks/int4.py compares against)."""
-    import contextlib
-    import sys
-    import tempfile
-
     from onnxruntime_genai.models import builder
 
     with tempfile.TemporaryDirectory(prefix="xformopt-genai-") as cache, contextlib.redirect_stdout(sys.stderr):
@@ -187,8 +187,6 @@ def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fal
 def pin_head_dim(model_path: Path, config_dir: Path) -> None:
     """The builder leaves the cache's head dimension symbolic (``kv_cache_dim``); pin it from the
     config so a runner can size the zero-length past of step 0 from the graph alone."""
-    import json
-
     import onnx
 
     config = json.loads((Path(config_dir) / "config.json").read_text())

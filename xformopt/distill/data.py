@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +140,6 @@ class TeacherCache:
 
 def ids_digest(*datasets: Encoded) -> str:
     """Content digest of tokenized rows (ids, token types, order): part of the teacher-output cache key."""
-    import hashlib
-
     h = hashlib.sha256()
     for data in datasets:
         for i, ids in enumerate(data.ids):
@@ -176,8 +176,6 @@ def hidden_cache_mb(lengths: np.ndarray, hidden_size: int, n_layers: int) -> flo
 def teacher_outputs(teacher, data: Encoded, objective: str, accepts: set[str], layers: list[int], batch_size: int,
                     device, progress=None) -> TeacherCache:
     """The teacher's main output for every row, and the states of ``layers`` (float16, unpadded) if any."""
-    import time
-
     import torch
 
     started = time.perf_counter()

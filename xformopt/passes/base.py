@@ -7,6 +7,7 @@ shell command of its own, a cache entry of its own, and a stage the report can e
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +77,6 @@ class Pass:
     @staticmethod
     def summarize(record: dict) -> str:
         """One line saying what the pass changed and how it was verified, from its record."""
-        import json
-
         return json.dumps(record)[:200]
 
     @staticmethod

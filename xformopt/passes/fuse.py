@@ -16,6 +16,7 @@ import shutil
 import warnings
 from pathlib import Path
 from typing import Literal
+import logging
 
 from pydantic import Field
 
@@ -60,8 +61,6 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
 
     fusion = FusionOptions(ctx.spec.ort_model_type)
     if ctx.spec.is_decoder:  # shape inference cannot bound past/total lengths: one harmless warning per Slice
-        import logging
-
         logging.getLogger("symbolic_shape_infer").setLevel(logging.ERROR)
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)

@@ -22,6 +22,7 @@ The pass fails when nothing became 4-bit, and checks the logits against the floa
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import shutil
 import sys
@@ -178,8 +179,6 @@ def _algo_config(options, reader):
 def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str], reader=None) -> dict[str, int]:
     """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then 4 bits for
     every other weighted MatMul; saved with external data beside ``out_model``."""
-    import logging
-
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -147,8 +148,6 @@ class FillMask(Task):
     # ------------------------------------------------------------------ data
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from dataclasses import replace
-
         columns = columns or {}
         if _is_vendored(path):  # no data of the user's own: mask the vendored texts
             data = load_text_dataset(path, text_column=columns.get("text"), text_pair_column="", label_column="",

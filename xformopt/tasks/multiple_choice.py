@@ -18,6 +18,7 @@ which is what a served request carries; ``timing_inputs`` joins the choices with
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 
@@ -84,8 +85,6 @@ class MultipleChoice(Task):
                          "choices as `endings` or ending0..N, a label)")
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from dataclasses import replace
-
         columns = columns or {}
         table = _read_table(path)
         if table.n_rows == 0:
