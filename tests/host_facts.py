@@ -15,7 +15,7 @@ import functools
 import os
 import sys
 
-from xformopt.forced_host import FORCED_FLAGS_ENV, FORCED_SATURATES_ENV
+from xformopt.measure.forced_host import FORCED_FLAGS_ENV, FORCED_SATURATES_ENV
 from xformopt.targets import PROFILES, detect, u8s8_saturates
 
 X86_BASE = ("sse4_2", "avx", "avx2", "fma")
@@ -56,7 +56,7 @@ def unstate_host(monkeypatch) -> None:
 
 def real_cpu_flags() -> set[str]:
     """This machine's own flags, whatever the suite states (for skip conditions of ``real_host`` tests)."""
-    from xformopt.bench import host
+    from xformopt.measure import host
 
     stated = os.environ.pop(FORCED_FLAGS_ENV, None)
     try:

@@ -214,7 +214,7 @@ def test_targets_list_json(capsys):
 
 
 def test_targets_detect_json(capsys):
-    from xformopt.bench.host import cpu_flags
+    from xformopt.measure.host import cpu_flags
     from xformopt.targets import DETECTION_ORDER, host_supports
 
     expected = next((n for n in DETECTION_ORDER if host_supports(PROFILES[n], cpu_flags())), None)

@@ -317,7 +317,7 @@ def test_quiet_draws_nothing(capsys):
 
 
 def test_solo_repeats_report_progress_across_all_repeats():
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     calls = []
     with progress.listening(None):

@@ -239,7 +239,7 @@ def test_other_heads_and_attention_settings_fuse_with_parity(variant, tokenizer_
 
 def test_prune_and_distill_refuse_deberta_in_one_line():
     from xformopt.errors import InputError
-    from xformopt.passes.prune import arch_for
+    from xformopt.passes.surgery import arch_for
 
     for name in ("prune", "distill"):
         with pytest.raises(InputError, match=rf"unsupported architecture 'deberta-v2' for pass '{name}'"):

@@ -10,9 +10,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from xformopt.bench import gate
-from xformopt.bench.host import host_fingerprint
 from xformopt.bench.junit import junit_xml
 from xformopt.errors import InputError
+from xformopt.measure.host import host_fingerprint
+from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
 
 HOST = {
     "cpu_model": "Intel(R) Xeon(R) Processor", "machine": "x86_64", "cores_usable": 2,
@@ -31,7 +32,7 @@ def latency(median: float, medians: list[float] | None = None) -> dict:
     }
 
 
-def document(*, median=3.10, medians=None, metric="accuracy", value=0.865, host=None, schema=gate.REPORT_SCHEMA,
+def document(*, median=3.10, medians=None, metric="accuracy", value=0.865, host=None, schema=REPORT_SCHEMA,
              threads=2, seed=0, rows=200, source=SOURCE, metrics=None) -> dict:
     host = copy.deepcopy(host or HOST)
     if metrics is None:
@@ -58,7 +59,7 @@ def verdicts(comparison: dict) -> dict[str, str]:
 
 def test_identical_measurements_pass():
     old = document(medians=[3.05, 3.10, 3.12])
-    new = document(schema=gate.BENCH_SCHEMA, medians=[3.05, 3.10, 3.12])
+    new = document(schema=BENCH_SCHEMA, medians=[3.05, 3.10, 3.12])
     result = gate.compare(old, new)
     assert result["passed"] and result["gated"] and result["comparable"]
     assert verdicts(result) == {"latency_median_ms": "pass", "accuracy": "pass"}
@@ -276,8 +277,8 @@ def test_load_baseline_errors(tmp_path):
     with pytest.raises(InputError, match="not valid JSON"):
         gate.load_baseline(broken)
     good = tmp_path / "good.json"
-    good.write_text(json.dumps(document(schema=gate.BENCH_SCHEMA)))
-    assert gate.load_baseline(good)["schema"] == gate.BENCH_SCHEMA
+    good.write_text(json.dumps(document(schema=BENCH_SCHEMA)))
+    assert gate.load_baseline(good)["schema"] == BENCH_SCHEMA
 
 
 @pytest.mark.parametrize(("text", "value"), [("5%", 0.05), ("0.05", 0.05), (" 2.5 % ", 0.025), ("0", 0.0), ("0%", 0.0), ("1", 1.0), ("150%", 1.5)])

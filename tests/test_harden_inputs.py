@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli, write_heldout
 from harden_helpers import one_error, quick_recipe, tree
 
-from xformopt.bench.host import usable_cpus
+from xformopt.measure.host import usable_cpus
 
 
 @pytest.fixture
@@ -355,7 +355,7 @@ def test_baseline_nested_too_deeply_is_one_line(artifact, tmp_path, capsys):
 
 @pytest.mark.parametrize("case", list(BASELINE_CASES))
 def test_baseline_with_bad_numbers_is_refused_before_timing(case, artifact, tmp_path, capsys, monkeypatch):
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: pytest.fail("timed against a bad baseline"))
     doc = json.loads((artifact / "report.json").read_text())
@@ -383,7 +383,7 @@ BENCH_OUTPUT_CASES = {  # (flag args given the artifact, the data file, a model 
 def test_bench_outputs_never_overwrite_what_the_run_reads(case, artifact, heldout_file, model_copy, tmp_path, capsys,
                                                           monkeypatch):
     """Found by review: `bench -o ART/model.onnx` exit 0 replaced the artifact's model with JSON."""
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: pytest.fail("timed before refusing the output path"))
     shutil.copy(artifact / "report.json", tmp_path / "b.json")
@@ -407,7 +407,7 @@ def test_bench_output_replaces_an_earlier_bench_document(artifact, tmp_path, cap
 
 def test_a_nan_spread_baseline_cannot_pass_a_5000x_slower_run(artifact, tmp_path, capsys, monkeypatch):
     """The original report: spread NaN made the noise NaN, and every comparison with NaN passed."""
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     doc = json.loads((artifact / "report.json").read_text())
     slow = copy.deepcopy(doc["artifact"]["latency"])

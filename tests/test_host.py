@@ -1,4 +1,4 @@
-"""Tests for xformopt.bench.host."""
+"""Tests for xformopt.measure.host."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from xformopt.bench import host
+from xformopt.measure import host
 
 
 @pytest.fixture
@@ -149,7 +149,8 @@ def test_cpu_flags_parses_arm_features(monkeypatch):
 
 def test_stated_host_facts_replace_the_real_ones(monkeypatch):
     """XFORMOPT_CPU_FLAGS replaces /proc/cpuinfo; the INT8 probe follows XFORMOPT_INT8_SATURATES, else unknown."""
-    from xformopt import kernel_probe, targets
+    from xformopt import targets
+    from xformopt.measure import kernel_probe
 
     monkeypatch.setattr(host, "_cpuinfo_text", lambda: "flags\t: fpu avx2 avx512f avx512bw avx512_vnni\n")
     monkeypatch.setattr(kernel_probe, "_probe", lambda: True)  # the real kernel would saturate
@@ -219,7 +220,7 @@ def test_host_info_does_not_import_torch():
     import sys
 
     code = (
-        "import sys; from xformopt.bench import host; host.host_info(); "
+        "import sys; from xformopt.measure import host; host.host_info(); "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

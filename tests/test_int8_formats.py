@@ -21,8 +21,8 @@ from host_facts import real_cpu_flags
 from onnx import numpy_helper
 
 from xformopt import targets
-from xformopt.bench.host import cpu_flags
-from xformopt.kernel_probe import int8_gemm_saturates
+from xformopt.measure.host import cpu_flags
+from xformopt.measure.kernel_probe import int8_gemm_saturates
 from xformopt.passes import quantize as q
 from xformopt.passes.int8_formats import agreement_floor, format_ladder
 
@@ -153,7 +153,7 @@ QEMU = shutil.which("qemu-x86_64")
 @pytest.mark.skipif(QEMU is None or "avx2" not in real_cpu_flags(),
                     reason="qemu-user (qemu-x86_64) is not installed: .ci/run installs it to emulate an AVX2-only CPU")
 def test_probe_sees_saturation_on_an_emulated_avx2_cpu():
-    code = "from xformopt.kernel_probe import int8_gemm_saturates as s; print(s())"
+    code = "from xformopt.measure.kernel_probe import int8_gemm_saturates as s; print(s())"
     out = subprocess.run([QEMU, "-cpu", "Haswell", sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

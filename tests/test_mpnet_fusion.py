@@ -88,7 +88,7 @@ def test_every_layer_fuses_into_multihead_attention(mpnet):
 
 @pytest.mark.parametrize("seq", [4, 23, 128])
 def test_fused_matches_unfused_at_lengths(mpnet, sample_texts, seq):
-    from xformopt.bench.modes import exact_length_inputs
+    from xformopt.measure.modes import exact_length_inputs
     from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor
 
@@ -139,7 +139,7 @@ def test_expect_full_fails_loudly_when_a_layer_does_not_fuse(mpnet, tmp_path, sa
 
 @pytest.mark.host_sensitive
 def test_fastest_times_fused_against_unfused(mpnet, tmp_path, sample_texts):
-    from xformopt.bench.host import cpu_flags
+    from xformopt.measure.host import cpu_flags
 
     model, exported, _, _ = mpnet
     ctx = make_ctx(model, sample_texts, target="avx2", host_flags=cpu_flags() | {"avx2"})

@@ -134,7 +134,7 @@ def test_parity_texts_needs_three_lengths(tiny_classifier):
 def test_timing_and_parity_feed_text_pairs_as_pairs(exported_classifier, tiny_classifier, monkeypatch):
     """Identical first texts, varied second texts (an NLI-style pair set): the candidates are timed on
     the encoded pairs, and parity spreads over the pair lengths, never refusing the set."""
-    import xformopt.bench.latency as latency
+    import xformopt.measure.latency as latency
     from xformopt.data import TextDataset
     from xformopt.models import load_tokenizer
     from xformopt.passes.export import ExportOptions, check_parity
@@ -276,7 +276,7 @@ def test_fuse_select_none_keeps_unfused_graph(exported_classifier, tiny_classifi
 
 @pytest.mark.host_sensitive
 def test_fuse_fastest_times_candidates_on_host(exported_classifier, tiny_classifier, tmp_path, sample_texts):
-    from xformopt.bench.host import cpu_flags
+    from xformopt.measure.host import cpu_flags
 
     flags = cpu_flags()
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx2", host_flags=flags | {"avx2"})

@@ -14,9 +14,9 @@ import pytest
 
 from xformopt import pipeline, recipe, targets
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
-from xformopt.bench import host
+from xformopt.measure import host
 from xformopt.errors import InputError, PassFailed
-from xformopt.report.build import REPORT_SCHEMA
+from xformopt.report.schema import REPORT_SCHEMA
 
 LAYERS = 2
 ROWS = 16

@@ -5,16 +5,20 @@ An existing output is never replaced without ``force``; a failed run leaves noth
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from xformopt.atomic import temp_sibling, write_json  # noqa: F401 - write_json re-exported for pipeline/cache
 from xformopt.errors import InputError
+from xformopt.locks import claim_output
+from xformopt.stale import sweep
 
 MANIFEST_SCHEMA = "xformopt.manifest/1"
 
@@ -86,7 +90,6 @@ def _exchange(a: Path, b: Path) -> bool:
     By hand because os has no renameat2: it is the only way to replace a non-empty folder so that
     every observer sees the old one or the new one, never neither."""
     import ctypes
-    import sys
 
     if not sys.platform.startswith("linux"):
         return False
@@ -105,9 +108,6 @@ def atomic_dir(out: Path, force: bool, *, wait: bool = False, protected: tuple =
 
     The output's lock is held from before the temp folder exists until the rename, so two runs on
     one -o cannot both publish (the second is refused, or waits with ``wait``)."""
-    from xformopt.locks import claim_output
-    from xformopt.stale import sweep
-
     out = Path(out)
     check_output(out, force, protected)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -156,8 +156,6 @@ RUN_OUTPUTS = ("manifest.json", "report.json", "report.md", "reference", "*.png"
 
 def is_run_output(name: str) -> bool:
     """Hidden bookkeeping or a file a run writes beside the model (report, manifest, plots)."""
-    import fnmatch
-
     return name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in RUN_OUTPUTS)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import row_cosine
+from xformopt.scoring.metrics import row_cosine
 
 
 def parity_texts(texts, tokenizer, count: int = 4) -> list[str]:

@@ -22,16 +22,27 @@ from xformopt.artifact import (
     check_output,
     copy_stage,
     hash_dir,
+    read_manifest,
+    sha256_file,
     write_json,
 )
-from xformopt.bench.host import library_versions
 from xformopt.data import TextDataset
-from xformopt.errors import InputError, PassFailed, XformoptError
+from xformopt.errors import GateFailed, InputError, PassFailed, XformoptError
+from xformopt.evaluate.run import evaluate_stages
+from xformopt.locks import claim_output
+from xformopt.measure import host as host_facts
+from xformopt.measure.host import cpu_model, effective_cpu_flags, host_info, library_versions
 from xformopt.passes import get_pass
+from xformopt.passes.applicable import check_passes
 from xformopt.passes.base import PassContext
 from xformopt.passes.record import PassRecord
-from xformopt.recipe import PassStep, Recipe, check_order
+from xformopt.recipe import PassStep, Recipe, check_order, validate_options
+from xformopt.report.build import build_report
+from xformopt.report.render import write_report_files
 from xformopt.resources import vader_split_path
+from xformopt.resources.defaults import check_labelled_fallbacks
+from xformopt.stale import run_workdir_prefix, sweep_at_start
+from xformopt.validate import check_model_files, check_onnx_file, check_threads
 
 Log = Callable[[str], None]
 
@@ -99,8 +110,6 @@ def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
     """Input problems a pass or a latency mode would only meet minutes into the run: fail now."""
     import json
 
-    from xformopt.resources.defaults import check_labelled_fallbacks
-
     check_labelled_fallbacks([(step.name, step.options) for step in recipe.passes], spec.task_def, spec.label2id)
     for step in recipe.passes:
         for name, value in step.options.items():
@@ -131,9 +140,6 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
     verifies on, the reported rows, the threads and CPU it times with; always the content of the
     data files it reads. Nothing else, so e.g. ``--limit`` does not re-run an export."""
     import hashlib
-
-    from xformopt.artifact import sha256_file
-    from xformopt.bench.host import cpu_model
 
     def digest(texts) -> str:
         return hashlib.sha256("\x1f".join(texts).encode()).hexdigest()
@@ -210,26 +216,17 @@ def run(
     progress: Callable[[str, int, int], None] | None = None,
     wait: bool = False,
 ) -> RunResult:
-    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
-    from xformopt.evaluate.run import evaluate_stages
-    from xformopt.locks import claim_output
-    from xformopt.report.build import build_report
-    from xformopt.stale import run_workdir_prefix, sweep_at_start
-    from xformopt.validate import check_model_files, check_threads
-
     check_output(out, force)
     check_threads(recipe.evaluation.threads)
     target = targets.resolve(recipe.target)
     spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
-    from xformopt.passes.applicable import check_passes
-
     check_passes([(step.name, step.options) for step in recipe.passes], spec)
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     check_inputs(recipe, spec)
     protected = read_paths(spec.path, recipe)
     check_output(out, force, protected)
     heldout = load_heldout(recipe, spec)
-    threads = recipe.evaluation.threads or usable_cpus()
+    threads = recipe.evaluation.threads or host_facts.usable_cpus()
     flags = effective_cpu_flags()
     ctx = verification_context(spec, target, recipe.evaluation.data, recipe.evaluation.text_column, threads, flags, log,
                                reported_texts=heldout.texts)
@@ -268,8 +265,6 @@ def run(
         final = stages[-1]
         with atomic_dir(out, force, protected=protected) as tmp:
             copy_stage(final.path, tmp)  # model.onnx, or a Hugging Face directory after torch passes only
-            from xformopt.report.render import write_report_files
-
             write_json(tmp / "manifest.json", manifest)
             write_report_files(report, tmp)
             save_reference(tmp, evaluation["reference_outputs"], heldout)
@@ -280,8 +275,6 @@ def run(
 def raise_if_budget_missed(records: list[PassRecord], out: Path) -> None:
     """A pass that wrote its best effort but missed its accuracy budget or agreement floor fails the run
     (exit 1), after the artifact is written, so the result can still be inspected (and accepted)."""
-    from xformopt.errors import GateFailed
-
     for entry in records:
         if entry.budget_met is False:
             raise GateFailed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}", entry.accept)
@@ -310,8 +303,6 @@ def check_stage_dir(path: Path, kind: str) -> None:
         model = path / "model.onnx"
         if not model.is_file():
             raise InputError(f"{path} has no model.onnx; pass the output folder of `xformopt export`")
-        from xformopt.validate import check_onnx_file
-
         check_onnx_file(model)
 
 
@@ -334,42 +325,29 @@ def run_single(
     The output carries a manifest whose pass list extends the input's, so a chain of commands
     records the same history ``optimize`` would.
     """
-    from xformopt.bench.host import effective_cpu_flags, usable_cpus
-    from xformopt.recipe import validate_options
-
     pass_cls = get_pass(pass_name)
     check_output(out, force)
     validated = validate_options(pass_name, options, f"xformopt {pass_name}")
     check_stage_dir(Path(model), pass_cls.consumes)
     previous = {}
     if (Path(model) / "manifest.json").is_file():
-        from xformopt.artifact import read_manifest
-
         previous = read_manifest(Path(model))
     # A chain keeps the task its first command chose (e.g. export --task feature-extraction).
     task = task or (previous.get("input") or {}).get("task")
     spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
-    from xformopt.passes.applicable import check_passes
-
     check_passes([(pass_name, options)], spec)
-    from xformopt.resources.defaults import check_labelled_fallbacks
-
     check_labelled_fallbacks([(pass_name, validated.model_dump())], spec.task_def, spec.label2id)
     resolved_target = targets.resolve(target)
-    ctx = verification_context(spec, resolved_target, data, None, usable_cpus(), effective_cpu_flags(), log)
+    ctx = verification_context(spec, resolved_target, data, None, host_facts.usable_cpus(), effective_cpu_flags(), log)
     # The same ordering contract as a recipe: the input's pass history plus this pass.
     history = [entry["pass"] for entry in previous.get("passes", [])]
     start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage
     chain = Recipe.model_construct(passes=[PassStep(name=name) for name in [*history, pass_name]])
     check_order(chain, origin=f"xformopt {pass_name} {model}", start=start)
-    from xformopt.validate import check_model_files
-
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     protected = read_paths(spec.path, data=data) + tuple(
         Path(v.split("::")[0]) for k, v in options.items() if k.endswith("data") and isinstance(v, str) and v)
     check_output(out, force, protected)
-    from xformopt.stale import sweep_at_start
-
     sweep_at_start(Path(os.path.abspath(out)).parent, log=log)
     started = time.perf_counter()
     with atomic_dir(out, force, wait=wait, protected=protected) as tmp:

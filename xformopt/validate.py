@@ -5,10 +5,13 @@ the thread count. Each problem is one InputError line naming the file and the fi
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
+from xformopt import tasks
 from xformopt.errors import InputError
+from xformopt.measure import host as host_facts
 
 # config keys each family needs (the first present of each alternative group), all positive ints:
 # the ones xformopt itself reads (width, heads, layers). Others transformers defaults when absent;
@@ -69,8 +72,6 @@ def _of_kind(value, kind: str) -> bool:
         return (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < (1 << 31)) or (
             isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
     if kind == "a positive number":
-        import math
-
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value < 1
     if kind.startswith("an object"):
         return isinstance(value, dict)
@@ -265,8 +266,6 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
     import transformers
     from transformers import AutoConfig
 
-    from xformopt import tasks
-
     file = Path(path) / "config.json"
     cls = getattr(transformers, tasks.get(task).auto_model)
     try:
@@ -319,11 +318,9 @@ def check_complete(model, path: Path, task: str, shapes: dict) -> None:
 def check_threads(threads: int | None, flag: str = "--threads") -> None:
     """More intra-op threads than the process may run oversubscribes the host (thousands of
     threads hang it): refused, naming the limit."""
-    from xformopt.bench.host import usable_cpus
-
     if threads is None:
         return
-    limit = usable_cpus()
+    limit = host_facts.usable_cpus()
     if threads > limit:
         raise InputError(f"{flag} {threads} is more than the {limit} CPU(s) this process may use "
                          f"(affinity mask and cgroup quota); pass --threads {limit} or fewer")

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import typer
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt import pipeline, recipe
+from xformopt.cli import options as opt, output
 from xformopt.errors import InputError
+from xformopt.report.console import console_table
 
 EXAMPLES = """
 Examples:
@@ -94,9 +95,6 @@ def optimize(
     timed interleaved at batch 1; the artifact (model.onnx, tokenizer, config, manifest.json,
     report.json, report.md) is written atomically to -o.
     """
-    from xformopt import pipeline, recipe
-    from xformopt.report.console import console_table
-
     latency_mode = latency_modes(latency_mode, mode)
     # No --recipe is exactly `--recipe default`: one recipe, so two such runs always compare in `bench`.
     r = recipe.load(recipe_name or "default")

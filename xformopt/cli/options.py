@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from xformopt import tasks
-
+from xformopt.accuracy_budget import parse
 from xformopt.cli import output
 
 
@@ -23,8 +23,6 @@ def _quiet(value: bool) -> None:
 
 def accuracy_drop(value: str | None) -> float | str | None:
     """`--max-accuracy-drop`: metric points (0.5) or relative to the reference value ('1%')."""
-    from xformopt.accuracy_budget import parse
-
     if value is None:
         return None
     try:

@@ -54,7 +54,7 @@ def profile(
     """
     from xformopt.artifact import atomic_dir, check_output
     from xformopt.bench import measure
-    from xformopt.bench.host import host_fingerprint, host_info
+    from xformopt.measure.host import host_fingerprint, host_info
     from xformopt.decoder.bench import is_decoder_dir
     from xformopt.profiling import render
     from xformopt.profiling.measure import Settings, add_peak, profile_stage

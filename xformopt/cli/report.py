@@ -8,10 +8,14 @@ from typing import Annotated
 
 import typer
 
-from xformopt.artifact import load_json
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt.artifact import load_json, read_manifest
+from xformopt.cli import options as opt, output
+from xformopt.cli.passes import summary
 from xformopt.errors import InputError
+from xformopt.report.console import console_table
+from xformopt.report.markdown import markdown
+from xformopt.report.render import write_derived_files
+from xformopt.report.schema import REPORT_SCHEMA
 
 EXAMPLES = """
 Examples:
@@ -24,8 +28,6 @@ Examples:
 
 def load_report(directory: Path) -> tuple[dict, Path]:
     """DIR/report.json (DIR may also be the report.json itself), checked: (report, directory)."""
-    from xformopt.report.build import REPORT_SCHEMA
-
     path = Path(directory)
     if not path.exists():
         raise InputError(f"{path} does not exist; pass the output directory of `xformopt optimize` (its -o)")
@@ -59,10 +61,6 @@ def report(
     accuracy_latency.png and (with fixed-shape timings) latency_seq.png are re-drawn from the JSON
     with this version's renderer; report.json itself is never changed.
     """
-    from xformopt.report.console import console_table
-    from xformopt.report.markdown import markdown
-    from xformopt.report.render import write_derived_files
-
     if as_json and as_markdown:
         raise InputError("--json and --markdown are exclusive; pick one")
     directory = Path(directory)
@@ -90,8 +88,6 @@ def report(
 
 def chain_rows(manifest: dict) -> list[dict]:
     """One row per pass the manifest records: what it did (the pass command's own summary line)."""
-    from xformopt.cli.passes import summary
-
     rows = []
     for entry in manifest.get("passes") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict):
@@ -108,8 +104,6 @@ def chain_report(directory: Path, as_json: bool, as_markdown: bool) -> None:
     """The output of single-pass commands has a manifest (model, target, versions, every pass's
     record) but no report: render that, and say what needs `xformopt optimize` or `xformopt bench`."""
     from rich.table import Table
-
-    from xformopt.artifact import read_manifest
 
     manifest = read_manifest(directory)
     if not isinstance(manifest, dict) or not manifest.get("passes"):

@@ -12,14 +12,14 @@ from collections.abc import Callable
 import numpy as np
 
 from xformopt import progress as progress_events
-from xformopt.bench import modes
-from xformopt.bench.latency import compare
+from xformopt.decoder.evaluate import evaluate_decoder_stages
+from xformopt.measure import modes
+from xformopt.measure.latency import compare
 from xformopt.onnx_graph import dir_size_bytes
+from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
 
 def stage_predictor(stage, spec, threads: int):
-    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
-
     if stage.kind == "hf":
         return TorchPredictor(spec, stage.path, threads=threads)
     return OrtPredictor(spec, stage.path, threads=threads)
@@ -41,8 +41,6 @@ def quality(task, outputs: dict[str, np.ndarray], baseline_name: str, heldout, s
 def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None], progress=None) -> dict:
     """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing."""
     if spec.task_def.decoder:  # perplexity, cached-step latency, generation grid: xformopt/decoder/evaluate.py
-        from xformopt.decoder.evaluate import evaluate_decoder_stages
-
         return evaluate_decoder_stages(stages, spec, heldout, settings, threads, log, progress)
     report = progress or progress_events.report  # (label, done, total): a live bar or periodic lines
 

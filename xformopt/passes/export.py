@@ -19,9 +19,13 @@ from typing import Literal
 from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
+from xformopt.decoder.export import export_decoder
 from xformopt.errors import PassFailed
-from xformopt.exporting import compare, quiet_loggers
+from xformopt.exporting import compare, quiet_loggers, spread_by_length
+from xformopt.models import load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript
+from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
 
 class ExportOptions(PassOptions):
@@ -37,9 +41,6 @@ def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: Exp
     """ONNX against PyTorch on real rows as the model receives them (``Task.model_inputs``: a question
     with its context, a context with its choices), chosen to span their encoded lengths, each at batch
     1, then a padded batch of 2."""
-    from xformopt.exporting import spread_by_length
-    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
-
     torch_model = TorchPredictor(ctx.spec, model_dir, threads=ctx.threads)
     onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)
     texts, pairs = ctx.spec.task_def.model_inputs(ctx.sample_data)
@@ -106,8 +107,6 @@ class ExportPass(Pass):
         from optimum.exporters.onnx import main_export
 
         if ctx.spec.is_decoder:  # with past key/values, parity at every decode step: xformopt/decoder/export.py
-            from xformopt.decoder.export import export_decoder
-
             return export_decoder(ctx, src, dst, options)
         exporter = options.exporter or ("dynamo" if ctx.spec.family.exporter == "dynamo" else "torchscript")
         if exporter == "dynamo":
@@ -135,9 +134,6 @@ DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset: lower ones are convert
 
 
 def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
-    from xformopt.models import load_torch_model
-    from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript
-
     require_onnxscript()  # before loading the model: a missing extra fails in a second
     opset = max(options.opset, DYNAMO_MIN_OPSET)
     ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) with torch.onnx.export(dynamo=True) at opset {opset}")

@@ -16,15 +16,17 @@ import shutil
 import warnings
 from pathlib import Path
 from typing import Literal
+import logging
 
 from pydantic import Field
 
+from xformopt import models
 from xformopt.artifact import copy_stage
+from xformopt.decoder.fusion import attention_record, expectation, time_decoder_dirs
 from xformopt.errors import PassFailed
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
-from xformopt import models
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.export_dynamo import is_dynamo_graph
+from xformopt.passes.export_dynamo import add_missing_layernorm_bias, is_dynamo_graph, onnxscript_fusions
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 Candidate = Literal["all", "no_attention", "none"]
@@ -59,8 +61,6 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
 
     fusion = FusionOptions(ctx.spec.ort_model_type)
     if ctx.spec.is_decoder:  # shape inference cannot bound past/total lengths: one harmless warning per Slice
-        import logging
-
         logging.getLogger("symbolic_shape_infer").setLevel(logging.ERROR)
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)
@@ -93,11 +93,6 @@ def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
     unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them). The
     path itself when neither applies."""
     import onnx
-
-    from xformopt.passes.export_dynamo import (
-        add_missing_layernorm_bias,
-        onnxscript_fusions,
-    )
 
     model = onnx.load(str(src_model), load_external_data=False)  # the graph alone: big weights stay on disk
     changed = False
@@ -133,8 +128,6 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
 def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
     """What every layer must reach (the family's ``fused_per_layer``: BERT's one Attention and two SkipLayerNorms)."""
     if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
-        from xformopt.decoder.fusion import expectation
-
         return expectation(ctx.spec, before)
     layers = ctx.spec.num_layers
     return {op: n * layers for op, n in ctx.spec.family.fused_per_layer.items()}
@@ -192,7 +185,7 @@ class FusePass(Pass):
                 ctx.log(f"timing {', '.join(timed)} interleaved ({options.timing_rounds} rounds)")
                 timer = time_stage_dirs
                 if ctx.spec.is_decoder:  # one cached decode step, not a whole-text forward
-                    from xformopt.decoder.fusion import time_decoder_dirs as timer
+                    timer = time_decoder_dirs
                 timings = timer(ctx, timed, options.timing_rounds)
                 chosen, reason = choose(timings, options.tolerance)
             else:
@@ -203,8 +196,6 @@ class FusePass(Pass):
 
         decoder = {}
         if ctx.spec.is_decoder:  # whether attention fused: loud when it did not (xformopt/decoder/fusion.py)
-            from xformopt.decoder.fusion import attention_record
-
             decoder = {"decoder": attention_record(ctx.spec, counts["all"], ctx.log)}
         at_load = runtime_fusions(src / "model.onnx", work)
         for item in candidates[chosen].iterdir():

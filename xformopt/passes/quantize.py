@@ -44,15 +44,12 @@ from pydantic import Field, field_validator
 
 from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
-from xformopt.errors import PassFailed
-from xformopt.onnx_graph import (
-    INT8_GEMM_OPS,
-    load_graph,
-    needs_external_data,
-    op_counts,
-    weighted_gemms,
-)
+from xformopt.decoder.fusion import logits_agreement
+from xformopt.errors import InputError, PassFailed
+from xformopt.onnx_graph import int8_coverage, load_graph, needs_external_data, op_counts, weighted_gemms
+from xformopt.passes import calibration as cal, outliers
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.calibration import METHODS, dataset_reader, load_split
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int8_formats import (
     accept_floor,
@@ -62,8 +59,10 @@ from xformopt.passes.int8_formats import (
     float_gemm_bound,
     format_ladder,
 )
-from xformopt.passes.quantize_int4 import Int4Options
+from xformopt.passes.quantize_int4 import Int4Options, run_int4, summarize_int4
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
+from xformopt.runtime.encoder import OrtPredictor
+from xformopt.targets import u8s8_saturates
 
 
 @contextmanager
@@ -121,9 +120,6 @@ def allowed_drop(budget: float | str, float_points: float) -> float:
 def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
     """The family's outlier rules applied to a copy of the float stage (xformopt/passes/outliers.py):
     the stage to quantize, and the record (None when the family has no rules or they are off)."""
-    from xformopt.passes import outliers
-    from xformopt.passes.calibration import dataset_reader, load_split
-
     rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
     if not rules:
         return src, None
@@ -160,36 +156,9 @@ def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
     }
 
 
-def int8_coverage(before, after) -> dict:
-    """How many weighted GEMMs run in INT8 now, and which stayed in float.
-
-    Counted, not matched by name: ORT's quantizer rewrites a Gemm as ``<name>_MatMul`` + Add even
-    when it leaves it in float, so a name lookup would count that Gemm as quantized.
-    """
-    weighted = [g for g in weighted_gemms(before) if g["has_weight"]]
-    still_float = [g for g in weighted_gemms(after) if g["has_weight"]]
-    activation_only = [g["name"] for g in weighted_gemms(before) if not g["has_weight"]]
-    counts = op_counts(after)
-    original = {g["name"]: g["op"] for g in weighted}
-
-    def source(g: dict) -> dict:  # report a float Gemm under its original name and op
-        name = g["name"].removesuffix("_MatMul")
-        return {"name": name, "op": original[name]} if name in original else {"name": g["name"], "op": g["op"]}
-
-    return {
-        "weighted_gemms": len(weighted),
-        "int8": len(weighted) - len(still_float),
-        "kept_float": [source(g) for g in still_float],
-        "activation_matmuls_float": len(activation_only),  # e.g. Q.K^T in unfused attention: no weight
-        "int8_ops": {op: counts[op] for op in INT8_GEMM_OPS if counts.get(op)},
-    }
-
-
 def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
     """The task's per-row agreement (cosine of logits or embeddings, span or tag agreement) of INT8
     outputs with float outputs on real rows: catches saturation and broken scales."""
-    from xformopt.runtime.encoder import OrtPredictor
-
     rows = ctx.sample_data.subset(range(min(32, len(ctx.sample_data))))
     ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict_data(rows)
     got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads, tokenizer_dir=float_dir).predict_data(rows)
@@ -240,8 +209,6 @@ class QuantizePass(Pass):
     def summarize(rec: dict) -> str:
         """One line: what the pass changed and how it was verified."""
         if rec.get("mode") == "int4":
-            from xformopt.passes.quantize_int4 import summarize_int4
-
             return summarize_int4(rec)
         c = rec["coverage"]
         mode = rec.get("mode", "dynamic")
@@ -267,12 +234,8 @@ class QuantizePass(Pass):
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py
-            from xformopt.passes.quantize_int4 import run_int4
-
             return run_int4(ctx, src, dst, options)
         if ctx.spec.is_decoder and (options.mode == "static" or options.max_accuracy_drop is not None):
-            from xformopt.errors import InputError
-
             raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
                              "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
         formats = resolved_formats(ctx, options)
@@ -321,8 +284,6 @@ class QuantizePass(Pass):
         return {**record, "coverage": coverage, "agreement": agreement}
 
     def _static(self, ctx: PassContext, src: Path, work: Path, options: QuantizeOptions, formats: dict):
-        from xformopt.passes import calibration as cal
-
         prepared = work / "prepared.onnx"
         prep = cal.prepare_for_static(src / "model.onnx", prepared)
         dataset = cal.load_split(options.calibration_data, "train", ctx.spec, options.calibration_limit, 0, labels=False)
@@ -425,8 +386,6 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
         quantize_static,
     )
 
-    from xformopt.passes.calibration import METHODS
-
     static_ops = [op for op in formats["op_types"] if op != "Attention"]
 
     def build(out_dir: Path, exclude: list[str]) -> None:
@@ -465,8 +424,6 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
 
 def _agreement(ctx: PassContext):
     if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
-        from xformopt.decoder.fusion import logits_agreement
-
         return logits_agreement
     return output_agreement
 
@@ -482,8 +439,6 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
 
     Returns the chosen formats, their builder, the built directory, every attempt and the reason.
     """
-    from xformopt.targets import u8s8_saturates
-
     floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
     agree = _agreement(ctx)
     saturating = ctx.target.quant.reduce_range or u8s8_saturates(ctx.host_flags)
@@ -521,9 +476,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     if not row["passes"] and not ctx.spec.is_decoder and candidates:
         most = float_gemm_bound(len(candidates))
         reader = harm_reader or _sample_reader(ctx, src)
-        from xformopt.passes.calibration import harm_scores
-
-        scores = harm_scores(prepared, candidates, reader, fmt, ranges, work)
+        scores = cal.harm_scores(prepared, candidates, reader, fmt, ranges, work)
         ranked = sorted(scores, key=lambda n: -scores[n])
         first = len(attempts)
         ctx.log(f"INT8 formats: no format reached the floor {floor}; returning the most harmful GEMMs to float, "
@@ -553,8 +506,6 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
 
 
 def _sample_reader(ctx: PassContext, src: Path):
-    from xformopt.passes import calibration as cal
-
     return cal.dataset_reader(ctx.spec, src, ctx.sample_data.subset(range(min(64, len(ctx.sample_data)))))
 
 
@@ -562,8 +513,6 @@ def _sample_reader(ctx: PassContext, src: Path):
 
 
 def budget_outputs(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, label: str) -> np.ndarray:
-    from xformopt.runtime.encoder import OrtPredictor
-
     return OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict_data(
         dataset, progress=progress.tracker(label))
 
@@ -594,8 +543,6 @@ TIMING_TOLERANCE = 0.05
 def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work: Path, build, prepared: Path,
                   ranges: dict | None, harm_reader) -> tuple[Path, dict]:
     """Return the most harmful GEMMs to float until the metric drop fits the budget; the fastest passing wins."""
-    from xformopt.passes import calibration as cal
-
     task = ctx.spec.task_def
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0, labels=True)
     reference = float_reference(ctx, src, dataset)

@@ -22,6 +22,7 @@ The pass fails when nothing became 4-bit, and checks the logits against the floa
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import shutil
 import sys
@@ -32,9 +33,16 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from xformopt.artifact import copy_stage
+from xformopt.decoder.fusion import logits_agreement
+from xformopt.decoder.generate import context_window
+from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
+from xformopt.models import load_tokenizer
+from xformopt.passes import calibration as cal
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int8_formats import agreement_floor
+from xformopt.runtime.decoder import CacheLayout, OrtDecoder
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
 ROLES = {
@@ -131,8 +139,6 @@ class DecoderCalibrationReader:
     def __init__(self, model_path: Path, tokenizer, texts, max_tokens: int = 64):
         import onnxruntime as ort
 
-        from xformopt.runtime.decoder import CacheLayout
-
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.layout = CacheLayout.from_session(session)
         self.inputs = {i.name for i in session.get_inputs()}
@@ -173,8 +179,6 @@ def _algo_config(options, reader):
 def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str], reader=None) -> dict[str, int]:
     """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then 4 bits for
     every other weighted MatMul; saved with external data beside ``out_model``."""
-    import logging
-
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
@@ -240,8 +244,6 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
     import onnx
     from onnx import numpy_helper
 
-    from xformopt.runtime.decoder import OrtDecoder
-
     model = onnx.load(src_model)
     nodes = {n.name: n for n in model.graph.node}
     inits = {i.name: i for i in model.graph.initializer}
@@ -281,11 +283,6 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
 
 def run_int4(ctx, src: Path, dst: Path, options) -> dict:
     import onnx
-
-    from xformopt.artifact import copy_stage
-    from xformopt.decoder.fusion import logits_agreement
-    from xformopt.models import load_tokenizer
-    from xformopt.passes import calibration as cal
 
     if not ctx.spec.is_decoder:
         raise InputError("quantize --mode int4 is for decoders (text-generation); encoders take --mode dynamic or static")
@@ -364,11 +361,6 @@ def _size(stage: Path) -> int:
 def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], planned8: list[str], tokenizer,
             first_counts: dict):
     """Fewest 4-bit MatMuls returned to 8 bits, most harmful first, that meet the perplexity budget."""
-    from xformopt.decoder.generate import context_window
-    from xformopt.decoder.perplexity import perplexity, token_lists
-    from xformopt.runtime.decoder import OrtDecoder
-    from xformopt.passes import calibration as cal
-
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.perplexity_texts, 0, labels=False)
     lists = token_lists(dataset.texts, tokenizer, context_window(src), 128)
     float_ppl = perplexity(OrtDecoder(src, threads=ctx.threads), lists)["value"]

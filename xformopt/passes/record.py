@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from xformopt.passes import REGISTRY, get_pass
+
 
 @dataclass(frozen=True)
 class PassRecord:
@@ -17,16 +19,12 @@ class PassRecord:
     seconds: float | None = None
 
     def summary(self) -> str:
-        from xformopt.passes import REGISTRY, get_pass
-
         if self.name not in REGISTRY:
             return json.dumps(self.record)[:200]
         return get_pass(self.name).summarize(self.record)
 
     def report_facts(self) -> dict:
         """Graph facts the report shows for this stage and the ones after it (fused ops, INT8 coverage)."""
-        from xformopt.passes import REGISTRY, get_pass
-
         return get_pass(self.name).report_facts(self.record) if self.name in REGISTRY else {}
 
     @property

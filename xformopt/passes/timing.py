@@ -1,10 +1,10 @@
 """Timing shared by the passes that pick among candidate graphs (fuse, quantize's budget search).
 
 Both time their candidates the same way (interleaved batch-1 calls on real texts, see
-:func:`xformopt.bench.latency.run_interleaved`) and pick the same way: among candidates whose
+:func:`xformopt.measure.latency.run_interleaved`) and pick the same way: among candidates whose
 median is within a tolerance of the fastest, the most preferred one wins, because differences of a
 few percent at batch 1 are run-to-run noise on a busy host. The model code lives here, not in
-``xformopt.bench.latency``, which stays free of it.
+``xformopt.measure.latency``, which stays free of it.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeVar
 
 from xformopt import progress
+from xformopt.measure.latency import run_interleaved
+from xformopt.runtime.encoder import OrtPredictor
 
 if TYPE_CHECKING:
     from xformopt.data import TextDataset
@@ -38,9 +40,6 @@ def time_stage_dirs(
     Every candidate is fed the same encodings (tokenized once, by the first candidate's tokenizer).
     Returns each name's latency summary (:meth:`LatencyStats.to_dict`).
     """
-    from xformopt.bench.latency import run_interleaved
-    from xformopt.runtime.encoder import OrtPredictor
-
     predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
     first = next(iter(predictors.values()))
     texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data if data is None else data)

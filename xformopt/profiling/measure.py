@@ -91,7 +91,7 @@ def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[s
     requests = _requests(settings.warmup + settings.runs, len(texts), settings.batch, settings.seed)
     fixed_feeds = None
     if settings.seq is not None:
-        from xformopt.bench.modes import exact_length_inputs
+        from xformopt.measure.modes import exact_length_inputs
 
         fixed_feeds = [ort_feed(exact_length_inputs(tokenizer, [texts[i] for i in idx], len(idx), settings.seq), names)
                        for idx in requests]

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from xformopt.atomic import write_json
-from xformopt.bench import host
+from xformopt.measure import host
 from xformopt.locks import Lock
 
 SCHEMA = "xformopt.gemm-peak/1"

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from xformopt.bench.host import host_fingerprint
+from xformopt.measure.host import host_fingerprint
+from xformopt.report.schema import REPORT_SCHEMA
 from xformopt.runtime.session import thread_pool_setting
-
-REPORT_SCHEMA = "xformopt.report/1"
 
 
 def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from xformopt.decoder.bench import rows
 from xformopt.tasks import TASKS, headlines, metric_info
 
 # Labels, scales and directions come from the tasks (xformopt/tasks: each declares its metrics).
@@ -294,8 +295,6 @@ def fixed_rows(report: dict, speedup_label: str | None = "Speedup") -> tuple[lis
 
 def generation_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """Decoders: time to first token, per-token latency and tokens/s, with and without the KV cache."""
-    from xformopt.decoder.bench import rows
-
     return rows(report["generation"])
 
 

@@ -10,11 +10,12 @@ from xformopt.report.cells import (
     fixed_rows,
     fused_text,
     fusion_choice,
+    generation_rows,
     graph_rows,
     int8_text,
     metric_label,
-    rows_for_display,
     metric_notes,
+    rows_for_display,
     settings_text,
     target_warning,
     throughput_rows,
@@ -103,8 +104,6 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
         if "latency_seq.png" in images:
             details += ["![Median latency vs sequence length](latency_seq.png)", ""]
     if report.get("generation"):
-        from xformopt.report.cells import generation_rows
-
         h, b = generation_rows(report)
         details += ["#### Generation (greedy, batch 1, with and without the KV cache)", "", *_md_table(h, b, left=(2, 3)), ""]
     if report.get("throughput"):

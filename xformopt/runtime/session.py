@@ -3,6 +3,7 @@ that sleep instead of spinning, and the feed of int64 inputs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,6 @@ def ort_feed(encoded: dict, input_names) -> dict[str, np.ndarray]:
 
 def thread_pool_setting() -> str:
     """How the thread pools wait, as this process really has it (recorded in every report)."""
-    import os
-
     omp = os.environ.get("OMP_WAIT_POLICY", "unset: OpenMP's default, which spins")
     return f"ONNX Runtime allow_spinning=0; PyTorch OMP_WAIT_POLICY={omp}"
 

@@ -84,8 +84,6 @@ class SearchSpace:
     def cheap_keys(self) -> list[str]:
         """Choice keys of passes that run on the ONNX graph (fuse, quantize): once a trial has paid for its
         torch passes (prune, distill), variants that differ only here reuse them from the pass cache."""
-        from xformopt.passes import get_pass
-
         return [k for k in self.choices if get_pass(k.split(".", 1)[0]).stage == "onnx"]
 
     def siblings(self, params: dict[str, Any]) -> list[dict[str, Any]]:

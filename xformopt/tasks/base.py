@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from xformopt.evaluate.metrics import row_cosine
+from xformopt.data import load_text_dataset
+from xformopt.resources import vader_split_path
+from xformopt.scoring.metrics import row_cosine
 
 if TYPE_CHECKING:  # typing only: a task module imports no pipeline layer
     from xformopt.data import TextDataset
@@ -69,8 +71,6 @@ class Task:
              columns: dict[str, str | None] | None = None, require_labels: bool | None = None) -> TextDataset:
         """Held-out (or training) rows from ``path`` in the task's formats. ``columns``: the user's
         column names (text, text_pair, label) where the task reads columns."""
-        from xformopt.data import load_text_dataset
-
         columns = columns or {}
         return load_text_dataset(
             path, text_column=columns.get("text"), text_pair_column=columns.get("text_pair"),
@@ -80,8 +80,6 @@ class Task:
     def default_data(self, split: str) -> Path:
         """The vendored rows used when the user names no data (the VADER movie-review split: texts with
         negative/positive labels). A task whose rows need more than a text raises an InputError naming --data."""
-        from xformopt.resources import vader_split_path
-
         return vader_split_path(split)
 
     # ------------------------------------------------------------------ running a stage
@@ -120,7 +118,7 @@ class Task:
     def score(self, outputs: np.ndarray, baseline: np.ndarray | None, data: TextDataset, seed: int = 0) -> dict:
         """Metrics of one stage's ``outputs`` on ``data``; ``baseline`` is the PyTorch fp32 model's, or
         None when a bench run has none for these rows (then only the metrics against labels).
-        Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.evaluate.metrics)."""
+        Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.scoring.metrics)."""
         raise NotImplementedError
 
     def report_headline(self, metrics: dict) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from xformopt.data import load_text_dataset
 from xformopt.tasks.base import Metric, Task, argmax_agreement
 
 
@@ -21,8 +22,6 @@ class TextGeneration(Task):
     passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from xformopt.data import load_text_dataset
-
         return load_text_dataset(path, text_column=(columns or {}).get("text"), label_column="", limit=limit, seed=seed)
 
     def score(self, outputs, baseline, data, seed=0):

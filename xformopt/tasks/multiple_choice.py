@@ -18,11 +18,14 @@ which is what a served request carries; ``timing_inputs`` joins the choices with
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 
+from xformopt.data import TextDataset, _guess_column, _named_column, _text_values
+from xformopt.data_files import _read_table
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import accuracy, proportion
+from xformopt.scoring.metrics import accuracy, proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 
 CONTEXT_COLUMNS = ("context", "sent1", "question", "ctx", "startphrase", "goal", "premise", "text")
@@ -82,10 +85,6 @@ class MultipleChoice(Task):
                          "choices as `endings` or ending0..N, a label)")
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from dataclasses import replace
-
-        from xformopt.data import TextDataset, _guess_column, _named_column, _read_table, _text_values
-
         columns = columns or {}
         table = _read_table(path)
         if table.n_rows == 0:

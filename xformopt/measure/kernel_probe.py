@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from xformopt.forced_host import forced_int8_saturates
+from xformopt.measure.forced_host import forced_int8_saturates
 
 _K = 64
 

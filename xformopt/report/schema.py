@@ -1,6 +1,7 @@
-"""The numeric contract of a report or bench document (docs/report-schema.md), checked before a gate
-compares anything: a gate that reads ``NaN`` passes everything, so every documented number must be
-a finite number of the documented type, not only the few the gate happens to read.
+"""The report and bench documents' schema (docs/report-schema.md): their versioned names, read by the
+report that writes them and the gate that compares them, and the numeric contract checked before a
+gate compares anything: a gate that reads ``NaN`` passes everything, so every documented number must
+be a finite number of the documented type, not only the few the gate happens to read.
 """
 
 from __future__ import annotations
@@ -8,6 +9,11 @@ from __future__ import annotations
 import math
 
 from xformopt.errors import InputError
+
+# Versioned: a field is never renamed or removed within a version, so CI jobs that read the JSON keep working.
+REPORT_SCHEMA = "xformopt.report/1"  # report.json, written by report/build.py
+BENCH_SCHEMA = "xformopt.bench/1"  # `xformopt bench --json`, written by bench/measure.py
+KNOWN_SCHEMAS = (REPORT_SCHEMA, BENCH_SCHEMA)
 
 MAX_DEPTH = 64  # documents xformopt writes are under 10 deep; deeper is not one of ours
 

@@ -23,7 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xformopt.forced_host import FORCED_FLAGS_ENV, FORCED_SATURATES_ENV, forced_cpu_flags
+from xformopt.measure.forced_host import FORCED_FLAGS_ENV, FORCED_SATURATES_ENV, forced_cpu_flags
+from xformopt.measure import kernel_probe
 
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 
@@ -220,10 +221,8 @@ def effective_cpu_flags() -> set[str]:
 
     The runtime's behaviour is the authority for the quantize formats (see kernel_probe.py).
     """
-    from xformopt.kernel_probe import int8_gemm_saturates
-
     flags = cpu_flags()
-    if int8_gemm_saturates():
+    if kernel_probe.int8_gemm_saturates():
         flags -= {"avx512_vnni", "avx512vnni", "avx_vnni"}
     return flags
 
@@ -303,9 +302,7 @@ def _ort_providers() -> list[str]:
 
 
 def _int8_saturates() -> bool | None:
-    from xformopt.kernel_probe import int8_gemm_saturates
-
-    return int8_gemm_saturates()
+    return kernel_probe.int8_gemm_saturates()
 
 
 def host_info() -> dict:
