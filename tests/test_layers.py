@@ -17,14 +17,14 @@ ROOT = Path(__file__).resolve().parents[1] / "xformopt"
 # below keeps two units of one layer from needing each other. Mirrors docs/architecture.md.
 LAYERS = [
     ("foundation", {"errors", "atomic", "locks", "stale", "progress", "signals", "plot_style", "accuracy_budget",
-                    "artifact", "cache"}),
+                    "artifact", "cache", "safe_yaml"}),
     ("measurement", {"measure"}),
     ("data, models, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks", "validate",
                                        "hub", "split_wheels", "models", "targets", "onnx_graph", "exporting",
-                                       "fusions"}),
+                                       "fusions", "weight_coverage"}),
     ("runtime", {"runtime"}),
     ("pass libraries", {"decoder", "distill"}),
-    ("passes, evaluation, reports", {"passes", "evaluate", "report"}),
+    ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),
     ("recipes", {"recipe"}),
     ("pipeline and the bench library", {"pipeline", "bench"}),
     ("entry points", {"api", "search", "serve", "loadtest"}),
