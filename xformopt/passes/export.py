@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
+from xformopt.bench import memory
 from xformopt.errors import PassFailed
 from xformopt.exporting import compare, parity_texts, quiet_loggers
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -37,15 +38,18 @@ def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: Exp
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     torch_model = TorchPredictor(ctx.spec, model_dir, threads=ctx.threads)
-    onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)
     texts = parity_texts(ctx.sample_texts, torch_model.tokenizer)
     cases = [[t] for t in texts] + [texts[:2]]  # each length at batch 1, then a padded batch of 2
+    encodings = [torch_model.tokenize(batch) for batch in cases]
+    expected = [torch_model.raw_outputs(encoded) for encoded in encodings]
+    del torch_model  # the PyTorch weights and ORT's copy of them need not be resident together
+    memory.release()
+    onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)
     worst = {"max_abs_diff": 0.0, "min_cosine": 1.0}
     lengths = []
-    for batch in cases:
-        encoded = torch_model.tokenize(batch)
+    for encoded, reference in zip(encodings, expected):
         lengths.append(int(encoded["input_ids"].shape[1]))
-        got = compare(torch_model.raw_outputs(encoded), onnx_model.raw_outputs(encoded), encoded["attention_mask"])
+        got = compare(reference, onnx_model.raw_outputs(encoded), encoded["attention_mask"])
         worst["max_abs_diff"] = max(worst["max_abs_diff"], got["max_abs_diff"])
         worst["min_cosine"] = min(worst["min_cosine"], got["min_cosine"])
     result = {**worst, "sequence_lengths": lengths, "batch_sizes": [len(b) for b in cases]}
@@ -102,6 +106,7 @@ class ExportPass(Pass):
                 trust_remote_code=ctx.spec.trust_remote_code,
             )
         _keep_only_config_files(src, dst)
+        memory.release()  # the traced model optimum loaded, before parity loads one again
         ctx.log("checking parity against PyTorch")
         parity = check_parity(ctx, src, dst, options)
         return _record("optimum.exporters.onnx (TorchScript tracer, dynamo=False)", options.opset, dst, parity)
@@ -124,6 +129,8 @@ def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportO
         export_dynamo(model, ctx.spec.task_def.export_task, dst / "model.onnx", opset)
     model.config.save_pretrained(dst)
     _keep_only_config_files(src, dst)
+    del model
+    memory.release()
     ctx.log("checking parity against PyTorch")
     parity = check_parity(ctx, src, dst, options)
     return _record("torch.onnx.export (dynamo=True); attention fuses in `fuse` (onnxscript ort_fusions)",

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import Field
 
 from xformopt.artifact import copy_stage
+from xformopt.bench import memory
 from xformopt.errors import PassFailed
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt import models
@@ -84,7 +85,10 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
             module, function = own.split(":")
             getattr(import_module(module), function)(model, ctx.spec)
     model.save_model_to_file(str(out_model), use_external_data_format=needs_external_data(src_model))
-    return fused_counts(model.model)
+    counts = fused_counts(model.model)
+    del model, graph
+    memory.release()  # ORT's OnnxModel and its fusions reference each other: freed only by the collector
+    return counts
 
 
 def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):

@@ -15,6 +15,7 @@ class PassRecord:
     cache_key: str | None = None
     reused: bool = False
     seconds: float | None = None
+    memory: dict | None = None  # peak RSS while the pass ran (xformopt/bench/memory.py: Peak.to_dict)
 
     def summary(self) -> str:
         from xformopt.passes import REGISTRY, get_pass
@@ -35,9 +36,11 @@ class PassRecord:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        return {"pass": d.pop("name"), **{k: d[k] for k in ("options", "cache_key", "reused", "seconds")}, "record": d["record"]}
+        return {"pass": d.pop("name"), **{k: d[k] for k in ("options", "cache_key", "reused", "seconds", "memory")},
+                "record": d["record"]}
 
     @classmethod
     def from_dict(cls, entry: dict) -> PassRecord:
         return cls(name=entry["pass"], record=entry.get("record") or {}, options=entry.get("options") or {},
-                   cache_key=entry.get("cache_key"), reused=bool(entry.get("reused")), seconds=entry.get("seconds"))
+                   cache_key=entry.get("cache_key"), reused=bool(entry.get("reused")), seconds=entry.get("seconds"),
+                   memory=entry.get("memory"))
