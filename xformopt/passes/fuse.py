@@ -75,8 +75,8 @@ def with_weights_on_disk(graph, scratch: Path, threshold: int = WEIGHTS_ON_DISK_
     """The graph (a path or a ModelProto) with its weights moved to ``scratch/weights.bin``.
 
     ORT's optimizer copies the whole ModelProto for every symbolic shape inference and keeps the
-    copies, and serializes it to save: on all-mpnet-base-v2 (440 MB of weights) one fusion candidate
-    peaked 2.9 GB above its start. With the weights on disk those copies hold names and shapes only.
+    copies, and serializes it to save: a candidate's peak was several times the weights' size (README,
+    "Memory"). With the weights on disk those copies hold names and shapes only.
     The fusions that read a weight's values (numpy_helper.to_array) load it from the file relative to
     the working directory, hence ``working_directory(scratch)`` around them."""
     import onnx
