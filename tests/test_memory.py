@@ -16,7 +16,7 @@ MB = 1024 * 1024
 HAS_PROC = Path("/proc/self/statm").is_file()
 
 
-def allocate(mb: int, hold: float = 0.1) -> None:
+def allocate(mb: int, hold: float = 0.3) -> None:
     block = np.ones(mb * MB // 8)  # np.ones writes every page: all of it becomes resident
     time.sleep(hold)  # longer than a sampling interval, so the sampler sees it even when ru_maxrss cannot
     del block

@@ -188,6 +188,17 @@ def treat(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], feeds:
           check_feeds: list[dict], alpha: float = SMOOTH_ALPHA, channels: int = SPLIT_CHANNELS) -> dict:
     """Write ``src`` with the rules' smooth/split rewrites to ``dst``; returns the record: what each
     node got, the GEMMs to keep float, and the float parity of the rewrite (it must be exact)."""
+    record = _rewrite(src, dst, rules, feeds, alpha, channels)
+    memory.release()  # the rewritten ModelProto is gone: parity reads both graphs from disk
+    if record["nodes"]:
+        record["float_parity_max_abs_diff"] = parity(src, dst, check_feeds)
+    return record
+
+
+def _rewrite(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], feeds: list[dict], alpha: float,
+             channels: int) -> dict:
+    # One function, so that every reference into the graph (a node or tensor keeps the whole
+    # ModelProto alive) ends when it returns.
     import onnx
 
     model = onnx.load(str(src))
@@ -209,14 +220,11 @@ def treat(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], feeds:
             except ValueError as error:  # a graph shape the rewrite does not know: say so, quantize plainly
                 record["skipped"][name] = str(error)
     used = {i for n in g.graph.node for i in n.input}
-    kept = [i for i in g.graph.initializer if i.name in used]
-    del g.graph.initializer[:]
-    g.graph.initializer.extend(kept)
+    initializers = g.graph.initializer
+    for index in reversed(range(len(initializers))):  # in place: re-adding the kept ones would copy every weight
+        if initializers[index].name not in used:
+            del initializers[index]
     onnx.save(model, str(dst))
-    del g, model  # parity reads both graphs from disk
-    memory.release()
-    if record["nodes"]:
-        record["float_parity_max_abs_diff"] = parity(src, dst, check_feeds)
     return record
 
 
