@@ -483,7 +483,12 @@ def test_report_renders_a_single_pass_chain(chain, capsys):
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["export", "fuse", "quantize"]
     assert "parity max\\|diff\\|" in rows[1] and "weighted GEMMs in INT8" in rows[3]  # pipes escaped
     code, out, _ = run_cli(["report", chain / "q", "--json", "-q"], capsys)
-    assert code == 0 and [p["pass"] for p in json.loads(out)["passes"]] == ["export", "fuse", "quantize"]
+    passes = json.loads(out)["passes"]
+    assert code == 0 and [p["pass"] for p in passes] == ["export", "fuse", "quantize"]
+    # every single-pass command records its own peak memory, and the Markdown shows it per pass
+    for entry, row in zip(passes, rows[1:]):
+        assert 0 < entry["memory"]["start_rss_mb"] <= entry["memory"]["peak_rss_mb"] < 64 * 1024
+        assert row.split("|")[3].strip() == f"{entry['memory']['peak_rss_mb']:,.0f}"
     assert not (chain / "q" / "report.md").exists()  # report renders; it writes nothing into a stage
 
 

@@ -238,6 +238,26 @@ def test_fuse_all_reaches_full_fusion(fused_classifier):
     assert record["ort_fuses_unfused_at_load"].get("Attention", 0) == 0
 
 
+def test_fuse_with_the_weights_on_disk_writes_the_same_graph(exported_classifier, tiny_classifier, tmp_path, sample_texts):
+    """ORT's Attention fusion reads the Q/K/V weights to pack them: from the scratch file when they are on
+    disk (issue 21: memory). Every weight on disk must give the bytes an all-in-memory fusion writes."""
+    from xformopt.passes.fuse import build_fused
+
+    stage, _ = exported_classifier
+    ctx = make_ctx(tiny_classifier, sample_texts)
+    cwd = Path.cwd()
+    written = []
+    for threshold in (0, 2**62):
+        out = tmp_path / str(threshold)
+        out.mkdir()
+        counts = build_fused(stage / "model.onnx", out / "model.onnx", ctx, (), weights_threshold=threshold)
+        assert counts["Attention"] == LAYERS
+        assert sorted(p.name for p in out.iterdir()) == ["model.onnx"]
+        written.append((out / "model.onnx").read_bytes())
+    assert written[0] == written[1]
+    assert Path.cwd() == cwd  # the working directory the fusion ran in is given back
+
+
 def test_fused_graph_matches_unfused(fused_classifier, exported_classifier, tiny_classifier, sample_texts):
     from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor

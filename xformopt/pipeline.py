@@ -26,6 +26,7 @@ from xformopt.artifact import (
     sha256_file,
     write_json,
 )
+from xformopt.measure import memory
 from xformopt.data import TextDataset
 from xformopt.errors import GateFailed, InputError, PassFailed, XformoptError
 from xformopt.evaluate.run import evaluate_stages
@@ -179,25 +180,27 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
         src = stages[-1].path
         step_ctx = dataclasses.replace(ctx, spec=stages[-1].spec)
         started = time.perf_counter()
-        hit = cache.lookup(key, log) if use_cache else None
-        if hit:
-            out_dir, record = hit
-            log(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
-        else:
-            log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
-
-            def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
-                return execute(pass_cls, step_ctx, src, dst, options)
-
-            if use_cache:
-                out_dir, record = cache.build(key, work, {"pass": step.name}, log)
+        with memory.measured(step.name) as peak:
+            hit = cache.lookup(key, log) if use_cache else None
+            if hit:
+                out_dir, record = hit
+                log(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
             else:
-                out_dir = workdir / f"{i:02d}-{step.name}"
-                out_dir.mkdir()
-                record = work(out_dir)
+                log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
+
+                def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
+                    return execute(pass_cls, step_ctx, src, dst, options)
+
+                if use_cache:
+                    out_dir, record = cache.build(key, work, {"pass": step.name}, log)
+                else:
+                    out_dir = workdir / f"{i:02d}-{step.name}"
+                    out_dir.mkdir()
+                    record = work(out_dir)
+            memory.release()  # what the pass left for the collector goes now, not during the next pass
         seconds = time.perf_counter() - started
-        log(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s")
-        entry = PassRecord(step.name, record, step.options, key, bool(hit), round(seconds, 3))
+        log(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s, peak RSS {peak.peak / memory.MB:,.0f} MB")
+        entry = PassRecord(step.name, record, step.options, key, bool(hit), round(seconds, 3), peak.to_dict())
         records.append(entry)
         stages.append(Stage(step.name, pass_cls.produces, out_dir, models.stage_spec(ctx.spec, out_dir), entry))
         input_key = key
@@ -240,7 +243,10 @@ def run(
         sweep_at_start(Path(os.path.abspath(out)).parent, cache.cache_root(), log=log)
         input_hash = hash_dir(spec.path)
         stages, records = run_passes(recipe, ctx, use_cache, log, Path(workdir), input_hash)
-        evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
+        with memory.measured("evaluation") as evaluated:
+            evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
+        evaluation["memory"] = evaluated.to_dict()
+        log(f"evaluation: peak RSS {evaluated.peak / memory.MB:,.0f} MB; run peak {memory.process_peak_mb():,.0f} MB")
         host = host_info()
         report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
         from xformopt.profiling.measure import profile_for_report
@@ -261,6 +267,7 @@ def run(
             "recipe": recipe.to_dict(),
             "heldout": {"path": heldout.path, "source": heldout.source, "rows": len(heldout)},
             "passes": [r.to_dict() for r in records],
+            "memory": report["memory"],
         }
         final = stages[-1]
         with atomic_dir(out, force, protected=protected) as tmp:
@@ -351,8 +358,11 @@ def run_single(
     sweep_at_start(Path(os.path.abspath(out)).parent, log=log)
     started = time.perf_counter()
     with atomic_dir(out, force, wait=wait, protected=protected) as tmp:
-        record = execute(pass_cls, ctx, spec.path, tmp, validated)
-        entry = PassRecord(pass_name, record, validated.model_dump(), seconds=round(time.perf_counter() - started, 3))
+        with memory.measured(pass_name) as peak:
+            record = execute(pass_cls, ctx, spec.path, tmp, validated)
+            memory.release()
+        entry = PassRecord(pass_name, record, validated.model_dump(), seconds=round(time.perf_counter() - started, 3),
+                           memory=peak.to_dict())
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

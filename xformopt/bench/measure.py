@@ -10,8 +10,8 @@ The bench document (schema ``xformopt.bench/1``) has these top-level keys, alway
     headline_metric   "accuracy" (classification) or "cosine_to_baseline" (embeddings)
     settings          {mode "real", batch 1, threads, rounds, warmup, repeats, seed,
                        heldout {source, rows, row_ids_sha256}, thread_pools}
-    host              bench.host.host_info() of the machine that ran the bench
-    host_fingerprint  bench.host.host_fingerprint(host)
+    host              measure.host.host_info() of the machine that ran the bench
+    host_fingerprint  measure.host.host_fingerprint(host)
     artifact          {stage, latency: <modes.solo_repeats dict>, metrics}: the same shape as
                       report.json's "artifact", so either document can be the next --baseline
     notes             list of strings: what was skipped or assumed (e.g. baseline-relative metrics

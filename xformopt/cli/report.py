@@ -96,7 +96,9 @@ def chain_rows(manifest: dict) -> list[dict]:
             text = summary(entry)
         except (KeyError, TypeError, IndexError, ValueError):  # a record of another xformopt version
             text = "(record not readable by this version; see manifest.json)"
-        rows.append({"pass": entry.get("pass", "?"), "seconds": entry.get("seconds"), "summary": text})
+        peak = (entry.get("memory") or {}).get("peak_rss_mb")
+        rows.append({"pass": entry.get("pass", "?"), "seconds": entry.get("seconds"),
+                     "peak_mb": "-" if peak is None else f"{peak:,.0f}", "summary": text})
     return rows
 
 
@@ -119,15 +121,15 @@ def chain_report(directory: Path, as_json: bool, as_markdown: bool) -> None:
         output.emit_json(manifest)
         return
     if as_markdown:
-        lines = [f"## {title}", "", "| Pass | Seconds | What it did |", "|---|---:|---|"]
-        lines += [f"| {r['pass']} | {r['seconds'] if r['seconds'] is not None else '-'} | {r['summary'].replace('|', chr(92) + '|')} |"
-                  for r in rows]
+        lines = [f"## {title}", "", "| Pass | Seconds | Peak RSS (MB) | What it did |", "|---|---:|---:|---|"]
+        lines += [f"| {r['pass']} | {r['seconds'] if r['seconds'] is not None else '-'} | {r['peak_mb']} | "
+                  f"{r['summary'].replace('|', chr(92) + '|')} |" for r in rows]
         sys.stdout.write("\n".join([*lines, "", f"_{missing}_", ""]))
         sys.stdout.flush()
         return
-    table = Table("Pass", "Seconds", "What it did", title=title)
+    table = Table("Pass", "Seconds", "Peak MB", "What it did", title=title)
     for r in rows:
-        table.add_row(r["pass"], "-" if r["seconds"] is None else f"{r['seconds']:.1f}", r["summary"])
+        table.add_row(r["pass"], "-" if r["seconds"] is None else f"{r['seconds']:.1f}", r["peak_mb"], r["summary"])
     output.stdout.print(table)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from xformopt import progress as progress_events
 from xformopt.decoder.evaluate import evaluate_decoder_stages
-from xformopt.measure import modes
+from xformopt.measure import memory, modes
 from xformopt.measure.latency import compare
 from xformopt.onnx_graph import dir_size_bytes
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
@@ -47,11 +47,19 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
     def bar(label):
         return lambda done, total: report(label, done, total)
 
-    predictors = {stage.name: stage_predictor(stage, spec, threads) for stage in stages}
+    # Every stage stays loaded: the interleaved timing below needs them all in one process. What each
+    # holds (its load delta) and what scoring it adds on top are measured per stage.
+    predictors, stage_memory = {}, {}
+    for stage in stages:
+        with memory.measured(f"load {stage.name}") as loaded:
+            predictors[stage.name] = stage_predictor(stage, spec, threads)
+        stage_memory[stage.name] = {"load": loaded.to_dict()}
     outputs = {}
     for name, predictor in predictors.items():
         log(f"evaluating {name} on {len(heldout)} held-out rows")
-        outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
+        with memory.measured(f"evaluate {name}") as scored:
+            outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
+        stage_memory[name]["evaluate"] = scored.to_dict()
     metrics = quality(spec.task_def, outputs, stages[0].name, heldout, settings.seed)
     texts, pairs = spec.task_def.timing_inputs(heldout)
 
@@ -80,6 +88,7 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
             "latency": latency[name].to_dict(),
             "speedup": speedup[name],
             "size_bytes": model_bytes(stage),
+            "memory": stage_memory[name],
         }
         for name, stage in ((stage.name, stage) for stage in stages)
     }

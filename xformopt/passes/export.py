@@ -20,6 +20,7 @@ from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
 from xformopt.decoder.export import export_decoder
+from xformopt.measure import memory
 from xformopt.errors import PassFailed
 from xformopt.exporting import compare, quiet_loggers, spread_by_length
 from xformopt.models import load_torch_model
@@ -42,26 +43,32 @@ def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: Exp
     with its context, a context with its choices), chosen to span their encoded lengths, each at batch
     1, then a padded batch of 2."""
     torch_model = TorchPredictor(ctx.spec, model_dir, threads=ctx.threads)
-    onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)
     texts, pairs = ctx.spec.task_def.model_inputs(ctx.sample_data)
 
+    tokenize = torch_model.tokenize
+
     def encode(rows: list[int]) -> dict:
-        return torch_model.tokenize([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
+        return tokenize([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
 
     lengths = [int(encode([i])["input_ids"].shape[-1]) for i in range(len(texts))]
     picked = spread_by_length(lengths, what="texts" if pairs is None else "pairs")
     cases = [[i] for i in picked] + [picked[:2]]  # each length at batch 1, then a padded batch of 2
+    encodings = [encode(rows) for rows in cases]
+    expected = [torch_model.raw_outputs(encoded) for encoded in encodings]
+    paired = [pair_tokens(torch_model, texts[i], lengths[i]) for i in picked] if pairs is not None else None
+    del torch_model  # the PyTorch weights and ORT's copy of them need not be resident together
+    memory.release()
+    onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)
     worst = {"max_abs_diff": 0.0, "min_cosine": 1.0}
     checked = []
-    for rows in cases:
-        encoded = encode(rows)
+    for encoded, reference in zip(encodings, expected):
         checked.append(int(encoded["input_ids"].shape[-1]))
-        got = compare(torch_model.raw_outputs(encoded), onnx_model.raw_outputs(encoded), encoded["attention_mask"])
+        got = compare(reference, onnx_model.raw_outputs(encoded), encoded["attention_mask"])
         worst["max_abs_diff"] = max(worst["max_abs_diff"], got["max_abs_diff"])
         worst["min_cosine"] = min(worst["min_cosine"], got["min_cosine"])
     result = {**worst, "sequence_lengths": checked, "batch_sizes": [len(b) for b in cases]}
-    if pairs is not None:
-        result["pair_lengths"] = [pair_tokens(torch_model, texts[i], lengths[i]) for i in picked]
+    if paired is not None:
+        result["pair_lengths"] = paired
     where = f"lengths {checked}" + (f" (text + pair tokens {result['pair_lengths']})" if pairs is not None else "")
     if worst["max_abs_diff"] > options.max_abs_diff or worst["min_cosine"] < options.min_cosine:
         raise PassFailed(
@@ -125,6 +132,7 @@ class ExportPass(Pass):
                 trust_remote_code=ctx.spec.trust_remote_code,
             )
         _keep_only_config_files(src, dst)
+        memory.release()  # the traced model optimum loaded, before parity loads one again
         ctx.log("checking parity against PyTorch")
         parity = check_parity(ctx, src, dst, options)
         return _record("optimum.exporters.onnx (TorchScript tracer, dynamo=False)", options.opset, dst, parity)
@@ -144,6 +152,8 @@ def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportO
         export_dynamo(model, ctx.spec.task_def.export_task, dst / "model.onnx", opset)
     model.config.save_pretrained(dst)
     _keep_only_config_files(src, dst)
+    del model
+    memory.release()
     ctx.log("checking parity against PyTorch")
     parity = check_parity(ctx, src, dst, options)
     return _record("torch.onnx.export (dynamo=True); attention fuses in `fuse` (onnxscript ort_fusions)",

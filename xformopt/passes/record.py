@@ -17,6 +17,7 @@ class PassRecord:
     cache_key: str | None = None
     reused: bool = False
     seconds: float | None = None
+    memory: dict | None = None  # peak RSS while the pass ran (xformopt/measure/memory.py: Peak.to_dict)
 
     def summary(self) -> str:
         if self.name not in REGISTRY:
@@ -45,9 +46,11 @@ class PassRecord:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        return {"pass": d.pop("name"), **{k: d[k] for k in ("options", "cache_key", "reused", "seconds")}, "record": d["record"]}
+        return {"pass": d.pop("name"), **{k: d[k] for k in ("options", "cache_key", "reused", "seconds", "memory")},
+                "record": d["record"]}
 
     @classmethod
     def from_dict(cls, entry: dict) -> PassRecord:
         return cls(name=entry["pass"], record=entry.get("record") or {}, options=entry.get("options") or {},
-                   cache_key=entry.get("cache_key"), reused=bool(entry.get("reused")), seconds=entry.get("seconds"))
+                   cache_key=entry.get("cache_key"), reused=bool(entry.get("reused")), seconds=entry.get("seconds"),
+                   memory=entry.get("memory"))

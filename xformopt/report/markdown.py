@@ -13,6 +13,8 @@ from xformopt.report.cells import (
     generation_rows,
     graph_rows,
     int8_text,
+    memory_rows,
+    memory_text,
     metric_label,
     metric_notes,
     rows_for_display,
@@ -77,6 +79,8 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
     artifact = artifact_text(report, markup="md")
     if artifact:
         lines += [artifact, ""]
+    if memory_text(report):
+        lines += [f"{memory_text(report)}.", ""]
     if "accuracy_latency.png" in images:
         lines += [f"![{metric_label(metric)} vs latency per stage](accuracy_latency.png)", ""]
 
@@ -109,6 +113,9 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
     if report.get("throughput"):
         h, b = throughput_rows(report)
         details += ["#### Throughput", "", *_md_table(h, b, left=(0, 4)), ""]
+    h, b = memory_rows(report)
+    if b:
+        details += ["#### Peak memory (resident set)", "", *_md_table(h, b, left=(0, 4)), ""]
     if host:
         versions = host.get("versions") or {}
         details += [
@@ -143,6 +150,6 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
             details.append(f"- created {report['created']}, schema `{report.get('schema', '?')}`")
         details.append("")
     if details:
-        lines += ["<details>", "<summary>Graph, host, settings" + (", fixed shapes" if report.get("fixed") else "")
+        lines += ["<details>", "<summary>Graph, memory, host, settings" + (", fixed shapes" if report.get("fixed") else "")
                   + (", throughput" if report.get("throughput") else "") + "</summary>", "", *details, "</details>"]
     return "\n".join(lines).rstrip("\n") + "\n"
