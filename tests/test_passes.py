@@ -134,11 +134,10 @@ def test_parity_texts_needs_three_lengths(tiny_classifier):
 def test_timing_and_parity_feed_text_pairs_as_pairs(exported_classifier, tiny_classifier, monkeypatch):
     """Identical first texts, varied second texts (an NLI-style pair set): the candidates are timed on
     the encoded pairs, and parity spreads over the pair lengths, never refusing the set."""
-    import xformopt.measure.latency as latency
+    import xformopt.passes.timing as timing
     from xformopt.data import TextDataset
     from xformopt.models import load_tokenizer
     from xformopt.passes.export import ExportOptions, check_parity
-    from xformopt.passes.timing import time_stage_dirs
 
     seconds = ["good", "a good film", "a good film , really", "a good film , really , truly and deeply"] * 3
     data = TextDataset(texts=["the film"] * len(seconds), text_pairs=seconds, labels=None, label_names=None,
@@ -153,13 +152,13 @@ def test_timing_and_parity_feed_text_pairs_as_pairs(exported_classifier, tiny_cl
                 call(i)
         return {name: type("S", (), {"to_dict": lambda self: {"median_ms": 1.0}})() for name in calls}
 
-    monkeypatch.setattr(latency, "run_interleaved", once)
+    monkeypatch.setattr(timing, "run_interleaved", once)
     from xformopt.runtime import encoder
 
     original = encoder.OrtPredictor.run_encoded
     monkeypatch.setattr(encoder.OrtPredictor, "run_encoded",
                         lambda self, enc: fed.append(enc["input_ids"].shape[-1]) or original(self, enc))
-    time_stage_dirs(ctx, {"a": exported_classifier[0]}, rounds=1)
+    timing.time_stage_dirs(ctx, {"a": exported_classifier[0]}, rounds=1)
     tokenizer = load_tokenizer(tiny_classifier)
     assert fed == [len(tokenizer("the film", s)["input_ids"]) for s in seconds]
     parity = check_parity(ctx, tiny_classifier, exported_classifier[0], ExportOptions())
