@@ -53,6 +53,7 @@ def _register() -> None:
     generate.register(app)
     from xformopt.cli import search; search.register(app)  # noqa: E702
     from xformopt.cli import serve; serve.register(app)  # noqa: E702
+    from xformopt.cli import loadtest; loadtest.register(app)  # noqa: E702
     app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")
