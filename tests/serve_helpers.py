@@ -79,8 +79,8 @@ def slowed_factory(seconds: float = 0.0, fail_on: str | None = None, keep: list 
     """A predictor_factory for create_app; ``keep`` receives the predictor it made."""
     from xformopt.runtime.predictor import load_predictor
 
-    def factory(path: str | Path, threads):
-        predictor = Slowed(load_predictor(path, threads), seconds, fail_on)
+    def factory(path: str | Path, threads, int8_scales="per-token"):
+        predictor = Slowed(load_predictor(path, threads, int8_scales), seconds, fail_on)
         if keep is not None:
             keep.append(predictor)
         return predictor

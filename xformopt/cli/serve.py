@@ -44,13 +44,14 @@ def register(app: typer.Typer) -> None:
         max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Request body limit (413 beyond).")] = 1 << 20,
         ray: Annotated[str, typer.Option("--ray", metavar="ADDRESS", help="Run as a Ray Serve deployment: 'local' (a new Ray head on this machine), 'auto', or ray://HOST:PORT (needs the serve extra).")] = None,
         replicas: Annotated[int, typer.Option("--replicas", min=1, help="Ray Serve replicas (with --ray).")] = 1,
+        int8_scales: Annotated[str, typer.Option("--int8-scales", help="Dynamic-INT8 graphs: per-token (one activation scale per token: an answer does not depend on its batch mates) or per-tensor (the graph as exported: one scale per batch).")] = "per-token",
         quiet: opt.Quiet = False,
     ) -> None:
         """Serve an artifact over HTTP with dynamic batching and a result cache."""
         from xformopt.serve import server
 
         config = build_config(artifact, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue,
-                              timeout_ms, max_inputs, max_body_bytes)
+                              timeout_ms, max_inputs, max_body_bytes, int8_scales)
         warning = server.open_bind_warning(host, config.api_key is not None)
         if warning:
             output.stderr.print(warning, style="bold red", highlight=False, markup=False)
@@ -71,9 +72,9 @@ def register(app: typer.Typer) -> None:
 
 
 def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue, timeout_ms,
-                 max_inputs, max_body_bytes):
+                 max_inputs, max_body_bytes, int8_scales="per-token"):
     from xformopt.bench.host import usable_cpus
-    from xformopt.runtime.predictor import artifact_spec
+    from xformopt.runtime.predictor import INT8_SCALES, artifact_spec
     from xformopt.serve.app import ServeConfig
     from xformopt.serve.scheduler import Settings
 
@@ -84,9 +85,11 @@ def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, ap
         if not key:
             raise InputError(f"--api-key-env {api_key_env}: that environment variable is unset or empty; "
                              f"export {api_key_env}=KEY first")
+    if int8_scales not in INT8_SCALES:
+        raise InputError(f"--int8-scales {int8_scales}: choose one of {', '.join(INT8_SCALES)}")
     if max_queue < max_batch:
         raise InputError(f"--max-queue {max_queue} is smaller than --max-batch {max_batch}; give a queue of at least one batch")
     settings = Settings(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, timeout_s=timeout_ms / 1000,
                         cache_size=cache_size)
     return ServeConfig(str(Path(artifact).resolve()), threads or usable_cpus(), settings, key, max_body_bytes, max_inputs,
-                       Path(artifact).resolve().name)
+                       Path(artifact).resolve().name, int8_scales)

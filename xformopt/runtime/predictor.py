@@ -388,12 +388,32 @@ def artifact_spec(artifact_dir: str | Path):
     return spec
 
 
-def load_predictor(artifact_dir: str | Path, threads: int | None = None) -> Predictor:
+INT8_SCALES = ("per-token", "per-tensor")
+
+
+def load_predictor(artifact_dir: str | Path, threads: int | None = None, int8_scales: str = "per-token") -> Predictor:
     """The artifact's model (an `xformopt optimize` output, or any stage with model.onnx, config.json
-    and tokenizer.json), ready to answer; a one-line InputError when it cannot be served."""
+    and tokenizer.json), ready to answer; a one-line InputError when it cannot be served.
+
+    ``int8_scales``: for a dynamic-INT8 graph, "per-token" (default) quantizes each token's activations
+    with its own scale (xformopt.runtime.per_token_int8), so an answer does not depend on its batch
+    mates; "per-tensor" runs the graph as exported (one scale per batch: batch-dependent)."""
+    import tempfile
+
+    from xformopt.runtime import per_token_int8
+
+    if int8_scales not in INT8_SCALES:
+        raise InputError(f"int8_scales {int8_scales!r}: choose one of {', '.join(INT8_SCALES)}")
     path = Path(artifact_dir)
     spec = artifact_spec(path)
     pooling = Pooling.read(path) if spec.task == "feature-extraction" else Pooling()
-    runner = OrtPredictor(spec, path, threads=threads)
+    if int8_scales == "per-token" and per_token_int8.has_dynamic_int8(path / "model.onnx"):
+        # the rewrite lives only until the session has read it; the artifact is never touched
+        with tempfile.TemporaryDirectory(prefix="xformopt-per-token-") as scratch:
+            per_token_int8.rewritten_copy(path / "model.onnx", Path(scratch))
+            runner = OrtPredictor(spec, Path(scratch), threads=threads, tokenizer_dir=path,
+                                  disabled_optimizers=per_token_int8.DISABLED_OPTIMIZERS)
+    else:
+        runner = OrtPredictor(spec, path, threads=threads)
     multi_label = _json_or_empty(path / "config.json").get("problem_type") == "multi_label_classification"
     return Predictor(path, runner, pooling, multi_label)

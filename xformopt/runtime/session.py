@@ -25,8 +25,9 @@ def thread_pool_setting() -> str:
     return f"ONNX Runtime allow_spinning=0; PyTorch OMP_WAIT_POLICY={omp}"
 
 
-def ort_session(model_path: Path, threads: int | None = None, level: str = "all"):
-    """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible)."""
+def ort_session(model_path: Path, threads: int | None = None, level: str = "all", disabled_optimizers=()):
+    """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible);
+    ``disabled_optimizers``: ORT graph transformers to leave out, by name."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -44,4 +45,5 @@ def ort_session(model_path: Path, threads: int | None = None, level: str = "all"
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
-    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(disabled_optimizers))

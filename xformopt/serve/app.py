@@ -42,6 +42,7 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     max_inputs: int = 256  # inputs per request
     model_name: str | None = None  # what /v1/embeddings and /info call the model [default: the folder name]
+    int8_scales: str = "per-token"  # dynamic INT8 graphs: per-token scales (batch-independent) or as exported
 
     def public(self) -> dict:
         """The settings /info shows (never the key)."""
@@ -216,8 +217,8 @@ def _read(path: Path) -> dict:
 
 
 def create_app(config: ServeConfig, predictor_factory=None):
-    """The ASGI app for ``config.artifact``; ``predictor_factory(path, threads)`` opens the model in
-    the lifespan (default: xformopt.runtime.predictor.load_predictor)."""
+    """The ASGI app for ``config.artifact``; ``predictor_factory(path, threads, int8_scales)`` opens the
+    model in the lifespan (default: xformopt.runtime.predictor.load_predictor)."""
     from xformopt import __version__
     from xformopt.runtime.predictor import artifact_spec, load_predictor
 
@@ -228,7 +229,7 @@ def create_app(config: ServeConfig, predictor_factory=None):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        predictor = factory(config.artifact, config.threads)
+        predictor = factory(config.artifact, config.threads, config.int8_scales)
         scheduler = Scheduler(predictor, config.scheduler, metrics)
         warmup = [{"question": "what?", "context": WARMUP_TEXT}] if spec.task == "question-answering" else [WARMUP_TEXT]
         await scheduler.start(warmup * min(config.scheduler.max_batch, 8))
