@@ -20,7 +20,7 @@ Examples:
     xformopt loadtest http://127.0.0.1:8080 --rates 10,20,40,80 --duration 10 -o lt/
     xformopt loadtest out/ --rates 20,40,80,160 --p99-ms 50          # starts `xformopt serve out/` itself
     xformopt loadtest out/ --serve-args "--max-batch 1" --compare http://127.0.0.1:7997 \\
-        --compare-route /classify --compare-field input
+        --compare-route /classify --compare-field input --compare-as-list
 
 Latency is measured from each request's scheduled (Poisson) send time, so a slow server cannot hide
 its latency by slowing the client. Writes loadtest.json, loadtest.md and loadtest.png to -o DIR.
@@ -54,6 +54,7 @@ def register(app: typer.Typer) -> None:
         field_name: Annotated[str, typer.Option("--field", help="JSON field holding the text [default: from /info].")] = None,
         compare_route: Annotated[str, typer.Option("--compare-route", help="--route for the --compare server.")] = None,
         compare_field: Annotated[str, typer.Option("--compare-field", help="--field for the --compare server.")] = None,
+        compare_as_list: Annotated[bool, typer.Option("--compare-as-list", help="Send the --compare server each text as a one-element list.")] = False,
         model: Annotated[str, typer.Option("--model", help="A 'model' field to send (servers that require one).")] = None,
         api_key_env: Annotated[str, typer.Option("--api-key-env", metavar="VAR", help="Send Authorization: Bearer $VAR.")] = None,
         full_ladder: Annotated[bool, typer.Option("--full-ladder", help="Run every rate, also past the knee.")] = False,
@@ -91,6 +92,7 @@ def register(app: typer.Typer) -> None:
                 targets.append(Target(server.url, f"{label} ({Path(spec).name})"))
             if len(targets) == 2:
                 targets[1].route, targets[1].field_name = compare_route, compare_field
+                targets[1].as_list = compare_as_list
             document = run(targets, texts, options, output.log)
         for warning in document["warnings"]:
             output.log(f"warning: {warning}")

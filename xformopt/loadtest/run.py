@@ -38,6 +38,7 @@ class Target:
     label: str
     route: str | None = None  # overrides --route / /info for this target
     field_name: str | None = None
+    as_list: bool = False  # send each text as a one-element list (servers that take only lists)
     request: Request | None = None
     has_metrics: bool = False
     steps: list[dict] = field(default_factory=list)
@@ -84,7 +85,7 @@ def describe(target: Target, texts: list, options: Options) -> None:
     extra = {"model": options.model} if options.model else {}
     if task == "question-answering" and not all(isinstance(t, dict) for t in texts):
         raise InputError("a question-answering server needs --data rows with question and context")
-    target.request = Request(target.url + route, json_bodies(texts, name, as_list=False, extra=extra), headers)
+    target.request = Request(target.url + route, json_bodies(texts, name, as_list=target.as_list, extra=extra), headers)
     try:
         target.has_metrics = b"xformopt_batch_size_count" in _get(f"{target.url}/metrics", options.api_key)
     except OSError:
