@@ -31,7 +31,7 @@ def main() -> None:
     from xformopt.serve.scheduler import length_groups
 
     ops = {n.op_type for n in onnx.load(f"{args.artifact}/model.onnx", load_external_data=False).graph.node}
-    texts = [json.loads(line)["text"] for line in open(vader_split_path("test"), encoding="utf-8")][:args.rows]
+    texts = [json.loads(line)["text"] for line in vader_split_path("test").read_text(encoding="utf-8").splitlines()][:args.rows]
     predictor = load_predictor(args.artifact, args.threads, args.int8_scales)
     prepared = predictor.prepare(texts)
     alone = [predictor.run_rows(p.rows)[0] for p in prepared]

@@ -223,7 +223,7 @@ def _check_texts(texts: list) -> None:
 def _tokenize(predictor: Predictor, texts: list[str], pairs: list[str] | None, truncate: bool, **extra):
     """One fast-tokenizer call; with ``truncate=False`` an over-long input is an InputError naming it."""
     limit = predictor.max_length
-    encoded = predictor.tokenizer(texts, pairs, truncation=True if truncate else False,
+    encoded = predictor.tokenizer(texts, pairs, truncation=bool(truncate),
                                   max_length=limit if truncate else None, **extra)
     if not truncate:
         for i, ids in enumerate(encoded["input_ids"]):
@@ -335,7 +335,11 @@ def _pipeline_postprocessor(predictor):
 class _Answers:
     @staticmethod
     def prepare(predictor, inputs, truncate):
-        from xformopt.tasks.question_answering import DOC_STRIDE, MAX_LENGTH, question_windows
+        from xformopt.tasks.question_answering import (
+            DOC_STRIDE,
+            MAX_LENGTH,
+            question_windows,
+        )
 
         max_length = min(MAX_LENGTH, predictor.max_length)
         stride = min(max_length // 2, DOC_STRIDE)

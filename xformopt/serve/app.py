@@ -20,14 +20,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from xformopt.errors import InputError
 from xformopt.serve import schemas
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from xformopt.serve.scheduler import BatchFailed, DeadlineExceeded, Overloaded, Scheduler, Settings
+from xformopt.serve.scheduler import (
+    BatchFailed,
+    DeadlineExceeded,
+    Overloaded,
+    Scheduler,
+    Settings,
+)
 
 PUBLIC_PATHS = ("/health",)  # load balancers probe it without a key
 WARMUP_TEXT = "warm-up: the first session calls allocate and pick kernels"
