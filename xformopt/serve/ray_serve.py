@@ -9,8 +9,6 @@ length grouping, bounded queue and deadlines are what the single-process server 
 
 from __future__ import annotations
 
-import functools
-
 from xformopt.errors import InputError
 
 APP_NAME = "xformopt"
@@ -30,9 +28,12 @@ def deployment(config, replicas: int = 1):
     _, serve = _ray()
     from xformopt.serve.app import create_app
 
+    def build_app():  # a plain function: Ray calls it on each replica (a partial would be taken for an ASGI app)
+        return create_app(config)
+
     cpus = float(config.threads or 1)
     wrapped = serve.deployment(
-        serve.ingress(functools.partial(create_app, config))(type("XformoptServe", (), {})),
+        serve.ingress(build_app)(type("XformoptServe", (), {})),
         name="XformoptServe", num_replicas=replicas, ray_actor_options={"num_cpus": cpus},
         # the scheduler bounds its own queue and answers 503 when full; Ray's own limit sits above it
         max_ongoing_requests=max(config.scheduler.max_queue, 1),
