@@ -17,6 +17,7 @@ from xformopt.cli import (
     catalog,
     command,
     generate,
+    loadtest,
     optimize,
     output,
     passes,
@@ -24,6 +25,7 @@ from xformopt.cli import (
     recipes,
     report,
     search,
+    serve,
     targets,
 )
 from xformopt.cli.command import UsageError, usage_line
@@ -65,6 +67,8 @@ def _register() -> None:
     generate.register(app)
     search.register(app)
     profile.register(app)
+    serve.register(app)
+    loadtest.register(app)
     app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")

@@ -87,9 +87,10 @@ class TorchPredictor(Predictor):
 
 
 class OrtPredictor(Predictor):
-    def __init__(self, spec: ModelSpec, model_dir: Path, threads: int | None = None, tokenizer_dir: Path | None = None):
+    def __init__(self, spec: ModelSpec, model_dir: Path, threads: int | None = None, tokenizer_dir: Path | None = None,
+                 disabled_optimizers=()):
         super().__init__(spec, load_tokenizer(tokenizer_dir or model_dir, spec.trust_remote_code))
-        self.session = ort_session(model_dir / "model.onnx", threads)
+        self.session = ort_session(model_dir / "model.onnx", threads, disabled_optimizers=disabled_optimizers)
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def raw_outputs(self, encoded):

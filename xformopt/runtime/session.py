@@ -24,13 +24,14 @@ def thread_pool_setting() -> str:
     return f"ONNX Runtime allow_spinning=0; PyTorch OMP_WAIT_POLICY={omp}"
 
 
-def ort_session(model_path: Path, threads: int | None = None, level: str = "all", *,
+def ort_session(model_path: Path, threads: int | None = None, level: str = "all", disabled_optimizers=(), *,
                 profile_prefix: str | None = None, optimized_path: str | None = None):
     """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible).
 
-    ``profile_prefix``: ORT's profiler on, its trace written to ``<prefix>_<time>.json`` at
-    ``end_profiling()``; ``optimized_path``: the graph as ORT runs it (after its own fusions) is
-    saved there, so the trace's node names can be looked up."""
+    ``disabled_optimizers``: ORT graph transformers to leave out, by name; ``profile_prefix``: ORT's
+    profiler on, its trace written to ``<prefix>_<time>.json`` at ``end_profiling()``;
+    ``optimized_path``: the graph as ORT runs it (after its own fusions) is saved there, so the trace's
+    node names can be looked up."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -58,4 +59,5 @@ def ort_session(model_path: Path, threads: int | None = None, level: str = "all"
         "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
         "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
-    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"],
+                                disabled_optimizers=list(disabled_optimizers))

@@ -1,0 +1,281 @@
+"""`xformopt serve`: a real uvicorn server on a free local port and a real HTTP client (httpx; the
+OpenAI client where it is installed). Answers under concurrency equal the artifact's own unbatched
+outputs, in order; overload, deadlines, failing batches, bad inputs, auth, caching and SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from serve_helpers import ServerThread, free_port, metric, slowed_factory
+
+from xformopt.runtime.predictor import load_predictor
+from xformopt.serve.app import ServeConfig, create_app
+from xformopt.serve.scheduler import Settings, length_groups
+
+KEY = "test-key-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def embedder_server(served_embedder):
+    config = ServeConfig(str(served_embedder), threads=1, api_key=KEY, max_inputs=64, model_name="tiny")
+    with ServerThread(create_app(config)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def classifier_server(served_classifier):
+    config = ServeConfig(str(served_classifier), threads=1, scheduler=Settings(max_batch=16, max_wait_ms=10),
+                         max_body_bytes=4096, max_inputs=8)
+    with ServerThread(create_app(config)) as server:
+        yield server
+
+
+def test_embeddings_routes_speak_openai_and_tei(embedder_server, served_embedder, sample_texts):
+    want = load_predictor(served_embedder).embed(sample_texts[:5], batch_size=1)
+    url = embedder_server.url
+    r = httpx.post(f"{url}/v1/embeddings", json={"input": sample_texts[:5], "model": "m"}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "list" and body["model"] == "m" and body["usage"]["prompt_tokens"] > 5
+    assert [d["index"] for d in body["data"]] == list(range(5)) and body["data"][0]["object"] == "embedding"
+    np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), want, atol=1e-5)
+    r = httpx.post(f"{url}/v1/embeddings", json={"input": sample_texts[0], "encoding_format": "base64"}, headers=AUTH)
+    vector = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(vector, want[0], atol=1e-5)
+    r = httpx.post(f"{url}/embed", json={"inputs": sample_texts[:2], "normalize": False}, headers=AUTH)
+    raw = np.array(r.json())
+    assert raw.shape == want[:2].shape and not np.allclose(np.linalg.norm(raw, axis=1), 1.0)
+    np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), want[:2], atol=1e-5)
+    long_text = " ".join(["film"] * 80)
+    assert httpx.post(f"{url}/embed", json={"inputs": long_text}, headers=AUTH).status_code == 200  # truncated
+    r = httpx.post(f"{url}/embed", json={"inputs": long_text, "truncate": False}, headers=AUTH)
+    assert r.status_code == 422 and "more than the model's 32" in r.json()["error"]
+    r = httpx.post(f"{url}/v1/embeddings", json={"input": "x", "dimensions": 3}, headers=AUTH)
+    assert r.status_code == 422 and "dimensions 3" in r.json()["error"]
+    assert httpx.post(f"{url}/predict", json={"inputs": "x"}, headers=AUTH).status_code == 404
+
+
+def test_openai_client_reads_the_embeddings_unchanged(embedder_server, served_embedder, sample_texts):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{embedder_server.url}/v1", api_key=KEY)
+    result = client.embeddings.create(input=sample_texts[:3], model="tiny")  # the client asks for base64
+    got = np.array([d.embedding for d in result.data])
+    np.testing.assert_allclose(got, load_predictor(served_embedder).embed(sample_texts[:3], batch_size=1), atol=1e-5)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{embedder_server.url}/v1", api_key="wrong").embeddings.create(input="x", model="tiny")
+
+
+def test_auth_health_info_metrics_and_openapi(embedder_server):
+    url = embedder_server.url
+    assert httpx.get(f"{url}/health").status_code == 200  # open: load balancers probe it
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {KEY}"}):
+        r = httpx.post(f"{url}/embed", json={"inputs": "x"}, headers=headers)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "API key" in r.json()["error"]
+    info = httpx.get(f"{url}/info", headers=AUTH).json()
+    assert info["task"] == "feature-extraction" and info["model"] == "tiny" and info["max_tokens"] == 32
+    assert info["settings"]["auth"] is True and KEY not in json.dumps(info)
+    page = httpx.get(f"{url}/metrics", headers=AUTH).text
+    assert metric(page, "xformopt_requests_total", route="/embed", status="401") >= 3
+    schema = httpx.get(f"{url}/openapi.json", headers=AUTH).json()
+    assert {"/v1/embeddings", "/embed", "/health", "/info", "/metrics"} <= set(schema["paths"])
+    ref = schema["paths"]["/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    fields = schema["components"]["schemas"][ref.rsplit("/", 1)[-1]]["properties"]
+    assert {"input", "model", "encoding_format", "dimensions"} <= set(fields)
+    assert fields["encoding_format"]["enum"] == ["float", "base64"]
+
+
+def test_hundreds_of_concurrent_requests_get_their_own_answers_in_order(classifier_server, served_classifier,
+                                                                         test_rows):
+    texts = [r["text"] for r in test_rows[:120]]
+    alone = load_predictor(served_classifier)
+    rng = random.Random(0)
+    requests = [[rng.choice(texts) for _ in range(rng.choice((1, 3, 4)))] for _ in range(300)]  # two texts: a pair
+    requests += [[t] for t in texts]  # every text at least once
+
+    async def fire():
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as client:
+            return await asyncio.gather(*(client.post(f"{classifier_server.url}/predict", json={"inputs": r})
+                                          for r in requests))
+
+    before = httpx.get(f"{classifier_server.url}/metrics").text
+    replies = asyncio.run(fire())
+    assert [r.status_code for r in replies] == [200] * len(requests)
+    reference = {t: alone.predict([t], batch_size=1)[0] for t in texts}
+    for sent, reply in zip(requests, replies):
+        got = reply.json()
+        assert len(got) == len(sent)
+        for text, answer in zip(sent, got):
+            assert [a["label"] for a in answer] == [a["label"] for a in reference[text]]
+            assert [a["score"] for a in answer] == pytest.approx([a["score"] for a in reference[text]], abs=1e-5)
+    page = httpx.get(f"{classifier_server.url}/metrics").text
+    calls = metric(page, "xformopt_batch_size_count") - metric(before, "xformopt_batch_size_count")
+    rows = metric(page, "xformopt_batch_size_sum") - metric(before, "xformopt_batch_size_sum")
+    assert 0 < calls and rows / calls > 1.0  # batched: fewer session calls than rows
+    assert metric(page, "xformopt_cache_total", result="hit") > 0  # repeated texts came from the cache
+
+
+def test_bad_inputs_get_one_json_error_line(classifier_server):
+    url = f"{classifier_server.url}/predict"
+    cases = [
+        (dict(content=b"{not json", headers={"content-type": "application/json"}), 400, "not valid JSON"),
+        (dict(json=[1, 2]), 400, "JSON object"),
+        (dict(json={"inputs": 3}), 422, "inputs"),
+        (dict(json={"inputs": ["ok"], "extra": 1}), 422, "extra"),
+        (dict(json={"inputs": ["ok"], "raw_scores": "yes"}), 422, "raw_scores"),
+        (dict(json={"inputs": []}), 422, "no inputs"),
+        (dict(json={"inputs": ["fine", " "] + ["x"]}), 422, "input 1 is empty"),
+        (dict(json={"inputs": ["x"] * 9}), 422, "more than the limit of 8"),
+        (dict(json={"inputs": ["film " * 200], "truncate": False}), 422, "tokens, more than the model's"),
+        (dict(json={"inputs": ["x" * 5000]}), 413, "over 4096 bytes"),
+    ]
+    for kwargs, status, words in cases:
+        r = httpx.post(url, **kwargs)
+        assert r.status_code == status, (kwargs, r.text)
+        body = r.json()
+        assert set(body) == {"error", "error_type"} and words in body["error"] and "\n" not in body["error"]
+        assert "Traceback" not in r.text
+    pair = httpx.post(url, json={"inputs": ["a good film", "a bad film"]}).json()
+    assert isinstance(pair[0], dict)  # TEI: two texts are one (text, text_pair) input
+
+
+def test_result_cache_hits_and_cache_size_zero_turns_it_off(classifier_server, served_classifier):
+    url = classifier_server.url
+    page = httpx.get(f"{url}/metrics").text
+    hits = metric(page, "xformopt_cache_total", result="hit")
+    first = httpx.post(f"{url}/predict", json={"inputs": ["a unique text for the cache test"]}).json()
+    again = httpx.post(f"{url}/predict", json={"inputs": ["a unique text for the cache test"]}).json()
+    assert again == first
+    assert metric(httpx.get(f"{url}/metrics").text, "xformopt_cache_total", result="hit") == hits + 1
+    config = ServeConfig(str(served_classifier), threads=1, scheduler=Settings(cache_size=0))
+    with ServerThread(create_app(config)) as server:
+        for _ in range(2):
+            httpx.post(f"{server.url}/predict", json={"inputs": ["same"]})
+        page = httpx.get(f"{server.url}/metrics").text
+        assert metric(page, "xformopt_cache_total", result="hit") == 0
+        assert metric(page, "xformopt_tokenization_cache_total", result="hit") == 0
+
+
+def test_overload_answers_every_request_with_200_or_503(served_classifier):
+    config = ServeConfig(str(served_classifier), threads=1,
+                         scheduler=Settings(max_batch=4, max_wait_ms=1, max_queue=8, cache_size=0))
+    with ServerThread(create_app(config, slowed_factory(seconds=0.05))) as server:
+        async def fire():
+            async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=300)) as client:
+                return await asyncio.gather(*(client.post(f"{server.url}/predict", json={"inputs": [f"text {i}"]})
+                                              for i in range(200)))
+
+        replies = asyncio.run(fire())
+        statuses = [r.status_code for r in replies]
+        assert set(statuses) <= {200, 503} and statuses.count(200) >= 8 and statuses.count(503) > 0
+        refused = [r for r in replies if r.status_code == 503]
+        assert all(int(r.headers["retry-after"]) >= 1 and r.json()["error_type"] == "Overloaded" for r in refused)
+        page = httpx.get(f"{server.url}/metrics").text
+        assert metric(page, "xformopt_queue_depth") == 0
+        assert httpx.post(f"{server.url}/predict", json={"inputs": ["after"]}).status_code == 200
+
+
+def test_deadline_gives_504_and_a_failing_batch_500_while_serving_goes_on(served_classifier):
+    config = ServeConfig(str(served_classifier), threads=1,
+                         scheduler=Settings(max_batch=1, max_wait_ms=0, timeout_s=0.2, cache_size=0))
+    with ServerThread(create_app(config, slowed_factory(seconds=0.5, fail_on="boom"))) as server:
+        async def fire():
+            async with httpx.AsyncClient(timeout=30) as client:
+                return await asyncio.gather(*(client.post(f"{server.url}/predict", json={"inputs": [t]})
+                                              for t in ("slow one", "slow two", "boom")))
+
+        replies = asyncio.run(fire())
+        assert replies[1].status_code == 504 and replies[1].json()["error_type"] == "Timeout"
+        assert {r.status_code for r in replies} <= {500, 504}
+    config = ServeConfig(str(served_classifier), threads=1, scheduler=Settings(max_batch=8, cache_size=0))
+    with ServerThread(create_app(config, slowed_factory(fail_on="boom"))) as server:
+        r = httpx.post(f"{server.url}/predict", json={"inputs": ["boom"]})
+        assert r.status_code == 500 and r.json()["error_type"] == "Backend" and "injected failure" in r.json()["error"]
+        assert httpx.post(f"{server.url}/predict", json={"inputs": ["fine"]}).status_code == 200
+        assert metric(httpx.get(f"{server.url}/metrics").text, "xformopt_batch_failures_total") == 1
+
+
+def test_length_groups_bound_padding_and_rows():
+    lengths = [5, 50, 6, 48, 7, 52, 5, 5]
+    groups = length_groups(lengths, max_rows=3, max_padding=0.25)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) <= 3
+        longest = max(lengths[i] for i in group)
+        assert (longest * len(group) - sum(lengths[i] for i in group)) <= 0.25 * longest * len(group)
+    assert length_groups(lengths, max_rows=1, max_padding=0.25) == [[i] for i in sorted(range(8), key=lengths.__getitem__)]
+
+
+def test_sigterm_drains_in_flight_requests_and_exits_0(served_classifier, test_rows):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    process = subprocess.Popen([sys.executable, "-m", "xformopt.cli.app", "serve", str(served_classifier), "--port",
+                                str(port), "--threads", "1", "--cache-size", "0", "--max-batch", "4",
+                                "--max-wait-ms", "20"], env=env, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(1200):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert process.poll() is None, process.stderr.read()
+            asyncio.run(asyncio.sleep(0.1))
+        texts = [r["text"] for r in test_rows[:400]]
+
+        async def one(client, inputs):
+            try:
+                reply = await client.post(f"{url}/predict", json={"inputs": inputs})
+            except httpx.HTTPError as exc:
+                reply = exc
+            return reply, time.monotonic()
+
+        async def fire_then_term():
+            # one connection per request: a refused request is a refused connection, never a dropped one
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=300)) as client:
+                pending = [asyncio.create_task(one(client, texts[i:i + 8])) for i in range(0, 400, 2)]
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)  # the server is working
+                process.send_signal(signal.SIGTERM)
+                return time.monotonic(), await asyncio.gather(*pending)
+
+        signalled, replies = asyncio.run(fire_then_term())
+        assert process.wait(timeout=120) == 0
+        answered = [(r, t) for r, t in replies if isinstance(r, httpx.Response)]
+        assert all(r.status_code in (200, 503) for r, _ in answered)
+        assert sum(r.status_code == 200 and t > signalled for r, t in answered) > 0  # drained after SIGTERM
+        lost = [r for r, _ in replies if not isinstance(r, (httpx.Response, httpx.ConnectError))]
+        assert not lost, lost[:3]  # a request is answered, or its connection was refused: none is dropped
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health", timeout=2)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_serve_refuses_bad_setups_before_binding(tmp_path, served_classifier, capsys, monkeypatch):
+    from conftest import run_cli
+
+    from xformopt.serve.server import open_bind_warning
+
+    code, _, err = run_cli(["serve", tmp_path / "missing"], capsys)
+    assert code == 2 and "artifact not found" in err
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    code, _, err = run_cli(["serve", served_classifier, "--api-key-env", "NO_SUCH_KEY_VAR"], capsys)
+    assert code == 2 and "NO_SUCH_KEY_VAR" in err
+    code, _, err = run_cli(["serve", served_classifier, "--replicas", "2"], capsys)
+    assert code == 2 and "--replicas needs --ray" in err
+    assert "WITHOUT an API key" in open_bind_warning("0.0.0.0", has_key=False)
+    assert open_bind_warning("0.0.0.0", has_key=True) is None and open_bind_warning("127.0.0.1", False) is None
+    assert open_bind_warning("::1", False) is None and open_bind_warning("localhost", False) is None

@@ -1,0 +1,215 @@
+"""The rate ladder: for each offered rate, one open-loop step per target (two targets interleaved,
+their order alternating from rate to rate, so drift on a shared host hits both alike), after one
+warm-up step. A target is a URL, or an artifact directory: then ``xformopt serve`` is started on a
+free local port for the run and stopped (SIGTERM) after it.
+
+What each request sends comes from the server's /info (its task: /v1/embeddings for embedders,
+/predict otherwise); ``route``/``field`` override it for servers without /info (another server
+compared with ``--compare``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xformopt.errors import InputError
+from xformopt.loadtest.generator import Request, json_bodies, run_step
+from xformopt.loadtest.report import SCHEMA, summarize, sustainable
+
+TASK_ROUTES = {"feature-extraction": ("/v1/embeddings", "input"), "text-classification": ("/predict", "inputs"),
+               "token-classification": ("/predict", "inputs"), "question-answering": ("/predict", "inputs")}
+PAUSE_S = 1.0  # between steps, so one step's backlog does not spill into the next
+
+
+@dataclass
+class Target:
+    url: str
+    label: str
+    route: str | None = None  # overrides --route / /info for this target
+    field_name: str | None = None
+    as_list: bool = False  # send each text as a one-element list (servers that take only lists)
+    request: Request | None = None
+    has_metrics: bool = False
+    steps: list[dict] = field(default_factory=list)
+    done: bool = False  # past the knee: two steps in a row over the bound
+
+
+@dataclass
+class Options:
+    rates: list[float]
+    duration_s: float = 10.0
+    warmup_s: float = 3.0
+    p99_ms: float = 50.0
+    concurrency_limit: int | None = None
+    timeout_s: float = 30.0
+    seed: int = 0
+    route: str | None = None
+    field_name: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    full_ladder: bool = False  # keep going past the knee
+
+
+def _get(url: str, api_key: str | None, timeout: float = 10.0) -> bytes:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return reply.read()
+
+
+def describe(target: Target, texts: list, options: Options) -> None:
+    """Fill in what the target's requests send, from its /info where it has one."""
+    task = None
+    try:
+        task = json.loads(_get(f"{target.url}/info", options.api_key)).get("task")
+    except (OSError, ValueError):
+        pass
+    route, name = TASK_ROUTES.get(task, (None, None))
+    route = target.route or options.route or route
+    name = target.field_name or options.field_name or name
+    if route is None:
+        raise InputError(f"{target.url} has no xformopt /info; pass --route PATH and --field NAME for it")
+    headers = {"content-type": "application/json"}
+    if options.api_key:
+        headers["Authorization"] = f"Bearer {options.api_key}"
+    extra = {"model": options.model} if options.model else {}
+    if task == "question-answering" and not all(isinstance(t, dict) for t in texts):
+        raise InputError("a question-answering server needs --data rows with question and context")
+    target.request = Request(target.url + route, json_bodies(texts, name, as_list=target.as_list, extra=extra), headers)
+    try:
+        target.has_metrics = b"xformopt_batch_size_count" in _get(f"{target.url}/metrics", options.api_key)
+    except OSError:
+        target.has_metrics = False
+
+
+_SAMPLE = re.compile(rb"^xformopt_batch_size_(sum|count)\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+
+
+def batch_totals(target: Target, api_key: str | None) -> tuple[float, float] | None:
+    """(rows, session calls) so far, from the server's /metrics."""
+    if not target.has_metrics:
+        return None
+    try:
+        values = dict(_SAMPLE.findall(_get(f"{target.url}/metrics", api_key)))
+    except OSError:
+        return None
+    return float(values.get(b"sum", 0)), float(values.get(b"count", 0))
+
+
+async def ladder(targets: list[Target], options: Options, log) -> None:
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for target in targets:
+            log(f"warm-up: {target.label} at {options.rates[0]:g} req/s for {options.warmup_s:g} s")
+            await run_step(session, target.request, options.rates[0], options.warmup_s, options.seed + 999,
+                           options.concurrency_limit, options.timeout_s)
+        for i, rate in enumerate(options.rates):
+            for target in (targets if i % 2 == 0 else targets[::-1]):
+                if target.done:
+                    continue
+                await asyncio.sleep(PAUSE_S)
+                before = batch_totals(target, options.api_key)
+                outcomes = await run_step(session, target.request, rate, options.duration_s, options.seed + i,
+                                          options.concurrency_limit, options.timeout_s)
+                after = batch_totals(target, options.api_key)
+                batch = None
+                if before and after and after[1] > before[1]:
+                    batch = (after[0] - before[0]) / (after[1] - before[1])
+                step = summarize(outcomes, rate, options.duration_s, batch)
+                target.steps.append(step)
+                log(f"{target.label} @ {rate:g} req/s: achieved {step['achieved_rps']:g}, p50 {step['p50_ms']:g} ms, "
+                    f"p99 {step['p99_ms']:g} ms, errors {sum(step['errors'].values())}"
+                    + (f", mean batch {batch:.1f}" if batch else "")
+                    + (" (client-bound: its send lag was high)" if step["client_bound"] else ""))
+                over = [s["p99_ms"] > options.p99_ms or s["errors"] for s in target.steps[-2:]]
+                if not options.full_ladder and len(over) == 2 and all(over):
+                    target.done = True
+                    log(f"{target.label}: two rates past the bound; its ladder stops here")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """``xformopt serve ARTIFACT`` on a free local port for the duration of the run."""
+
+    def __init__(self, artifact: Path, serve_args: str, log):
+        self.artifact, self.args, self.log = Path(artifact), shlex.split(serve_args or ""), log
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> LocalServer:
+        command = [sys.executable, "-m", "xformopt.cli.app", "serve", str(self.artifact), "--port", str(self.port),
+                   *self.args]
+        self.log(f"starting: {shlex.join(command[2:])}")
+        self.process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                                        stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise InputError(f"`xformopt serve {self.artifact}` exited ({self.process.returncode}) before it was "
+                                 "healthy; run it alone to see why")
+            try:
+                if _get(f"{self.url}/health", None, timeout=2):
+                    return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__()
+        raise InputError(f"`xformopt serve {self.artifact}` was not healthy within 600 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def run(targets: list[Target], texts: list, options: Options, log) -> dict:
+    from xformopt.measure.host import cpu_model, usable_cpus
+
+    for target in targets:
+        describe(target, texts, options)
+    load_before = os.getloadavg()
+    started = time.time()
+    asyncio.run(ladder(targets, options, log))
+    document = {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "host": {"cpu": cpu_model(), "usable_cpus": usable_cpus()},
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "settings": {"rates": options.rates, "duration_s": options.duration_s, "warmup_s": options.warmup_s,
+                     "p99_ms": options.p99_ms, "concurrency_limit": options.concurrency_limit, "seed": options.seed,
+                     "inputs": len(texts), "arrivals": "poisson (open loop)"},
+        "targets": [{"label": t.label, "url": t.url, "route": t.request.url, "steps": t.steps,
+                     "sustainable_rps": sustainable(t.steps, options.p99_ms)} for t in targets],
+        "warnings": [],
+    }
+    for t in targets:
+        bound = [s["offered_rps"] for s in t.steps if s["client_bound"]]
+        if bound:
+            document["warnings"].append(f"{t.label}: the client itself lagged (p99 send lag over the limit) at "
+                                        f"{', '.join(f'{r:g}' for r in bound)} req/s; those steps measure the client "
+                                        "as much as the server (run the client on another machine)")
+    if len(targets) == 2:
+        a, b = (t["sustainable_rps"] for t in document["targets"])
+        document["comparison"] = {"labels": [t.label for t in targets],
+                                  "ratio": round(a / b, 2) if a and b else None}
+    return document

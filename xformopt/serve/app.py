@@ -1,0 +1,353 @@
+"""The HTTP app: routes for the artifact's task, the batch scheduler behind them, metrics, safety.
+
+FastAPI (see docs/architecture.md): the pydantic request models validate each body and are the
+OpenAPI schema, and Ray Serve takes the same app as its ingress. The app is built from a plain
+``ServeConfig`` (picklable, so Ray can ship it to replicas); the model opens in the app's lifespan,
+in the process that serves, and /health says 200 only after a warm-up batch ran.
+
+Routes: ``/v1/embeddings`` (OpenAI) and ``/embed`` (TEI) for feature-extraction, ``/predict`` for
+the other tasks (TEI's for text-classification; transformers' pipeline answers for token
+classification and question answering); ``/health``, ``/info``, ``/metrics``, ``/openapi.json``.
+Errors are one JSON line, ``{"error": ..., "error_type": ...}`` as TEI writes them.
+"""
+
+import base64
+import contextlib
+import hmac
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from xformopt.errors import InputError
+from xformopt.serve import schemas
+from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
+from xformopt.serve.scheduler import (
+    BatchFailed,
+    DeadlineExceeded,
+    Overloaded,
+    Scheduler,
+    Settings,
+)
+
+PUBLIC_PATHS = ("/health",)  # load balancers probe it without a key
+WARMUP_TEXT = "warm-up: the first session calls allocate and pick kernels"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    artifact: str
+    threads: int | None = None
+    scheduler: Settings = field(default_factory=Settings)
+    api_key: str | None = None
+    max_body_bytes: int = 1 << 20
+    max_inputs: int = 256  # inputs per request
+    model_name: str | None = None  # what /v1/embeddings and /info call the model [default: the folder name]
+    int8_scales: str = "per-token"  # dynamic INT8 graphs: per-token scales (batch-independent) or as exported
+
+    def public(self) -> dict:
+        """The settings /info shows (never the key)."""
+        out = asdict(self)
+        out.pop("api_key")
+        out["auth"] = self.api_key is not None
+        return out
+
+
+class HTTPFailure(Exception):
+    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+
+
+def error_response(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "error_type": kind}, status_code=status, headers=headers)
+
+
+# --------------------------------------------------------------------------- ASGI middlewares
+# Plain ASGI (not BaseHTTPMiddleware): they wrap every request, and the plain form adds no task hop.
+
+
+class BodyLimit:
+    """413 for a body over the limit, by its Content-Length or by what arrives."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = error_response(413, f"request body over {self.limit} bytes; send fewer or shorter inputs",
+                                 "Validation")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_big(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return await too_big(scope, receive, send)
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()  # after the body: the disconnect
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+
+class BearerAuth:
+    """401 unless ``Authorization: Bearer KEY`` (compared in constant time); /health stays open."""
+
+    def __init__(self, app, key: str):
+        self.app, self.key = app, key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
+            header = dict(scope.get("headers") or []).get(b"authorization", b"")
+            scheme, _, given = header.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
+                response = error_response(401, "missing or wrong API key; send Authorization: Bearer KEY",
+                                          "Unauthorized", {"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class RequestMetrics:
+    """Requests by route and status, and their latency (received to answered), for /metrics."""
+
+    def __init__(self, app, metrics: Metrics, routes: set[str]):
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = 500
+
+        async def sending(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = scope["path"] if scope["path"] in self.routes else "other"
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - started)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _as_list(value) -> tuple[list, bool]:
+    """(inputs, whether the request sent one input rather than a list)."""
+    return (list(value), False) if isinstance(value, list) else ([value], True)
+
+
+def _check_inputs(items: list, limit: int) -> None:
+    if not items:
+        raise HTTPFailure(422, "no inputs; send at least one", "Validation")
+    if len(items) > limit:
+        raise HTTPFailure(422, f"{len(items)} inputs in one request, more than the limit of {limit}; split the request",
+                          "Validation")
+    for i, item in enumerate(items):
+        texts = item if isinstance(item, (list, tuple)) else [item]
+        if any(isinstance(t, str) and not t.strip() for t in texts):
+            raise HTTPFailure(422, f"input {i} is empty; send non-empty texts", "Validation")
+
+
+def _encode(vector: np.ndarray, fmt: str):
+    if fmt == "base64":  # what the OpenAI client decodes: little-endian float32 bytes
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return np.asarray(vector, dtype=np.float32).tolist()
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        return 400, "the body is not valid JSON; send a JSON object"
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type"):
+        return 400, "the body must be a JSON object"
+    return 422, f"{loc or 'body'}: {first.get('msg', 'invalid')}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
+
+
+def _info(config: ServeConfig, spec, predictor) -> dict:
+    path = Path(config.artifact)
+    report = _read(path / "report.json")
+    manifest = _read(path / "manifest.json")
+    headline = report.get("headline_metric")
+    artifact = report.get("artifact") if isinstance(report.get("artifact"), dict) else {}
+    metric = (artifact.get("metrics") or {}).get(headline) if headline else None
+    target = manifest.get("target")
+    return {
+        "model": config.model_name or path.name,
+        "task": spec.task,
+        "model_type": spec.model_type,
+        "target": target.get("name") if isinstance(target, dict) else report.get("target"),
+        "headline": {"metric": headline, "value": metric.get("value") if isinstance(metric, dict) else None},
+        "latency": artifact.get("latency"),
+        "max_tokens": predictor.max_length if predictor is not None else None,
+        "labels": spec.id2label or None,
+        "settings": config.public(),
+    }
+
+
+def _read(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def create_app(config: ServeConfig, predictor_factory=None):
+    """The ASGI app for ``config.artifact``; ``predictor_factory(path, threads, int8_scales)`` opens the
+    model in the lifespan (default: xformopt.runtime.predictor.load_predictor)."""
+    from xformopt import __version__
+    from xformopt.runtime.predictor import artifact_spec, load_predictor
+
+    spec = artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
+    factory = predictor_factory or load_predictor
+    metrics = Metrics()
+    state = {"ready": False, "scheduler": None, "predictor": None}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        predictor = factory(config.artifact, config.threads, config.int8_scales)
+        scheduler = Scheduler(predictor, config.scheduler, metrics)
+        warmup = [{"question": "what?", "context": WARMUP_TEXT}] if spec.task == "question-answering" else [WARMUP_TEXT]
+        await scheduler.start(warmup * min(config.scheduler.max_batch, 8))
+        state.update(predictor=predictor, scheduler=scheduler, ready=True)
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await scheduler.stop()  # every accepted request is answered first
+
+    app = FastAPI(title="xformopt serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description=f"{spec.task} model {config.model_name or Path(config.artifact).name}")
+
+    @app.exception_handler(HTTPFailure)
+    async def _failure(request, exc: HTTPFailure):
+        return error_response(exc.status, exc.message, exc.kind, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        status, message = _validation_message(exc)
+        return error_response(status, message, "Validation")
+
+    @app.exception_handler(Exception)
+    async def _crash(request, exc: Exception):
+        return error_response(500, f"internal error ({type(exc).__name__}); the server logged it", "Backend")
+
+    async def run(items: list, **options) -> list[tuple]:
+        scheduler = state["scheduler"]
+        if scheduler is None or not state["ready"]:
+            raise HTTPFailure(503, "the model is still loading; retry shortly", "Unhealthy", {"Retry-After": "1"})
+        try:
+            return await scheduler.submit(items, **options)
+        except Overloaded as exc:
+            raise HTTPFailure(503, str(exc), "Overloaded", {"Retry-After": str(exc.retry_after)}) from None
+        except DeadlineExceeded as exc:
+            raise HTTPFailure(504, f"request deadline passed: {exc}", "Timeout") from None
+        except InputError as exc:
+            raise HTTPFailure(422, exc.message, "Validation") from None
+        except BatchFailed as exc:
+            raise HTTPFailure(500, str(exc), "Backend") from None
+
+    routes = {"/health", "/info", "/metrics", "/openapi.json"}
+
+    @app.get("/health", summary="200 once the model is loaded and warmed up, else 503")
+    async def health():
+        if not state["ready"]:
+            return error_response(503, "not ready", "Unhealthy")
+        return {"status": "ok"}
+
+    @app.get("/info", summary="Model, task, target, the artifact's headline accuracy and latency, settings")
+    async def info():
+        return _info(config, spec, state["predictor"])
+
+    @app.get("/metrics", summary="Prometheus text format")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    width = spec.hidden_size
+    model_name = config.model_name or Path(config.artifact).name
+
+    if spec.task == "feature-extraction":
+        routes |= {"/v1/embeddings", "/embed"}
+
+        @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
+        async def openai_embeddings(body: schemas.OpenAIEmbeddingRequest):
+            texts, _ = _as_list(body.input)
+            _check_inputs(texts, config.max_inputs)
+            if body.dimensions is not None and body.dimensions != width:
+                raise HTTPFailure(422, f"dimensions {body.dimensions}: this model gives {width}; omit dimensions",
+                                  "Validation")
+            answers = await run(texts, truncate=True, normalize=None)
+            tokens = sum(t for _, t in answers)
+            data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+                    for i, (v, _) in enumerate(answers)]
+            return JSONResponse({"object": "list", "data": data, "model": body.model or model_name,
+                                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+        @app.post("/embed", summary="text-embeddings-inference embeddings: [[float]]")
+        async def embed(body: schemas.EmbedRequest):
+            texts, _ = _as_list(body.inputs)
+            _check_inputs(texts, config.max_inputs)
+            answers = await run(texts, truncate=body.truncate, normalize=body.normalize)
+            return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v, _ in answers])
+
+    else:
+        request_model = schemas.PREDICT_REQUESTS[spec.task]
+        routes.add("/predict")
+
+        async def predict(body):
+            value = body.inputs
+            if spec.task == "text-classification" and isinstance(value, list) and len(value) == 2 \
+                    and all(isinstance(v, str) for v in value):
+                value = tuple(value)  # TEI: a list of two texts is one pair
+            items, single = _as_list(value)
+            if spec.task == "question-answering":
+                items = [q.model_dump() for q in items]
+            else:
+                items = [list(i) if isinstance(i, tuple) else i for i in items]
+            _check_inputs(items, config.max_inputs)
+            options = {} if spec.task == "question-answering" else {"truncate": body.truncate}
+            if spec.task == "text-classification":
+                options["raw_scores"] = body.raw_scores
+            answers = [a for a, _ in await run(items, **options)]
+            return JSONResponse(answers[0] if single else answers)
+
+        predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI
+        app.post("/predict", summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)
+
+    app.state.serve = state
+    # pure ASGI middlewares; the last added runs first: metrics see every answer, auth runs before the body is read
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(BearerAuth, key=config.api_key)
+    app.add_middleware(RequestMetrics, metrics=metrics, routes=routes)
+    return app
