@@ -1,6 +1,8 @@
-"""The error types every command maps to an exit code (documented in the README).
+"""The error types every command maps to an exit code (documented in the README and docs/api.md).
 
-0 ok · 1 a gate failed · 2 bad input or usage · 3 a pass failed.
+0 ok · 1 a gate failed · 2 bad input or usage · 3 a pass failed. The Python API (``xformopt.optimize``,
+``run_pass``, ``bench``, ...) raises the same classes, so ``except xformopt.XformoptError`` catches all
+of them and ``except xformopt.InputError`` only what the caller must fix before trying again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ class GateFailed(XformoptError):
     """A regression gate or an accuracy budget was not met (exit 1)."""
 
     exit_code = 1
+
+
+class BudgetMissed(GateFailed):
+    """A pass wrote its best effort but missed its accuracy budget (exit 1): unlike a bad input, the
+    artifact exists; ``result`` is what was written (``xformopt.Result`` from ``optimize``, the pass
+    entry from ``run_pass``), so the caller can inspect it or keep it anyway."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
 
 
 class PassFailed(XformoptError):
