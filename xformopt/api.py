@@ -29,8 +29,20 @@ def _quiet(message: str) -> None:
 # --------------------------------------------------------------------------- optimize
 
 
+@dataclass(kw_only=True)
+class _Verdict:
+    """``verdict``: "pass", or "budget-missed" (with ``check=False``; ``failure`` says which pass, by how much)."""
+
+    verdict: str = "pass"
+    failure: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+
 @dataclass
-class Result:
+class Result(_Verdict):
     """What ``optimize`` made.
 
     ``artifact``: the artifact directory (model.onnx, tokenizer, manifest.json, report.json, report.md).
@@ -42,12 +54,6 @@ class Result:
     artifact: Path
     manifest: dict
     report: dict
-    verdict: str = "pass"
-    failure: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "pass"
 
     @property
     def figures(self) -> dict[str, Any]:
@@ -180,15 +186,13 @@ def optimize(model: str | Path, *, recipe=None, target: str | None = None, data:
 
 
 @dataclass
-class PassResult:
+class PassResult(_Verdict):
     """What ``run_pass`` made: ``path`` (the stage folder, with manifest.json), ``entry`` (the pass's
     manifest entry: pass, options, seconds, record), ``summary`` (the pass's one line on what it changed
     and how it verified it), ``verdict`` (``"pass"`` or, with ``check=False``, ``"budget-missed"``)."""
 
     path: Path
     entry: dict
-    verdict: str = "pass"
-    failure: str | None = None
 
     @property
     def record(self) -> dict:
