@@ -41,6 +41,7 @@ def test_import_is_lazy_and_exports_the_api():
     assert heavy == "["  # none of them imported by `import xformopt`
     for name in ("optimize", "run_pass", "load", "bench", "search", "Result", "BenchResult", "XformoptError", "BudgetMissed"):
         assert name in names
+    assert set(xformopt.__all__) == {"__version__", *xformopt._EXPORTS, *xformopt._CALLABLE_PACKAGES}
     assert xformopt.optimize is xformopt.api.optimize and xformopt.InputError is InputError
     with pytest.raises(AttributeError):
         xformopt.no_such_name  # noqa: B018

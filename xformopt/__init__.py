@@ -29,7 +29,11 @@ _EXPORTS = {
 # here; so xformopt.bench / xformopt.search are those packages, made callable (_CallablePackage).
 _CALLABLE_PACKAGES = ("bench", "search")
 
-__all__ = ["__version__", *_EXPORTS, *_CALLABLE_PACKAGES]
+__all__ = [  # noqa: RUF022 (grouped: functions, results, errors)
+    "__version__", "optimize", "run_pass", "load", "bench", "search",
+    "Result", "PassResult", "BenchResult", "SearchResult",
+    "XformoptError", "InputError", "GateFailed", "BudgetMissed", "PassFailed",
+]
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports on demand
     from xformopt.api import BenchResult, PassResult, Result, SearchResult, bench, load, optimize, run_pass, search
