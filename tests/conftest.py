@@ -319,3 +319,57 @@ def write_tiny_recipe(path: Path, data: Path | None = None, **evaluation) -> Pat
     path.write_text("name: tiny\ntarget: avx512_vnni\npasses:\n  - export\n  - fuse: {timing_rounds: 3}\n  - quantize\n"
                     f"evaluation:\n{lines}")
     return path
+
+
+# --------------------------------------------------------------------------- served artifacts (predictor, serve)
+
+
+def _export_stage(model_dir: Path, texts, dst: Path) -> Path:
+    run_pass("export", make_ctx(model_dir, texts), model_dir, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def served_embedder(tmp_path_factory, tiny_encoder, sample_texts) -> Path:
+    """The tiny BertModel exported, with sentence-transformers modules (mean pooling, Normalize,
+    max_seq_length 32): what `serve` and the predictor read pooling from."""
+    dst = _export_stage(tiny_encoder, sample_texts, tmp_path_factory.mktemp("served") / "embedder")
+    (dst / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (dst / "1_Pooling").mkdir()
+    (dst / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": TINY["hidden"],
+                                                               "pooling_mode_mean_tokens": True}))
+    (dst / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 32}))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def served_classifier(exported_classifier) -> Path:
+    return exported_classifier[0]
+
+
+def _tiny_head(cls_name: str, tokenizer_dir: Path, directory: Path, seed: int, **config) -> Path:
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(_bert_config(tokenizer_dir, **config)).eval()
+    return _save(model, tokenizer_dir, directory)
+
+
+@pytest.fixture(scope="session")
+def served_tagger(tmp_path_factory, tokenizer_dir, sample_texts) -> Path:
+    """A tiny random BertForTokenClassification (IOB2 PER/LOC tags), exported."""
+    tags = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    model = _tiny_head("BertForTokenClassification", tokenizer_dir, tmp_path_factory.mktemp("tiny-ner"), 3,
+                       num_labels=len(tags), id2label=dict(enumerate(tags)), label2id={t: i for i, t in enumerate(tags)})
+    return _export_stage(model, sample_texts, tmp_path_factory.mktemp("served") / "tagger")
+
+
+@pytest.fixture(scope="session")
+def served_reader(tmp_path_factory, tokenizer_dir, sample_texts) -> Path:
+    """A tiny random BertForQuestionAnswering, exported."""
+    model = _tiny_head("BertForQuestionAnswering", tokenizer_dir, tmp_path_factory.mktemp("tiny-qa"), 4)
+    return _export_stage(model, sample_texts, tmp_path_factory.mktemp("served") / "reader")

@@ -160,3 +160,21 @@ def argmax_budget_points(outputs: np.ndarray, reference: np.ndarray | None, labe
 def argmax_agreement(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
     """1.0 where the arg-max class agrees, per row (and per position for token-level outputs)."""
     return (np.asarray(outputs).argmax(-1) == np.asarray(reference).argmax(-1)).astype(np.float64)
+
+
+def pad_rows(tokenizer, rows: list[dict]) -> dict[str, np.ndarray]:
+    """Pad tokenized rows (dicts of 1-D id lists) to one int64 batch on the tokenizer's side. By hand:
+    tokenizer.pad on a fast tokenizer warns that __call__ is faster, but these rows come from __call__ already."""
+    width = max(len(r["input_ids"]) for r in rows)
+    fill = {"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id}
+    out = {}
+    for key in rows[0]:
+        batch = np.full((len(rows), width), fill.get(key, 0), dtype=np.int64)
+        for j, r in enumerate(rows):
+            values = r[key]
+            if tokenizer.padding_side == "right":
+                batch[j, :len(values)] = values
+            else:
+                batch[j, width - len(values):] = values
+        out[key] = batch
+    return out

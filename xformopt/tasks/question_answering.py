@@ -22,7 +22,7 @@ import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.evaluate.metrics import proportion, row_cosine
-from xformopt.tasks.base import AGREEMENT, Metric, Task
+from xformopt.tasks.base import AGREEMENT, Metric, Task, pad_rows
 
 MAX_LENGTH = 384  # the pipeline's and run_qa's window, capped at the model's limit
 DOC_STRIDE = 128  # tokens of overlap between windows (the pipeline: min(max_length // 2, 128))
@@ -161,10 +161,12 @@ class QuestionAnswering(Task):
         # Rows are read a chunk at a time; all windows of a chunk are batched together (sorted by length).
         for first in range(0, len(questions), batch_size):
             rows = range(first, min(first + batch_size, len(questions)))
-            windows = [w for i in rows for w in _windows(tokenizer, i, questions[i], contexts[i], max_length, stride, data)]
+            where = data.path or data.source
+            windows = [w for i in rows for w in question_windows(tokenizer, i, questions[i], contexts[i], max_length, stride,
+                                                                   f"{where} row {i}")]
             spans = _run_windows(predictor, tokenizer, windows, batch_size)
             for i in rows:
-                out[i] = _best(contexts[i], [spans[k] for k, w in enumerate(windows) if w["row"] == i])
+                out[i] = best_answer(contexts[i], [spans[k] for k, w in enumerate(windows) if w["row"] == i])
             if progress is not None:
                 progress(rows.stop, len(questions))
         return out
@@ -213,12 +215,14 @@ class QuestionAnswering(Task):
 # --------------------------------------------------------------------------- windows
 
 
-def _windows(tokenizer, row: int, question: str, context: str, max_length: int, stride: int, data) -> list[dict]:
-    """The overlapping windows of one (question, context), tokenised as the QA pipeline does."""
+def question_windows(tokenizer, row: int, question: str, context: str, max_length: int, stride: int,
+                     where: str) -> list[dict]:
+    """The overlapping windows of one (question, context), tokenised as the QA pipeline does; ``where``
+    names the row in messages."""
     question_first = tokenizer.padding_side == "right"
     room = max_length - len(tokenizer(question, add_special_tokens=False)["input_ids"]) - tokenizer.num_special_tokens_to_add(pair=True)
     if room < 2:
-        raise InputError(f"{data.path or data.source} row {row}: the question alone fills the model's {max_length}-token "
+        raise InputError(f"{where}: the question alone fills the model's {max_length}-token "
                          "window, leaving no room for the context; shorten the question")
     encoded = tokenizer(
         question if question_first else context,
@@ -248,44 +252,31 @@ def _windows(tokenizer, row: int, question: str, context: str, max_length: int, 
 
 def _run_windows(predictor, tokenizer, windows: list[dict], batch_size: int) -> list[list[tuple]]:
     """Candidate spans (char start, char end, score) per window, best first."""
-    from transformers.pipelines.question_answering import select_starts_ends
-
     spans: list[list[tuple]] = [[] for _ in windows]
     order = sorted(range(len(windows)), key=lambda k: len(windows[k]["p_mask"]))
     for first in range(0, len(order), batch_size):
         batch = order[first:first + batch_size]
         # offset_mapping and overflow keys never reach the graph: only the model's inputs are padded and fed
-        encoded = _pad(tokenizer, [windows[k]["inputs"] for k in batch])
+        encoded = pad_rows(tokenizer, [windows[k]["inputs"] for k in batch])
         logits = predictor.raw_outputs(encoded)  # [B, T, 2]
         for j, k in enumerate(batch):
-            window = windows[k]
-            n = len(window["p_mask"])
+            n = len(windows[k]["p_mask"])
             cut = slice(None, n) if tokenizer.padding_side == "right" else slice(logits.shape[1] - n, None)
-            # The pipeline keeps 2*top_k+10 candidates per window because aligning to words may merge some.
-            starts, ends, scores, _ = select_starts_ends(
-                logits[j, cut, 0][None], logits[j, cut, 1][None], window["p_mask"][None],
-                np.ones((1, n), dtype=np.int64), top_k=12, max_answer_len=MAX_ANSWER_TOKENS)
-            spans[k] = [(*_char_span(window["encoding"], int(s), int(e), window["context_id"]), float(p))
-                        for s, e, p in zip(starts, ends, scores)]
+            spans[k] = window_spans(windows[k], logits[j, cut])
     return spans
 
 
-def _pad(tokenizer, rows: list[dict]) -> dict[str, np.ndarray]:
-    """Pad windows to one batch on the tokenizer's side. By hand: tokenizer.pad on a fast tokenizer
-    warns that __call__ is faster, but these windows come from __call__ already (one row at a time)."""
-    width = max(len(r["input_ids"]) for r in rows)
-    fill = {"input_ids": tokenizer.pad_token_id or 0, "token_type_ids": tokenizer.pad_token_type_id}
-    out = {}
-    for key in rows[0]:
-        batch = np.full((len(rows), width), fill.get(key, 0), dtype=np.int64)
-        for j, r in enumerate(rows):
-            values = r[key]
-            if tokenizer.padding_side == "right":
-                batch[j, :len(values)] = values
-            else:
-                batch[j, width - len(values):] = values
-        out[key] = batch
-    return out
+def window_spans(window: dict, logits: np.ndarray) -> list[tuple]:
+    """Candidate spans (char start, char end, score) of one window from its own [tokens, 2] start/end logits."""
+    from transformers.pipelines.question_answering import select_starts_ends
+
+    n = len(window["p_mask"])
+    # The pipeline keeps 2*top_k+10 candidates per window because aligning to words may merge some.
+    starts, ends, scores, _ = select_starts_ends(
+        logits[:, 0][None], logits[:, 1][None], window["p_mask"][None],
+        np.ones((1, n), dtype=np.int64), top_k=12, max_answer_len=MAX_ANSWER_TOKENS)
+    return [(*_char_span(window["encoding"], int(s), int(e), window["context_id"]), float(p))
+            for s, e, p in zip(starts, ends, scores)]
 
 
 def _char_span(encoding, s: int, e: int, sequence_index: int) -> tuple[int, int]:
@@ -299,7 +290,7 @@ def _char_span(encoding, s: int, e: int, sequence_index: int) -> tuple[int, int]
     return encoding.offsets[s][0], encoding.offsets[e][1]
 
 
-def _best(context: str, windows: list[list[tuple]]) -> np.ndarray:
+def best_answer(context: str, windows: list[list[tuple]]) -> np.ndarray:
     """The answer over all windows: candidates with the same text pool their scores (as the pipeline
     merges them), the highest total wins; the first span seen for a text is the one kept."""
     merged: dict[str, list] = {}
