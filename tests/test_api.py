@@ -216,3 +216,22 @@ def test_load_a_decoder_generates_as_the_generation_loop_does(gpt2_artifact):
         generator.embed(["a text"])
     with pytest.raises(InputError, match="the prompt is empty"):
         generator.generate("  ")
+
+
+def test_load_an_encoder_artifact_is_the_runtime_predictor(optimized, tiny_encoder, tmp_path):
+    from xformopt.runtime.predictor import Predictor, load_predictor
+
+    result, _ = optimized
+    predictor = xformopt.load(result.artifact, threads=1)
+    assert isinstance(predictor, Predictor) and predictor.task == "text-classification"
+    answers = predictor.predict(["a fine film", "a dull film"])
+    assert len(answers) == 2 and {a["label"] for a in answers[0]} == {"negative", "positive"}
+    assert sum(a["score"] for a in answers[0]) == pytest.approx(1.0)
+    with pytest.raises(InputError, match="needs a feature-extraction artifact"):
+        predictor.embed(["a text"])
+    exported = xformopt.run_pass("export", tiny_encoder, tmp_path / "e").path
+    vectors = xformopt.load(exported).embed(["a text", "another text"])
+    assert vectors.shape == (2, 64)
+    assert (vectors == load_predictor(exported).embed(["a text", "another text"])).all()
+    with pytest.raises(InputError, match="artifact not found"):
+        xformopt.load(tmp_path / "nothing")

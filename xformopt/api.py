@@ -15,11 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from xformopt.errors import BudgetMissed, GateFailed, InputError
 
+if TYPE_CHECKING:  # the recipe module loads pydantic and the pass registry: only when a run needs it
+    from xformopt.recipe import Recipe
+
 Log = Callable[[str], None]
+RecipeLike = Union[str, Path, dict, "Recipe", None]  # a shipped name, a YAML path, a dict or a Recipe
 
 
 def _quiet(message: str) -> None:
@@ -102,8 +106,8 @@ def default_output(model: str) -> Path:
     return Path("xformopt-out") / (Path(str(model)).name or "model")
 
 
-def resolve_recipe(recipe=None, *, target: str | None = None, data: str | Path | None = None,
-                   origin: str = "<command line>", **overrides):
+def resolve_recipe(recipe: RecipeLike = None, *, target: str | None = None, data: str | Path | None = None,
+                   origin: str = "<command line>", **overrides) -> Recipe:
     """The recipe a run will use: ``recipe`` (a shipped name, a YAML path, a dict or a ``Recipe``; None is
     ``default``) with ``target``, ``task``, evaluation settings and data/budget flags set. An override
     that no pass of the recipe reads is an InputError (it would silently do nothing)."""
@@ -132,7 +136,7 @@ def resolve_recipe(recipe=None, *, target: str | None = None, data: str | Path |
     return recipes.apply_overrides(r, {k: str(v) if isinstance(v, Path) else v for k, v in given.items()}, origin)
 
 
-def optimize(model: str | Path, *, recipe=None, target: str | None = None, data: str | Path | None = None,
+def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None = None, data: str | Path | None = None,
              output: str | Path | None = None, force: bool = False, use_cache: bool = True,
              trust_remote_code: bool = False, wait: bool = False, check: bool = True, log: Log = _quiet,
              progress: Callable[[str, int, int], None] | None = None, **overrides) -> Result:
