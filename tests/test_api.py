@@ -224,8 +224,8 @@ def test_load_an_encoder_artifact_is_the_runtime_predictor(optimized, tiny_encod
     result, _ = optimized
     predictor = xformopt.load(result.artifact, threads=1)
     assert isinstance(predictor, Predictor) and predictor.task == "text-classification"
-    answers = predictor.predict(["a fine film", "a dull film"])
-    assert len(answers) == 2 and {a["label"] for a in answers[0]} == {"negative", "positive"}
+    answers = predictor.predict(["a fine film", "a dull film", "a film"])  # (two strings would read as one pair)
+    assert len(answers) == 3 and {a["label"] for a in answers[0]} == {"negative", "positive"}
     assert sum(a["score"] for a in answers[0]) == pytest.approx(1.0)
     with pytest.raises(InputError, match="needs a feature-extraction artifact"):
         predictor.embed(["a text"])
