@@ -124,6 +124,8 @@ def test_run_pass_chain_and_its_manifest(tiny_classifier, tmp_path):
         xformopt.run_pass("export", f.path, tmp_path / "again")
     with pytest.raises(InputError):
         xformopt.run_pass("fuse", e.path, tmp_path / "bad", select="sometimes")
+    with pytest.raises(InputError, match="no pass named 'fuzz'; choose prune, distill, export, fuse, quantize"):
+        xformopt.run_pass("fuzz", e.path, tmp_path / "bad")
     assert not (tmp_path / "again").exists() and not (tmp_path / "bad").exists()
 
 

@@ -219,8 +219,8 @@ def run_pass(name: str, src: str | Path, dst: str | Path, *, target: str = "auto
         name: the pass. src: a model (folder, hub id, alias) for export/prune/distill, or a stage folder.
         dst: the new stage folder. target: hardware profile [default: auto].
         task: the model's task [default: the model's, or the one ``src``'s chain started with].
-        data: rows the pass verifies on [default: the vendored test split]; a pass with its own ``data``
-            option (prune) reads it there too unless ``data=`` is also given in ``options``.
+        data: rows the pass verifies on [default: the vendored test split]; a pass with a ``data`` option
+            of its own (prune: importance and accuracy rows) gets the same file, as ``--data`` does on the CLI.
         force, trust_remote_code, wait, check, log: as in :func:`optimize`.
         **options: the pass's options (``xformopt passes show NAME``), e.g. ``mode="static"``.
 
@@ -229,8 +229,10 @@ def run_pass(name: str, src: str | Path, dst: str | Path, *, target: str = "auto
         (``exc.result`` is the PassResult); PassFailed: the pass broke.
     """
     from xformopt import pipeline
-    from xformopt.passes import get_pass
+    from xformopt.passes import REGISTRY, get_pass
 
+    if name not in REGISTRY:
+        raise InputError(f"no pass named {name!r}; choose {', '.join(REGISTRY)} (`xformopt passes list`)")
     pass_cls = get_pass(name)
     data = str(data) if data is not None else None
     if data is not None and "data" in pass_cls.Options.model_fields:
