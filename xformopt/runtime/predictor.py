@@ -125,6 +125,7 @@ class Predictor:
     path: Path
     runner: OrtPredictor
     pooling: Pooling = field(default_factory=Pooling)
+    multi_label: bool = False  # config.problem_type multi_label_classification: sigmoid per label
 
     @property
     def task(self) -> str:
@@ -276,7 +277,7 @@ class _Classification:
         logits = outputs[0].astype(np.float64)
         if raw_scores:
             scores = logits
-        elif len(logits) == 1 or getattr(predictor, "multi_label", False):
+        elif len(logits) == 1 or predictor.multi_label:
             scores = 1.0 / (1.0 + np.exp(-logits))  # the pipeline's sigmoid for one-logit heads
         else:
             shifted = np.exp(logits - logits.max())
@@ -367,9 +368,9 @@ _HEADS = {"feature-extraction": _Embeddings, "text-classification": _Classificat
 SERVED_TASKS = tuple(_HEADS)
 
 
-def load_predictor(artifact_dir: str | Path, threads: int | None = None) -> Predictor:
-    """The artifact's model (an `xformopt optimize` output, or any stage with model.onnx, config.json
-    and tokenizer.json), ready to answer; a one-line InputError when it cannot be served."""
+def artifact_spec(artifact_dir: str | Path):
+    """The artifact's ModelSpec (task from its manifest, else its config), checked to be servable,
+    without opening the model; a one-line InputError otherwise."""
     from xformopt import models
 
     path = Path(artifact_dir)
@@ -384,8 +385,15 @@ def load_predictor(artifact_dir: str | Path, threads: int | None = None) -> Pred
     spec = models.stage_spec(models.resolve(str(path), task), path)
     if spec.task not in _HEADS:
         raise InputError(f"{path} is a {spec.task} model; the predictor serves {', '.join(_HEADS)}")
+    return spec
+
+
+def load_predictor(artifact_dir: str | Path, threads: int | None = None) -> Predictor:
+    """The artifact's model (an `xformopt optimize` output, or any stage with model.onnx, config.json
+    and tokenizer.json), ready to answer; a one-line InputError when it cannot be served."""
+    path = Path(artifact_dir)
+    spec = artifact_spec(path)
     pooling = Pooling.read(path) if spec.task == "feature-extraction" else Pooling()
     runner = OrtPredictor(spec, path, threads=threads)
-    predictor = Predictor(path, runner, pooling)
-    predictor.multi_label = _json_or_empty(path / "config.json").get("problem_type") == "multi_label_classification"
-    return predictor
+    multi_label = _json_or_empty(path / "config.json").get("problem_type") == "multi_label_classification"
+    return Predictor(path, runner, pooling, multi_label)
