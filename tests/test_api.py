@@ -70,7 +70,9 @@ def test_optimize_returns_the_artifact_manifest_report_and_figures(optimized):
     assert f["stage"] == "quantize" and f["metric"] == result.report["headline_metric"] == "accuracy"
     assert f["value"] == result.report["artifact"]["metrics"]["accuracy"]["value"]
     assert f["baseline_value"] == stages[0]["metrics"]["accuracy"]["value"]
-    assert f["latency_ms"] == result.report["artifact"]["latency"]["median_ms"] > 0
+    assert f["latency_ms"] == stages[-1]["latency"]["median_ms"] > 0
+    assert f["baseline_latency_ms"] == stages[0]["latency"]["median_ms"] > 0
+    assert f["solo_latency_ms"] == result.report["artifact"]["latency"]["median_ms"] > 0
     assert f["speedup"] == stages[-1]["speedup"] and f["size_mb"] == round(stages[-1]["size_bytes"] / 1e6, 2)
     text = str(result)
     assert text.startswith(f"pass: {result.artifact}") and "accuracy" in text and " ms " in text
