@@ -137,6 +137,7 @@ def test_expect_full_fails_loudly_when_a_layer_does_not_fuse(mpnet, tmp_path, sa
     assert f"MultiHeadAttention {LAYERS - 1}/{LAYERS}" in info.value.message
 
 
+@pytest.mark.host_sensitive
 def test_fastest_times_fused_against_unfused(mpnet, tmp_path, sample_texts):
     from xformopt.bench.host import cpu_flags
 

@@ -729,3 +729,15 @@ def test_pass_refuses_other_architectures(tiny_classifier, sample_texts, tmp_pat
     assert message == (f"unsupported architecture {model_type!r} for pass 'prune': it takes encoders whose modules "
                        "it knows (bert, electra, roberta, xlm-roberta, camembert, distilbert, mpnet)")
     assert not any((tmp_path / "p").iterdir())  # refused before any work
+
+
+def test_a_head_pruned_stage_passes_the_model_folder_checks(tiny_classifier, tmp_path, capsys):
+    """Found with issue 21: a config with pruned_heads could not be built on the meta device
+    (torch.nonzero), so `distill`/`export` of a head-pruned folder was refused as a broken config."""
+    from xformopt import validate
+
+    code, _, err = run_cli(["prune", tiny_classifier, "-o", tmp_path / "p", "--heads-per-layer", "1", "--no-latency",
+                            "--samples", "16", "--target", "avx2"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["pruned_heads"]
+    validate.check_model_files(tmp_path / "p", task="text-classification")  # no InputError

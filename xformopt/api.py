@@ -160,7 +160,7 @@ def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None
             (``text_column``, ``text_pair_column``, ``label_column``, ``limit``, ``threads``, ``seed``,
             ``latency_modes`` (or ``modes``), ``batch``, ``seq``, ``latency_rounds``, ``warmup``, ``repeats``,
             ``fixed_rounds``); and what feeds the passes (``train_data``, ``validation_data``,
-            ``calibration_data``, ``max_accuracy_drop``, ``per_channel``).
+            ``calibration_data``, ``max_accuracy_drop``, ``per_channel``, ``min_agreement``).
 
     Returns:
         A :class:`Result`: artifact path, manifest, report, verdict and headline figures.
@@ -182,7 +182,7 @@ def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None
         run = exc.result
         result = Result(run.out, run.manifest, run.report, verdict="budget-missed", failure=exc.message)
         if check:
-            raise BudgetMissed(exc.message, result) from None
+            raise BudgetMissed(exc.message, result, exc.accept) from None
         return result
 
 
@@ -245,7 +245,7 @@ def run_pass(name: str, src: str | Path, dst: str | Path, *, target: str = "auto
     except BudgetMissed as exc:
         result = PassResult(Path(dst), exc.result, verdict="budget-missed", failure=exc.message)
         if check:
-            raise BudgetMissed(exc.message, result) from None
+            raise BudgetMissed(exc.message, result, exc.accept) from None
         return result
 
 

@@ -216,6 +216,20 @@ def copy_sentence_transformers_modules(src: Path, dst: Path) -> list[str]:
     return copied
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's object hook: a key given twice (json.loads keeps the last) is refused, as in YAML (safe_yaml)."""
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key)
+        data[key] = value
+    return data
+
+
 def load_json(path: Path, *, missing: str, fix: str) -> dict:
     """A JSON object from ``path``; every problem is one InputError line (``missing`` when the file
     is absent, otherwise what is wrong followed by ``fix``)."""
@@ -223,7 +237,10 @@ def load_json(path: Path, *, missing: str, fix: str) -> dict:
     if not path.is_file():
         raise InputError(missing)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise InputError(f"{path}: key {exc.args[0]!r} is given twice in one object (JSON would keep the last "
+                         f"value silently); {fix}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); {fix}") from None
     except (OSError, UnicodeDecodeError) as exc:

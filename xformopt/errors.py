@@ -25,18 +25,24 @@ class InputError(XformoptError):
 
 
 class GateFailed(XformoptError):
-    """A regression gate or an accuracy budget was not met (exit 1)."""
+    """A regression gate, an accuracy budget or an agreement floor was not met (exit 1). ``accept``:
+    option values that would accept what was written (the CLI prints the command with them)."""
 
     exit_code = 1
 
+    def __init__(self, message: str, accept: dict | None = None):
+        super().__init__(message)
+        self.accept = dict(accept or {})
+
 
 class BudgetMissed(GateFailed):
-    """A pass wrote its best effort but missed its accuracy budget (exit 1): unlike a bad input, the
-    artifact exists; ``result`` is what was written (``xformopt.Result`` from ``optimize``, the pass
-    entry from ``run_pass``), so the caller can inspect it or keep it anyway."""
+    """A pass wrote its best effort but missed its accuracy budget or agreement floor (exit 1): unlike a
+    bad input, the artifact exists; ``result`` is what was written (``xformopt.Result`` from ``optimize``,
+    the pass entry from ``run_pass``), so the caller can inspect it or keep it anyway; ``accept``: the
+    option values that would accept it."""
 
-    def __init__(self, message: str, result=None):
-        super().__init__(message)
+    def __init__(self, message: str, result=None, accept: dict | None = None):
+        super().__init__(message, accept)
         self.result = result
 
 

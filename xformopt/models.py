@@ -92,11 +92,15 @@ def _packaged_mpnet() -> Path | None:
 
 
 def _log(message: str) -> None:
-    """The download's one log line, on stderr beside huggingface_hub's own progress bars (this layer
-    does not import the CLI)."""
+    """The download's one log line, on stderr beside huggingface_hub's own progress bars: through the
+    CLI's log when the CLI runs (so -q silences it), else printed (this layer does not import the CLI)."""
     import sys
 
-    print(f"xformopt: {message}", file=sys.stderr, flush=True)
+    cli_output = sys.modules.get("xformopt.cli.output")
+    if cli_output is not None:
+        cli_output.log(message)
+    else:
+        print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
 def locate(model: str) -> Path:

@@ -194,6 +194,9 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
     key: dict = {"files": files}
     if "texts" in depends_on:
         key["texts"] = digest(ctx.sample_texts)
+        texts, pairs = ctx.spec.task_def.model_inputs(ctx.sample_data)
+        if pairs is not None or list(texts) != list(ctx.sample_texts):  # the contexts or choices verified on too
+            key["inputs"] = digest([*texts, *(pairs or [])])
     if "reported" in depends_on:
         key["reported"] = digest(ctx.heldout_texts)
     if "timing" in depends_on:
@@ -285,6 +288,10 @@ def run(
         evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
         host = host_info()
         report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
+        from xformopt.profiling.measure import profile_for_report
+
+        if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed, log)) is not None:
+            report["profile"] = profile  # where the final stage's time goes: report.md shows the top lines
         manifest = build_manifest(input_record(spec.source, spec, input_hash), target, [r.to_dict() for r in records],
                                   host=host, recipe=recipe, heldout=heldout)
         final = stages[-1]
@@ -300,20 +307,19 @@ def run(
     return result
 
 
-def budget_failure(records: list[PassRecord], out: Path) -> str | None:
-    """Why the first pass that missed its accuracy budget missed it, or None when every budget held."""
-    for entry in records:
-        if entry.budget_met is False:
-            return f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}"
-    return None
+def missed_budget(records: list[PassRecord]) -> PassRecord | None:
+    """The first pass that missed its accuracy budget or agreement floor, or None when every one held."""
+    return next((entry for entry in records if entry.budget_met is False), None)
 
 
 def raise_if_budget_missed(records: list[PassRecord], out: Path, result=None) -> None:
-    """A pass that wrote its best effort but missed its accuracy budget fails the run (exit 1),
-    after the artifact is written, so the result (carried by the error) can still be inspected."""
-    message = budget_failure(records, out)
-    if message is not None:
-        raise BudgetMissed(message, result)
+    """A pass that wrote its best effort but missed its accuracy budget or agreement floor fails the run
+    (exit 1), after the artifact is written, so the result (carried by the error) can still be inspected
+    (and accepted: ``exc.accept``)."""
+    entry = missed_budget(records)
+    if entry is not None:
+        raise BudgetMissed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}", result,
+                           entry.accept)
 
 
 def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:

@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from xformopt.forced_host import FORCED_FLAGS_ENV, FORCED_SATURATES_ENV, forced_cpu_flags
+
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 
 # ISA extensions that change which ONNX Runtime / PyTorch kernels run (mostly
@@ -182,6 +184,9 @@ def _sysctl(*names: str) -> str | None:
 
 def cpu_flags() -> set[str]:
     """All CPU feature flags we can find (lower case); empty set where unknown."""
+    forced = forced_cpu_flags()
+    if forced is not None:
+        return forced
     text = _cpuinfo_text()
     if text:
         flags: set[str] = set()
@@ -319,6 +324,9 @@ def host_info() -> dict:
         "python": platform.python_version(),
         "versions": library_versions(),
         "onnxruntime_providers": _ort_providers(),
+        **({"forced_facts": {FORCED_FLAGS_ENV: os.environ.get(FORCED_FLAGS_ENV),
+                             FORCED_SATURATES_ENV: os.environ.get(FORCED_SATURATES_ENV)}}
+           if forced_cpu_flags() is not None or os.environ.get(FORCED_SATURATES_ENV) else {}),
     }
 
 

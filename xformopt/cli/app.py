@@ -52,6 +52,7 @@ def _register() -> None:
 
     generate.register(app)
     from xformopt.cli import search; search.register(app)  # noqa: E702
+    from xformopt.cli import profile; profile.register(app)  # noqa: E702
     app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")
@@ -96,6 +97,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except XformoptError as exc:
         output.error(exc.message)
+        if getattr(exc, "accept", None):  # a gate missed, its best attempt written: how to accept it
+            from xformopt.cli.accept import accept_command
+
+            output.error(f"to accept it: {accept_command(argv, exc.accept)}")
         sys.exit(exc.exit_code)
     except Interrupted as exc:
         output.error(f"interrupted ({exc.name})")

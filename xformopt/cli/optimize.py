@@ -76,6 +76,7 @@ def optimize(
     calibration_data: Path = typer.Option(None, "--calibration-data", metavar="FILE", help="Your texts for static INT8 calibration [default: vendored train split]."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
     per_channel: bool = typer.Option(None, "--per-channel/--no-per-channel", help="Per-channel INT8 weight scales [default: the target's]."),
+    min_agreement: opt.MinAgreement = None,
     force: opt.Force = False,
     wait: opt.Wait = False,
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or store finished passes."),
@@ -98,7 +99,7 @@ def optimize(
                     limit=limit, threads=threads, seed=seed, latency_modes=csv_list(latency_mode, "--latency-mode"),
                     batch=csv_ints(batch, "--batch"), seq=csv_ints(seq, "--seq"), train_data=train_data,
                     validation_data=validation_data, calibration_data=calibration_data,
-                    max_accuracy_drop=max_accuracy_drop, per_channel=per_channel)
+                    max_accuracy_drop=max_accuracy_drop, per_channel=per_channel, min_agreement=min_agreement)
     with output.progress_bars() as progress:
         result = api.optimize(model, recipe=recipe_name, target=target, data=data, output=out, force=force,
                               use_cache=not no_cache, trust_remote_code=trust_remote_code, wait=wait, log=output.log,

@@ -87,6 +87,7 @@ def quantize(
         None, "--calibration-data", metavar="FILE", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
     calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
+    min_agreement: opt.MinAgreement = None,
     target: opt.Target = "auto",
     data: opt.PassData = None,
     force: opt.Force = False,
@@ -100,13 +101,16 @@ def quantize(
 
     Example: xformopt quantize e/ -o q4/ --mode int4 --algorithm hqq --max-perplexity-increase 3%
 
-    Exits 1 when the accuracy budget cannot be met (the best candidate is still written).
+    Exits 1 when the accuracy budget or the agreement floor cannot be met (the best attempt is still
+    written, with a failing verdict, and the command that accepts it is printed).
     """
     options: dict = {"mode": mode, "calibration_method": calibration_method}
     if calibration_data:
         options["calibration_data"] = str(calibration_data)
     if max_accuracy_drop is not None:  # over the budget, the most harmful nodes return to float
         options["max_accuracy_drop"] = max_accuracy_drop
+    if min_agreement is not None:
+        options["min_agreement"] = min_agreement
     int4 = {"algorithm": algorithm, "block_size": block_size, "max_perplexity_increase": max_perplexity_increase,
             "keep_8bit": [r.strip() for r in keep_8bit.split(",") if r.strip()] if keep_8bit else None}
     options.update({k: v for k, v in int4.items() if v is not None})

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
 from xformopt.errors import PassFailed
-from xformopt.exporting import compare, parity_texts, quiet_loggers
+from xformopt.exporting import compare, quiet_loggers
 from xformopt.passes.base import Pass, PassContext, PassOptions
 
 
@@ -34,27 +34,49 @@ class ExportOptions(PassOptions):
 
 
 def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: ExportOptions) -> dict:
+    """ONNX against PyTorch on real rows as the model receives them (``Task.model_inputs``: a question
+    with its context, a context with its choices), chosen to span their encoded lengths, each at batch
+    1, then a padded batch of 2."""
+    from xformopt.exporting import spread_by_length
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     torch_model = TorchPredictor(ctx.spec, model_dir, threads=ctx.threads)
     onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)
-    texts = parity_texts(ctx.sample_texts, torch_model.tokenizer)
-    cases = [[t] for t in texts] + [texts[:2]]  # each length at batch 1, then a padded batch of 2
+    texts, pairs = ctx.spec.task_def.model_inputs(ctx.sample_data)
+
+    def encode(rows: list[int]) -> dict:
+        return torch_model.tokenize([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
+
+    lengths = [int(encode([i])["input_ids"].shape[-1]) for i in range(len(texts))]
+    picked = spread_by_length(lengths, what="texts" if pairs is None else "pairs")
+    cases = [[i] for i in picked] + [picked[:2]]  # each length at batch 1, then a padded batch of 2
     worst = {"max_abs_diff": 0.0, "min_cosine": 1.0}
-    lengths = []
-    for batch in cases:
-        encoded = torch_model.tokenize(batch)
-        lengths.append(int(encoded["input_ids"].shape[1]))
+    checked = []
+    for rows in cases:
+        encoded = encode(rows)
+        checked.append(int(encoded["input_ids"].shape[-1]))
         got = compare(torch_model.raw_outputs(encoded), onnx_model.raw_outputs(encoded), encoded["attention_mask"])
         worst["max_abs_diff"] = max(worst["max_abs_diff"], got["max_abs_diff"])
         worst["min_cosine"] = min(worst["min_cosine"], got["min_cosine"])
-    result = {**worst, "sequence_lengths": lengths, "batch_sizes": [len(b) for b in cases]}
+    result = {**worst, "sequence_lengths": checked, "batch_sizes": [len(b) for b in cases]}
+    if pairs is not None:
+        result["pair_lengths"] = [pair_tokens(torch_model, texts[i], lengths[i]) for i in picked]
+    where = f"lengths {checked}" + (f" (text + pair tokens {result['pair_lengths']})" if pairs is not None else "")
     if worst["max_abs_diff"] > options.max_abs_diff or worst["min_cosine"] < options.min_cosine:
         raise PassFailed(
             f"export parity failed: max |diff| {worst['max_abs_diff']:.2e} (limit {options.max_abs_diff:.0e}), "
-            f"min cosine {worst['min_cosine']:.6f} (limit {options.min_cosine}) at lengths {lengths}"
+            f"min cosine {worst['min_cosine']:.6f} (limit {options.min_cosine}) at {where}"
         )
     return result
+
+
+def pair_tokens(predictor, text: str, encoded: int) -> list[int]:
+    """[tokens of the text, tokens of its pair] as encoded together (``encoded``: the pair's length with
+    special tokens); the pair's share is what the text alone leaves of it (truncation included)."""
+    tokenizer = predictor.tokenizer
+    single, pair = tokenizer.num_special_tokens_to_add(pair=False), tokenizer.num_special_tokens_to_add(pair=True)
+    alone = int(predictor.tokenize([text])["input_ids"].shape[-1])
+    return [alone - single, encoded - alone - (pair - single)]
 
 
 class ExportPass(Pass):
@@ -76,7 +98,9 @@ class ExportPass(Pass):
     def summarize(rec: dict) -> str:
         """One line: what the pass changed and how it was verified."""
         p = rec["parity"]
-        return f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} at lengths {p['sequence_lengths']}"
+        pairs = f" (text + pair tokens {p['pair_lengths']})" if "pair_lengths" in p else ""
+        return (f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} "
+                f"at lengths {p['sequence_lengths']}{pairs}")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
         from optimum.exporters.onnx import main_export

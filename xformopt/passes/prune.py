@@ -690,9 +690,9 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
             out[f"{name}_expected"] = record["expected"]
             dirs[name] = fused
         predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads) for name, d in dirs.items()}
-        texts = list(ctx.sample_texts)[:200]
+        texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data)  # text pairs timed as pairs
         ctx.log(f"timing pruned vs unpruned ONNX interleaved ({rounds} rounds, batch 1)")
-        stats = real(predictors, texts, None, rounds=rounds, warmup=10, seed=0)
+        stats = real(predictors, texts[:200], pairs[:200] if pairs else None, rounds=rounds, warmup=10, seed=0)
     host = host_info()
     out.update({
         "measured_on": f"measured on {host.get('cpu_model', 'this host')} ({ctx.threads} threads)",

@@ -22,6 +22,11 @@ error under quantization, ``calibration.harm_scores``) and the most harmful retu
 4, 8 ... nodes, then bisected; the passing candidates are timed interleaved at batch 1 and the
 fastest kept. When none passes within ``max_float_nodes``, the best is written with
 ``budget_met: false`` and the run exits 1 after the artifact is written.
+
+Agreement floor (``min_agreement``). Missed after every safer format and the float ladder (up to a
+tenth of the GEMMs, rounded up), it is a failing verdict like a missed budget: the closest attempt is
+written, ``verdict.passed`` is false, ``verdict.accept`` names the floor that accepts it, and the run
+exits 1.
 """
 
 from __future__ import annotations
@@ -49,7 +54,14 @@ from xformopt.onnx_graph import (
 )
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
-from xformopt.passes.int8_formats import agreement_floor, describe, failure_hint, format_ladder
+from xformopt.passes.int8_formats import (
+    accept_floor,
+    agreement_floor,
+    describe,
+    failure_hint,
+    float_gemm_bound,
+    format_ladder,
+)
 from xformopt.passes.quantize_int4 import Int4Options
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
@@ -208,6 +220,14 @@ class QuantizePass(Pass):
     @staticmethod
     def budget_failure(record: dict, out: Path) -> str:
         b = record.get("budget", {})
+        floor = (record.get("verdict") or {}).get("checks", {}).get("agreement_floor", {"met": True})
+        if not floor["met"]:
+            missed = floor_failure(record, out)
+            return missed if b.get("budget_met", True) else f"{missed}; {QuantizePass._budget_line(b, out)}"
+        return QuantizePass._budget_line(b, out)
+
+    @staticmethod
+    def _budget_line(b: dict, out: Path) -> str:
         if "max_perplexity_increase" in b:  # --mode int4
             return (f"perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
                     f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
@@ -240,6 +260,9 @@ class QuantizePass(Pass):
             line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "
                      f"{b['metric_after']:.2f} (drop {b['drop']:.2f} {'<=' if b['budget_met'] else '>'} {b['allowed_drop_points']:.2f}), "
                      f"{len(b['kept_float'])} returned to float after {len(b['search'])} candidate(s)")
+        floor = (rec.get("verdict") or {}).get("checks", {}).get("agreement_floor")
+        if floor and not floor["met"]:
+            line += f"; verdict FAILED: agreement floor not met ({floor['mean_agreement']:.4f} < {floor['min_agreement']})"
         return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
@@ -290,10 +313,11 @@ class QuantizePass(Pass):
             )
         agreement = _agreement(ctx)(ctx, float_src, dst)
         floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
-        if agreement["mean_agreement"] < floor and record.get("budget_met", True):
-            raise PassFailed(f"INT8 outputs disagree with float: mean {agreement['measure']} "
-                             f"{agreement['mean_agreement']:.3f} < {floor}; "
-                             + failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
+        record["verdict"] = verdict(record, agreement, floor,
+                                    failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
+        if not record["verdict"]["passed"]:
+            ctx.log(f"verdict: FAILED ({', '.join(k for k, c in record['verdict']['checks'].items() if not c['met'])}); "
+                    "the best attempt is written and the run exits 1")
         return {**record, "coverage": coverage, "agreement": agreement}
 
     def _static(self, ctx: PassContext, src: Path, work: Path, options: QuantizeOptions, formats: dict):
@@ -315,6 +339,40 @@ class QuantizePass(Pass):
             return _static_builder(prepared, cache, options, fmt)
 
         return make_builder, record, prepared, cal.tensor_ranges(cache), reader
+
+
+def verdict(record: dict, agreement: dict, floor: float, hint: str) -> dict:
+    """Whether the written graph meets what it had to: the agreement floor and, when set, the accuracy
+    budget. A miss is a failing verdict, not a failed pass: the best attempt is written like a missed
+    budget, the run exits 1, and ``accept`` holds the option values that would accept this graph."""
+    checks = {"agreement_floor": {"met": agreement["mean_agreement"] >= floor, "min_agreement": floor,
+                                  "measure": agreement["measure"], "mean_agreement": round(agreement["mean_agreement"], 6)}}
+    if "budget" in record:
+        b = record["budget"]
+        checks["accuracy_budget"] = {"met": bool(b["budget_met"]), "metric": b["metric"], "drop": b["drop"],
+                                     "allowed_drop_points": b["allowed_drop_points"]}
+    passed = all(c["met"] for c in checks.values())
+    out: dict = {"passed": passed, "checks": checks}
+    if not checks["agreement_floor"]["met"]:
+        out["accept"] = {"min_agreement": accept_floor(agreement["mean_agreement"])}
+        out["hint"] = hint
+    return out
+
+
+def floor_failure(record: dict, out: Path) -> str:
+    """The line for a missed agreement floor: what was tried (formats, the float ladder), where the best
+    attempt is, and how to accept it."""
+    check, search = record["verdict"]["checks"]["agreement_floor"], record["format_search"]
+    ladder = search.get("float_ladder")
+    tried = f"{sum(1 for a in search['attempts'] if not a['float_nodes'])} format(s)"
+    if ladder:
+        steps = ", ".join(f"{s['float_gemms']}: {s['mean_agreement']:.3f}" for s in ladder["steps"])
+        tried += f" and up to {ladder['bound']} of {ladder['weighted_gemms']} GEMMs in float ({steps})"
+    accept = record["verdict"]["accept"]["min_agreement"]
+    return (f"INT8 agreement floor not met: mean {check['measure']} {check['mean_agreement']:.3f} < "
+            f"{check['min_agreement']} after {tried}; the best attempt was written to {out} with a failing verdict "
+            f"(manifest.json: the quantize record's verdict); accept it with --min-agreement {accept} "
+            f"(min_agreement: {accept} in a recipe), or {record['verdict']['hint']}")
 
 
 def _weight_type(formats: dict):
@@ -420,7 +478,7 @@ def _fixed(options: QuantizeOptions) -> dict:
 def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, src: Path, work: Path, make_builder,
                    prepared: Path, ranges: dict | None, harm_reader) -> dict:
     """Build with the target's formats; while the output cosine to float is under the floor, try the
-    next safer format, then return the fewest of the most harmful GEMMs to float (up to a tenth).
+    next safer format, then return the fewest of the most harmful GEMMs to float (up to a tenth, rounded up).
 
     Returns the chosen formats, their builder, the built directory, every attempt and the reason.
     """
@@ -458,15 +516,22 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
         if row["passes"]:
             break
     fmt, out, row = best
-    if not row["passes"] and not ctx.spec.is_decoder:
-        candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"] and g["name"] not in exclude]
-        most = max(1, len(candidates) // 10)
+    ladder_record = None
+    candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"] and g["name"] not in exclude]
+    if not row["passes"] and not ctx.spec.is_decoder and candidates:
+        most = float_gemm_bound(len(candidates))
         reader = harm_reader or _sample_reader(ctx, src)
         from xformopt.passes.calibration import harm_scores
 
         scores = harm_scores(prepared, candidates, reader, fmt, ranges, work)
         ranked = sorted(scores, key=lambda n: -scores[n])
+        first = len(attempts)
+        ctx.log(f"INT8 formats: no format reached the floor {floor}; returning the most harmful GEMMs to float, "
+                f"1, 2, 4 ... up to {most} of {len(candidates)}")
         fewest_that_pass(lambda k: attempt(fmt, ranked[:k], f"{k} most harmful GEMM(s) in float")[1]["passes"], most)
+        ladder_record = {"weighted_gemms": len(candidates), "bound": most, "rule": "a tenth of the weighted GEMMs, rounded up",
+                         "steps": [{"float_gemms": len(a["float_nodes"]), "mean_agreement": a["mean_agreement"],
+                                    "min_agreement": a["min_agreement"], "passes": a["passes"]} for a in attempts[first:]]}
     passing = [i for i, r in enumerate(attempts) if r["passes"]]
     # The fewest float nodes that pass (formats before float, in ladder order); nothing passed: the
     # closest, so the failure below reports the best this model can do.
@@ -483,7 +548,8 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
         if i != pick:
             shutil.rmtree(d, ignore_errors=True)
     return {"formats": final_fmt, "build": make_builder(final_fmt), "dir": dirs[pick], "floor": floor,
-            "attempts": attempts, "chosen": pick, "exclude_nodes": [*exclude, *final["float_nodes"]], "reason": reason}
+            "attempts": attempts, "chosen": pick, "exclude_nodes": [*exclude, *final["float_nodes"]], "reason": reason,
+            "float_ladder": ladder_record, "weighted_gemms": len(candidates)}
 
 
 def _sample_reader(ctx: PassContext, src: Path):
@@ -579,7 +645,7 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     if len(passing) > 1 and ctx.host_runs_target:
         ctx.log(f"timing {len(passing)} passing candidates interleaved at batch 1 ({options.timing_rounds} rounds)")
         timings = time_stage_dirs(ctx, {f"float{r['float_nodes']}": dirs[r["float_nodes"]] for r in passing},
-                                  options.timing_rounds, texts=dataset.texts, tokenizer_dir=src)
+                                  options.timing_rounds, data=dataset, tokenizer_dir=src)
         for r in passing:
             r["median_ms"] = round(timings[f"float{r['float_nodes']}"]["median_ms"], 4)
         # Like fuse: between near-equals (timing noise at batch 1) the most-quantized candidate wins.

@@ -31,7 +31,19 @@ class PassRecord:
 
     @property
     def budget_met(self) -> bool | None:
+        """False where the pass wrote its best attempt but missed what it had to reach (an accuracy or
+        perplexity budget, quantize's agreement floor: ``record["verdict"]["passed"]``); the run then
+        exits 1 after the artifact is written. None: the pass has no such target."""
+        verdict = self.record.get("verdict")
+        if isinstance(verdict, dict) and verdict.get("passed") is False:
+            return False
         return self.record.get("budget_met")
+
+    @property
+    def accept(self) -> dict:
+        """Option values that would accept the written attempt (e.g. ``{"min_agreement": 0.834}``)."""
+        verdict = self.record.get("verdict")
+        return dict(verdict.get("accept") or {}) if isinstance(verdict, dict) else {}
 
     def to_dict(self) -> dict:
         d = asdict(self)

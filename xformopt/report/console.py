@@ -230,6 +230,12 @@ class ReportView:
         warning = target_warning(report)
         if warning:
             grid.add_row(Text(f"Note: {warning}", style="yellow"))
+        profile = report.get("profile")
+        if profile and "error" not in profile:
+            from xformopt.profiling.render import headline
+
+            grid.add_row(Text(f"Where the time goes ({profile.get('stage', 'final stage')}): {headline(profile)}; "
+                              "`xformopt profile DIR` for the full profile.", style="dim"))
         return grid
 
     def fusion_note(self) -> Text | None:

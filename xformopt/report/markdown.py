@@ -35,6 +35,18 @@ def _md_table(header: list[str], body: list[list[str]], left: Iterable[int] = (0
     return lines
 
 
+def _profile_lines(profile: dict | None) -> list[str]:
+    """The top lines of the final stage's profile (report["profile"]), or why there is none."""
+    if not profile:
+        return []
+    title = f"#### Where the time goes ({profile.get('stage', 'final stage')}, ONNX Runtime's profiler)"
+    if "error" in profile:
+        return [title, "", f"- not profiled: {profile['error']}", ""]
+    from xformopt.profiling.render import summary_lines
+
+    return [title, "", *summary_lines(profile), ""]
+
+
 def markdown(report: dict, images: Iterable[str] = ()) -> str:
     """GitHub-flavoured Markdown for a pull-request comment.
 
@@ -67,6 +79,7 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
     if "accuracy_latency.png" in images:
         lines += [f"![{metric_label(metric)} vs latency per stage](accuracy_latency.png)", ""]
 
+    lines += _profile_lines(report.get("profile"))
     details: list[str] = []
     rows = graph_rows(report)
     if rows and any(r["graph"] for r in rows):

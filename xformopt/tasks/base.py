@@ -34,6 +34,7 @@ class Metric:
     percent: bool = False  # a proportion, shown as a percentage (macro-F1 and F1 scores stay 0-1)
     relative: bool = False  # measured against the baseline's own outputs: 1 on the baseline row by definition
     lower_is_better: bool = False
+    bounds: tuple[float, float] = (0.0, 1.0)  # the values it can take: a baseline outside them is refused
 
 
 class Task:
@@ -51,6 +52,9 @@ class Task:
     decoder: ClassVar[bool] = False  # decoder families (KV cache) vs encoders
     labels_from_config: ClassVar[bool] = False  # label2id comes from the config (classifier heads)
     needs_labels: ClassVar[bool] = False  # held-out rows must be labelled (else the metric is meaningless)
+    # The task's head may be absent from the checkpoint and start at random (a classifier on a base model);
+    # not a language-model head, which only pretraining trains (xformopt.weight_coverage).
+    head_may_be_fresh: ClassVar[bool] = True
     passes: ClassVar[tuple[str, ...]] = ("export", "fuse", "quantize")  # prune/distill need a torch_objective
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
     agreement_floor: ClassVar[float] = 0.9
@@ -101,8 +105,15 @@ class Task:
         return predictor.predict(data.texts, data.text_pairs, batch_size=batch_size, progress=progress)
 
     def timing_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:
-        """What latency is measured on: the texts (and pairs) a served request carries."""
+        """What latency is measured on: the texts (and pairs) a served request carries, one request per
+        row, each fed through ``encode`` (a question with its context, a context with its choices)."""
         return list(data.texts), data.text_pairs
+
+    def model_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:
+        """Every single request the model receives for ``data``, as (texts, pairs) for ``encode``: what
+        export parity checks, so the encoded length of a pair (not its first text) decides which rows
+        span the lengths. Default: the timed requests."""
+        return self.timing_inputs(data)
 
     # ------------------------------------------------------------------ scoring
 

@@ -42,7 +42,7 @@ class FeatureExtraction(Task):
     ort_model = "ORTModelForFeatureExtraction"
     export_task = "feature-extraction"
     headline = "cosine_to_baseline"
-    metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True),
+    metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True, bounds=(-1.0, 1.0)),
                "probe_accuracy": Metric("Probe acc.", percent=True),
                **{f"recall_at_{k}": Metric(f"Recall@{k}", percent=True) for k in RECALL_AT}}
     # Embeddings are compared by cosine downstream: the INT8 ladder holds them to the line users hold
@@ -63,6 +63,10 @@ class FeatureExtraction(Task):
 
     def timing_inputs(self, data):
         return list(data.texts), None  # a served embedder gets one text per request, pair sets too
+
+    def model_inputs(self, data):
+        # both sides of a pair set are embedded, each on its own: parity sees the partners too
+        return [*data.texts, *(data.text_pairs or [])], None
 
     def agreement(self, outputs, reference):
         return row_cosine(_embeddings(outputs), _embeddings(reference))

@@ -124,6 +124,7 @@ class FillMask(Task):
     name = "fill-mask"
     summary = "masked-language-model heads: the word at [MASK] (BERT, RoBERTa, ...)"
     auto_model = "AutoModelForMaskedLM"
+    head_may_be_fresh = False
     ort_model = "ORTModelForMaskedLM"
     export_task = "fill-mask"
     architectures = ("ForMaskedLM",)

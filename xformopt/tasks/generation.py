@@ -10,11 +10,12 @@ class TextGeneration(Task):
     name = "text-generation"
     summary = "causal language models with a KV cache (GPT-2, Llama, Qwen, Mistral, Phi-3)"
     auto_model = "AutoModelForCausalLM"
+    head_may_be_fresh = False
     ort_model = "ORTModelForCausalLM"
     export_task = "text-generation-with-past"
     architectures = ("ForCausalLM", "LMHeadModel")
     headline = "perplexity"
-    metrics = {"perplexity": Metric("Perplexity", lower_is_better=True),
+    metrics = {"perplexity": Metric("Perplexity", lower_is_better=True, bounds=(1.0, float("inf"))),
                "next_token_agreement": Metric("Next-token agr.", percent=True, relative=True)}
     decoder = True
     passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only

@@ -193,7 +193,10 @@ class MultipleChoice(Task):
         return out
 
     def timing_inputs(self, data):
-        return list(data.texts), [CHOICE_SEP.join(row) for row in data.extra["endings"]]
+        endings = data.extra.get("endings")
+        if endings is None:  # plain texts (a verification sample read as texts): one-choice questions
+            return list(data.texts), None
+        return list(data.texts), [CHOICE_SEP.join(row) for row in endings]
 
     # ------------------------------------------------------------------ scoring
 
