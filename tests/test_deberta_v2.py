@@ -14,8 +14,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from conftest import LABELS, _save, _vocab_size, make_ctx, onnx_op_counts, run_cli, run_pass, write_tiny_recipe
+from conftest import (
+    LABELS,
+    _save,
+    _vocab_size,
+    make_ctx,
+    onnx_op_counts,
+    run_cli,
+    run_pass,
+    write_tiny_recipe,
+)
 
 from xformopt.passes.fuse import choose
 

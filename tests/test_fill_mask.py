@@ -11,7 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, check_bench_report_and_gate, run_cli, write_tiny_recipe
+from conftest import (
+    _bert_config,
+    _save,
+    check_bench_report_and_gate,
+    run_cli,
+    write_tiny_recipe,
+)
 from harden_helpers import one_error
 
 from xformopt import models

@@ -12,11 +12,11 @@ import json
 
 import numpy as np
 import pytest
+import tiny_decoders
 from conftest import make_ctx, run_cli, run_pass
 
-import tiny_decoders
-from xformopt.families import genai_builder_available
 from xformopt.errors import InputError
+from xformopt.families import genai_builder_available
 
 pytestmark = pytest.mark.skipif(not genai_builder_available(), reason="onnxruntime-genai's builder (extra genai) is not installed")
 
@@ -258,8 +258,8 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
     code, text, err = run_cli(["generate", out, "The movie was", "-n", "6", "--ignore-eos"], capsys)
     assert code == 0 and "6 tokens in" in err
     from xformopt.decoder.generate import generate
-    from xformopt.runtime.decoder import OrtDecoder
     from xformopt.models import load_tokenizer
+    from xformopt.runtime.decoder import OrtDecoder
 
     tokenizer = load_tokenizer(out)
     greedy = generate(OrtDecoder(out, threads=2), list(tokenizer("The movie was")["input_ids"]), 6).new_ids

@@ -13,9 +13,9 @@ from conftest import TINY, make_ctx, onnx_op_counts, run_pass
 from onnx import numpy_helper
 
 from xformopt.errors import InputError, PassFailed
+from xformopt.exporting import compare, parity_texts
 from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, weighted_gemms
 from xformopt.passes import all_passes, get_pass
-from xformopt.exporting import compare, parity_texts
 from xformopt.passes.fuse import choose
 
 LAYERS = TINY["layers"]

@@ -15,8 +15,8 @@ import pytest
 
 from xformopt import pipeline, recipe, targets
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
-from xformopt.measure import host
 from xformopt.errors import InputError, PassFailed
+from xformopt.measure import host
 from xformopt.report.schema import REPORT_SCHEMA
 
 LAYERS = 2

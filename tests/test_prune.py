@@ -22,9 +22,14 @@ from conftest import (
 )
 
 from xformopt.errors import InputError
-from xformopt.passes import get_pass
+from xformopt.passes import (
+    get_pass,
+    prune_flops,
+    prune_importance,
+    prune_plans,
+    surgery,
+)
 from xformopt.passes import prune as P
-from xformopt.passes import prune_flops, prune_importance, prune_plans, surgery
 
 HEAD_DIM = TINY["hidden"] // TINY["heads"]
 FAST = dict(measure_latency=False, samples=32, eval_samples=32, batch_size=16)

@@ -10,10 +10,10 @@ import pytest
 from rich.console import Console
 
 from xformopt.report import plots
-from xformopt.report.schema import REPORT_SCHEMA
 from xformopt.report.console import console_table
 from xformopt.report.markdown import markdown
 from xformopt.report.render import write_report_files
+from xformopt.report.schema import REPORT_SCHEMA
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Long stage names on purpose: they must never be cut, even at 80 columns.

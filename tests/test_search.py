@@ -19,7 +19,6 @@ from pathlib import Path
 import onnx
 import pytest
 import yaml
-
 from conftest import error_lines, run_cli
 
 pytest.importorskip("optuna", reason="optuna is not installed (pip install 'xformopt[search]')")
@@ -200,8 +199,8 @@ def test_trial_metric_is_the_validation_split_not_the_test_rows(local_search, ti
 
     from xformopt import models
     from xformopt.data import load_text_dataset
-    from xformopt.runtime.encoder import OrtPredictor
     from xformopt.resources import vader_split_path
+    from xformopt.runtime.encoder import OrtPredictor
 
     out, doc = local_search
     spec = models.resolve(str(tiny_classifier))

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, check_bench_report_and_gate, error_lines, run_cli
+from conftest import (
+    _bert_config,
+    _save,
+    check_bench_report_and_gate,
+    error_lines,
+    run_cli,
+)
 
 from xformopt import models, tasks
 from xformopt.errors import InputError
@@ -376,8 +382,8 @@ def test_optimize_without_tags_reports_agreement(tmp_path, tiny_ner, capsys, mon
 def test_finish_pads_subtoken_outputs_so_plain_text_batches_stack(tiny_ner):
     """Plain-text prediction (export parity, the INT8 cosine on sample texts) stacks batches of different
     lengths; the padding is zeros, so row cosine and ``agreement`` see only real tokens."""
-    from xformopt.scoring.metrics import row_cosine
     from xformopt.runtime.encoder import TorchPredictor
+    from xformopt.scoring.metrics import row_cosine
 
     spec = models.resolve(str(tiny_ner))
     predictor = TorchPredictor(spec)

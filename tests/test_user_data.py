@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from conftest import _bert_config, _save, error_lines, run_cli, write_heldout
 
-from xformopt import pipeline, recipe
+from xformopt import pipeline, recipe, tasks
 from xformopt.errors import InputError
-from xformopt import tasks
 from xformopt.resources.defaults import check_labelled_fallbacks
 
 TWEET_LABELS = {0: "negative", 1: "neutral", 2: "positive"}

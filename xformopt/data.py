@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from xformopt.data_files import _Table, _cap, _listing, _read_table
+from xformopt.data_files import _cap, _listing, _read_table, _Table
 from xformopt.errors import InputError
 
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "content", "review", "document", "question",

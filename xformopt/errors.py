@@ -1,6 +1,8 @@
-"""The error types every command maps to an exit code (documented in the README).
+"""The error types every command maps to an exit code (documented in the README and docs/api.md).
 
-0 ok · 1 a gate failed · 2 bad input or usage · 3 a pass failed.
+0 ok · 1 a gate failed · 2 bad input or usage · 3 a pass failed. The Python API (``xformopt.optimize``,
+``run_pass``, ``bench``, ...) raises the same classes, so ``except xformopt.XformoptError`` catches all
+of them and ``except xformopt.InputError`` only what the caller must fix before trying again.
 """
 
 from __future__ import annotations
@@ -31,6 +33,17 @@ class GateFailed(XformoptError):
     def __init__(self, message: str, accept: dict | None = None):
         super().__init__(message)
         self.accept = dict(accept or {})
+
+
+class BudgetMissed(GateFailed):
+    """A pass wrote its best effort but missed its accuracy budget or agreement floor (exit 1): unlike a
+    bad input, the artifact exists; ``result`` is what was written (``xformopt.Result`` from ``optimize``,
+    the pass entry from ``run_pass``), so the caller can inspect it or keep it anyway; ``accept``: the
+    option values that would accept it."""
+
+    def __init__(self, message: str, result=None, accept: dict | None = None):
+        super().__init__(message, accept)
+        self.result = result
 
 
 class PassFailed(XformoptError):

@@ -26,13 +26,18 @@ from xformopt.artifact import (
     sha256_file,
     write_json,
 )
-from xformopt.measure import memory
 from xformopt.data import TextDataset
-from xformopt.errors import GateFailed, InputError, PassFailed, XformoptError
+from xformopt.errors import BudgetMissed, InputError, PassFailed, XformoptError
 from xformopt.evaluate.run import evaluate_stages
 from xformopt.locks import claim_output
 from xformopt.measure import host as host_facts
-from xformopt.measure.host import cpu_model, effective_cpu_flags, host_info, library_versions
+from xformopt.measure import memory
+from xformopt.measure.host import (
+    cpu_model,
+    effective_cpu_flags,
+    host_info,
+    library_versions,
+)
 from xformopt.passes import get_pass
 from xformopt.passes.applicable import check_passes
 from xformopt.passes.base import PassContext
@@ -107,15 +112,10 @@ def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
         raise PassFailed(f"pass {pass_cls.name!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
-    """Input problems a pass or a latency mode would only meet minutes into the run: fail now."""
+def check_fixed_lengths(recipe: Recipe, spec: models.ModelSpec) -> None:
+    """A fixed-shape latency mode longer than the model's positions would only fail minutes in: fail now."""
     import json
 
-    check_labelled_fallbacks([(step.name, step.options) for step in recipe.passes], spec.task_def, spec.label2id)
-    for step in recipe.passes:
-        for name, value in step.options.items():
-            if name.endswith("data") and isinstance(value, str) and value and not Path(value.split("::")[0]).exists():
-                raise InputError(f"{step.name}.{name}: data file not found: {value}")
     ev = recipe.evaluation
     if "fixed" in ev.modes:
         limit = spec.family.positions(json.loads((spec.path / "config.json").read_text()))
@@ -123,17 +123,69 @@ def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
             raise InputError(f"--seq {max(ev.seq)} is longer than the model's {limit} positions; use lengths up to {limit}")
 
 
-def read_paths(model_path: Path, recipe: Recipe | None = None, data: str | None = None) -> tuple[Path, ...]:
+def data_options(steps: list[tuple[str, dict]]) -> list[tuple[str, str, str]]:
+    """(pass, option, value) for every data file a step's options name (options ending in ``data``)."""
+    return [(name, key, value) for name, options in steps for key, value in (options or {}).items()
+            if key.endswith("data") and isinstance(value, str) and value]
+
+
+def read_paths(model_path: Path, data: str | None = None, steps: list[tuple[str, dict]] = ()) -> tuple[Path, ...]:
     """What a run reads and -o must never be, sit inside or hold: the model, the data files, the cache."""
-    paths = [Path(model_path), cache.cache_root().parent]
-    values = [data] if data else []
+    values = [data, str(vader_split_path("test"))] + [value for _, _, value in data_options(list(steps))]
+    return (Path(model_path), cache.cache_root().parent, *(Path(v.split("::")[0]) for v in values if v))
+
+
+@dataclass
+class Prepared:
+    """A run's inputs once every check has passed: what work may start on."""
+
+    spec: models.ModelSpec
+    target: targets.Target
+    protected: tuple[Path, ...]  # what -o must never overwrite (read_paths)
+
+
+def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool, target: str, task: str | None,
+            data: str | None, trust_remote_code: bool, check: Callable[[models.ModelSpec], None] | None = None) -> Prepared:
+    """The input checks of every run (a recipe or one pass), in one order, before any work: the output
+    path, the target, the model, each step against the model's task, labelled and named data files,
+    ``check`` (the caller's own, on the resolved model), the model's files, and -o against all it reads."""
+
+    check_output(out, force)
+    resolved_target = targets.resolve(target)
+    spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
+    check_passes(steps, spec)
+    check_labelled_fallbacks(steps, spec.task_def, spec.label2id)
+    for name, key, value in data_options(steps):
+        if not Path(value.split("::")[0]).exists():
+            raise InputError(f"{name}.{key}: data file not found: {value}")
+    if check is not None:
+        check(spec)
+    check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
+    protected = read_paths(spec.path, data, steps)
+    check_output(out, force, protected)
+    return Prepared(spec, resolved_target, protected)
+
+
+def input_record(source: str, spec: models.ModelSpec, sha256: str) -> dict:
+    """The manifest's ``input``: the model a run (or a chain of single passes) started from."""
+    return {"source": source, "path": str(spec.path), "sha256": sha256, "model_type": spec.model_type, "task": spec.task,
+            "revision": hub.commit_of(spec.path)}  # the hub commit a hub id resolved to, else null
+
+
+def build_manifest(input_: dict, target: targets.Target, passes: list[dict], *, host: dict | None = None,
+                   recipe: Recipe | None = None, heldout: TextDataset | None = None) -> dict:
+    """manifest.json of a stage or an artifact; ``host``, ``recipe`` and ``heldout`` only for a recipe run."""
+    manifest = {"schema": MANIFEST_SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "input": input_, "target": target.to_dict()}
+    if host is not None:
+        manifest["host"] = host
+    manifest["versions"] = library_versions()
     if recipe is not None:
-        values.append(recipe.evaluation.data or str(vader_split_path("test")))
-        values += [v for step in recipe.passes for k, v in step.options.items() if k.endswith("data") and isinstance(v, str)]
-    else:
-        values.append(str(vader_split_path("test")))
-    paths += [Path(v.split("::")[0]) for v in values if v]
-    return tuple(paths)
+        manifest["recipe"] = recipe.to_dict()
+    if heldout is not None:
+        manifest["heldout"] = {"path": heldout.path, "source": heldout.source, "rows": len(heldout)}
+    manifest["passes"] = passes
+    return manifest
 
 
 def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = ("texts", "timing")) -> dict:
@@ -219,15 +271,11 @@ def run(
     progress: Callable[[str, int, int], None] | None = None,
     wait: bool = False,
 ) -> RunResult:
-    check_output(out, force)
     check_threads(recipe.evaluation.threads)
-    target = targets.resolve(recipe.target)
-    spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
-    check_passes([(step.name, step.options) for step in recipe.passes], spec)
-    check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
-    check_inputs(recipe, spec)
-    protected = read_paths(spec.path, recipe)
-    check_output(out, force, protected)
+    ready = prepare(model, [(step.name, step.options) for step in recipe.passes], out, force=force,
+                    target=recipe.target, task=recipe.task, data=recipe.evaluation.data,
+                    trust_remote_code=trust_remote_code, check=lambda spec: check_fixed_lengths(recipe, spec))
+    spec, target, protected = ready.spec, ready.target, ready.protected
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or host_facts.usable_cpus()
     flags = effective_cpu_flags()
@@ -253,38 +301,33 @@ def run(
 
         if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed, log)) is not None:
             report["profile"] = profile  # where the final stage's time goes: report.md shows the top lines
-        manifest = {
-            "schema": MANIFEST_SCHEMA,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "input": {
-                "source": spec.source, "path": str(spec.path), "sha256": input_hash,
-                "model_type": spec.model_type, "task": spec.task,
-                "revision": hub.commit_of(spec.path),  # the hub commit a hub id resolved to, else null
-            },
-            "target": target.to_dict(),
-            "host": host,
-            "versions": library_versions(),
-            "recipe": recipe.to_dict(),
-            "heldout": {"path": heldout.path, "source": heldout.source, "rows": len(heldout)},
-            "passes": [r.to_dict() for r in records],
-            "memory": report["memory"],
-        }
+        manifest = build_manifest(input_record(spec.source, spec, input_hash), target, [r.to_dict() for r in records],
+                                  host=host, recipe=recipe, heldout=heldout)
+        manifest["memory"] = report["memory"]
         final = stages[-1]
         with atomic_dir(out, force, protected=protected) as tmp:
             copy_stage(final.path, tmp)  # model.onnx, or a Hugging Face directory after torch passes only
             write_json(tmp / "manifest.json", manifest)
             write_report_files(report, tmp)
             save_reference(tmp, evaluation["reference_outputs"], heldout)
-    raise_if_budget_missed(records, out)
-    return RunResult(out, manifest, report)
+    result = RunResult(out, manifest, report)
+    raise_if_budget_missed(records, out, result)
+    return result
 
 
-def raise_if_budget_missed(records: list[PassRecord], out: Path) -> None:
+def missed_budget(records: list[PassRecord]) -> PassRecord | None:
+    """The first pass that missed its accuracy budget or agreement floor, or None when every one held."""
+    return next((entry for entry in records if entry.budget_met is False), None)
+
+
+def raise_if_budget_missed(records: list[PassRecord], out: Path, result=None) -> None:
     """A pass that wrote its best effort but missed its accuracy budget or agreement floor fails the run
-    (exit 1), after the artifact is written, so the result can still be inspected (and accepted)."""
-    for entry in records:
-        if entry.budget_met is False:
-            raise GateFailed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}", entry.accept)
+    (exit 1), after the artifact is written, so the result (carried by the error) can still be inspected
+    (and accepted: ``exc.accept``)."""
+    entry = missed_budget(records)
+    if entry is not None:
+        raise BudgetMissed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}", result,
+                           entry.accept)
 
 
 def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
@@ -339,22 +382,17 @@ def run_single(
     previous = {}
     if (Path(model) / "manifest.json").is_file():
         previous = read_manifest(Path(model))
-    # A chain keeps the task its first command chose (e.g. export --task feature-extraction).
-    task = task or (previous.get("input") or {}).get("task")
-    spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
-    check_passes([(pass_name, options)], spec)
-    check_labelled_fallbacks([(pass_name, validated.model_dump())], spec.task_def, spec.label2id)
-    resolved_target = targets.resolve(target)
-    ctx = verification_context(spec, resolved_target, data, None, host_facts.usable_cpus(), effective_cpu_flags(), log)
     # The same ordering contract as a recipe: the input's pass history plus this pass.
     history = [entry["pass"] for entry in previous.get("passes", [])]
     start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage
     chain = Recipe.model_construct(passes=[PassStep(name=name) for name in [*history, pass_name]])
     check_order(chain, origin=f"xformopt {pass_name} {model}", start=start)
-    check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
-    protected = read_paths(spec.path, data=data) + tuple(
-        Path(v.split("::")[0]) for k, v in options.items() if k.endswith("data") and isinstance(v, str) and v)
-    check_output(out, force, protected)
+    # A chain keeps the task its first command chose (e.g. export --task feature-extraction).
+    task = task or (previous.get("input") or {}).get("task")
+    ready = prepare(model, [(pass_name, validated.model_dump())], out, force=force, target=target, task=task,
+                    data=data, trust_remote_code=trust_remote_code)
+    spec, protected = ready.spec, ready.protected
+    ctx = verification_context(spec, ready.target, data, None, host_facts.usable_cpus(), effective_cpu_flags(), log)
     sweep_at_start(Path(os.path.abspath(out)).parent, log=log)
     started = time.perf_counter()
     with atomic_dir(out, force, wait=wait, protected=protected) as tmp:
@@ -363,16 +401,7 @@ def run_single(
             memory.release()
         entry = PassRecord(pass_name, record, validated.model_dump(), seconds=round(time.perf_counter() - started, 3),
                            memory=peak.to_dict())
-        manifest = {
-            "schema": MANIFEST_SCHEMA,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "input": previous.get("input") or {"source": model, "path": str(spec.path), "sha256": hash_dir(spec.path),
-                                               "model_type": spec.model_type, "task": spec.task,
-                                               "revision": hub.commit_of(spec.path)},
-            "target": resolved_target.to_dict(),
-            "versions": library_versions(),
-            "passes": [*previous.get("passes", []), entry.to_dict()],
-        }
-        write_json(tmp / "manifest.json", manifest)
-    raise_if_budget_missed([entry], out)
+        input_ = previous.get("input") or input_record(model, spec, hash_dir(spec.path))
+        write_json(tmp / "manifest.json", build_manifest(input_, ready.target, [*previous.get("passes", []), entry.to_dict()]))
+    raise_if_budget_missed([entry], out, entry.to_dict())
     return entry.to_dict()

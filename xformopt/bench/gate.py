@@ -53,7 +53,11 @@ from pathlib import Path
 from xformopt import accuracy_budget
 from xformopt.artifact import load_json
 from xformopt.errors import InputError
-from xformopt.measure.host import FINGERPRINT_FIELDS, FINGERPRINT_VERSIONS, host_fingerprint
+from xformopt.measure.host import (
+    FINGERPRINT_FIELDS,
+    FINGERPRINT_VERSIONS,
+    host_fingerprint,
+)
 from xformopt.report.cells import PERCENT_METRICS
 from xformopt.report.schema import KNOWN_SCHEMAS, check_numbers
 

@@ -40,7 +40,8 @@ from xformopt import models, progress
 from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
 from xformopt.bench.gate import check_document, heldout_identity
 from xformopt.errors import InputError
-from xformopt.measure import host as host_facts, modes
+from xformopt.measure import host as host_facts
+from xformopt.measure import modes
 from xformopt.measure.host import host_fingerprint, host_info
 from xformopt.recipe import EvaluationSettings
 from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA

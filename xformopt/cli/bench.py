@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -13,15 +10,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from xformopt.atomic import write_text as write_atomic
-from xformopt.bench import gate, measure
-from xformopt.bench.junit import junit_xml
-from xformopt.cli import bench_generation, options as opt, output
-from xformopt.cli.bench_generation import DECODER_EXAMPLES
-from xformopt.decoder.bench import is_decoder_dir
-from xformopt.errors import GateFailed, InputError
+from xformopt import api
+from xformopt.cli import options as opt
+from xformopt.cli import output
+from xformopt.cli.bench_generation import DECODER_EXAMPLES, ints, print_generation
+from xformopt.errors import GateFailed
 from xformopt.report.cells import PERCENT_METRICS
-from xformopt.validate import check_threads
 
 EXAMPLES = """
 Examples:
@@ -37,52 +31,6 @@ not comparable (other settings, or another host without --allow-host-mismatch).
 Latency regression iff new_median > old_median * (1 + limit) + noise, with
 noise = 2 * sqrt(old_spread^2 + new_spread^2) and spread = half the range of the repeat medians.
 """
-
-
-def check_writable(path: Path | None, flag: str) -> None:
-    """Fail before measuring when an output file cannot be written."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir():
-        raise InputError(f"{flag} {path} is a directory; pass a file path")
-    parent = path.resolve().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"{flag}: cannot write to {parent}; choose another path")
-
-
-def check_apart(artifact: Path, reads: tuple, **flags: Path | None) -> None:
-    """Fail before measuring when an output file would overwrite what this run reads: a file of the
-    artifact (model.onnx, report.json, ...), the data or baseline file, or the other output flag."""
-    seen: dict[Path, str] = {}
-    for flag, path in flags.items():
-        if path is None:
-            continue
-        target = Path(path).resolve()
-        inside = Path(artifact).resolve() in target.parents
-        if (inside and target.exists()) or any(r is not None and target == Path(str(r).split("::")[0]).resolve()
-                                               for r in reads):
-            raise InputError(f"{flag} {path} would overwrite a file this run reads (artifact, data or baseline); "
-                             "choose another path")
-        if target in seen:
-            raise InputError(f"{flag} and {seen[target]} are the same file {path}; give each its own path")
-        seen[target] = flag
-        if target.is_file() and not _is_earlier_output(target, junit=flag == "--junit"):
-            raise InputError(f"{flag} {path} exists and is not an earlier bench {'JUnit XML' if flag == '--junit' else 'document'}; "
-                             "remove it or choose another path (it is left untouched)")
-
-
-def _is_earlier_output(path: Path, junit: bool) -> bool:
-    """Only a file an earlier bench wrote may be replaced (never a config, a model or a data file)."""
-    try:
-        head = path.open("rb").read(4096).decode("utf-8", errors="replace").lstrip()
-    except OSError:
-        return False
-    if junit:
-        return head.startswith("<?xml") or head.startswith("<testsuite")
-    return re.match(r'\{\s*"schema":\s*"xformopt\.([a-z]+-)?bench/', head) is not None
 
 
 # --------------------------------------------------------------------------- human output
@@ -238,57 +186,26 @@ def bench(
     Only like is compared with like: a baseline with other settings (threads, seed, held-out rows)
     is refused, and one from another host too unless --allow-host-mismatch.
     """
-    check_apart(artifact, (data, baseline), **{"-o": out, "--junit": junit})
-    if is_decoder_dir(artifact):  # text-generation: TTFT, per-token latency, tokens/s (cli/bench_generation.py)
-        return bench_generation.run(artifact, compare=compare, pytorch=not no_pytorch, prompt_tokens=prompt_tokens,
-                                    new_tokens=new_tokens, cache_only=cache_only, rounds=rounds, threads=threads, seed=seed,
-                                    as_json=as_json, out=out, gate_flags={"--baseline": baseline, "--junit": junit})
-    decoder_only = {"--prompt-tokens": prompt_tokens, "--new-tokens": new_tokens, "--compare": compare,
-                    "--cache-only": cache_only, "--no-pytorch": no_pytorch}
-    if any(decoder_only.values()):
-        raise InputError(f"{', '.join(k for k, v in decoder_only.items() if v)} apply to text-generation artifacts only")
-    started = time.perf_counter()
-    limit_fraction = gate.parse_fraction(max_latency_regression)
-    check_writable(out, "-o")
-    check_writable(junit, "--junit")
-    check_threads(threads)
-    art = measure.load_artifact(artifact)
-    check_apart(artifact, (art.evaluation.data,), **{"-o": out, "--junit": junit})  # the report's own data file
-    base_doc = gate.load_baseline(baseline) if baseline is not None else None
-    opts = measure.Overrides(data=data, text_column=text_column, text_pair_column=text_pair_column,
-                             label_column=label_column, limit=limit, seed=seed, threads=threads,
-                             rounds=rounds, warmup=warmup, repeats=repeats)
-    run = measure.plan(art, opts, output.log)
-    if base_doc is not None:  # refuse an incomparable baseline before spending time on timing
-        gate.check_comparable(base_doc, measure.preview(art, run), allow_host_mismatch)
-    doc = measure.measure(art, run, output.log)
-    if base_doc is not None:
-        comparison = gate.compare(base_doc, doc, max_latency_regression=limit_fraction, max_accuracy_drop=max_accuracy_drop,
-                                  allow_host_mismatch=allow_host_mismatch, gated=True, baseline_path=str(baseline))
-    elif art.report is None:  # a single-pass command's output: nothing of its own to compare with
-        comparison = gate.no_comparison("no report.json to compare with (single-pass output); pass --baseline FILE")
-    else:
-        own = art.path / "report.json"
-        comparison = gate.compare(art.report, doc, max_latency_regression=limit_fraction,
-                                  max_accuracy_drop=max_accuracy_drop, gated=False, baseline_path=str(own))
-    doc = {key: (comparison if key == "comparison" else doc[key]) for key in measure.TOP_LEVEL_KEYS}
 
-    if out is not None:
-        import json
-
-        write_atomic(out, json.dumps(doc, indent=2, default=str) + "\n")
-        output.log(f"wrote {out}")
-    if junit is not None:
-        write_atomic(junit, junit_xml(comparison, artifact=art.path.name, seconds=time.perf_counter() - started,
-                                      properties={"host_fingerprint": doc["host_fingerprint"]}))
-        output.log(f"wrote {junit}")
+    result = api.bench(
+        artifact, baseline=baseline, data=data, text_column=text_column, text_pair_column=text_pair_column,
+        label_column=label_column, limit=limit, seed=seed, threads=threads, rounds=rounds, warmup=warmup,
+        repeats=repeats, max_latency_regression=max_latency_regression, max_accuracy_drop=max_accuracy_drop,
+        allow_host_mismatch=allow_host_mismatch, output=out, junit=junit,
+        prompt_tokens=None if prompt_tokens is None else ints(prompt_tokens, "--prompt-tokens"),
+        new_tokens=None if new_tokens is None else ints(new_tokens, "--new-tokens"),
+        compare=compare or (), cache_only=cache_only, pytorch=not no_pytorch, log=output.log,
+    )
     if as_json:
-        output.emit_json(doc)
+        output.emit_json(result.doc)
+    elif result.kind == "generation":
+        print_generation(result.doc)
     else:
-        print_human(doc)
-    if comparison["gated"] and not comparison["passed"]:
-        raise GateFailed(gate.failure_message(comparison))
+        print_human(result.doc)
+    if result.verdict == "regression":
+        raise GateFailed(result.failure)
 
 
 def register(app: typer.Typer) -> None:
+
     app.command("bench", help=(bench.__doc__ or "") + EXAMPLES + DECODER_EXAMPLES)(bench)

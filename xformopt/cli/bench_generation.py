@@ -1,4 +1,4 @@
-"""`xformopt bench` on a decoder artifact: the generation benchmark (called from cli/bench.py).
+"""`xformopt bench` on a decoder artifact: the generation benchmark's flags and tables (for cli/bench.py).
 
 Times PyTorch (the model the manifest names), earlier stages still in the pass cache or given with
 --compare, and the artifact: time to first token, per-token latency percentiles and tokens/s at
@@ -7,15 +7,11 @@ every --prompt-tokens x --new-tokens, with and without the KV cache, in one inte
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from rich.console import Console
 from rich.table import Table
 
-from xformopt.atomic import write_text as write_text_atomic
 from xformopt.cli import output
-from xformopt.decoder.bench import bench_artifact, rows
+from xformopt.decoder.bench import rows
 from xformopt.errors import InputError
 
 DECODER_EXAMPLES = """
@@ -27,9 +23,7 @@ Decoders (text-generation artifacts):
 """
 
 
-def ints(value: str | None, flag: str, default: tuple[int, ...]) -> tuple[int, ...]:
-    if value is None:
-        return default
+def ints(value: str, flag: str) -> tuple[int, ...]:
     try:
         numbers = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
@@ -40,6 +34,7 @@ def ints(value: str | None, flag: str, default: tuple[int, ...]) -> tuple[int, .
 
 
 def generation_table(doc: dict) -> Table:
+
     header, body = rows(doc)
     s = doc["settings"]
     table = Table(title=f"generation bench {doc['artifact_path']} (greedy, batch 1, times in ms)",
@@ -52,23 +47,7 @@ def generation_table(doc: dict) -> Table:
     return table
 
 
-def run(artifact: Path, *, compare, pytorch: bool, prompt_tokens: str | None, new_tokens: str | None, cache_only: bool,
-        rounds: int | None, threads: int | None, seed: int | None, as_json: bool, out: Path | None, gate_flags: dict) -> None:
-    used = [flag for flag, value in gate_flags.items() if value]
-    if used:
-        raise InputError(f"{', '.join(used)}: the regression gate is not available for text-generation artifacts yet; "
-                         "run `xformopt bench` without it (the generation benchmark)")
-    doc = bench_artifact(
-        artifact, compare=compare or (), pytorch=pytorch, prompt_lengths=ints(prompt_tokens, "--prompt-tokens", (16, 64)),
-        new_tokens=ints(new_tokens, "--new-tokens", (32, 128)), cache_modes=("cache",) if cache_only else ("cache", "no_cache"),
-        rounds=rounds or 3, threads=threads, seed=seed or 0, log=output.log,
-    )
-    if out is not None:
-        write_text_atomic(out, json.dumps(doc, indent=2, default=str) + "\n")
-        output.log(f"wrote {out}")
-    if as_json:
-        output.emit_json(doc)
-        return
+def print_generation(doc: dict) -> None:
     console = output.stdout if output.stdout.is_terminal else Console(width=120, soft_wrap=True)
     console.print(generation_table(doc))
     for cell in doc["cells"]:

@@ -12,7 +12,8 @@ import typer
 from rich.table import Table
 
 from xformopt import cache
-from xformopt.cli import options as opt, output
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.errors import GateFailed, InputError
 
 app = typer.Typer(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from xformopt.cli import options as opt, output
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.passes import all_passes
 
 app = typer.Typer(help="The registered passes.\n\nExample: xformopt passes list", no_args_is_help=True)

@@ -13,6 +13,8 @@ import re
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from xformopt.cli import help_text
+
 # Click's UsageError: typer >= 0.22 vendors Click (typer._click), older typer uses click itself;
 # BadParameter is re-exported by both and derives from it.
 UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
@@ -37,7 +39,6 @@ def _plain_flags(params: list, ctx) -> list:
 
 def _format_help(command, ctx, formatter) -> None:
     """Plain help for every command (xformopt.cli.help_text says why), never Typer's rich panels."""
-    from xformopt.cli import help_text
 
     command.format_usage(ctx, formatter)
     if command.help:

@@ -7,14 +7,11 @@ from pathlib import Path
 
 import typer
 
-from xformopt import models
-from xformopt.cli import options as opt, output
-from xformopt.decoder.generate import Sampling, context_window, encode_prompt, eos_token_ids, generate as run_generation
+from xformopt import api
+from xformopt.cli import options as opt
+from xformopt.cli import output
+from xformopt.decoder.generator import open_decoder, sampling_of
 from xformopt.errors import InputError
-from xformopt.families import DECODERS
-from xformopt.measure import host as host_facts
-from xformopt.models import load_tokenizer
-from xformopt.runtime.decoder import OrtDecoder
 from xformopt.validate import check_threads
 
 EXAMPLES = """
@@ -27,22 +24,6 @@ Examples:
 
 The continuation streams to stdout as it is generated; timings go to stderr (--json: one document).
 """
-
-
-def open_decoder(artifact: Path):
-    """The artifact's spec, checked: an ONNX decoder with its tokenizer and config."""
-    path = Path(artifact)
-    if not path.exists():
-        raise InputError(f"artifact not found: {path}; pass the -o folder of `xformopt export/fuse/quantize/optimize`")
-    if not path.is_dir():
-        raise InputError(f"{path} is a file; pass the artifact directory that holds model.onnx")
-    if not (path / "model.onnx").is_file():
-        raise InputError(f"{path} has no model.onnx; export the decoder first: xformopt export MODEL -o NEW_DIR, then generate from NEW_DIR")
-    spec = models.resolve(str(path))
-    if not spec.is_decoder:
-        raise InputError(f"{path} is a {spec.model_type} {spec.task} artifact; generate needs a decoder "
-                         f"({', '.join(DECODERS)}) exported for text-generation")
-    return spec
 
 
 class Streamer:
@@ -86,24 +67,18 @@ def generate(
     step, with an empty past. A prompt that is empty or does not fit the model's context window
     with --max-new-tokens more tokens is refused (exit 2) with the numbers to change.
     """
+
     check_threads(threads)
     do_sample = sample or any(v is not None for v in (temperature, top_k, top_p))
     if greedy and do_sample:
         raise InputError("--greedy cannot be combined with --sample/--temperature/--top-k/--top-p; choose one")
-    sampling = Sampling(do_sample=do_sample, temperature=1.0 if temperature is None else temperature,
-                        top_k=top_k, top_p=top_p, seed=seed)
-    spec = open_decoder(artifact)
-    tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
-    ids = encode_prompt(tokenizer, prompt, max_new_tokens, context_window(spec.path))
-    threads = threads or host_facts.usable_cpus()
-    runner = OrtDecoder(spec.path, threads=threads, io_binding=io_binding)
-    output.log(f"{spec.model_type} from {spec.path}: prompt {len(ids)} tokens, {sampling.describe()}, "
-               f"{'KV cache' if cache else 'no cache'}, {threads} threads")
-    streamer = None if as_json else Streamer(tokenizer, sys.stdout)
-    result = run_generation(runner, ids, max_new_tokens, sampling,
-                            eos_token_id=eos_token_ids(spec.path, tokenizer) if stop_at_eos else None,
-                            use_cache=cache, on_token=streamer)
-    text = tokenizer.decode(result.new_ids, skip_special_tokens=True)
+    sampling = dict(do_sample=True if sample else None, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    sampling_of(**sampling)  # a bad temperature or top-p fails before the model is opened
+    open_decoder(artifact)  # not a decoder artifact: say so (api.load would open an encoder's predictor)
+    generator = api.load(artifact, threads=threads, io_binding=io_binding, log=output.log)
+    streamer = None if as_json else Streamer(generator.tokenizer, sys.stdout)
+    out = generator.generate(prompt, max_new_tokens, **sampling, use_cache=cache, stop_at_eos=stop_at_eos, on_token=streamer)
+    result, text = out.generation, out.text
     if streamer is not None:  # whatever was held back (a character the model never completed)
         sys.stdout.write(text[len(streamer.printed):])
     per_token = (sum(result.step_s) / len(result.step_s) * 1000) if result.step_s else float("nan")
@@ -111,10 +86,10 @@ def generate(
                f"then {per_token:.2f} ms/token, {result.tokens_per_s:.1f} tokens/s (stopped: {result.stopped})")
     if as_json:
         output.emit_json({"prompt": prompt, "prompt_ids": result.prompt_ids, "text": text, "new_ids": result.new_ids,
-                          "decoding": sampling.describe(), "use_cache": cache, "io_binding": io_binding,
+                          "decoding": out.decoding, "use_cache": cache, "io_binding": io_binding,
                           "stopped": result.stopped, "ttft_ms": result.first_token_s * 1000,
                           "per_token_ms": [s * 1000 for s in result.step_s], "tokens_per_s": result.tokens_per_s,
-                          "threads": threads})
+                          "threads": generator.threads})
         return
     sys.stdout.write("\n")
     sys.stdout.flush()

@@ -10,9 +10,14 @@ from typing import Annotated
 
 import typer
 
+from xformopt import atomic
 from xformopt.cli import options as opt
 from xformopt.cli import output
+from xformopt.data import load_text_dataset
 from xformopt.errors import InputError
+from xformopt.loadtest import report
+from xformopt.loadtest.run import LocalServer, Options, Target, run
+from xformopt.resources import vader_split_path
 
 EXAMPLES = """
 Examples:
@@ -64,9 +69,6 @@ def register(app: typer.Typer) -> None:
         quiet: opt.Quiet = False,
     ) -> None:
         """Open-loop load test: latency percentiles per offered rate, and the highest rate under --p99-ms."""
-        from xformopt import atomic
-        from xformopt.loadtest import report
-        from xformopt.loadtest.run import LocalServer, Options, Target, run
 
         ladder = _rates(rates)
         key = None
@@ -109,8 +111,6 @@ def register(app: typer.Typer) -> None:
 
 
 def _texts(data: Path | None, limit: int, seed: int) -> list:
-    from xformopt.data import load_text_dataset
-    from xformopt.resources import vader_split_path
 
     rows = load_text_dataset(data or vader_split_path("test"), require_labels=False, limit=limit, seed=seed)
     if rows.text_pairs is not None and data is not None:

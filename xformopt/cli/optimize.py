@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
-from xformopt import pipeline, recipe
-from xformopt.cli import options as opt, output
+from xformopt import api
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.errors import InputError
 from xformopt.report.console import console_table
 
@@ -55,10 +56,6 @@ def latency_modes(latency_mode: str | None, mode: str | None) -> str | None:
     return mode
 
 
-def default_output(model: str) -> Path:
-    return Path("xformopt-out") / (Path(model).name or "model")
-
-
 def optimize(
     model: opt.Model = "minilm",
     out: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Artifact directory [default: xformopt-out/MODEL]."),
@@ -95,35 +92,23 @@ def optimize(
     timed interleaved at batch 1; the artifact (model.onnx, tokenizer, config, manifest.json,
     report.json, report.md) is written atomically to -o.
     """
+
     latency_mode = latency_modes(latency_mode, mode)
     # No --recipe is exactly `--recipe default`: one recipe, so two such runs always compare in `bench`.
-    r = recipe.load(recipe_name or "default")
-    updates = {k: v for k, v in {"target": target, "task": task}.items() if v is not None}
-    evaluation = {
-        k: v for k, v in {
-            "data": str(data) if data else None, "text_column": text_column, "text_pair_column": text_pair_column,
-            "label_column": label_column, "limit": limit, "threads": threads, "seed": seed,
-            "modes": csv_list(latency_mode, "--latency-mode"), "batch": csv_ints(batch, "--batch"), "seq": csv_ints(seq, "--seq"),
-        }.items() if v is not None
-    }
-    r = recipe.validate({**r.to_dict(), **updates, "evaluation": {**r.evaluation.model_dump(), **evaluation}}, "<command line>")
-    r = recipe.apply_overrides(r, {
-        "train_data": str(train_data) if train_data else None,
-        "validation_data": str(validation_data) if validation_data else None,
-        "calibration_data": str(calibration_data) if calibration_data else None,
-        "max_accuracy_drop": max_accuracy_drop, "per_channel": per_channel, "min_agreement": min_agreement,
-    })
-    out = out or default_output(model)
+    settings = dict(task=task, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
+                    limit=limit, threads=threads, seed=seed, latency_modes=csv_list(latency_mode, "--latency-mode"),
+                    batch=csv_ints(batch, "--batch"), seq=csv_ints(seq, "--seq"), train_data=train_data,
+                    validation_data=validation_data, calibration_data=calibration_data,
+                    max_accuracy_drop=max_accuracy_drop, per_channel=per_channel, min_agreement=min_agreement)
     with output.progress_bars() as progress:
-        result = pipeline.run(
-            model, r, out, force=force, use_cache=not no_cache, trust_remote_code=trust_remote_code,
-            log=output.log, progress=progress, wait=wait,
-        )
+        result = api.optimize(model, recipe=recipe_name, target=target, data=data, output=out, force=force,
+                              use_cache=not no_cache, trust_remote_code=trust_remote_code, wait=wait, log=output.log,
+                              progress=progress, **settings)
     if as_json:
         output.emit_json(result.report)
         return
     output.stdout.print(console_table(result.report))
-    output.stdout.print(f"artifact: {result.out}", highlight=False)
+    output.stdout.print(f"artifact: {result.artifact}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -52,7 +52,10 @@ def _library_bars(enabled: bool) -> None:
             os.environ[_BARS_ENV] = "1"
             _bars_off_by_us = "env"
             return
-        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+        from huggingface_hub.utils import (
+            are_progress_bars_disabled,
+            disable_progress_bars,
+        )
 
         if are_progress_bars_disabled():
             return

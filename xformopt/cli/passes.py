@@ -10,16 +10,20 @@ from typing import Annotated, Literal
 
 import typer
 
-from xformopt.cli import options as opt, output
+from xformopt import api
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.passes.record import PassRecord
-from xformopt.pipeline import run_single
 
 
-def _finish(entry: dict, out: Path, as_json: bool) -> None:
+def _run(name: str, src, out: Path, options: dict, as_json: bool, **run) -> None:
+    """Run the pass through the API and print its record (--json) or its one-line summary."""
+
+    result = api.run_pass(name, src, out, log=output.log, **run, **options)
     if as_json:
-        output.emit_json(entry)
+        output.emit_json(result.entry)
         return
-    output.stdout.print(f"{entry['pass']}: {summary(entry)}", highlight=False)
+    output.stdout.print(f"{name}: {result.summary}", highlight=False)
     output.stdout.print(f"wrote {out}", highlight=False)
 
 
@@ -49,9 +53,8 @@ def export(
     Example: xformopt export minilm -o e/
     """
     options = {"opset": opset, "exporter": None if exporter == "family" else exporter}
-    entry = run_single("export", model, out, options, target=target, task=task,
-                       data=str(data) if data else None, force=force, wait=wait, trust_remote_code=trust_remote_code, log=output.log)
-    _finish(entry, out, as_json)
+    _run("export", model, out, options, as_json, target=target, task=task, data=data, force=force, wait=wait,
+         trust_remote_code=trust_remote_code)
 
 
 def fuse(
@@ -69,9 +72,7 @@ def fuse(
 
     Example: xformopt export minilm -o e/ && xformopt fuse e/ -o f/
     """
-    entry = run_single("fuse", str(stage), out, {"select": select}, target=target,
-                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
-    _finish(entry, out, as_json)
+    _run("fuse", stage, out, {"select": select}, as_json, target=target, data=data, force=force, wait=wait)
 
 
 def quantize(
@@ -113,9 +114,7 @@ def quantize(
     int4 = {"algorithm": algorithm, "block_size": block_size, "max_perplexity_increase": max_perplexity_increase,
             "keep_8bit": [r.strip() for r in keep_8bit.split(",") if r.strip()] if keep_8bit else None}
     options.update({k: v for k, v in int4.items() if v is not None})
-    entry = run_single("quantize", str(stage), out, options, target=target,
-                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
-    _finish(entry, out, as_json)
+    _run("quantize", stage, out, options, as_json, target=target, data=data, force=force, wait=wait)
 
 
 def prune(
@@ -144,10 +143,8 @@ def prune(
     """
     options = {"sparsity": sparsity, "heads_per_layer": heads_per_layer, "ffn_dim": ffn_dim, "layers": layers,
                "strategy": strategy, "importance": importance, "samples": samples, "seed": seed,
-               "measure_latency": latency, "data": str(data) if data else None}
-    entry = run_single("prune", model, out, options, target=target, task=task,
-                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
-    _finish(entry, out, as_json)
+               "measure_latency": latency}  # --data is also prune's own data option (api.run_pass)
+    _run("prune", model, out, options, as_json, target=target, task=task, data=data, force=force, wait=wait)
 
 
 def distill(
@@ -197,9 +194,7 @@ def distill(
                "lr": lr, "batch_size": batch_size, "eval_every": eval_every, "patience": patience,
                "freeze_embeddings": freeze_embeddings, "seed": seed,
                "device": device, "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None, "resume": resume}
-    entry = run_single("distill", model, out, options, target=target, task=task,
-                       data=str(data) if data else None, force=force, wait=wait, log=output.log)
-    _finish(entry, out, as_json)
+    _run("distill", model, out, options, as_json, target=target, task=task, data=data, force=force, wait=wait)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,9 +11,17 @@ from typing import Annotated
 
 import typer
 
+from xformopt.artifact import atomic_dir, check_output
+from xformopt.bench import measure
 from xformopt.cli import options as opt
 from xformopt.cli import output
+from xformopt.decoder.bench import is_decoder_dir
 from xformopt.errors import InputError
+from xformopt.measure.host import host_fingerprint, host_info
+from xformopt.profiling import render
+from xformopt.profiling.measure import Settings, add_peak, profile_stage
+from xformopt.profiling.render import gemm_lines, headline
+from xformopt.validate import check_threads
 
 EXAMPLES = """
 Examples:
@@ -52,13 +60,6 @@ def profile(
     (fp32 and int8, cached per host), and whether operators + tokenization add up to the
     end-to-end median (they must come within 10%).
     """
-    from xformopt.artifact import atomic_dir, check_output
-    from xformopt.bench import measure
-    from xformopt.measure.host import host_fingerprint, host_info
-    from xformopt.decoder.bench import is_decoder_dir
-    from xformopt.profiling import render
-    from xformopt.profiling.measure import Settings, add_peak, profile_stage
-    from xformopt.validate import check_threads
 
     if is_decoder_dir(artifact):
         raise InputError(f"{artifact} is a text-generation artifact; `xformopt profile` profiles encoder graphs only: "
@@ -101,7 +102,6 @@ def profile(
 def print_human(doc: dict) -> None:
     from rich.table import Table
 
-    from xformopt.profiling.render import gemm_lines, headline
 
     output.stdout.print(headline(doc), highlight=False, markup=False)
     table = Table(title="per request (mean)", show_header=True)

@@ -7,7 +7,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from xformopt import recipe, targets
-from xformopt.cli import options as opt, output
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.errors import InputError
 from xformopt.passes.quantize import QuantizeOptions, resolved_formats
 

@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from xformopt.artifact import load_json, read_manifest
-from xformopt.cli import options as opt, output
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.cli.passes import summary
 from xformopt.errors import InputError
 from xformopt.report.console import console_table

@@ -6,10 +6,9 @@ from pathlib import Path
 
 import typer
 
-from xformopt.cli import options as opt, output
-from xformopt.errors import InputError
-from xformopt.search import run as runner, sampler as samplers, space as spaces
-from xformopt.search.executors.ray import require_ray
+from xformopt import api
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.search.outputs import markdown
 
 EXAMPLES = """
@@ -53,27 +52,21 @@ def search(
     default INT8 artifact and optimum's own dynamic INT8, and the front is recomputed from those
     latencies.
     """
-    objectives = samplers.parse_objectives(objective)
-    if sampler not in samplers.SAMPLERS:
-        raise InputError(f"--sampler {sampler!r}: choose {', '.join(samplers.SAMPLERS)}")
-    if ray:
-        require_ray()
-    samplers.require_optuna()
-    s = spaces.load(str(space) if space else None, preset)
-    settings = runner.Settings(
-        model=model, out=out, space=s, trials=trials, objectives=objectives,
-        max_accuracy_drop=1.0 if max_accuracy_drop is None else max_accuracy_drop, sampler=sampler, seed=seed,
-        ray=ray, workers=workers, cpus_per_trial=cpus_per_trial, resume=resume, force=force,
-        remeasure_rounds=remeasure_rounds, trust_remote_code=trust_remote_code, expand=expand, log=output.log,
+
+    result = api.search(
+        model, output=out, space=space, preset=preset, trials=trials, objective=objective,
+        max_accuracy_drop=max_accuracy_drop, sampler=sampler, seed=seed, ray=ray, workers=workers,
+        cpus_per_trial=cpus_per_trial, remeasure_rounds=remeasure_rounds, expand=expand, resume=resume, force=force,
+        trust_remote_code=trust_remote_code, log=output.log,
     )
-    doc = runner.search(settings)
     if as_json:
-        output.emit_json(doc)
+        output.emit_json(result.doc)
         return
-    output.stdout.print(runner_summary(doc), highlight=False)
+    output.stdout.print(runner_summary(result.doc), highlight=False)
 
 
 def runner_summary(doc: dict) -> str:
+
     front = markdown(doc).split("\nAll trials:")[0].rstrip()
     best = doc["best"]
     tail = f"best: trial {best['trial']:03d} -> {best['recipe_file']}" if best else "best: none (no trial completed)"

@@ -11,6 +11,11 @@ import typer
 from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError, PassFailed
+from xformopt.measure.host import usable_cpus
+from xformopt.runtime.predictor import INT8_SCALES, artifact_spec
+from xformopt.serve import server
+from xformopt.serve.app import ServeConfig, create_app
+from xformopt.serve.scheduler import Settings
 
 EXAMPLES = """
 Examples:
@@ -48,7 +53,6 @@ def register(app: typer.Typer) -> None:
         quiet: opt.Quiet = False,
     ) -> None:
         """Serve an artifact over HTTP with dynamic batching and a result cache."""
-        from xformopt.serve import server
 
         config = build_config(artifact, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue,
                               timeout_ms, max_inputs, max_body_bytes, int8_scales)
@@ -62,7 +66,6 @@ def register(app: typer.Typer) -> None:
 
             ray_serve.run(config, address=ray, host=host, port=port, replicas=replicas, log=output.log)
             return
-        from xformopt.serve.app import create_app
 
         app = create_app(config)
         output.log(f"serving {artifact} on http://{host}:{port} (max batch {max_batch}, max wait {max_wait_ms:g} ms, "
@@ -73,10 +76,6 @@ def register(app: typer.Typer) -> None:
 
 def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue, timeout_ms,
                  max_inputs, max_body_bytes, int8_scales="per-token"):
-    from xformopt.measure.host import usable_cpus
-    from xformopt.runtime.predictor import INT8_SCALES, artifact_spec
-    from xformopt.serve.app import ServeConfig
-    from xformopt.serve.scheduler import Settings
 
     artifact_spec(artifact)  # bad artifacts fail here, before anything binds
     key = None

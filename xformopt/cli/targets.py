@@ -5,9 +5,11 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from xformopt.cli import options as opt, output
+from xformopt.cli import options as opt
+from xformopt.cli import output
 from xformopt.measure.host import effective_cpu_flags, host_info
-from xformopt.targets import PROFILES, detect as detect_target, host_supports
+from xformopt.targets import PROFILES, host_supports
+from xformopt.targets import detect as detect_target
 
 app = typer.Typer(help="Hardware profiles.\n\nExample: xformopt targets detect", no_args_is_help=True)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xformopt.plot_style import BASELINE_COLOR, DPI, PALETTE, STYLE, figure as _figure
+from xformopt.plot_style import BASELINE_COLOR, DPI, PALETTE, STYLE
+from xformopt.plot_style import figure as _figure
 
 
 def plot_training_curve(record: dict, path: Path, title: str = "distill") -> Path:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.plot_style import PALETTE, figure
+
 SCHEMA = "xformopt.loadtest/1"
 LAG_LIMIT_MS = 10.0  # a p99 client lag above this: the client set the pace, not the server
 
@@ -66,7 +68,6 @@ def markdown(document: dict) -> str:
 
 
 def plot(document: dict, path: Path) -> Path:
-    from xformopt.plot_style import PALETTE, figure
 
     fig = figure()
     ax = fig.add_subplot()

@@ -26,6 +26,7 @@ from pathlib import Path
 from xformopt.errors import InputError
 from xformopt.loadtest.generator import Request, json_bodies, run_step
 from xformopt.loadtest.report import SCHEMA, summarize, sustainable
+from xformopt.measure.host import cpu_model, usable_cpus
 
 TASK_ROUTES = {"feature-extraction": ("/v1/embeddings", "input"), "text-classification": ("/predict", "inputs"),
                "token-classification": ("/predict", "inputs"), "question-answering": ("/predict", "inputs")}
@@ -183,7 +184,6 @@ class LocalServer:
 
 
 def run(targets: list[Target], texts: list, options: Options, log) -> dict:
-    from xformopt.measure.host import cpu_model, usable_cpus
 
     for target in targets:
         describe(target, texts, options)

@@ -23,8 +23,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from xformopt.measure.forced_host import FORCED_FLAGS_ENV, FORCED_SATURATES_ENV, forced_cpu_flags
 from xformopt.measure import kernel_probe
+from xformopt.measure.forced_host import (
+    FORCED_FLAGS_ENV,
+    FORCED_SATURATES_ENV,
+    forced_cpu_flags,
+)
 
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 

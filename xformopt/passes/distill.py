@@ -45,7 +45,11 @@ from pydantic import Field, model_validator
 from xformopt import progress
 from xformopt.artifact import copy_side_files, hash_dir
 from xformopt.data import load_text_dataset
-from xformopt.distill import checkpoint as ckpt, data as D, losses as L, student as S, train as T
+from xformopt.distill import checkpoint as ckpt
+from xformopt.distill import data as D
+from xformopt.distill import losses as L
+from xformopt.distill import student as S
+from xformopt.distill import train as T
 from xformopt.distill.curve import plot_training_curve
 from xformopt.distill.data import collate, forward
 from xformopt.errors import InputError, PassFailed

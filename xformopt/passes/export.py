@@ -20,9 +20,9 @@ from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
 from xformopt.decoder.export import export_decoder
-from xformopt.measure import memory
 from xformopt.errors import PassFailed
 from xformopt.exporting import compare, quiet_loggers, spread_by_length
+from xformopt.measure import memory
 from xformopt.models import load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript

@@ -10,6 +10,7 @@ a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -18,18 +19,21 @@ from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
 from typing import Literal
-import logging
 
 from pydantic import Field
 
 from xformopt import models
 from xformopt.artifact import copy_stage
 from xformopt.decoder.fusion import attention_record, expectation, time_decoder_dirs
-from xformopt.measure import memory
 from xformopt.errors import PassFailed
+from xformopt.measure import memory
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.export_dynamo import add_missing_layernorm_bias, is_dynamo_graph, onnxscript_fusions
+from xformopt.passes.export_dynamo import (
+    add_missing_layernorm_bias,
+    is_dynamo_graph,
+    onnxscript_fusions,
+)
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 Candidate = Literal["all", "no_attention", "none"]

@@ -27,8 +27,8 @@ from typing import Literal
 
 import numpy as np
 
-from xformopt.measure import memory
 from xformopt.errors import PassFailed
+from xformopt.measure import memory
 
 Treatment = Literal["smooth", "split", "float"]
 SMOOTH_ALPHA = 0.5

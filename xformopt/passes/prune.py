@@ -115,7 +115,13 @@ from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.candidates import CandidateGraphs
 from xformopt.passes.prune_flops import Shape, encoder_flops
 from xformopt.passes.prune_importance import (
-    Batches, layer_sensitivity, magnitude_importance, make_batches, quality, reference_embeddings, score_plans,
+    Batches,
+    layer_sensitivity,
+    magnitude_importance,
+    make_batches,
+    quality,
+    reference_embeddings,
+    score_plans,
     taylor_importance,
 )
 from xformopt.passes.prune_plans import (
@@ -130,7 +136,13 @@ from xformopt.passes.prune_plans import (
     select_plan,
     shape_text,
 )
-from xformopt.passes.surgery import Arch, apply_plan, arch_for, current_shape, weights_sha256
+from xformopt.passes.surgery import (
+    Arch,
+    apply_plan,
+    arch_for,
+    current_shape,
+    weights_sha256,
+)
 from xformopt.passes.timing import TIMED_TEXTS
 from xformopt.resources import vader_split_path
 

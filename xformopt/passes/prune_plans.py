@@ -9,7 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.passes.prune_flops import Shape, encoder_flops, head_step, layer_flops, round_multiple
+from xformopt.passes.prune_flops import (
+    Shape,
+    encoder_flops,
+    head_step,
+    layer_flops,
+    round_multiple,
+)
 
 AUTO_TIE = 0.02  # candidates within 2% of the best sample loss prefer fewer layers
 

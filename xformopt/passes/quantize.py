@@ -46,8 +46,15 @@ from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
 from xformopt.decoder.fusion import logits_agreement
 from xformopt.errors import InputError, PassFailed
-from xformopt.onnx_graph import int8_coverage, load_graph, needs_external_data, op_counts, weighted_gemms
-from xformopt.passes import calibration as cal, outliers
+from xformopt.onnx_graph import (
+    int8_coverage,
+    load_graph,
+    needs_external_data,
+    op_counts,
+    weighted_gemms,
+)
+from xformopt.passes import calibration as cal
+from xformopt.passes import outliers
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.calibration import METHODS, dataset_reader, load_split
 from xformopt.passes.fewest import fewest_that_pass

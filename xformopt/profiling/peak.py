@@ -20,8 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from xformopt.atomic import write_json
-from xformopt.measure import host
 from xformopt.locks import Lock
+from xformopt.measure import host
 
 SCHEMA = "xformopt.gemm-peak/1"
 # Big enough that the kernel, not call overhead, sets the pace; small enough to run in ~0.5 s.

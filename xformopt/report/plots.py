@@ -14,8 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from xformopt.plot_style import BASELINE_COLOR, DPI, STYLE, figure as _figure, stage_colors
-from xformopt.report.cells import PERCENT_METRICS, fixed_grid, fmt_speedup, host_text, metric_label
+from xformopt.plot_style import BASELINE_COLOR, DPI, STYLE, stage_colors
+from xformopt.plot_style import figure as _figure
+from xformopt.report.cells import (
+    PERCENT_METRICS,
+    fixed_grid,
+    fmt_speedup,
+    host_text,
+    metric_label,
+)
 
 ACCURACY_LATENCY = "accuracy_latency.png"
 LATENCY_SEQ = "latency_seq.png"

@@ -28,9 +28,18 @@ from typing import Any
 
 import numpy as np
 
+from xformopt import models
 from xformopt.errors import InputError
+from xformopt.runtime import per_token_int8
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.tasks.base import pad_rows
+from xformopt.tasks.question_answering import (
+    DOC_STRIDE,
+    MAX_LENGTH,
+    best_answer,
+    question_windows,
+    window_spans,
+)
 
 FEATURES = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -335,11 +344,6 @@ def _pipeline_postprocessor(predictor):
 class _Answers:
     @staticmethod
     def prepare(predictor, inputs, truncate):
-        from xformopt.tasks.question_answering import (
-            DOC_STRIDE,
-            MAX_LENGTH,
-            question_windows,
-        )
 
         max_length = min(MAX_LENGTH, predictor.max_length)
         stride = min(max_length // 2, DOC_STRIDE)
@@ -357,7 +361,6 @@ class _Answers:
 
     @staticmethod
     def finish(predictor, prepared, outputs, **_):
-        from xformopt.tasks.question_answering import best_answer, window_spans
 
         spans = [window_spans(w, o) for w, o in zip(prepared.context["windows"], outputs)]
         start, end, score = best_answer(prepared.context["context"], spans)
@@ -375,7 +378,6 @@ SERVED_TASKS = tuple(_HEADS)
 def artifact_spec(artifact_dir: str | Path):
     """The artifact's ModelSpec (task from its manifest, else its config), checked to be servable,
     without opening the model; a one-line InputError otherwise."""
-    from xformopt import models
 
     path = Path(artifact_dir)
     if not path.is_dir():
@@ -404,7 +406,6 @@ def load_predictor(artifact_dir: str | Path, threads: int | None = None, int8_sc
     mates; "per-tensor" runs the graph as exported (one scale per batch: batch-dependent)."""
     import tempfile
 
-    from xformopt.runtime import per_token_int8
 
     if int8_scales not in INT8_SCALES:
         raise InputError(f"int8_scales {int8_scales!r}: choose one of {', '.join(INT8_SCALES)}")

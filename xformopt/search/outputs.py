@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from xformopt.atomic import write_json, write_text as write_text_atomic
+from xformopt.atomic import write_json
+from xformopt.atomic import write_text as write_text_atomic
 from xformopt.search.executors import describe
 
 SCHEMA = "xformopt.search/1"

@@ -11,19 +11,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import models, progress as progress_events, recipe as recipes, targets
+from xformopt import models, targets
+from xformopt import progress as progress_events
+from xformopt import recipe as recipes
 from xformopt.accuracy_budget import points
 from xformopt.atomic import write_text
 from xformopt.bench.optimum_reference import optimum_dynamic_int8
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
 from xformopt.runtime.encoder import TorchPredictor
-from xformopt.search import front as fronts, outputs, sampler as samplers
+from xformopt.search import front as fronts
+from xformopt.search import outputs
+from xformopt.search import sampler as samplers
 from xformopt.search.executors import local
 from xformopt.search.executors.ray import RayExecutor
 from xformopt.search.remeasure import remeasure
 from xformopt.search.space import SearchSpace
-from xformopt.search.trial import TrialJob, run_trial, score_artifact, score_outputs, validation_set
+from xformopt.search.trial import (
+    TrialJob,
+    run_trial,
+    score_artifact,
+    score_outputs,
+    validation_set,
+)
 
 CONFIG = "search-config.json"
 REFERENCE = "reference-int8"  # the unpruned model through the `default` recipe: export -> fuse -> dynamic INT8

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xformopt import models, pipeline, recipe as recipes
+from xformopt import models, pipeline
+from xformopt import recipe as recipes
 from xformopt.atomic import write_text
 from xformopt.errors import GateFailed, XformoptError
 from xformopt.runtime.encoder import OrtPredictor

@@ -24,7 +24,9 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from xformopt import __version__
 from xformopt.errors import InputError
+from xformopt.runtime.predictor import artifact_spec, load_predictor
 from xformopt.serve import schemas
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from xformopt.serve.scheduler import (
@@ -225,8 +227,6 @@ def _read(path: Path) -> dict:
 def create_app(config: ServeConfig, predictor_factory=None):
     """The ASGI app for ``config.artifact``; ``predictor_factory(path, threads, int8_scales)`` opens the
     model in the lifespan (default: xformopt.runtime.predictor.load_predictor)."""
-    from xformopt import __version__
-    from xformopt.runtime.predictor import artifact_spec, load_predictor
 
     spec = artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
     factory = predictor_factory or load_predictor

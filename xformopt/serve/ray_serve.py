@@ -10,6 +10,7 @@ length grouping, bounded queue and deadlines are what the single-process server 
 from __future__ import annotations
 
 from xformopt.errors import InputError
+from xformopt.serve.app import create_app
 
 APP_NAME = "xformopt"
 
@@ -26,7 +27,6 @@ def _ray():
 def deployment(config, replicas: int = 1):
     """The bound Ray Serve application for ``config`` (a ServeConfig)."""
     _, serve = _ray()
-    from xformopt.serve.app import create_app
 
     def build_app():  # a plain function: Ray calls it on each replica (a partial would be taken for an ASGI app)
         return create_app(config)

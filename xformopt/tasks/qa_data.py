@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from xformopt.data import TextDataset, _find_column, _named_column, _text_values
-from xformopt.data_files import _Table, _listing, _open_text, _parse_path, _read_table
+from xformopt.data_files import _listing, _open_text, _parse_path, _read_table, _Table
 from xformopt.errors import InputError
 
 QUESTION, CONTEXT, ANSWERS = "question", "context", "answers"

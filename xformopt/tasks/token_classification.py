@@ -17,7 +17,6 @@ which equals token accuracy when no word is "O". The headline stays ``entity_f1`
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from xformopt.errors import InputError

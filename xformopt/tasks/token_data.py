@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from xformopt import data as tables, data_files
+from xformopt import data as tables
+from xformopt import data_files
 from xformopt.errors import InputError
 
 CONLL_SUFFIXES = (".conll", ".iob", ".txt")
