@@ -264,7 +264,11 @@ def ray_cluster():
     port = free_port()
     temp = tempfile.mkdtemp(prefix="xfray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-           "RAY_USAGE_STATS_ENABLED": "0", "OMP_WAIT_POLICY": "PASSIVE"}
+           "RAY_USAGE_STATS_ENABLED": "0", "OMP_WAIT_POLICY": "PASSIVE",
+           # Ray >= 2.52 turns token auth on when it finds ~/.ray/auth_token (left by any earlier local
+           # ray.init), which this process, having imported ray without a token, cannot present. The test
+           # cluster listens on this host only and says explicitly that it takes no token.
+           "RAY_AUTH_MODE": "disabled"}
     ray_bin = Path(sys.executable).with_name("ray")
     head = subprocess.Popen(
         [str(ray_bin), "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
