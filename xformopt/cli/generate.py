@@ -19,6 +19,8 @@ Examples:
     xformopt generate out/ "The movie was" --temperature 0.8 --top-p 0.9 --seed 7
     xformopt generate out/ "The movie was" --top-k 40 --seed 1 --json | jq .text
     xformopt generate out/ "The movie was" --no-cache                          # recompute every step (slow)
+    xformopt generate out/ --chat "What is the capital of France?"              # the model's chat template
+    xformopt generate out/ --chat "Name three fruits." --system "Answer briefly." --stop "."
 
 The continuation streams to stdout as it is generated; timings go to stderr (--json: one document).
 """
@@ -62,7 +64,10 @@ class Streamer:
 
 def generate(
     artifact: Path = typer.Argument(..., metavar="DIR", help="Decoder artifact directory (model.onnx, tokenizer, config)."),
-    prompt: str = typer.Argument(..., metavar="PROMPT", help="The text to continue."),
+    prompt: str = typer.Argument(None, metavar="[PROMPT]", help="The text to continue (or --chat)."),
+    chat: str = typer.Option(None, "--chat", help="A user message, put through the model's chat template; the answer streams."),
+    system: str = typer.Option(None, "--system", help="With --chat: the system prompt (else the template's default)."),
+    stop: list[str] = typer.Option(None, "--stop", help="Stop once the output contains this string (repeatable; kept in the output, as transformers keeps it)."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
     greedy: bool = typer.Option(False, "--greedy", help="Argmax decoding (the default unless a sampling option is given)."),
     sample: bool = typer.Option(False, "--sample", help="Sample (temperature 1) even without --temperature/--top-k/--top-p."),
@@ -86,6 +91,8 @@ def generate(
     from xformopt.bench.host import usable_cpus
     from xformopt.decoder.generate import (
         Sampling,
+        StopStrings,
+        chat_text,
         context_window,
         encode_prompt,
         eos_token_ids,
@@ -102,9 +109,15 @@ def generate(
         raise InputError("--greedy cannot be combined with --sample/--temperature/--top-k/--top-p; choose one")
     sampling = Sampling(do_sample=do_sample, temperature=1.0 if temperature is None else temperature,
                         top_k=top_k, top_p=top_p, seed=seed)
+    if (prompt is None) == (chat is None):
+        raise InputError('give a PROMPT to continue or --chat "message" to answer (one of the two)')
+    if system is not None and chat is None:
+        raise InputError("--system goes with --chat; put it into the PROMPT for plain continuation")
     spec = open_decoder(artifact)
     tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
-    ids = encode_prompt(tokenizer, prompt, max_new_tokens, context_window(spec.path))
+    text_in = chat_text(tokenizer, chat, system) if chat is not None else prompt
+    ids = encode_prompt(tokenizer, text_in, max_new_tokens, context_window(spec.path), templated=chat is not None)
+    stopper = StopStrings(tokenizer, stop) if stop else None
     threads = threads or usable_cpus()
     runner = OrtDecoder(spec.path, threads=threads, io_binding=io_binding)
     output.log(f"{spec.model_type} from {spec.path}: prompt {len(ids)} tokens, {sampling.describe()}, "
@@ -112,7 +125,7 @@ def generate(
     streamer = None if as_json else Streamer(tokenizer, sys.stdout)
     result = run_generation(runner, ids, max_new_tokens, sampling,
                             eos_token_id=eos_token_ids(spec.path, tokenizer) if stop_at_eos else None,
-                            use_cache=cache, on_token=streamer)
+                            use_cache=cache, on_token=streamer, stop=stopper)
     text = tokenizer.decode(result.new_ids, skip_special_tokens=True)
     if streamer is not None:  # whatever was held back (a character the model never completed)
         sys.stdout.write(text[len(streamer.printed):])
@@ -120,7 +133,8 @@ def generate(
     summary = (f"{len(result.new_ids)} tokens in {result.total_s:.2f} s: first token {result.first_token_s * 1000:.1f} ms, "
                f"then {per_token:.2f} ms/token, {result.tokens_per_s:.1f} tokens/s (stopped: {result.stopped})")
     if as_json:
-        output.emit_json({"prompt": prompt, "prompt_ids": result.prompt_ids, "text": text, "new_ids": result.new_ids,
+        output.emit_json({"prompt": text_in, **({"chat": chat, "system": system} if chat is not None else {}),
+                          **({"stop_string": stopper.hit} if stopper is not None else {}), "prompt_ids": result.prompt_ids, "text": text, "new_ids": result.new_ids,
                           "decoding": sampling.describe(), "use_cache": cache, "io_binding": io_binding,
                           "stopped": result.stopped, "ttft_ms": result.first_token_s * 1000,
                           "per_token_ms": [s * 1000 for s in result.step_s], "tokens_per_s": result.tokens_per_s,
