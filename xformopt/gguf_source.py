@@ -84,6 +84,16 @@ def read_source(folder: Path) -> dict | None:
     return record if isinstance(record, dict) and record.get("format") == "gguf" else None
 
 
+def gguf_input(folder: Path) -> dict:
+    """The manifest's ``input.gguf``: the source file, its hash and quantization types, when the
+    model was converted from GGUF; else nothing."""
+    source = read_source(folder)
+    if source is None:
+        return {}
+    return {"gguf": {k: source.get(k) for k in ("name", "file", "sha256", "size", "architecture", "file_type",
+                                                 "tensor_types", "converter")}}
+
+
 def describe(gguf_path: Path) -> dict:
     """Architecture, file type and per-tensor quantization types of a GGUF file (header only)."""
     try:
@@ -172,10 +182,9 @@ def converted(gguf_path: Path, log=_log, digest: str | None = None) -> Path:
 
 
 def _converter_version() -> str:
-    import gguf
-    import transformers
+    from importlib.metadata import version
 
-    return f"transformers {transformers.__version__}, gguf {getattr(gguf, '__version__', '?')}"
+    return f"transformers {version('transformers')}, gguf {version('gguf')}"
 
 
 def _verified(folder: Path, log) -> bool:
@@ -193,13 +202,19 @@ def _verified(folder: Path, log) -> bool:
 
 
 def _convert(gguf_path: Path, out: Path) -> None:
+    import functools
     import warnings
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import modeling_gguf_pytorch_utils as reader_module
 
     from xformopt.exporting import quiet_loggers
 
+    # transformers' GGUF reader draws a plain tqdm bar per tensor: only on a terminal (stderr in CI
+    # logs stays one line per step)
+    bar = reader_module.tqdm
+    reader_module.tqdm = functools.partial(bar, disable=not sys.stderr.isatty())
     with quiet_loggers("transformers"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -208,6 +223,8 @@ def _convert(gguf_path: Path, out: Path) -> None:
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         except (ValueError, NotImplementedError, KeyError) as exc:
             raise InputError(f"transformers cannot read {gguf_path.name}: {str(exc).splitlines()[0][:200]}") from None
+        finally:
+            reader_module.tqdm = bar
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
 

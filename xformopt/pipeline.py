@@ -32,6 +32,7 @@ from xformopt.passes.base import PassContext
 from xformopt.passes.record import PassRecord
 from xformopt.recipe import PassStep, Recipe, check_order
 from xformopt.resources import vader_split_path
+from xformopt.gguf_source import gguf_input
 
 Log = Callable[[str], None]
 
@@ -250,6 +251,7 @@ def run(
                 "source": spec.source, "path": str(spec.path), "sha256": input_hash,
                 "model_type": spec.model_type, "task": spec.task,
                 "revision": hub.commit_of(spec.path),  # the hub commit a hub id resolved to, else null
+                **gguf_input(spec.path),
             },
             "target": target.to_dict(),
             "host": host,
@@ -373,7 +375,7 @@ def run_single(
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "input": previous.get("input") or {"source": model, "path": str(spec.path), "sha256": hash_dir(spec.path),
                                                "model_type": spec.model_type, "task": spec.task,
-                                               "revision": hub.commit_of(spec.path)},
+                                               "revision": hub.commit_of(spec.path), **gguf_input(spec.path)},
             "target": resolved_target.to_dict(),
             "versions": library_versions(),
             "passes": [*previous.get("passes", []), entry.to_dict()],
