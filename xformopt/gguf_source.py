@@ -139,7 +139,7 @@ def _importable(module: str) -> bool:
 def converted(gguf_path: Path, log=_log, digest: str | None = None) -> Path:
     """The fp32 Hugging Face checkpoint of ``gguf_path`` in the model cache (converted on first use)."""
     from xformopt.atomic import temp_sibling, write_json
-    from xformopt.locks import Lock
+    from xformopt.locks import build_lock
     from xformopt.split_wheels import models_root
     from xformopt.stale import sweep
 
@@ -149,11 +149,7 @@ def converted(gguf_path: Path, log=_log, digest: str | None = None) -> Path:
     final = models_root() / "gguf" / digest[:16]
     if _verified(final, log):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    lock = Lock(final.parent / f".{final.name}.lock", unlink=False)
-    if not lock.acquire(wait=False):
-        log(f"{gguf_path.name} is being converted by another run (pid {lock.holder() or '?'}); waiting for it")
-        lock.acquire(wait=True)
+    lock = build_lock(final, f"{gguf_path.name} is being converted by another run", log)
     try:
         if _verified(final, log):
             return final

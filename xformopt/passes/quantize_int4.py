@@ -180,12 +180,12 @@ def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str],
     """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then the GGUF
     file's own blocks where ``gguf`` has them, then 4 bits for every other weighted MatMul; saved
     with external data beside ``out_model``."""
-    from xformopt.passes.gguf_blocks import aux_nodes, carry_into
-
     import logging
 
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
+
+    from xformopt.passes.gguf_blocks import aux_nodes, carry_into
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
     model = onnx.load(src_model)
@@ -413,8 +413,8 @@ def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], p
     """Fewest 4-bit MatMuls returned to 8 bits, most harmful first, that meet the perplexity budget."""
     from xformopt.decoder.generate import context_window
     from xformopt.decoder.perplexity import perplexity, token_lists
-    from xformopt.runtime.decoder import OrtDecoder
     from xformopt.passes import calibration as cal
+    from xformopt.runtime.decoder import OrtDecoder
 
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.perplexity_texts, 0, labels=False)
     lists = token_lists(dataset.texts, tokenizer, context_window(src), 128)
