@@ -95,6 +95,10 @@ def test_conversion_keeps_tokenizer_template_and_names_its_source(tiny):
     assert source["sha256"] and source["file"] == str(src.resolve())
     assert source["tensor_types"] == {"Q4_1": 3, "F32": 3, "Q4_0": 3, "Q8_0": 2}
     assert source["file_type"] == "Q4_1"
+    from xformopt.gguf_source import gguf_input
+
+    manifest_input = gguf_input(folder)["gguf"]  # what the manifest's input.gguf says
+    assert manifest_input["name"] == src.name and manifest_input["tensor_types"] == source["tensor_types"]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
