@@ -39,8 +39,8 @@ def main() -> None:
     import numpy as np
 
     from xformopt import models, targets
-    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
-    from xformopt.bench.modes import real
+    from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
+    from xformopt.measure.modes import real
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = models.resolve(args.model)

@@ -51,9 +51,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt import models, pipeline, targets
-    from xformopt.bench import host
-    from xformopt.bench.modes import real
-    from xformopt.evaluate.metrics import row_cosine
+    from xformopt.measure import host
+    from xformopt.measure.modes import real
+    from xformopt.scoring.metrics import row_cosine
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = models.resolve(args.model, args.task)

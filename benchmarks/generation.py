@@ -81,7 +81,7 @@ def main() -> None:
                         help="also time the cached fp32 and int8 runs with and without IO binding, interleaved")
     args = parser.parse_args()
 
-    from xformopt.bench.host import host_info, usable_cpus
+    from xformopt.measure.host import host_info, usable_cpus
     from xformopt.decoder.bench import bench_generation, rows
     from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
     from toy_decoder import corpus

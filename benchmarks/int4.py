@@ -186,7 +186,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also profile the int4 step per op type (ORT's profiler)")
     args = parser.parse_args()
 
-    from xformopt.bench.latency import run_interleaved
+    from xformopt.measure.latency import run_interleaved
     from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 
     root = args.workdir or Path(tempfile.mkdtemp(prefix="xformopt-int4-bench-"))

@@ -31,8 +31,8 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=32)
     args = parser.parse_args()
 
-    from xformopt.evaluate.metrics import row_cosine
-    from xformopt.kernel_probe import int8_gemm_saturates
+    from xformopt.scoring.metrics import row_cosine
+    from xformopt.measure.kernel_probe import int8_gemm_saturates
     from xformopt.models import resolve
     from xformopt.passes.quantize import _dynamic
     from xformopt.runtime.encoder import OrtPredictor

@@ -208,7 +208,7 @@ def main() -> None:
     if args.artifact is None:
         parser.error("--artifact is required")
 
-    from xformopt.bench.host import host_info
+    from xformopt.measure.host import host_info
     from xformopt.gguf_source import packaged_file
 
     shipped = args.gguf or packaged_file("smollm2", log)[0]

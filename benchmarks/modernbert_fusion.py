@@ -25,7 +25,7 @@ def main() -> None:
     from transformers import ModernBertConfig, ModernBertModel
 
     from xformopt import models, pipeline, targets
-    from xformopt.bench import host
+    from xformopt.measure import host
     from xformopt.exporting import compare
     from xformopt.passes import get_pass
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor

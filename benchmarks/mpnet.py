@@ -16,7 +16,7 @@ under --work:
 
 Then, in one process: mean cosine of each artifact's mean-pooled embeddings to PyTorch fp32 on the
 held-out texts (the vendored test split), and batch-1 latency on those texts at their real lengths,
-tokenization included, all variants interleaved round by round (xformopt/bench/modes.py ``real``);
+tokenization included, all variants interleaved round by round (xformopt/measure/modes.py ``real``);
 medians, p90 and the ratio to optimum's artifact. Never run as a test: speed claims live here.
 """
 
@@ -93,8 +93,8 @@ def main() -> None:
     from xformopt.bench.optimum_reference import optimum_dynamic_int8
 
     from xformopt import models, targets, tasks
-    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
-    from xformopt.bench.modes import real
+    from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
+    from xformopt.measure.modes import real
     from xformopt.data import load_text_dataset
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor

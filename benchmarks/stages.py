@@ -29,7 +29,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt import models, recipe, targets
-    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
+    from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.evaluate.run import evaluate_stages
     from xformopt.pipeline import load_heldout, run_passes, verification_context
 

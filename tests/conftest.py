@@ -22,6 +22,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+import host_facts
 import pytest
 
 from xformopt.resources import vader_split_path
@@ -38,6 +39,27 @@ LABELS = {0: "negative", 1: "positive"}
 
 # Small but complete: every encoder family the passes must fuse, at a size that exports in seconds.
 TINY = dict(hidden=64, layers=2, heads=4, intermediate=128)
+
+
+def pytest_addoption(parser):
+    host_facts.add_options(parser)
+
+
+def pytest_configure(config):
+    host_facts.state_host(config)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def decided_timing_races(pytestconfig):
+    """Every timing race among candidate graphs is won by --timing-winner (see host_facts.py)."""
+    host_facts.decide_timing_races(pytestconfig.getoption("--timing-winner"))
+
+
+@pytest.fixture(autouse=True)
+def stated_host(request, monkeypatch):
+    """Tests marked ``real_host`` read this machine's CPU flags and INT8 probe; all others see --host-profile."""
+    if request.node.get_closest_marker("real_host"):
+        host_facts.unstate_host(monkeypatch)
 
 
 def pytest_collection_modifyitems(config, items):

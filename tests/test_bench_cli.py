@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import error_lines, run_cli, write_heldout
 
-from xformopt.bench import modes
-from xformopt.bench.host import host_fingerprint
+from xformopt.measure import modes
+from xformopt.measure.host import host_fingerprint
 
 TOP_LEVEL_KEYS = {"schema", "created", "artifact_path", "model", "target", "headline_metric", "settings", "host",
                   "host_fingerprint", "artifact", "notes", "comparison"}
@@ -286,7 +286,7 @@ def test_settings_mismatch_refused_even_with_flag(artifact, report, capsys, monk
     monkeypatch.setattr(modes, "solo_repeats", never)
     threads = report["settings"]["threads"] + 1
     # more threads than this host's CPUs would be refused first (validate.check_threads): say it has them
-    monkeypatch.setattr("xformopt.bench.host.usable_cpus", lambda *a, **k: threads)
+    monkeypatch.setattr("xformopt.measure.host.usable_cpus", lambda *a, **k: threads)
     code, _, err = run_cli(["bench", artifact, "--baseline", artifact / "report.json", "--threads", threads,
                             "--allow-host-mismatch"], capsys)
     assert code == 2

@@ -18,7 +18,7 @@ from xformopt.cli import output
 ROOT = Path(__file__).resolve().parents[1]
 
 LEAF_COMMANDS = [["optimize"], ["bench"], ["report"], ["export"], ["fuse"], ["quantize"], ["prune"], ["distill"],
-                 ["generate"], ["search"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
+                 ["generate"], ["search"], ["profile"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
                  ["targets", "detect"], ["passes", "list"], ["cache", "list"], ["cache", "verify"], ["cache", "prune"],
                  ["cache", "clear"]]
 
@@ -84,10 +84,11 @@ def test_every_command_takes_quiet_after_it_and_shows_no_bool_metavar(command, c
     options = out[out.index("Options"):]
     assert re.findall(r"<[a-z]+[^>]*>", options) == []  # values named TEXT/N/PATH/FILE or a|b, as DIR and FILE
     for line in options.splitlines():  # data files are FILE, folders DIR, on every command
-        if re.match(r"│ {1,6}--(data|train-data|eval-data|validation-data|calibration-data)\b", line):
-            assert " FILE " in line, line
-        if re.match(r"│ {1,6}--(teacher|checkpoint-dir)\b", line):
-            assert " DIR " in line, line
+        if re.match(r" {1,6}--(data|train-data|eval-data|validation-data|calibration-data)\b", line):
+            assert re.match(r" +--[a-z-]+ FILE ", line), line
+        if re.match(r" {1,6}--(teacher|checkpoint-dir)\b", line):
+            assert re.match(r" +--[a-z-]+ DIR ", line), line
+    assert re.search(r"^ {1,6}--data FILE ", out, re.M) or "--data" not in out
     usage = next(line for line in out.splitlines() if "Usage:" in line)
     assert "{" not in usage  # arguments as MODEL / DIR / RECIPE, not {dir} or [model]
     args = re.findall(r"\b[a-z_]+\b", usage.split("[OPTIONS]")[-1])
@@ -316,7 +317,7 @@ def test_quiet_draws_nothing(capsys):
 
 
 def test_solo_repeats_report_progress_across_all_repeats():
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     calls = []
     with progress.listening(None):
@@ -482,7 +483,12 @@ def test_report_renders_a_single_pass_chain(chain, capsys):
     assert [r.split("|")[1].strip() for r in rows[1:]] == ["export", "fuse", "quantize"]
     assert "parity max\\|diff\\|" in rows[1] and "weighted GEMMs in INT8" in rows[3]  # pipes escaped
     code, out, _ = run_cli(["report", chain / "q", "--json", "-q"], capsys)
-    assert code == 0 and [p["pass"] for p in json.loads(out)["passes"]] == ["export", "fuse", "quantize"]
+    passes = json.loads(out)["passes"]
+    assert code == 0 and [p["pass"] for p in passes] == ["export", "fuse", "quantize"]
+    # every single-pass command records its own peak memory, and the Markdown shows it per pass
+    for entry, row in zip(passes, rows[1:]):
+        assert 0 < entry["memory"]["start_rss_mb"] <= entry["memory"]["peak_rss_mb"] < 64 * 1024
+        assert row.split("|")[3].strip() == f"{entry['memory']['peak_rss_mb']:,.0f}"
     assert not (chain / "q" / "report.md").exists()  # report renders; it writes nothing into a stage
 
 
@@ -491,3 +497,126 @@ def test_report_on_an_empty_folder_suggests_a_new_output(tmp_path, capsys):
     code, _, err = run_cli(["report", tmp_path / "empty"], capsys)
     line = one_error_line(code, err)
     assert "NEW_DIR" in line and f"-o {tmp_path / 'empty'}" not in line  # not a fix that hits "already exists"
+
+
+# --------------------------------------------------------------------------- help at 80 columns (issue 21)
+
+SECTION = re.compile(r"^\s*(╭─ )?(Arguments|Options|Commands)\b")
+
+
+def unreadable(text: str, width: int = 80, narrowest: int = 30) -> list[str]:
+    """What makes help TEXT hard to read at WIDTH columns: lines past it, descriptions wrapped into a
+    column narrower than NARROWEST, and runs of one-word lines (a squeezed table)."""
+    problems, in_section, single_run = [], False, 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if len(raw) > width:
+            problems.append(f"line {number} is {len(raw)} columns: {raw!r}")
+        line = raw.strip("│╭╮╰╯ \t") and raw.replace("│", " ").rstrip()
+        if SECTION.match(raw):
+            in_section = True
+            continue
+        if not raw.strip() or raw.lstrip().startswith("╰"):
+            in_section = False
+        words = line.split()
+        single_run = single_run + 1 if len(words) == 1 and len(line) - len(line.lstrip()) > 10 else 0
+        if single_run == 3:
+            problems.append(f"line {number}: one word per line from line {number - 2}")
+        if in_section and words:
+            indent = len(line) - len(line.lstrip())
+            gap = re.search(r"\S\s{2,}(?=\S)", line[indent:])
+            start = indent if indent > 4 else (indent + gap.end() if gap else None)
+            if start is not None and width - start < narrowest:
+                problems.append(f"line {number}: description squeezed into {width - start} columns: {raw!r}")
+    return problems
+
+
+def every_command() -> list[list[str]]:
+    import typer
+
+    from xformopt.cli.app import app
+
+    def walk(command, path):
+        yield path
+        for name, sub in getattr(command, "commands", {}).items():
+            yield from walk(sub, [*path, name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_the_readability_check_catches_the_squeezed_table():
+    """The check itself, on lines of the help that issue 21 reported (rich's table at 80 columns)."""
+    squeezed = """\
+╭─ Options ────────────────────────────────────────────────────────────────────╮
+│ --target             -t                      TEXT        Hardware profile    │
+│                                                          (auto, avx2,        │
+│                                                          avx512,             │
+│                                                          avx512_vnni,        │
+│                                                          avx_vnni, arm64)    │
+│ --task                                       TEXT        One of:             │
+│                                                          text-classificatio… │
+│                                                          feature-extraction, │
+│                                                          text-generation,    │
+╰──────────────────────────────────────────────────────────────────────────────╯"""
+    problems = unreadable(squeezed)
+    assert "line 3: description squeezed into 21 columns" in problems[0]
+    assert any(p.startswith("line 10: one word per line from line 8") for p in problems), problems
+    assert unreadable("x" * 81) == [f"line 1 is 81 columns: {'x' * 81!r}"]
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+@pytest.mark.parametrize("command", every_command(), ids=lambda c: " ".join(c) or "xformopt")
+def test_help_of_every_command_reads_at_80_columns(command, columns, capsys, monkeypatch):
+    """Every command and group, as a pipe sees it (capsys is not a terminal) with COLUMNS=80 (and a
+    wide setting: the text still stops at 80, where it reads best)."""
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = run_cli([*command, "--help"], capsys)
+    assert code == 0
+    assert out.startswith(f"Usage: xformopt {' '.join(command)}".replace("  ", " ").rstrip())
+    assert unreadable(out) == [], out
+    assert "╭" not in out and "│" not in out  # one plain layout in a terminal, a pipe or a file
+
+
+def test_long_example_lines_continue_as_shell_lines():
+    from xformopt.cli import help_text
+
+    line = ("xformopt optimize ./my-bert -o out/ --json | jq '.stages[] | {name, speedup}' --data a-long-file-name.csv"
+            "   # the comment")
+    rows = help_text.code_lines(line, 60)
+    assert rows[0] == "# the comment"
+    assert all(len(r) <= 60 for r in rows)
+    assert all(r.endswith(" \\") for r in rows[1:-1]) and not rows[-1].endswith("\\")
+    assert " ".join(r.removesuffix(" \\").strip() for r in rows[1:]) == line.split("   #")[0]  # same words, in order
+    assert any("'.stages[] | {name, speedup}'" in r for r in rows)  # never split inside quotes
+
+
+@pytest.mark.parametrize("command", [["optimize"], []], ids=["optimize", "xformopt"])
+def test_help_in_an_80_column_terminal(command):
+    """A real terminal (a pty of 80 columns, no COLUMNS): the same readable plain text."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    done = subprocess.run([sys.executable, "-m", "xformopt.cli.app", *command, "--help"], stdin=follower,
+                          stdout=follower, stderr=subprocess.PIPE, env=env, timeout=120)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the terminal closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    out = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", b"".join(chunks).decode()).replace("\r\n", "\n")
+    assert done.returncode == 0, done.stderr
+    assert "Usage: xformopt" in out and "Options:" in out
+    assert unreadable(out) == [], out

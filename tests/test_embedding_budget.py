@@ -9,7 +9,7 @@ import pytest
 from conftest import make_ctx, read_jsonl, run_pass
 
 from xformopt.data import TextDataset
-from xformopt.evaluate.retrieval import partner_ranks, recall_at_k
+from xformopt.scoring.retrieval import partner_ranks, recall_at_k
 from xformopt.tasks import get
 
 TASK = get("feature-extraction")

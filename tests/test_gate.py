@@ -10,9 +10,10 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from xformopt.bench import gate
-from xformopt.bench.host import host_fingerprint
 from xformopt.bench.junit import junit_xml
 from xformopt.errors import InputError
+from xformopt.measure.host import host_fingerprint
+from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
 
 HOST = {
     "cpu_model": "Intel(R) Xeon(R) Processor", "machine": "x86_64", "cores_usable": 2,
@@ -31,7 +32,7 @@ def latency(median: float, medians: list[float] | None = None) -> dict:
     }
 
 
-def document(*, median=3.10, medians=None, metric="accuracy", value=0.865, host=None, schema=gate.REPORT_SCHEMA,
+def document(*, median=3.10, medians=None, metric="accuracy", value=0.865, host=None, schema=REPORT_SCHEMA,
              threads=2, seed=0, rows=200, source=SOURCE, metrics=None) -> dict:
     host = copy.deepcopy(host or HOST)
     if metrics is None:
@@ -58,7 +59,7 @@ def verdicts(comparison: dict) -> dict[str, str]:
 
 def test_identical_measurements_pass():
     old = document(medians=[3.05, 3.10, 3.12])
-    new = document(schema=gate.BENCH_SCHEMA, medians=[3.05, 3.10, 3.12])
+    new = document(schema=BENCH_SCHEMA, medians=[3.05, 3.10, 3.12])
     result = gate.compare(old, new)
     assert result["passed"] and result["gated"] and result["comparable"]
     assert verdicts(result) == {"latency_median_ms": "pass", "accuracy": "pass"}
@@ -276,8 +277,8 @@ def test_load_baseline_errors(tmp_path):
     with pytest.raises(InputError, match="not valid JSON"):
         gate.load_baseline(broken)
     good = tmp_path / "good.json"
-    good.write_text(json.dumps(document(schema=gate.BENCH_SCHEMA)))
-    assert gate.load_baseline(good)["schema"] == gate.BENCH_SCHEMA
+    good.write_text(json.dumps(document(schema=BENCH_SCHEMA)))
+    assert gate.load_baseline(good)["schema"] == BENCH_SCHEMA
 
 
 @pytest.mark.parametrize(("text", "value"), [("5%", 0.05), ("0.05", 0.05), (" 2.5 % ", 0.025), ("0", 0.0), ("0%", 0.0), ("1", 1.0), ("150%", 1.5)])
@@ -331,3 +332,69 @@ def test_junit_escapes_markup_in_messages():
     result["checks"][0]["verdict"] = "regression"
     root = ET.fromstring(junit_xml(result))
     assert root.find("testcase/failure").get("message") == 'a <b> & "c"'
+
+
+# --------------------------------------------------------------------------- numbers no measurement gives (issue 21)
+
+
+def _refusal(doc) -> str:
+    with pytest.raises(InputError) as info:
+        gate.check_document(doc, "baseline b.json")
+    assert info.value.exit_code == 2 and "\n" not in info.value.message
+    return info.value.message
+
+
+@pytest.mark.parametrize("metric, value, ci, fragment", [
+    ("accuracy", 0.8, [0.9, 0.7], "artifact.metrics.accuracy.ci95 is [0.9, 0.7]: its low end is above its high end"),
+    ("accuracy", 1.2, None, "accuracy.value is 1.2, outside the 0 to 1"),
+    ("accuracy", -0.1, None, "accuracy.value is -0.1"),
+    ("macro_f1", 0.5, [0.4, 1.3], "macro_f1.ci95[1] is 1.3"),
+    ("cosine_to_baseline", -1.5, None, "cosine_to_baseline.value is -1.5, outside the -1 to 1"),
+    ("perplexity", 0.5, [0.4, 0.6], "perplexity.value is 0.5, outside the 1 to inf"),
+], ids=["reversed-ci95", "accuracy-above-1", "negative-accuracy", "ci-above-1", "cosine-below-minus-1", "perplexity-below-1"])
+def test_metrics_outside_what_they_can_take_are_refused(metric, value, ci, fragment):
+    doc = document(metric=metric, metrics={metric: {"value": value, "n": 200, **({"ci95": ci} if ci else {})}})
+    assert fragment in _refusal(doc)
+
+
+@pytest.mark.parametrize("metric, value, ci", [
+    ("accuracy", 0.0, [0.0, 0.02]), ("accuracy", 1.0, [0.98, 1.0]), ("cosine_to_baseline", -0.3, [-0.4, -0.2]),
+    ("perplexity", 12.5, [11.0, 14.0]), ("perplexity", 1.0 - 1e-9, [1.0 - 1e-9, 1.0]),  # float rounding at a bound
+    ("my_own_score", 250.0, [200.0, 300.0]),  # no task reports it: unbounded, only the ci order is checked
+])
+def test_metrics_at_their_bounds_are_accepted(metric, value, ci):
+    doc = document(metric=metric, metrics={metric: {"value": value, "n": 200, "ci95": ci}})
+    assert gate.check_document(doc, "baseline b.json") is doc
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (dict(median_ms=4.0, p90_ms=3.0), "median_ms 4.0 above p90_ms 3.0"),
+    (dict(p99_ms=1.0), "p90_ms 4.65 above p99_ms 1.0"),
+    (dict(min_ms=9.0), "min_ms 9.0 above median_ms"),
+    (dict(n=0), "latency.n is 0"),
+    (dict(p90_ms=-1.0), "p90_ms is -1.0, not a non-negative number"),
+])
+def test_latency_numbers_out_of_order_are_refused(change, fragment):
+    doc = document()
+    doc["artifact"]["latency"].update(change)
+    assert fragment in _refusal(doc)
+
+
+def test_a_stage_latency_out_of_order_is_refused_too():
+    doc = document()
+    doc["stages"] = [{"name": "export", "latency": {**latency(3.0), "p90_ms": 2.0}}]
+    assert "stages[0].latency has median_ms 3.0 above p90_ms 2.0" in _refusal(doc)
+
+
+def test_a_baseline_with_a_key_given_twice_is_refused(tmp_path):
+    """json.loads keeps the last of two "median_ms" silently; a gate must not pick one for the user."""
+    text = json.dumps(document())
+    doubled = text.replace('"median_ms": 3.1,', '"median_ms": 3.1, "median_ms": 0.1,', 1)
+    assert doubled != text
+    baseline = tmp_path / "b.json"
+    baseline.write_text(doubled)
+    with pytest.raises(InputError) as info:
+        gate.load_baseline(baseline)
+    assert info.value.message.startswith(f"{baseline}: key 'median_ms' is given twice in one object")
+    baseline.write_text(text)
+    assert gate.load_baseline(baseline)["artifact"]["latency"]["median_ms"] == 3.1

@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli, write_heldout
 from harden_helpers import one_error, quick_recipe, tree
 
-from xformopt.bench.host import usable_cpus
+from xformopt.measure.host import usable_cpus
 
 
 @pytest.fixture
@@ -67,7 +67,46 @@ CONFIG_CASES = {
     "max-length-string": (lambda m: edit_json(m / "tokenizer_config.json", model_max_length="big"), "model_max_length is 'big'"),
     "bin-pickling-code": (lambda m: to_bin(m, code=True), "weights_only=True"),
     "bin-garbage": (lambda m: to_bin(m, garbage=True), "cannot be loaded as plain weights"),
+    # issue 21: tensors transformers would initialise at random, and only warn
+    "index-lists-some": (lambda m: shard(m, lambda index: [index["weight_map"].pop(n) for n in list(index["weight_map"])
+                                                           if ".layer.0.attention.self.query." in n]),
+                         "model.safetensors.index.json does not list 2 tensor(s) the text-classification model needs, "
+                         "which transformers would fill with random values: bert.encoder.layer.0.attention.self.query.bias, "
+                         "bert.encoder.layer.0.attention.self.query.weight; re-download"),
+    "index-lists-few": (lambda m: shard(m, lambda index: [index["weight_map"].pop(n) for n in list(index["weight_map"])[4:]]),
+                        "tensor(s) the text-classification model needs"),
+    "index-names-the-wrong-shard": (lambda m: shard(m, lambda index: index["weight_map"].update(
+        {n: "model-00001-of-00002.safetensors" for n in index["weight_map"]})), "which does not hold it"),
+    "file-lacks-tensors": (lambda m: drop_tensors(m, ".layer.1."), "model.safetensors lacks 16 tensor(s)"),
+    "file-lacks-a-trained-head-part": (lambda m: drop_tensors(m, "pooler."), "model.safetensors lacks 2 tensor(s) the text-classification model "
+                                       "needs, which transformers would fill with random values: bert.pooler.dense.bias"),
+    "bin-index-lists-some": (lambda m: to_bin_shards(m, drop=".embeddings.word_embeddings."),
+                             "pytorch_model.bin.index.json does not list 1 tensor(s)"),
 }
+
+
+def drop_tensors(model: Path, fragment: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(model / "model.safetensors")
+    save_file({n: t for n, t in state.items() if fragment not in n}, model / "model.safetensors", metadata={"format": "pt"})
+
+
+def to_bin_shards(model: Path, drop: str) -> None:
+    """model.safetensors as two pytorch_model-0000N-of-00002.bin shards and their index, whose weight_map
+    leaves out the tensors named with DROP (they are still in the shard: transformers reads what is listed)."""
+    import torch
+    from safetensors.torch import load_file
+
+    state = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    names = list(state)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        torch.save({n: state[n] for n in part}, model / f"pytorch_model-0000{i}-of-00002.bin")
+        weight_map.update(dict.fromkeys(part, f"pytorch_model-0000{i}-of-00002.bin"))
+    weight_map = {n: f for n, f in weight_map.items() if drop not in n}
+    (model / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 def edit_json(path: Path, **changes) -> None:
@@ -298,6 +337,11 @@ BASELINE_CASES = {
     "negative-rounds": (lambda d: d["settings"].update(rounds=-3), "settings.rounds is -3"),
     "zero-repeats": (lambda d: d["settings"].update(repeats=0), "settings.repeats is 0"),
     "huge-threads": (lambda d: d["settings"].update(threads=10**30), "settings.threads"),
+    # issue 21: numbers of the right type that no measurement gives
+    "reversed-ci95": (lambda d: d["artifact"]["metrics"]["accuracy"].update(ci95=[0.9, 0.1]),
+                      "accuracy.ci95 is [0.9, 0.1]: its low end is above its high end"),
+    "accuracy-above-1": (lambda d: d["artifact"]["metrics"]["accuracy"].update(value=86.5), "accuracy.value is 86.5"),
+    "p90-below-median": (lambda d: d["artifact"]["latency"].update(median_ms=5.0, p90_ms=1.0), "median_ms 5.0 above p90_ms"),
 }
 
 
@@ -311,7 +355,7 @@ def test_baseline_nested_too_deeply_is_one_line(artifact, tmp_path, capsys):
 
 @pytest.mark.parametrize("case", list(BASELINE_CASES))
 def test_baseline_with_bad_numbers_is_refused_before_timing(case, artifact, tmp_path, capsys, monkeypatch):
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: pytest.fail("timed against a bad baseline"))
     doc = json.loads((artifact / "report.json").read_text())
@@ -339,7 +383,7 @@ BENCH_OUTPUT_CASES = {  # (flag args given the artifact, the data file, a model 
 def test_bench_outputs_never_overwrite_what_the_run_reads(case, artifact, heldout_file, model_copy, tmp_path, capsys,
                                                           monkeypatch):
     """Found by review: `bench -o ART/model.onnx` exit 0 replaced the artifact's model with JSON."""
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: pytest.fail("timed before refusing the output path"))
     shutil.copy(artifact / "report.json", tmp_path / "b.json")
@@ -363,7 +407,7 @@ def test_bench_output_replaces_an_earlier_bench_document(artifact, tmp_path, cap
 
 def test_a_nan_spread_baseline_cannot_pass_a_5000x_slower_run(artifact, tmp_path, capsys, monkeypatch):
     """The original report: spread NaN made the noise NaN, and every comparison with NaN passed."""
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     doc = json.loads((artifact / "report.json").read_text())
     slow = copy.deepcopy(doc["artifact"]["latency"])

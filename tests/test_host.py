@@ -1,4 +1,4 @@
-"""Tests for xformopt.bench.host."""
+"""Tests for xformopt.measure.host."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from xformopt.bench import host
+from xformopt.measure import host
 
 
 @pytest.fixture
@@ -105,6 +105,7 @@ def test_usable_cpus_real_host_sane():
 # ----------------------------------------------------------------------------- cpu identity
 
 
+@pytest.mark.real_host
 @pytest.mark.skipif(not os.path.isfile("/proc/cpuinfo"), reason="needs Linux /proc/cpuinfo")
 def test_cpu_flags_and_model_match_proc_cpuinfo():
     """This machine's flags and model, read independently from /proc/cpuinfo (first processor)."""
@@ -125,6 +126,7 @@ def test_cpu_flags_and_model_match_proc_cpuinfo():
         assert "sse2" in host.cpu_flags()  # every x86-64 CPU has it
 
 
+@pytest.mark.real_host
 def test_cpu_flags_parses_cpuinfo(monkeypatch):
     monkeypatch.setattr(
         host,
@@ -135,6 +137,7 @@ def test_cpu_flags_parses_cpuinfo(monkeypatch):
     assert host.cpu_model() == "Fake CPU 9000"
 
 
+@pytest.mark.real_host
 def test_cpu_flags_parses_arm_features(monkeypatch):
     monkeypatch.setattr(
         host,
@@ -142,6 +145,31 @@ def test_cpu_flags_parses_arm_features(monkeypatch):
         lambda: "processor\t: 0\nFeatures\t: fp asimd asimddp i8mm sve\nCPU part\t: 0xd40\n",
     )
     assert {"asimd", "asimddp", "i8mm", "sve"} <= host.cpu_flags()
+
+
+def test_stated_host_facts_replace_the_real_ones(monkeypatch):
+    """XFORMOPT_CPU_FLAGS replaces /proc/cpuinfo; the INT8 probe follows XFORMOPT_INT8_SATURATES, else unknown."""
+    from xformopt import targets
+    from xformopt.measure import kernel_probe
+
+    monkeypatch.setattr(host, "_cpuinfo_text", lambda: "flags\t: fpu avx2 avx512f avx512bw avx512_vnni\n")
+    monkeypatch.setattr(kernel_probe, "_probe", lambda: True)  # the real kernel would saturate
+    monkeypatch.setenv("XFORMOPT_CPU_FLAGS", "AVX2, fma")
+    monkeypatch.delenv("XFORMOPT_INT8_SATURATES", raising=False)
+    assert host.cpu_flags() == {"avx2", "fma"}
+    assert kernel_probe.int8_gemm_saturates() is None  # never half real
+    assert host.host_info()["forced_facts"] == {"XFORMOPT_CPU_FLAGS": "AVX2, fma", "XFORMOPT_INT8_SATURATES": None}
+    monkeypatch.setenv("XFORMOPT_CPU_FLAGS", "avx2 avx512f avx512bw avx512_vnni")
+    monkeypatch.setenv("XFORMOPT_INT8_SATURATES", "1")
+    assert kernel_probe.int8_gemm_saturates() is True
+    assert targets.detect().name == "avx512"  # VNNI stated but the stated kernel saturates
+    monkeypatch.setenv("XFORMOPT_INT8_SATURATES", "0")
+    assert targets.detect().name == "avx512_vnni"
+    monkeypatch.delenv("XFORMOPT_CPU_FLAGS")
+    monkeypatch.delenv("XFORMOPT_INT8_SATURATES")
+    assert host.cpu_flags() == {"fpu", "avx2", "avx512f", "avx512bw", "avx512_vnni"}
+    assert kernel_probe.int8_gemm_saturates() is True
+    assert "forced_facts" not in host.host_info()
 
 
 # ----------------------------------------------------------------------------- host_info
@@ -192,7 +220,7 @@ def test_host_info_does_not_import_torch():
     import sys
 
     code = (
-        "import sys; from xformopt.bench import host; host.host_info(); "
+        "import sys; from xformopt.measure import host; host.host_info(); "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -178,3 +178,27 @@ def test_not_a_hub_id(model, tmp_path, capsys, monkeypatch, empty_hub_cache):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_cli(["export", model, "-o", tmp_path / "e"], capsys)
     one_error(code, err)
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["default", "-q"])
+def test_quiet_silences_the_download_bars_of_huggingface_hub(quiet, hub, tmp_path, capsys, monkeypatch):
+    """Issue 21: huggingface_hub draws its own tqdm bars on stderr; -q must silence them too (and
+    without -q they are there, so the quiet case is not quiet by accident)."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    code, _, err = run_cli([*(["-q"] if quiet else []), "export", REPO, "-o", tmp_path / "e"], capsys)
+    assert code == 0, err
+    assert any(s.startswith(f"GET /{REPO}/resolve/") for s in hub.seen)  # it did download
+    import transformers.utils.logging as transformers_logging
+
+    if quiet:
+        assert err == ""
+        assert are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()  # shard bars too
+    else:
+        assert "Fetching" in err and "100%" in err, err  # huggingface_hub's own bar
+    from xformopt.cli import output
+
+    output.set_quiet(False)  # quiet mode off again: the bars are back for whatever runs next in this process
+    assert not are_progress_bars_disabled() and transformers_logging.is_progress_bar_enabled()

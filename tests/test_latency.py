@@ -1,4 +1,4 @@
-"""Tests for xformopt.bench.latency (no wall-clock assertions about speed)."""
+"""Tests for xformopt.measure.latency (no wall-clock assertions about speed)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from xformopt.bench import latency
-from xformopt.bench.latency import LatencyStats, compare, run_interleaved, summarize
+from xformopt.measure import latency
+from xformopt.measure.latency import LatencyStats, compare, run_interleaved, summarize
 
 # ----------------------------------------------------------------------------- summarize
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xformopt.evaluate.metrics import macro_f1, macro_f1_value
-from xformopt.evaluate.pooling import mean_pool
+from xformopt.scoring.metrics import macro_f1, macro_f1_value
+from xformopt.scoring.pooling import mean_pool
 
 
 def test_macro_f1_worked_example():
@@ -47,7 +47,7 @@ def test_mean_pool_matches_sentence_transformers_pooling():
 
 
 def test_probe_splits_stratified_and_scores_the_held_out_half():
-    from xformopt.evaluate.probe import Probe
+    from xformopt.scoring.probe import Probe
 
     rng = np.random.default_rng(0)
     labels = [0] * 30 + [1] * 10 + [2] * 8

@@ -174,3 +174,109 @@ def test_torch_model_class_follows_task(tiny_classifier):
     model = models.load_torch_model(spec)
     assert type(model).__name__ == "BertModel"
     assert not model.training
+
+
+# --------------------------------------------------------------------------- tensors a checkpoint lacks (issue 21)
+
+
+def _tiny(cls_name: str):
+    import torch
+    import transformers
+
+    cls = getattr(transformers, cls_name)
+    config_cls = {"Bert": "BertConfig", "DistilBert": "DistilBertConfig", "Roberta": "RobertaConfig",
+                  "GPT2": "GPT2Config"}[next(p for p in ("DistilBert", "Bert", "Roberta", "GPT2") if cls_name.startswith(p))]
+    small = {"DistilBertConfig": dict(vocab_size=99, dim=16, n_layers=2, n_heads=2, hidden_dim=24),
+             "GPT2Config": dict(vocab_size=99, n_embd=16, n_layer=2, n_head=2, n_positions=32)}.get(
+        config_cls, dict(vocab_size=99, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+                         max_position_embeddings=40))
+    torch.manual_seed(0)
+    return cls(getattr(transformers, config_cls)(**small, num_labels=3))
+
+
+# (class the checkpoint was saved from, class it is loaded as): base under task, task under base, task under task
+PAIRS = [("BertModel", "BertForSequenceClassification"), ("BertForSequenceClassification", "BertModel"),
+         ("BertForMaskedLM", "BertForTokenClassification"), ("BertForTokenClassification", "BertForSequenceClassification"),
+         ("BertForMaskedLM", "BertForMaskedLM"), ("BertModel", "BertForMaskedLM"),
+         ("DistilBertModel", "DistilBertForSequenceClassification"), ("RobertaForMaskedLM", "RobertaModel"),
+         ("RobertaModel", "RobertaForQuestionAnswering"), ("GPT2LMHeadModel", "GPT2LMHeadModel"), ("GPT2Model", "GPT2LMHeadModel")]
+
+
+@pytest.mark.parametrize("saved, loaded", PAIRS, ids=[f"{a}-as-{b}" for a, b in PAIRS])
+@pytest.mark.parametrize("drop", [0, 1, 5])
+def test_missing_tensors_are_the_ones_transformers_reports(saved, loaded, drop, tmp_path):
+    """weight_coverage decides from names alone what from_pretrained(output_loading_info=True) reports
+    as missing_keys after loading: on base and task checkpoints, tied heads, and DROP tensors removed."""
+    import random
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from xformopt import weight_coverage
+
+    _tiny(saved).save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    for name in random.Random(drop).sample(sorted(state), drop):
+        del state[name]
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    cls = getattr(transformers, loaded)
+    _, info = cls.from_pretrained(tmp_path, output_loading_info=True)
+    with torch.device("meta"):
+        meta = cls(transformers.AutoConfig.from_pretrained(tmp_path))
+    assert weight_coverage.missing(meta, list(state)) == sorted(info["missing_keys"])
+
+
+def _check(path: Path, task: str) -> None:
+    from xformopt import validate
+
+    validate.check_config_matches_weights(path, task, validate.check_weights(path))
+
+
+@pytest.mark.parametrize("saved, task", [
+    ("BertModel", "text-classification"), ("BertModel", "token-classification"), ("BertModel", "question-answering"),
+    ("BertModel", "multiple-choice"), ("BertForQuestionAnswering", "text-classification"),  # no pooler: it starts fresh too
+    ("BertForTokenClassification", "feature-extraction"),  # the pooler's output is never read
+    ("BertForMaskedLM", "text-classification"), ("DistilBertModel", "text-classification"),
+])
+def test_a_task_head_may_start_fresh_on_a_checkpoint_without_it(saved, task, tmp_path):
+    _tiny(saved).save_pretrained(tmp_path)
+    _check(tmp_path, task)  # no error: transformers initialises the head, as the task expects
+
+
+@pytest.mark.parametrize("saved, task, named", [
+    ("BertModel", "fill-mask", "cls.predictions.bias"),  # a masked-LM head only comes from pretraining
+    ("GPT2Model", "text-generation", None),  # tied lm_head: the GPT-2 base has every tensor
+])
+def test_a_language_model_head_may_not_start_fresh(saved, task, named, tmp_path):
+    _tiny(saved).save_pretrained(tmp_path)
+    if named is None:
+        _check(tmp_path, task)
+        return
+    with pytest.raises(InputError) as info:
+        _check(tmp_path, task)
+    assert f"the {task} model needs, which transformers would fill with random values: {named}" in info.value.message
+
+
+@pytest.mark.parametrize("saved", ["BertForSequenceClassification", "BertForTokenClassification"])
+def test_a_trained_head_on_a_checkpoint_without_its_pooler_is_refused(saved, tmp_path):
+    """A `classifier` is in the checkpoint (a token classifier has the sequence classifier's name and
+    shape), so the pooler under it must be too: it is not a fresh head."""
+    from safetensors.torch import load_file, save_file
+
+    _tiny(saved).save_pretrained(tmp_path)
+    state = {n: t for n, t in load_file(tmp_path / "model.safetensors").items() if "pooler" not in n}
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError, match=r"lacks 2 tensor\(s\) .*: bert.pooler.dense.bias, bert.pooler.dense.weight;"):
+        _check(tmp_path, "text-classification")
+
+
+def test_many_missing_tensors_are_named_a_few_then_counted(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    _tiny("BertModel").save_pretrained(tmp_path)
+    state = {n: t for n, t in load_file(tmp_path / "model.safetensors").items() if "encoder" not in n}
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError) as info:
+        _check(tmp_path, "feature-extraction")
+    assert "lacks 32 tensor(s)" in info.value.message and ", and 29 more; re-download" in info.value.message

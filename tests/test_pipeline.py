@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import shutil
@@ -14,9 +15,9 @@ import pytest
 
 from xformopt import pipeline, recipe, targets
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
-from xformopt.bench import host
+from xformopt.measure import host
 from xformopt.errors import InputError, PassFailed
-from xformopt.report.build import REPORT_SCHEMA
+from xformopt.report.schema import REPORT_SCHEMA
 
 LAYERS = 2
 ROWS = 16
@@ -132,12 +133,47 @@ def test_report_json(first_run):
     assert stages[3]["size_bytes"] < stages[2]["size_bytes"]
 
 
+def _sane_memory(block: dict) -> None:
+    assert 0 < block["start_rss_mb"] <= block["peak_rss_mb"] < 64 * 1024  # MB, not bytes or kB
+    assert 0 < block["end_rss_mb"] <= block["peak_rss_mb"]
+    assert block["peak_delta_mb"] == pytest.approx(block["peak_rss_mb"] - block["start_rss_mb"], abs=0.11)
+    assert block["child_processes"] >= 0 and block["children_peak_rss_mb"] >= 0
+    assert block["method"]
+
+
+def test_peak_memory_per_pass_and_stage(first_run):
+    result, _, _ = first_run
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    report = json.loads((result.out / "report.json").read_text())
+    for entry in manifest["passes"]:
+        _sane_memory(entry["memory"])
+    summary = report["memory"]
+    assert manifest["memory"] == summary
+    assert summary["passes"] == {p["pass"]: p["memory"]["peak_rss_mb"] for p in manifest["passes"]}
+    _sane_memory(summary["evaluation"])
+    blocks = {**summary["passes"], "evaluation": summary["evaluation"]["peak_rss_mb"]}
+    assert summary["peak_in"] == max(blocks, key=blocks.get)
+    # the process peak is the run's: at least every block's peak (they are all in this process)
+    assert summary["peak_rss_mb"] >= max(blocks.values())
+    for stage in report["stages"]:
+        memory = stage["memory"]
+        assert set(memory) == ({"load", "evaluate"} if stage["name"] == "pytorch" else {"pass", "load", "evaluate"})
+        for block in memory.values():
+            _sane_memory(block)
+        # evaluation holds every stage at once, so each stage's scoring peak is inside the evaluation's
+        assert memory["evaluate"]["peak_rss_mb"] <= summary["evaluation"]["peak_rss_mb"]
+    md = (result.out / "report.md").read_text()
+    assert f"{summary['peak_rss_mb']:,.0f} MB" in md
+
+
 def test_report_md(first_run):
     result, _, _ = first_run
     text = (result.out / "report.md").read_text()
     assert text.startswith("### xformopt: ")
     assert "| Stage | Size (MB) | Accuracy |" in text
-    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| Stage")]
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Stage"))
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2:]))  # the headline table
     assert [r.split("|")[1].strip() for r in rows] == ["pytorch", "export", "fuse", "quantize"]
     assert f"{ROUNDS} interleaved rounds" in text
 

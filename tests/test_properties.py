@@ -176,7 +176,7 @@ baseline_values = st.one_of(st.just("<delete>"), st.floats(), st.integers(-10**2
 @SETTINGS
 @given(changes=st.lists(st.tuples(st.sampled_from(PATHS), baseline_values), min_size=1, max_size=3))
 def test_generated_baselines(changes, artifact, tmp_path_factory, capsys, monkeypatch):
-    from xformopt.bench import modes
+    from xformopt.measure import modes
 
     report = json.loads((artifact / "report.json").read_text())
     monkeypatch.setattr(modes, "solo_repeats", lambda *a, **k: copy.deepcopy(report["artifact"]["latency"]))

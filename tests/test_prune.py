@@ -24,6 +24,7 @@ from conftest import (
 from xformopt.errors import InputError
 from xformopt.passes import get_pass
 from xformopt.passes import prune as P
+from xformopt.passes import prune_flops, prune_importance, prune_plans, surgery
 
 HEAD_DIM = TINY["hidden"] // TINY["heads"]
 FAST = dict(measure_latency=False, samples=32, eval_samples=32, batch_size=16)
@@ -39,7 +40,7 @@ def batches_for(path: Path, texts, labels=None):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    return P.make_batches(tok, texts, None, labels, 8, 64, {"input_ids", "attention_mask", "token_type_ids"})
+    return prune_importance.make_batches(tok, texts, None, labels, 8, 64, {"input_ids", "attention_mask", "token_type_ids"})
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +72,11 @@ def test_taylor_ranks_silenced_units_last(tiny_classifier, sample_texts):
         layer.attention.output.dense.weight[:, 2 * HEAD_DIM:3 * HEAD_DIM] = 0
         layer.output.dense.weight[:, [5, 17]] = 0
     labels = [i % 2 for i in range(32)]
-    heads, ffn = P.taylor_importance(model, P.arch_for("bert"), batches_for(tiny_classifier, sample_texts[:32], labels),
+    heads, ffn = prune_importance.taylor_importance(model, surgery.arch_for("bert"), batches_for(tiny_classifier, sample_texts[:32], labels),
                                      "logits", seed=0)
     assert heads[0][2] == 0 and all(heads[0][h] > 0 for h in (0, 1, 3))
     assert set(np.argsort(ffn[0], kind="stable")[:2]) == {5, 17}
-    assert P.top(heads[0], 3) == [0, 1, 3]
+    assert prune_plans.top(heads[0], 3) == [0, 1, 3]
 
 
 def test_feature_extraction_probe_importance_finds_dead_head(tiny_encoder, sample_texts):
@@ -85,7 +86,7 @@ def test_feature_extraction_probe_importance_finds_dead_head(tiny_encoder, sampl
     model = load(tiny_encoder, "AutoModel")
     with torch.no_grad():
         model.encoder.layer[1].attention.output.dense.weight[:, :HEAD_DIM] = 0
-    heads, ffn = P.taylor_importance(model, P.arch_for("bert"), batches_for(tiny_encoder, sample_texts[:16]),
+    heads, ffn = prune_importance.taylor_importance(model, surgery.arch_for("bert"), batches_for(tiny_encoder, sample_texts[:16]),
                                      "embedding", seed=0)
     assert heads[1][0] == 0 and min(heads[1][1:]) > 0
     assert all((f > 0).all() for f in ffn)
@@ -97,7 +98,7 @@ def test_magnitude_ranks_scaled_head_first(tiny_classifier):
     model = load(tiny_classifier)
     with torch.no_grad():
         model.bert.encoder.layer[1].attention.output.dense.weight[:, 3 * HEAD_DIM:] *= 10
-    heads, _, _ = P.magnitude_importance(model, P.arch_for("bert"))
+    heads, _, _ = prune_importance.magnitude_importance(model, surgery.arch_for("bert"))
     assert int(np.argmax(heads[1])) == 3
 
 
@@ -134,13 +135,13 @@ def test_rounding_to_simd_multiple(tiny_classifier, sample_texts, tmp_path):
                           tmp_path / target, ffn_dim=37, **FAST)
         assert record["after"]["ffn_per_layer"] == [want, want]
         assert record["simd_multiple"] in (8, 16)
-    assert P.head_step(24, 16) == 2 and P.head_step(64, 16) == 1 and P.head_step(32, 16) == 1
-    assert P.round_multiple(3, 16, 1, 128) == 16  # never rounds to nothing
+    assert prune_flops.head_step(24, 16) == 2 and prune_flops.head_step(64, 16) == 1 and prune_flops.head_step(32, 16) == 1
+    assert prune_flops.round_multiple(3, 16, 1, 128) == 16  # never rounds to nothing
 
 
 def test_flops_formula():
-    shape = P.Shape(hidden=64, head_dim=16, heads=[4, 2], ffn=[128, 128])
-    flops = P.encoder_flops(shape, 10)
+    shape = prune_flops.Shape(hidden=64, head_dim=16, heads=[4, 2], ffn=[128, 128])
+    flops = prune_flops.encoder_flops(shape, 10)
     assert flops["attention_projections"] == 8 * 10 * 64 * (64 + 32)
     assert flops["attention_scores"] == 4 * 100 * (64 + 32)
     assert flops["ffn"] == 4 * 10 * 64 * 256
@@ -171,18 +172,18 @@ def test_checkpoint_round_trip_in_fresh_process(tiny_classifier, sample_texts, t
     what the unpruned model computes with the removed units masked."""
     import torch
 
-    arch = P.arch_for("bert")
+    arch = surgery.arch_for("bert")
     texts = sample_texts[:6]
     cases = {}
     for name, keep_layers, fraction in (("width", [0, 1], 0.6), ("depth", [1], 0.33)):
         model = load(tiny_classifier)
-        heads, ffn, _ = P.magnitude_importance(model, arch)
-        shape0 = P.current_shape(model, arch)
-        target = fraction * P.encoder_flops(shape0, 128)["total"]
-        plan = P.width_plan(heads, ffn, keep_layers, 0.75, shape0, 8, target, 128)
+        heads, ffn, _ = prune_importance.magnitude_importance(model, arch)
+        shape0 = surgery.current_shape(model, arch)
+        target = fraction * prune_flops.encoder_flops(shape0, 128)["total"]
+        plan = prune_plans.width_plan(heads, ffn, keep_layers, 0.75, shape0, 8, target, 128)
         plan.heads[keep_layers[0]] = [0, 2, 3]  # make heads per layer differ
         batches = batches_for(tiny_classifier, texts)
-        masks = P.Masks(model, arch)
+        masks = prune_importance.Masks(model, arch)
         for i in range(2):
             masks.head[i] = torch.zeros(4)
             masks.ffn[i] = torch.zeros(128)
@@ -193,7 +194,7 @@ def test_checkpoint_round_trip_in_fresh_process(tiny_classifier, sample_texts, t
         with torch.no_grad():
             masked = model(**batches.encoded[0]).logits.numpy()
         masks.close()
-        P.apply_plan(model, arch, plan)
+        surgery.apply_plan(model, arch, plan)
         with torch.no_grad():
             in_memory = model(**batches.encoded[0]).logits.numpy()
         np.testing.assert_allclose(in_memory, masked, atol=1e-5)
@@ -298,23 +299,23 @@ def test_zero_sparsity_is_refused():
 
 
 def test_removes_nothing_and_explicit_check():
-    shape = P.Shape(hidden=64, head_dim=16, heads=[4, 4], ffn=[128, 128])
-    full = P.Plan([0, 1], {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}, {0: list(range(128)), 1: list(range(128))}, 128)
-    assert P.removes_nothing(full, shape)
-    assert not P.removes_nothing(P.Plan([0], {0: [0, 1, 2, 3]}, {0: list(range(128))}, 128), shape)
-    assert not P.removes_nothing(P.Plan([0, 1], {0: [0, 1, 2], 1: [0, 1, 2, 3]}, full.ffn, 128), shape)
-    assert not P.removes_nothing(P.Plan([0, 1], full.heads, {0: list(range(64)), 1: list(range(64))}, 64), shape)
+    shape = prune_flops.Shape(hidden=64, head_dim=16, heads=[4, 4], ffn=[128, 128])
+    full = prune_plans.Plan([0, 1], {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}, {0: list(range(128)), 1: list(range(128))}, 128)
+    assert prune_plans.removes_nothing(full, shape)
+    assert not prune_plans.removes_nothing(prune_plans.Plan([0], {0: [0, 1, 2, 3]}, {0: list(range(128))}, 128), shape)
+    assert not prune_plans.removes_nothing(prune_plans.Plan([0, 1], {0: [0, 1, 2], 1: [0, 1, 2, 3]}, full.ffn, 128), shape)
+    assert not prune_plans.removes_nothing(prune_plans.Plan([0, 1], full.heads, {0: list(range(64)), 1: list(range(64))}, 64), shape)
     for clipped in (dict(layers=99, ffn_dim=99999), dict(heads_per_layer=4), dict(layers=2), dict(ffn_dim=120)):
         with pytest.raises(InputError) as info:
-            P.check_explicit_prunes(shape, P.PruneOptions(**clipped), 16)
+            prune_plans.check_explicit_prunes(shape, P.PruneOptions(**clipped), 16)
         message = info.value.message
         assert message.startswith("nothing to prune: ") and "\n" not in message
         assert "2 layers, 4 heads per layer, FFN 128" in message
         assert message.endswith("ask for fewer heads/FFN/layers or sparsity > 0")
     assert "layers=99, ffn_dim=99999" in str(pytest.raises(
-        InputError, P.check_explicit_prunes, shape, P.PruneOptions(layers=99, ffn_dim=99999), 16).value)
+        InputError, prune_plans.check_explicit_prunes, shape, P.PruneOptions(layers=99, ffn_dim=99999), 16).value)
     for real in (dict(layers=1), dict(heads_per_layer=3), dict(ffn_dim=64), dict(layers=99, ffn_dim=64)):
-        P.check_explicit_prunes(shape, P.PruneOptions(**real), 16)  # removes something: no error
+        prune_plans.check_explicit_prunes(shape, P.PruneOptions(**real), 16)  # removes something: no error
 
 
 def test_pass_refuses_a_prune_that_removes_nothing(tiny_classifier, sample_texts, tmp_path):
@@ -345,7 +346,7 @@ def test_cli_unsupported_architecture_exit_2(tmp_path, capsys, config):
     assert code == 2 and f"unsupported architecture '{config['model_type']}'" in err
     assert not (tmp_path / "p").exists()
     with pytest.raises(InputError):
-        P.arch_for(config["model_type"])
+        surgery.arch_for(config["model_type"])
 
 
 def test_prune_after_export_is_rejected(exported_classifier, tmp_path, capsys):
@@ -398,13 +399,13 @@ def test_recipe_prune_then_onnx_passes(tiny_classifier, heldout_file, tmp_path):
 # --------------------------------------------------------------------------- choosing among candidates
 
 
-def fake_plan(layers: int, heads: int, loss: float, ms: float | None = None, note: str | None = None) -> P.Plan:
+def fake_plan(layers: int, heads: int, loss: float, ms: float | None = None, note: str | None = None) -> prune_plans.Plan:
     keep = list(range(layers))
-    return P.Plan(keep, {i: list(range(heads)) for i in keep}, {i: [0] for i in keep}, 1,
+    return prune_plans.Plan(keep, {i: list(range(heads)) for i in keep}, {i: [0] for i in keep}, 1,
                   note=note or f"{layers} layers, {heads} heads", sample_loss=loss, median_ms=ms)
 
 
-def sentiment_like() -> list[P.Plan]:
+def sentiment_like() -> list[prune_plans.Plan]:
     """Losses and latencies shaped like the MiniLM sentiment classifier's candidates at sparsity 0.5 (unpruned
     sample loss 0.33): every dropped layer is faster at equal FLOPs, and the deepest cut loses most."""
     return [fake_plan(6, 12, 0.4725, 3.97, "A"), fake_plan(6, 9, 0.4792, 3.96, "B"), fake_plan(5, 10, 0.4904, 3.77, "C"),
@@ -412,53 +413,53 @@ def sentiment_like() -> list[P.Plan]:
 
 
 def test_loss_limit():
-    assert P.loss_limit(0.33, 0.47, 0.25) == pytest.approx(0.33 + 1.25 * 0.14)
-    assert P.loss_limit(0.33, 0.47, 0.0) == pytest.approx(0.47 * 1.02)  # never tighter than the 2% tie
-    assert P.loss_limit(0.0, 0.01, 1.0) == pytest.approx(0.02)  # feature extraction: the unpruned MSE is 0
-    assert P.loss_limit(0.5, 0.4, 0.25) == pytest.approx(0.408)  # a candidate better than unpruned: 2% of it
+    assert prune_plans.loss_limit(0.33, 0.47, 0.25) == pytest.approx(0.33 + 1.25 * 0.14)
+    assert prune_plans.loss_limit(0.33, 0.47, 0.0) == pytest.approx(0.47 * 1.02)  # never tighter than the 2% tie
+    assert prune_plans.loss_limit(0.0, 0.01, 1.0) == pytest.approx(0.02)  # feature extraction: the unpruned MSE is 0
+    assert prune_plans.loss_limit(0.5, 0.4, 0.25) == pytest.approx(0.408)  # a candidate better than unpruned: 2% of it
 
 
 def test_balanced_takes_the_fastest_within_the_loss_limit():
     plans = sentiment_like()
-    chosen, info = P.select_plan(plans, "balanced", base_loss=0.33, loss_tolerance=0.25, speed_tolerance=0.03)
+    chosen, info = prune_plans.select_plan(plans, "balanced", base_loss=0.33, loss_tolerance=0.25, speed_tolerance=0.03)
     assert chosen.note == "D"  # E is faster still, but its loss is outside 0.33 + 1.25 x 0.1425
     assert info["qualified"] == ["A", "B", "C", "D"] and info["loss_limit"] == pytest.approx(0.508125)
     assert [p.qualified for p in plans] == [True, True, True, True, False]
     assert info["reason"].startswith("balanced: 4 of 5 candidates within the loss limit 0.5081")
     assert "fastest (3.580 ms)" in info["reason"]
     # A tighter tolerance leaves A and B, 0.3% apart in speed: a tie, which the lower loss wins.
-    chosen, info = P.select_plan(plans, "balanced", base_loss=0.33, loss_tolerance=0.1, speed_tolerance=0.03)
+    chosen, info = prune_plans.select_plan(plans, "balanced", base_loss=0.33, loss_tolerance=0.1, speed_tolerance=0.03)
     assert chosen.note == "A"
     assert "lowest sample loss (0.4725) among those within 3% of the fastest (B: 3.960 ms" in info["reason"]
     # No speed tolerance: B, the strictly fastest of the two.
-    assert P.select_plan(plans, "balanced", 0.33, 0.1, 0.0)[0].note == "B"
+    assert prune_plans.select_plan(plans, "balanced", 0.33, 0.1, 0.0)[0].note == "B"
 
 
 def test_speed_and_accuracy_preferences():
     plans = sentiment_like()
-    assert P.select_plan(plans, "speed", 0.33, 0.25, 0.03)[0].note == "E"
+    assert prune_plans.select_plan(plans, "speed", 0.33, 0.25, 0.03)[0].note == "E"
     plans[3].median_ms = 3.3  # D within 3% of E: the tie goes to the lower loss
-    chosen, info = P.select_plan(plans, "speed", 0.33, 0.25, 0.03)
+    chosen, info = prune_plans.select_plan(plans, "speed", 0.33, 0.25, 0.03)
     assert chosen.note == "D" and info["qualified"] == list("ABCDE")
-    chosen, info = P.select_plan(plans, "accuracy", 0.33, 0.25, 0.03)
+    chosen, info = prune_plans.select_plan(plans, "accuracy", 0.33, 0.25, 0.03)
     assert chosen.note == "A" and info["reason"] == "lowest sample loss 0.4725"
     # accuracy keeps the old rule: within 2% of the best loss, fewer layers first, whatever the timings say.
     near = [fake_plan(6, 12, 0.500, 1.0, "wide"), fake_plan(5, 12, 0.505, 9.0, "shallow")]
-    chosen, info = P.select_plan(near, "accuracy", 0.3, 0.25, 0.03)
+    chosen, info = prune_plans.select_plan(near, "accuracy", 0.3, 0.25, 0.03)
     assert chosen.note == "shallow" and "within 2% of the lowest sample loss" in info["reason"]
 
 
 def test_untimed_balanced_counts_fewer_layers_as_faster():
     plans = [fake_plan(len(p.keep_layers), p.kept_heads, p.sample_loss, None, p.note) for p in sentiment_like()]
-    chosen, info = P.select_plan(plans, "balanced", 0.33, 0.25, 0.03)
+    chosen, info = prune_plans.select_plan(plans, "balanced", 0.33, 0.25, 0.03)
     assert chosen.note == "D" and info["speed_tolerance"] is None and "fewer layers" in info["speed_order"]
     plans.append(fake_plan(4, 6, 0.4950, None, "D2"))  # same depth as D: the lower loss wins
-    assert P.select_plan(plans, "balanced", 0.33, 0.25, 0.03)[0].note == "D2"
+    assert prune_plans.select_plan(plans, "balanced", 0.33, 0.25, 0.03)[0].note == "D2"
 
 
 def test_distinct_drops_repeated_plans():
     a, b, c = fake_plan(2, 4, 0.1), fake_plan(2, 4, 0.2), fake_plan(1, 4, 0.1)
-    kept = P.distinct([a, b, c])
+    kept = prune_plans.distinct([a, b, c])
     assert len(kept) == 2 and kept[0] is a and kept[1] is c
 
 
@@ -486,7 +487,7 @@ def test_pass_chooses_by_injected_latency(tiny_classifier, sample_texts, tmp_pat
         assert c["speedup_vs_unpruned"] == round(20.0 / c["median_ms"], 3)
     plans = [fake_plan(c["layers"], 1, c["sample_loss"], c["median_ms"], c["plan"]) for c in record["candidates"]]
     defaults = P.PruneOptions(sparsity=0.5)
-    want, _ = P.select_plan(plans, prefer, selection["unpruned_sample_loss"], defaults.loss_tolerance,
+    want, _ = prune_plans.select_plan(plans, prefer, selection["unpruned_sample_loss"], defaults.loss_tolerance,
                             defaults.speed_tolerance)
     assert record["chosen"] == want.note and selection["reason"]
     if prefer == "speed":
@@ -632,15 +633,15 @@ def test_family_masked_pruned_and_reloaded_agree(tiny_family, sample_texts, tmp_
     from transformers import AutoModelForSequenceClassification
 
     model = load(tiny_family)
-    arch = P.arch_for(model.config.model_type)
-    heads, ffn, _ = P.magnitude_importance(model, arch)
-    shape0 = P.current_shape(model, arch)
+    arch = surgery.arch_for(model.config.model_type)
+    heads, ffn, _ = prune_importance.magnitude_importance(model, arch)
+    shape0 = surgery.current_shape(model, arch)
     assert (shape0.num_layers, shape0.heads, shape0.ffn) == (2, [4, 4], [128, 128])
-    target = 0.33 * P.encoder_flops(shape0, 128)["total"]
-    plan = P.width_plan(heads, ffn, [1], 0.75, shape0, 8, target, 128)
+    target = 0.33 * prune_flops.encoder_flops(shape0, 128)["total"]
+    plan = prune_plans.width_plan(heads, ffn, [1], 0.75, shape0, 8, target, 128)
     plan.heads[1] = [0, 2, 3]
     texts = sample_texts[:6]
-    masks = P.Masks(model, arch)
+    masks = prune_importance.Masks(model, arch)
     for i in range(2):
         masks.head[i], masks.ffn[i] = torch.zeros(4), torch.zeros(128)
         if i in plan.keep_layers:
@@ -649,7 +650,7 @@ def test_family_masked_pruned_and_reloaded_agree(tiny_family, sample_texts, tmp_
     masks.skip([0])
     masked = logits_of(model, tiny_family, texts)
     masks.close()
-    P.apply_plan(model, arch, plan)
+    surgery.apply_plan(model, arch, plan)
     in_memory = logits_of(model, tiny_family, texts)
     np.testing.assert_allclose(in_memory, masked, atol=1e-5)
     out = tmp_path / "pruned"
@@ -677,15 +678,15 @@ def test_family_prune_pass_output_loads(tiny_family, sample_texts, tmp_path):
     assert loaded.config.model_type == ctx.spec.model_type
     assert loaded.config.num_hidden_layers == record["after"]["layers"]
     assert loaded.config.intermediate_size == record["after"]["ffn_per_layer"][0]
-    arch = P.arch_for(loaded.config.model_type)
-    assert P.current_shape(loaded, arch).heads == record["after"]["heads_per_layer"]
+    arch = surgery.arch_for(loaded.config.model_type)
+    assert surgery.current_shape(loaded, arch).heads == record["after"]["heads_per_layer"]
     _, held = P.load_sets(ctx, P.PruneOptions(**options), True)
     import inspect
 
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "p")
-    batches = P.make_batches(tokenizer, held.texts, held.text_pairs, held.labels, 16, 128,
+    batches = prune_importance.make_batches(tokenizer, held.texts, held.text_pairs, held.labels, 16, 128,
                              set(inspect.signature(loaded.forward).parameters))
-    assert P.quality(loaded, batches, "logits", None) == record["quality_before_recovery"]["pruned"]
+    assert prune_importance.quality(loaded, batches, "logits", None) == record["quality_before_recovery"]["pruned"]
 
 
 @pytest.mark.parametrize("tiny_family", ["roberta", "electra"], indirect=True)
@@ -729,3 +730,15 @@ def test_pass_refuses_other_architectures(tiny_classifier, sample_texts, tmp_pat
     assert message == (f"unsupported architecture {model_type!r} for pass 'prune': it takes encoders whose modules "
                        "it knows (bert, electra, roberta, xlm-roberta, camembert, distilbert, mpnet)")
     assert not any((tmp_path / "p").iterdir())  # refused before any work
+
+
+def test_a_head_pruned_stage_passes_the_model_folder_checks(tiny_classifier, tmp_path, capsys):
+    """Found with issue 21: a config with pruned_heads could not be built on the meta device
+    (torch.nonzero), so `distill`/`export` of a head-pruned folder was refused as a broken config."""
+    from xformopt import validate
+
+    code, _, err = run_cli(["prune", tiny_classifier, "-o", tmp_path / "p", "--heads-per-layer", "1", "--no-latency",
+                            "--samples", "16", "--target", "avx2"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["pruned_heads"]
+    validate.check_model_files(tmp_path / "p", task="text-classification")  # no InputError

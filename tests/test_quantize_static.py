@@ -199,6 +199,7 @@ def test_budget_generous_no_fallback(fused_classifier, tiny_classifier, tmp_path
     assert record["coverage"]["kept_float"] == []
 
 
+@pytest.mark.host_sensitive
 def test_budget_falls_back_most_harmful_first(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
     import xformopt.passes.calibration as cal_mod
     import xformopt.passes.quantize as q_mod

@@ -333,3 +333,78 @@ def test_static_int8_and_the_accuracy_budget_read_squad_rows(tmp_path, capsys, t
     assert record["mode"] == "static" and record["calibration"]["rows"] == 16
     assert record["budget"]["metric"] == "f1" and record["budget_met"] is True
     assert record["agreement"]["measure"] == "answer-span overlap F1"
+
+
+# --------------------------------------------------------------------------- export parity on pairs
+
+
+@pytest.fixture(scope="session")
+def same_question_file(tmp_path_factory) -> Path:
+    """40 rows asking one templated question ("what will they watch ?", one token length) over contexts
+    of very different lengths: the held-out shape the first-text-only parity refused."""
+    rng, rows = random.Random(5), []
+    while len(rows) < 40:
+        row = make_row(rng, fillers=rng.randint(0, 12))
+        if row["question"].split()[-2] == "watch":
+            rows.append({"id": f"same-{len(rows)}", **row, "question": "what will they watch ?"})
+    return write_jsonl(tmp_path_factory.mktemp("qa-same-question") / "rows.jsonl", rows)
+
+
+def test_identical_questions_over_varied_contexts_optimize_and_parity_records_the_pairs(
+        tmp_path, capsys, tiny_qa, same_question_file):
+    from xformopt.exporting import parity_texts
+    from xformopt.models import load_tokenizer
+
+    data = load_squad(same_question_file)
+    assert len(set(data.texts)) == 1
+    with pytest.raises(InputError, match="at least 3 different token lengths"):  # the questions alone: one length
+        parity_texts(data.texts, load_tokenizer(tiny_qa))
+    recipe = tmp_path / "qa.yaml"
+    recipe.write_text(f"name: qa-same\ntarget: avx512_vnni\npasses:\n  - export\n  - fuse: {{select: all}}\n  - quantize\n"
+                      f"evaluation:\n  data: {same_question_file}\n  latency_rounds: 3\n  warmup: 1\n  repeats: 1\n")
+    out = tmp_path / "artifact"
+    code, _, err = run_cli(["optimize", tiny_qa, "--recipe", recipe, "-o", out], capsys)
+    assert code == 0, err
+    parity = json.loads((out / "manifest.json").read_text())["passes"][0]["record"]["parity"]
+    pairs = parity["pair_lengths"]
+    question_tokens = {q for q, _ in pairs}
+    assert len(question_tokens) == 1  # the question is the same everywhere: the contexts made the spread
+    assert len({c for _, c in pairs}) == len(pairs) >= 3
+    tokenizer = load_tokenizer(tiny_qa)
+    assert question_tokens == {len(tokenizer(data.texts[0], add_special_tokens=False)["input_ids"])}
+    # each batch-1 case is the pair it names: its context's tokens, the question's and the special tokens
+    contexts = {len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in data.text_pairs}
+    assert {c for _, c in pairs} <= contexts
+    assert parity["batch_sizes"] == [1] * len(pairs) + [2]
+    lengths = sorted(len(load_tokenizer(tiny_qa)(t, p)["input_ids"]) for t, p in zip(data.texts, data.text_pairs))
+    assert min(parity["sequence_lengths"]) == lengths[0] and max(parity["sequence_lengths"]) == lengths[-1]
+
+
+def test_parity_catches_a_divergence_only_long_contexts_show(tmp_path, tiny_qa, same_question_file):
+    """A graph whose position embeddings are wrong past position 48 agrees with PyTorch on the question
+    alone (all a first-text-only parity saw); parity over the pairs as the model receives them fails."""
+    import onnx
+    from conftest import make_ctx, run_pass
+    from onnx import numpy_helper
+
+    from xformopt.errors import PassFailed
+    from xformopt.passes.export import ExportOptions, check_parity
+    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+
+    data = load_squad(same_question_file)
+    ctx = make_ctx(tiny_qa, data.texts)
+    ctx.sample = data
+    run_pass("export", ctx, tiny_qa, tmp_path / "onnx")
+    model = onnx.load(str(tmp_path / "onnx" / "model.onnx"))
+    table = next(i for i in model.graph.initializer if "position_embeddings" in i.name)
+    weights = numpy_helper.to_array(table).copy()
+    weights[48:] += np.random.default_rng(0).normal(0, 0.5, weights[48:].shape)  # not constant: LayerNorm removes that
+    table.CopyFrom(numpy_helper.from_array(weights, table.name))
+    onnx.save(model, str(tmp_path / "onnx" / "model.onnx"))
+
+    spec = models.resolve(str(tiny_qa))
+    torch_model, onnx_model = TorchPredictor(spec, tiny_qa, threads=1), OrtPredictor(spec, tmp_path / "onnx", threads=1)
+    question = torch_model.tokenize(data.texts[:1])
+    assert np.abs(torch_model.raw_outputs(question) - onnx_model.raw_outputs(question)).max() < 1e-4
+    with pytest.raises(PassFailed, match=r"export parity failed.*text \+ pair tokens"):
+        check_parity(ctx, tiny_qa, tmp_path / "onnx", ExportOptions())

@@ -292,3 +292,42 @@ def test_to_yaml_round_trip_keeps_custom_options(tmp_path):
     assert again.passes[2].options["per_channel"] is False
     assert again.evaluation.limit == 32 and again.evaluation.latency_rounds == 5
     assert again.to_dict() == original.to_dict()
+
+
+# --------------------------------------------------------------------------- duplicate keys (issue 21)
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("name: a\ntarget: avx2\npasses: [export]\ntarget: avx512\n", "target", (2, 4)),
+    ("passes:\n  - export\n  - quantize:\n      mode: dynamic\n      per_channel: true\n      mode: static\n", "mode", (4, 6)),
+    ("passes: [export]\nevaluation: {limit: 3, seed: 1, limit: 5}\n", "limit", (2, 2)),
+], ids=["top-level", "pass-option", "flow-mapping"])
+def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path, text, key, lines):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    message = load_error(path)
+    assert message.startswith(f"{path}:{lines[1]}: key {key!r} is given twice (lines {lines[0]} and {lines[1]})")
+    assert "keep one" in message
+
+
+def test_duplicate_keys_in_a_search_space_are_refused(tmp_path):
+    from xformopt.search import space as spaces
+
+    path = tmp_path / "space.yaml"
+    path.write_text("choices:\n  quantize.mode: [dynamic]\n  fuse.select: [all]\n  quantize.mode: [static]\n")
+    with pytest.raises(InputError) as info:
+        spaces.load(str(path))
+    assert info.value.message.startswith(f"{path}:4: key 'quantize.mode' is given twice (lines 2 and 4)")
+
+
+def test_the_unique_key_loader_keeps_safe_load_semantics():
+    """Same values as yaml.safe_load on every shipped recipe and preset, and still no Python objects."""
+    from xformopt import safe_yaml
+    from xformopt.search.space import PRESETS_DIR
+
+    for path in [*recipe.RECIPES_DIR.glob("*.yaml"), *PRESETS_DIR.glob("*.yaml")]:
+        text = path.read_text()
+        assert safe_yaml.load(text) == yaml.safe_load(text), path
+    assert safe_yaml.load("a: 1\n'1': x\n1: y\nb: {a: 2}\n") == {"a": 1, "1": "x", 1: "y", "b": {"a": 2}}
+    with pytest.raises(yaml.YAMLError):
+        safe_yaml.load("!!python/object/apply:os.system ['true']\n")

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from xformopt.report import plots
-from xformopt.report.build import REPORT_SCHEMA
+from xformopt.report.schema import REPORT_SCHEMA
 from xformopt.report.console import console_table
 from xformopt.report.markdown import markdown
 from xformopt.report.render import write_report_files

@@ -8,6 +8,8 @@ from xformopt import targets
 from xformopt.errors import InputError
 from xformopt.targets import PROFILES, detect, host_supports
 
+pytestmark = pytest.mark.host_sensitive
+
 
 @pytest.mark.parametrize(
     ("name", "reduce_range", "per_channel"),
@@ -86,13 +88,21 @@ def test_resolve_by_name(name):
     assert targets.resolve(name) is PROFILES[name]
 
 
-def test_resolve_auto_uses_host_flags(monkeypatch):
-    import xformopt.bench.host as host
-
-    monkeypatch.setattr(host, "cpu_flags", lambda: {"asimd"})
-    assert targets.resolve("auto").name == "arm64"
-    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "avx_vnni"})
-    assert targets.resolve("auto").name == "avx_vnni"
+@pytest.mark.parametrize(("flags", "saturates", "expected"), [
+    ("asimd", None, "arm64"),
+    ("avx2 avx_vnni", "0", "avx_vnni"),
+    ("avx2 avx_vnni", "1", "avx2"),  # the flags say VNNI, the kernel probe says it saturates: the probe wins
+    ("avx2 avx512f avx512bw avx512_vnni", "0", "avx512_vnni"),
+    ("avx2 avx512f avx512bw avx512_vnni", "1", "avx512"),
+])
+def test_resolve_auto_uses_host_flags_and_probe(monkeypatch, flags, saturates, expected):
+    """Flags and the kernel probe are stated together: neither comes from the CPU this runs on."""
+    monkeypatch.setenv("XFORMOPT_CPU_FLAGS", flags)
+    if saturates is None:
+        monkeypatch.delenv("XFORMOPT_INT8_SATURATES", raising=False)
+    else:
+        monkeypatch.setenv("XFORMOPT_INT8_SATURATES", saturates)
+    assert targets.resolve("auto").name == expected
 
 
 def test_unknown_target_lists_names():

@@ -376,7 +376,7 @@ def test_optimize_without_tags_reports_agreement(tmp_path, tiny_ner, capsys, mon
 def test_finish_pads_subtoken_outputs_so_plain_text_batches_stack(tiny_ner):
     """Plain-text prediction (export parity, the INT8 cosine on sample texts) stacks batches of different
     lengths; the padding is zeros, so row cosine and ``agreement`` see only real tokens."""
-    from xformopt.evaluate.metrics import row_cosine
+    from xformopt.scoring.metrics import row_cosine
     from xformopt.runtime.encoder import TorchPredictor
 
     spec = models.resolve(str(tiny_ner))

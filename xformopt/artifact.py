@@ -5,16 +5,20 @@ An existing output is never replaced without ``force``; a failed run leaves noth
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from xformopt.atomic import temp_sibling, write_json  # noqa: F401 - write_json re-exported for pipeline/cache
 from xformopt.errors import InputError
+from xformopt.locks import claim_output
+from xformopt.stale import sweep
 
 MANIFEST_SCHEMA = "xformopt.manifest/1"
 
@@ -86,7 +90,6 @@ def _exchange(a: Path, b: Path) -> bool:
     By hand because os has no renameat2: it is the only way to replace a non-empty folder so that
     every observer sees the old one or the new one, never neither."""
     import ctypes
-    import sys
 
     if not sys.platform.startswith("linux"):
         return False
@@ -105,9 +108,6 @@ def atomic_dir(out: Path, force: bool, *, wait: bool = False, protected: tuple =
 
     The output's lock is held from before the temp folder exists until the rename, so two runs on
     one -o cannot both publish (the second is refused, or waits with ``wait``)."""
-    from xformopt.locks import claim_output
-    from xformopt.stale import sweep
-
     out = Path(out)
     check_output(out, force, protected)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -156,8 +156,6 @@ RUN_OUTPUTS = ("manifest.json", "report.json", "report.md", "reference", "*.png"
 
 def is_run_output(name: str) -> bool:
     """Hidden bookkeeping or a file a run writes beside the model (report, manifest, plots)."""
-    import fnmatch
-
     return name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in RUN_OUTPUTS)
 
 
@@ -216,6 +214,20 @@ def copy_sentence_transformers_modules(src: Path, dst: Path) -> list[str]:
     return copied
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's object hook: a key given twice (json.loads keeps the last) is refused, as in YAML (safe_yaml)."""
+    data = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(key)
+        data[key] = value
+    return data
+
+
 def load_json(path: Path, *, missing: str, fix: str) -> dict:
     """A JSON object from ``path``; every problem is one InputError line (``missing`` when the file
     is absent, otherwise what is wrong followed by ``fix``)."""
@@ -223,7 +235,10 @@ def load_json(path: Path, *, missing: str, fix: str) -> dict:
     if not path.is_file():
         raise InputError(missing)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise InputError(f"{path}: key {exc.args[0]!r} is given twice in one object (JSON would keep the last "
+                         f"value silently); {fix}") from None
     except json.JSONDecodeError as exc:
         raise InputError(f"{path} is not valid JSON ({exc.msg}, line {exc.lineno}); {fix}") from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -29,6 +29,7 @@ from pathlib import Path
 from xformopt.artifact import sha256_file
 from xformopt.atomic import temp_sibling, write_json
 from xformopt.locks import Lock
+from xformopt.stale import sweep
 
 ENTRY_SCHEMA = "xformopt.cache/1"
 ENTRY_FILE = ".entry.json"
@@ -181,8 +182,6 @@ def build(key: str, run: Callable[[Path], dict], meta: dict | None = None,
           log: Log = lambda m: None) -> tuple[Path, dict]:
     """Run ``run(tmp_dir)`` and publish its output as entry ``key``: files hashed, .entry.json
     written last, one rename. Another run building the same key is waited for, then reused."""
-    from xformopt.stale import sweep
-
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     _unpin_own(key)

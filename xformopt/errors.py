@@ -23,9 +23,14 @@ class InputError(XformoptError):
 
 
 class GateFailed(XformoptError):
-    """A regression gate or an accuracy budget was not met (exit 1)."""
+    """A regression gate, an accuracy budget or an agreement floor was not met (exit 1). ``accept``:
+    option values that would accept what was written (the CLI prints the command with them)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, accept: dict | None = None):
+        super().__init__(message)
+        self.accept = dict(accept or {})
 
 
 class PassFailed(XformoptError):

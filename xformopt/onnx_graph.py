@@ -70,3 +70,28 @@ def needs_external_data(model_path: Path) -> bool:
     model_path = Path(model_path)
     total = sum(p.stat().st_size for p in model_path.parent.glob(model_path.name + "*"))
     return total > PROTOBUF_LIMIT * 0.9  # margin: fusion and quantization add initializers
+
+
+def int8_coverage(before, after) -> dict:
+    """How many weighted GEMMs run in INT8 now, and which stayed in float.
+
+    Counted, not matched by name: ORT's quantizer rewrites a Gemm as ``<name>_MatMul`` + Add even
+    when it leaves it in float, so a name lookup would count that Gemm as quantized.
+    """
+    weighted = [g for g in weighted_gemms(before) if g["has_weight"]]
+    still_float = [g for g in weighted_gemms(after) if g["has_weight"]]
+    activation_only = [g["name"] for g in weighted_gemms(before) if not g["has_weight"]]
+    counts = op_counts(after)
+    original = {g["name"]: g["op"] for g in weighted}
+
+    def source(g: dict) -> dict:  # report a float Gemm under its original name and op
+        name = g["name"].removesuffix("_MatMul")
+        return {"name": name, "op": original[name]} if name in original else {"name": g["name"], "op": g["op"]}
+
+    return {
+        "weighted_gemms": len(weighted),
+        "int8": len(weighted) - len(still_float),
+        "kept_float": [source(g) for g in still_float],
+        "activation_matmuls_float": len(activation_only),  # e.g. Q.K^T in unfused attention: no weight
+        "int8_ops": {op: counts[op] for op in INT8_GEMM_OPS if counts.get(op)},
+    }

@@ -22,17 +22,29 @@ from xformopt.artifact import (
     check_output,
     copy_stage,
     hash_dir,
+    read_manifest,
+    sha256_file,
     write_json,
 )
-from xformopt.bench.host import library_versions
+from xformopt.measure import memory
 from xformopt.data import TextDataset
-from xformopt.errors import InputError, PassFailed, XformoptError
+from xformopt.errors import GateFailed, InputError, PassFailed, XformoptError
+from xformopt.evaluate.run import evaluate_stages
+from xformopt.gguf_source import gguf_input
+from xformopt.locks import claim_output
+from xformopt.measure import host as host_facts
+from xformopt.measure.host import cpu_model, effective_cpu_flags, host_info, library_versions
 from xformopt.passes import get_pass
+from xformopt.passes.applicable import check_passes
 from xformopt.passes.base import PassContext
 from xformopt.passes.record import PassRecord
-from xformopt.recipe import PassStep, Recipe, check_order
+from xformopt.recipe import PassStep, Recipe, check_order, validate_options
+from xformopt.report.build import build_report
+from xformopt.report.render import write_report_files
 from xformopt.resources import vader_split_path
-from xformopt.gguf_source import gguf_input
+from xformopt.resources.defaults import check_labelled_fallbacks
+from xformopt.stale import run_workdir_prefix, sweep_at_start
+from xformopt.validate import check_model_files, check_onnx_file, check_threads
 
 Log = Callable[[str], None]
 
@@ -100,8 +112,6 @@ def check_inputs(recipe: Recipe, spec: models.ModelSpec) -> None:
     """Input problems a pass or a latency mode would only meet minutes into the run: fail now."""
     import json
 
-    from xformopt.resources.defaults import check_labelled_fallbacks
-
     check_labelled_fallbacks([(step.name, step.options) for step in recipe.passes], spec.task_def, spec.label2id)
     for step in recipe.passes:
         for name, value in step.options.items():
@@ -133,9 +143,6 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
     data files it reads. Nothing else, so e.g. ``--limit`` does not re-run an export."""
     import hashlib
 
-    from xformopt.artifact import sha256_file
-    from xformopt.bench.host import cpu_model
-
     def digest(texts) -> str:
         return hashlib.sha256("\x1f".join(texts).encode()).hexdigest()
 
@@ -147,6 +154,9 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
     key: dict = {"files": files}
     if "texts" in depends_on:
         key["texts"] = digest(ctx.sample_texts)
+        texts, pairs = ctx.spec.task_def.model_inputs(ctx.sample_data)
+        if pairs is not None or list(texts) != list(ctx.sample_texts):  # the contexts or choices verified on too
+            key["inputs"] = digest([*texts, *(pairs or [])])
     if "reported" in depends_on:
         key["reported"] = digest(ctx.heldout_texts)
     if "timing" in depends_on:
@@ -171,25 +181,27 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
         src = stages[-1].path
         step_ctx = dataclasses.replace(ctx, spec=stages[-1].spec)
         started = time.perf_counter()
-        hit = cache.lookup(key, log) if use_cache else None
-        if hit:
-            out_dir, record = hit
-            log(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
-        else:
-            log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
-
-            def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
-                return execute(pass_cls, step_ctx, src, dst, options)
-
-            if use_cache:
-                out_dir, record = cache.build(key, work, {"pass": step.name}, log)
+        with memory.measured(step.name) as peak:
+            hit = cache.lookup(key, log) if use_cache else None
+            if hit:
+                out_dir, record = hit
+                log(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
             else:
-                out_dir = workdir / f"{i:02d}-{step.name}"
-                out_dir.mkdir()
-                record = work(out_dir)
+                log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
+
+                def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
+                    return execute(pass_cls, step_ctx, src, dst, options)
+
+                if use_cache:
+                    out_dir, record = cache.build(key, work, {"pass": step.name}, log)
+                else:
+                    out_dir = workdir / f"{i:02d}-{step.name}"
+                    out_dir.mkdir()
+                    record = work(out_dir)
+            memory.release()  # what the pass left for the collector goes now, not during the next pass
         seconds = time.perf_counter() - started
-        log(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s")
-        entry = PassRecord(step.name, record, step.options, key, bool(hit), round(seconds, 3))
+        log(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s, peak RSS {peak.peak / memory.MB:,.0f} MB")
+        entry = PassRecord(step.name, record, step.options, key, bool(hit), round(seconds, 3), peak.to_dict())
         records.append(entry)
         stages.append(Stage(step.name, pass_cls.produces, out_dir, models.stage_spec(ctx.spec, out_dir), entry))
         input_key = key
@@ -208,26 +220,17 @@ def run(
     progress: Callable[[str, int, int], None] | None = None,
     wait: bool = False,
 ) -> RunResult:
-    from xformopt.bench.host import effective_cpu_flags, host_info, usable_cpus
-    from xformopt.evaluate.run import evaluate_stages
-    from xformopt.locks import claim_output
-    from xformopt.report.build import build_report
-    from xformopt.stale import run_workdir_prefix, sweep_at_start
-    from xformopt.validate import check_model_files, check_threads
-
     check_output(out, force)
     check_threads(recipe.evaluation.threads)
     target = targets.resolve(recipe.target)
     spec = models.resolve(model, recipe.task, trust_remote_code=trust_remote_code)
-    from xformopt.passes.applicable import check_passes
-
     check_passes([(step.name, step.options) for step in recipe.passes], spec)
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     check_inputs(recipe, spec)
     protected = read_paths(spec.path, recipe)
     check_output(out, force, protected)
     heldout = load_heldout(recipe, spec)
-    threads = recipe.evaluation.threads or usable_cpus()
+    threads = recipe.evaluation.threads or host_facts.usable_cpus()
     flags = effective_cpu_flags()
     ctx = verification_context(spec, target, recipe.evaluation.data, recipe.evaluation.text_column, threads, flags, log,
                                reported_texts=heldout.texts)
@@ -241,9 +244,16 @@ def run(
         sweep_at_start(Path(os.path.abspath(out)).parent, cache.cache_root(), log=log)
         input_hash = hash_dir(spec.path)
         stages, records = run_passes(recipe, ctx, use_cache, log, Path(workdir), input_hash)
-        evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
+        with memory.measured("evaluation") as evaluated:
+            evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
+        evaluation["memory"] = evaluated.to_dict()
+        log(f"evaluation: peak RSS {evaluated.peak / memory.MB:,.0f} MB; run peak {memory.process_peak_mb():,.0f} MB")
         host = host_info()
         report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
+        from xformopt.profiling.measure import profile_for_report
+
+        if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed, log)) is not None:
+            report["profile"] = profile  # where the final stage's time goes: report.md shows the top lines
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -259,12 +269,11 @@ def run(
             "recipe": recipe.to_dict(),
             "heldout": {"path": heldout.path, "source": heldout.source, "rows": len(heldout)},
             "passes": [r.to_dict() for r in records],
+            "memory": report["memory"],
         }
         final = stages[-1]
         with atomic_dir(out, force, protected=protected) as tmp:
             copy_stage(final.path, tmp)  # model.onnx, or a Hugging Face directory after torch passes only
-            from xformopt.report.render import write_report_files
-
             write_json(tmp / "manifest.json", manifest)
             write_report_files(report, tmp)
             save_reference(tmp, evaluation["reference_outputs"], heldout)
@@ -273,13 +282,11 @@ def run(
 
 
 def raise_if_budget_missed(records: list[PassRecord], out: Path) -> None:
-    """A pass that wrote its best effort but missed its accuracy budget fails the run (exit 1),
-    after the artifact is written, so the result can still be inspected."""
-    from xformopt.errors import GateFailed
-
+    """A pass that wrote its best effort but missed its accuracy budget or agreement floor fails the run
+    (exit 1), after the artifact is written, so the result can still be inspected (and accepted)."""
     for entry in records:
         if entry.budget_met is False:
-            raise GateFailed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}")
+            raise GateFailed(f"{entry.name}: {get_pass(entry.name).budget_failure(entry.record, out)}", entry.accept)
 
 
 def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
@@ -305,8 +312,6 @@ def check_stage_dir(path: Path, kind: str) -> None:
         model = path / "model.onnx"
         if not model.is_file():
             raise InputError(f"{path} has no model.onnx; pass the output folder of `xformopt export`")
-        from xformopt.validate import check_onnx_file
-
         check_onnx_file(model)
 
 
@@ -329,47 +334,37 @@ def run_single(
     The output carries a manifest whose pass list extends the input's, so a chain of commands
     records the same history ``optimize`` would.
     """
-    from xformopt.bench.host import effective_cpu_flags, usable_cpus
-    from xformopt.recipe import validate_options
-
     pass_cls = get_pass(pass_name)
     check_output(out, force)
     validated = validate_options(pass_name, options, f"xformopt {pass_name}")
     check_stage_dir(Path(model), pass_cls.consumes)
     previous = {}
     if (Path(model) / "manifest.json").is_file():
-        from xformopt.artifact import read_manifest
-
         previous = read_manifest(Path(model))
     # A chain keeps the task its first command chose (e.g. export --task feature-extraction).
     task = task or (previous.get("input") or {}).get("task")
     spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
-    from xformopt.passes.applicable import check_passes
-
     check_passes([(pass_name, options)], spec)
-    from xformopt.resources.defaults import check_labelled_fallbacks
-
     check_labelled_fallbacks([(pass_name, validated.model_dump())], spec.task_def, spec.label2id)
     resolved_target = targets.resolve(target)
-    ctx = verification_context(spec, resolved_target, data, None, usable_cpus(), effective_cpu_flags(), log)
+    ctx = verification_context(spec, resolved_target, data, None, host_facts.usable_cpus(), effective_cpu_flags(), log)
     # The same ordering contract as a recipe: the input's pass history plus this pass.
     history = [entry["pass"] for entry in previous.get("passes", [])]
     start = get_pass((history or [pass_name])[0]).consumes  # the chain may have begun from an ONNX stage
     chain = Recipe.model_construct(passes=[PassStep(name=name) for name in [*history, pass_name]])
     check_order(chain, origin=f"xformopt {pass_name} {model}", start=start)
-    from xformopt.validate import check_model_files
-
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     protected = read_paths(spec.path, data=data) + tuple(
         Path(v.split("::")[0]) for k, v in options.items() if k.endswith("data") and isinstance(v, str) and v)
     check_output(out, force, protected)
-    from xformopt.stale import sweep_at_start
-
     sweep_at_start(Path(os.path.abspath(out)).parent, log=log)
     started = time.perf_counter()
     with atomic_dir(out, force, wait=wait, protected=protected) as tmp:
-        record = execute(pass_cls, ctx, spec.path, tmp, validated)
-        entry = PassRecord(pass_name, record, validated.model_dump(), seconds=round(time.perf_counter() - started, 3))
+        with memory.measured(pass_name) as peak:
+            record = execute(pass_cls, ctx, spec.path, tmp, validated)
+            memory.release()
+        entry = PassRecord(pass_name, record, validated.model_dump(), seconds=round(time.perf_counter() - started, 3),
+                           memory=peak.to_dict())
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

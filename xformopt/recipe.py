@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from xformopt import safe_yaml
 from xformopt.errors import InputError
 from xformopt.passes import REGISTRY, get_pass
 
@@ -222,7 +223,9 @@ def load(path_or_name: str) -> Recipe:
                          "pass the recipe YAML file")
     try:
         refuse_aliases(text)
-        raw = yaml.safe_load(text)
+        raw = safe_yaml.load(text)
+    except safe_yaml.DuplicateKeyError as exc:
+        raise InputError(f"{path}:{exc.second_line}: {exc.problem} in the recipe") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -277,6 +280,7 @@ OVERRIDES: dict[str, dict[str, str]] = {
     "calibration_data": {"quantize": "calibration_data"},
     "max_accuracy_drop": {"quantize": "max_accuracy_drop"},
     "per_channel": {"quantize": "per_channel"},
+    "min_agreement": {"quantize": "min_agreement"},
 }
 
 

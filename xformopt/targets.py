@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from xformopt.errors import InputError
+from xformopt.measure.host import effective_cpu_flags
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,6 @@ def host_supports(target: Target, flags: set[str]) -> bool:
 def detect(flags: set[str] | None = None) -> Target:
     """The best profile the host runs; raises when none does (e.g. x86 without AVX2)."""
     if flags is None:
-        from xformopt.bench.host import effective_cpu_flags
-
         flags = effective_cpu_flags()
     for name in DETECTION_ORDER:
         if host_supports(PROFILES[name], flags):

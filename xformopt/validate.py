@@ -5,10 +5,13 @@ the thread count. Each problem is one InputError line naming the file and the fi
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 
+from xformopt import tasks
 from xformopt.errors import InputError
+from xformopt.measure import host as host_facts
 
 # config keys each family needs (the first present of each alternative group), all positive ints:
 # the ones xformopt itself reads (width, heads, layers). Others transformers defaults when absent;
@@ -69,8 +72,6 @@ def _of_kind(value, kind: str) -> bool:
         return (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < (1 << 31)) or (
             isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
     if kind == "a positive number":
-        import math
-
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value < 1
     if kind.startswith("an object"):
         return isinstance(value, dict)
@@ -152,8 +153,9 @@ def check_safetensors(file: Path) -> dict[str, list[int]]:
     return shapes
 
 
-def check_weights(path: Path) -> dict[str, list[int]] | None:
-    """The weights exist and are readable; returns the tensor shapes (None for a sharded .bin)."""
+def check_weights(path: Path) -> dict[str, list[int] | None]:
+    """The weights exist and are readable; returns the tensors transformers would load, with their
+    shapes (None for those of a sharded .bin)."""
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -167,22 +169,41 @@ def check_weights(path: Path) -> dict[str, list[int]] | None:
                 raise ValueError("metadata or shard names")
         except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             raise InputError(f"{index} is not a valid shard index; re-save the model with save_pretrained()") from None
-        shapes = {}
+        held = {}
         for shard in shards:
             if not (path / shard).is_file():
                 raise InputError(f"{path / shard} (listed in {index.name}) is missing; re-download the model")
-            shapes.update(check_safetensors(path / shard))
+            held[shard] = check_safetensors(path / shard)
+        # transformers loads the tensors the index lists, from the shard it names, and no others
+        shapes = {}
+        for name, shard in doc["weight_map"].items():
+            if name not in held[shard]:
+                raise InputError(f"{index} puts {name} in {shard}, which does not hold it; re-download the model "
+                                 "or re-save it with save_pretrained()")
+            shapes[name] = held[shard][name]
         return shapes
     if (path / "model.safetensors").is_file():
         return check_safetensors(path / "model.safetensors")
     if (path / "pytorch_model.bin").is_file():
         return check_torch_bin(path / "pytorch_model.bin")
     if (path / "pytorch_model.bin.index.json").is_file():
-        if (path / "pytorch_model.bin.index.json").stat().st_size == 0:
-            raise InputError(f"{path / 'pytorch_model.bin.index.json'} is empty; re-download or re-save the weights")
-        return None
+        return bin_index_names(path / "pytorch_model.bin.index.json")
     raise InputError(f"{path} has no weights (model.safetensors or pytorch_model.bin); "
                      "save the model with save_pretrained()")
+
+
+def bin_index_names(index: Path) -> dict[str, None]:
+    """The tensors a sharded .bin checkpoint lists (shapes unknown: reading them means unpickling every shard)."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not (isinstance(weight_map, dict) and all(isinstance(v, str) and v == Path(v).name for v in weight_map.values())):
+            raise ValueError("weight_map")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        raise InputError(f"{index} is not a valid shard index; re-download or re-save the weights") from None
+    for shard in sorted(set(weight_map.values())):
+        if not (index.parent / shard).is_file():
+            raise InputError(f"{index.parent / shard} (listed in {index.name}) is missing; re-download the model")
+    return dict.fromkeys(weight_map)
 
 
 def check_torch_bin(file: Path) -> dict[str, list[int]]:
@@ -232,7 +253,7 @@ def check_model_files(path: Path, *, task: str | None = None, trust_remote_code:
         check_onnx_file(path / "model.onnx")
     else:
         shapes = check_weights(path)
-        if task is not None and not trust_remote_code and shapes is not None:
+        if task is not None and not trust_remote_code:
             check_config_matches_weights(path, task, shapes)
     check_tokenizer(path, trust_remote_code)
 
@@ -245,13 +266,13 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
     import transformers
     from transformers import AutoConfig
 
-    from xformopt import tasks
-
     file = Path(path) / "config.json"
     cls = getattr(transformers, tasks.get(task).auto_model)
     try:
         config = AutoConfig.from_pretrained(path)
-        with torch.device("meta"):
+        # prune_heads (config.pruned_heads, a head-pruned stage) indexes with torch.nonzero, which has no
+        # meta kernel: such a model is built for real (memory of its size, once, before any pass)
+        with torch.device("cpu" if getattr(config, "pruned_heads", None) else "meta"):
             model = cls.from_config(config)
     except Exception as exc:  # transformers raises KeyError, ValueError, TypeError, ... for odd configs
         raise InputError(f"{file}: no {task} model can be built from this config ({type(exc).__name__}: "
@@ -271,16 +292,35 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
                                      f"but the config builds {expected[candidate]}; use the config saved with "
                                      "these weights")
                 break
+    check_complete(model, path, task, shapes)
+
+
+def check_complete(model, path: Path, task: str, shapes: dict) -> None:
+    """Every tensor MODEL needs is in the checkpoint, but a task head the task starts afresh: the
+    ones transformers would fill at random (a shard index listing only some tensors, a truncated
+    conversion) refused by name."""
+    from xformopt import tasks, weight_coverage
+
+    lacking = weight_coverage.missing(model, shapes)
+    fresh = weight_coverage.fresh_head(model, shapes, head_may_be_fresh=tasks.get(task).head_may_be_fresh)
+    lacking = [name for name in lacking if name not in fresh]
+    if not lacking:
+        return
+    index = next((f for f in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+                  if (Path(path) / f).is_file()), None)
+    single = next((f for f in ("model.safetensors", "pytorch_model.bin") if (Path(path) / f).is_file()), "")
+    source = f"{Path(path) / index} does not list" if index else f"{Path(path) / single} lacks"
+    raise InputError(f"{source} {len(lacking)} tensor(s) the {task} model needs, which transformers would fill "
+                     f"with random values: {weight_coverage.shown(lacking)}; re-download the model or re-save it "
+                     "with save_pretrained()")
 
 
 def check_threads(threads: int | None, flag: str = "--threads") -> None:
     """More intra-op threads than the process may run oversubscribes the host (thousands of
     threads hang it): refused, naming the limit."""
-    from xformopt.bench.host import usable_cpus
-
     if threads is None:
         return
-    limit = usable_cpus()
+    limit = host_facts.usable_cpus()
     if threads > limit:
         raise InputError(f"{flag} {threads} is more than the {limit} CPU(s) this process may use "
                          f"(affinity mask and cgroup quota); pass --threads {limit} or fewer")

@@ -52,17 +52,10 @@ from pathlib import Path
 
 from xformopt import accuracy_budget
 from xformopt.artifact import load_json
-from xformopt.bench.host import (
-    FINGERPRINT_FIELDS,
-    FINGERPRINT_VERSIONS,
-    host_fingerprint,
-)
 from xformopt.errors import InputError
-from xformopt.report.build import REPORT_SCHEMA
+from xformopt.measure.host import FINGERPRINT_FIELDS, FINGERPRINT_VERSIONS, host_fingerprint
 from xformopt.report.cells import PERCENT_METRICS
-
-BENCH_SCHEMA = "xformopt.bench/1"
-KNOWN_SCHEMAS = (REPORT_SCHEMA, BENCH_SCHEMA)
+from xformopt.report.schema import KNOWN_SCHEMAS, check_numbers
 
 LATENCY_CHECK = "latency_median_ms"
 DEFAULT_MAX_LATENCY_REGRESSION = 0.05
@@ -124,7 +117,6 @@ def check_document(doc, origin: str) -> dict:
         raise InputError(f"{origin}: artifact.metrics is not an object")
     if not isinstance(doc.get("host"), dict) and not isinstance(doc.get("host_fingerprint"), str):
         raise InputError(f"{origin} records no host (host / host_fingerprint); re-create it with the current xformopt")
-    from xformopt.bench.schema import check_numbers
 
     check_numbers(doc, origin)  # every documented number finite and typed, not only those read below
     return doc

@@ -10,8 +10,8 @@ The bench document (schema ``xformopt.bench/1``) has these top-level keys, alway
     headline_metric   "accuracy" (classification) or "cosine_to_baseline" (embeddings)
     settings          {mode "real", batch 1, threads, rounds, warmup, repeats, seed,
                        heldout {source, rows, row_ids_sha256}, thread_pools}
-    host              bench.host.host_info() of the machine that ran the bench
-    host_fingerprint  bench.host.host_fingerprint(host)
+    host              measure.host.host_info() of the machine that ran the bench
+    host_fingerprint  measure.host.host_fingerprint(host)
     artifact          {stage, latency: <modes.solo_repeats dict>, metrics}: the same shape as
                       report.json's "artifact", so either document can be the next --baseline
     notes             list of strings: what was skipped or assumed (e.g. baseline-relative metrics
@@ -36,11 +36,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from xformopt import progress
+from xformopt import models, progress
 from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
-from xformopt.bench.gate import BENCH_SCHEMA, check_document, heldout_identity
+from xformopt.bench.gate import check_document, heldout_identity
 from xformopt.errors import InputError
+from xformopt.measure import host as host_facts, modes
+from xformopt.measure.host import host_fingerprint, host_info
+from xformopt.recipe import EvaluationSettings
+from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
+from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.session import thread_pool_setting
+from xformopt.validate import check_onnx_file
 
 Log = Callable[[str], None]
 
@@ -125,10 +131,6 @@ def load_artifact(path: Path) -> Artifact:
     """Check the artifact's files (manifest, report, model.onnx, config, tokenizer) without loading the model."""
     from pydantic import ValidationError
 
-    from xformopt import models
-    from xformopt.recipe import EvaluationSettings
-    from xformopt.report.build import REPORT_SCHEMA
-
     path = Path(path)
     if not path.exists():
         raise InputError(f"artifact not found: {path}; pass the -o folder of `xformopt optimize`")
@@ -157,7 +159,6 @@ def load_artifact(path: Path) -> Artifact:
         raise InputError(f"{path / 'report.json'} lacks its 'model' section; re-run optimize")
     if not (path / "model.onnx").is_file():
         raise InputError(f"{path} has no model.onnx; bench times the ONNX artifact of `xformopt optimize`")
-    from xformopt.validate import check_onnx_file
 
     check_onnx_file(path / "model.onnx")
     task = (manifest.get("input") or {}).get("task") or report["model"].get("task")
@@ -169,9 +170,6 @@ def load_artifact(path: Path) -> Artifact:
 
 def _load_chain(path: Path, manifest: dict) -> Artifact:
     """The output of `xformopt export|fuse|quantize`: measured with the default evaluation settings."""
-    from xformopt import models
-    from xformopt.recipe import EvaluationSettings
-
     last = manifest["passes"][-1].get("pass")
     if not (path / "model.onnx").is_file():
         raise InputError(f"{path} is the output of `xformopt {last}` (a PyTorch folder, no model.onnx); bench times "
@@ -188,8 +186,6 @@ def row_ids_digest(row_ids) -> str:
 
 def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan:
     """Settings and held-out rows: the flags where given, else what the artifact's report used."""
-    from xformopt.bench.host import usable_cpus
-
     ev = artifact.evaluation
     reported = artifact.report["settings"] if artifact.report is not None else {}
     notes: list[str] = [] if artifact.report is not None else [NO_REPORT_NOTE]
@@ -210,7 +206,7 @@ def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan
     heldout = artifact.spec.task_def.load(
         data_path, label2id=artifact.spec.label2id or None, limit=limit, seed=seed,
         columns={"text": columns[0], "text_pair": columns[1], "label": columns[2]})
-    usable = usable_cpus()
+    usable = host_facts.usable_cpus()
     threads = opts.threads or reported.get("threads") or ev.threads or usable
     if threads != usable:
         log(f"note: timing with {threads} threads ({'--threads' if opts.threads else 'as the report did'}), "
@@ -257,8 +253,6 @@ def load_reference(artifact: Artifact):
 
 def open_predictor(artifact: Artifact, threads: int):
     """The artifact's ONNX Runtime predictor; a damaged model or tokenizer is bad input (exit 2)."""
-    from xformopt.runtime.encoder import OrtPredictor
-
     try:
         return OrtPredictor(artifact.spec, artifact.path, threads=threads)
     except InputError:
@@ -299,9 +293,6 @@ def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str
 
 def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
     """Score and time the artifact; returns the bench document without its ``comparison``."""
-    from xformopt.bench import modes
-    from xformopt.bench.host import host_fingerprint, host_info
-
     s, heldout = run.settings, run.heldout
     notes = list(run.notes)
     predictor = open_predictor(artifact, s["threads"])
@@ -332,8 +323,6 @@ def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
 
 def preview(artifact: Artifact, run: Plan) -> dict:
     """The parts of the bench document known before timing (for comparability checks up front)."""
-    from xformopt.bench.host import host_fingerprint, host_info
-
     host = host_info()
     return {"schema": BENCH_SCHEMA, "settings": run.settings, "host": host, "host_fingerprint": host_fingerprint(host),
             "headline_metric": artifact.headline_metric}

@@ -11,8 +11,24 @@ import sys
 import typer
 
 from xformopt import __version__
-from xformopt.cli import output
+from xformopt.cli import (
+    bench,
+    cache,
+    catalog,
+    command,
+    generate,
+    optimize,
+    output,
+    passes,
+    profile,
+    recipes,
+    report,
+    search,
+    targets,
+)
+from xformopt.cli.command import UsageError, usage_line
 from xformopt.errors import XformoptError
+from xformopt.signals import Interrupted, interruptible, received
 
 app = typer.Typer(
     name="xformopt",
@@ -42,16 +58,13 @@ def _root(
 
 
 def _register() -> None:
-    from xformopt.cli import bench, cache, catalog, command, optimize, passes, recipes, report, targets
-
     optimize.register(app)
     bench.register(app)
     report.register(app)
     passes.register(app)
-    from xformopt.cli import generate
-
     generate.register(app)
-    from xformopt.cli import search; search.register(app)  # noqa: E702
+    search.register(app)
+    profile.register(app)
     app.add_typer(catalog.app, name="passes")
     app.add_typer(recipes.app, name="recipes")
     app.add_typer(targets.app, name="targets")
@@ -71,12 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     # when torch is first imported, so it is set before any command runs. Measured on a 2-core
     # host: MiniLM at batch 1 in PyTorch took 35 ms with spinning and 13 ms without.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from xformopt.cli.command import UsageError, usage_line
-
     argv = sys.argv[1:] if argv is None else list(argv)
     root = typer.main.get_command(app)
-    from xformopt.signals import Interrupted, interruptible, received
-
     try:
         # Not standalone: usage errors (unknown option, missing argument, bad value) come back here
         # and print as one line like every other error, instead of Click's 5-line box.
@@ -96,6 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except XformoptError as exc:
         output.error(exc.message)
+        if getattr(exc, "accept", None):  # a gate missed, its best attempt written: how to accept it
+            from xformopt.cli.accept import accept_command
+
+            output.error(f"to accept it: {accept_command(argv, exc.accept)}")
         sys.exit(exc.exit_code)
     except Interrupted as exc:
         output.error(f"interrupted ({exc.name})")

@@ -14,10 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from xformopt.atomic import write_text as write_atomic
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt.bench import gate, measure
+from xformopt.bench.junit import junit_xml
+from xformopt.cli import bench_generation, options as opt, output
+from xformopt.cli.bench_generation import DECODER_EXAMPLES
+from xformopt.decoder.bench import is_decoder_dir
 from xformopt.errors import GateFailed, InputError
 from xformopt.report.cells import PERCENT_METRICS
+from xformopt.validate import check_threads
 
 EXAMPLES = """
 Examples:
@@ -234,14 +238,8 @@ def bench(
     Only like is compared with like: a baseline with other settings (threads, seed, held-out rows)
     is refused, and one from another host too unless --allow-host-mismatch.
     """
-    from xformopt.bench import gate, measure
-    from xformopt.bench.junit import junit_xml
-    from xformopt.decoder.bench import is_decoder_dir
-
     check_apart(artifact, (data, baseline), **{"-o": out, "--junit": junit})
     if is_decoder_dir(artifact):  # text-generation: TTFT, per-token latency, tokens/s (cli/bench_generation.py)
-        from xformopt.cli import bench_generation
-
         return bench_generation.run(artifact, compare=compare, pytorch=not no_pytorch, prompt_tokens=prompt_tokens,
                                     new_tokens=new_tokens, cache_only=cache_only, rounds=rounds, threads=threads, seed=seed,
                                     as_json=as_json, out=out, gate_flags={"--baseline": baseline, "--junit": junit})
@@ -253,8 +251,6 @@ def bench(
     limit_fraction = gate.parse_fraction(max_latency_regression)
     check_writable(out, "-o")
     check_writable(junit, "--junit")
-    from xformopt.validate import check_threads
-
     check_threads(threads)
     art = measure.load_artifact(artifact)
     check_apart(artifact, (art.evaluation.data,), **{"-o": out, "--junit": junit})  # the report's own data file
@@ -295,6 +291,4 @@ def bench(
 
 
 def register(app: typer.Typer) -> None:
-    from xformopt.cli.bench_generation import DECODER_EXAMPLES
-
     app.command("bench", help=(bench.__doc__ or "") + EXAMPLES + DECODER_EXAMPLES)(bench)

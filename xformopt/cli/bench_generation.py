@@ -13,7 +13,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from xformopt.atomic import write_text as write_text_atomic
 from xformopt.cli import output
+from xformopt.decoder.bench import bench_artifact, rows
 from xformopt.errors import InputError
 
 DECODER_EXAMPLES = """
@@ -38,8 +40,6 @@ def ints(value: str | None, flag: str, default: tuple[int, ...]) -> tuple[int, .
 
 
 def generation_table(doc: dict) -> Table:
-    from xformopt.decoder.bench import rows
-
     header, body = rows(doc)
     s = doc["settings"]
     table = Table(title=f"generation bench {doc['artifact_path']} (greedy, batch 1, times in ms)",
@@ -54,9 +54,6 @@ def generation_table(doc: dict) -> Table:
 
 def run(artifact: Path, *, compare, pytorch: bool, prompt_tokens: str | None, new_tokens: str | None, cache_only: bool,
         rounds: int | None, threads: int | None, seed: int | None, as_json: bool, out: Path | None, gate_flags: dict) -> None:
-    from xformopt.atomic import write_text as write_text_atomic
-    from xformopt.decoder.bench import bench_artifact
-
     used = [flag for flag, value in gate_flags.items() if value]
     if used:
         raise InputError(f"{', '.join(used)}: the regression gate is not available for text-generation artifacts yet; "

@@ -11,8 +11,8 @@ import re
 import typer
 from rich.table import Table
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt import cache
+from xformopt.cli import options as opt, output
 from xformopt.errors import GateFailed, InputError
 
 app = typer.Typer(
@@ -74,8 +74,6 @@ def list_entries(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt cache list --json | jq '[.entries[].size_bytes] | add'
     """
-    from xformopt import cache
-
     rows = [cache.describe(e, deep=False) for e in cache.entries()]
     doc = {"root": str(cache.cache_root()), "entries": rows, "total_bytes": sum(r["size_bytes"] for r in rows)}
     if as_json:
@@ -91,8 +89,6 @@ def verify(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt cache verify
     """
-    from xformopt import cache
-
     rows = []
     for entry in cache.entries():
         row = cache.describe(entry, deep=True)
@@ -112,8 +108,6 @@ def verify(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
 
 def _remove(rows: list[dict], entries_by_key: dict, dry_run: bool) -> None:
-    from xformopt import cache
-
     for row in rows:
         if dry_run:
             row["action"] = "would remove"
@@ -122,8 +116,6 @@ def _remove(rows: list[dict], entries_by_key: dict, dry_run: bool) -> None:
 
 
 def _report(rows: list[dict], as_json: bool, verb: str) -> None:
-    from xformopt import cache
-
     removed = [r for r in rows if r.get("action") in ("removed", "would remove")]
     freed = sum(r["size_bytes"] for r in removed)
     doc = {"root": str(cache.cache_root()), "entries": rows, "removed": len(removed), "freed_bytes": freed}
@@ -148,8 +140,6 @@ def prune(
 
     Example: xformopt cache prune --older-than 30d --max-size 5GB
     """
-    from xformopt import cache
-
     if older_than is None and max_size is None:
         raise InputError("cache prune needs --older-than DURATION and/or --max-size SIZE "
                          "(e.g. --older-than 30d); `xformopt cache clear` removes everything")
@@ -176,8 +166,6 @@ def clear(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt cache clear
     """
-    from xformopt import cache
-
     by_key = {e.name: e for e in cache.entries()}
     rows = [cache.describe(e, deep=False) for e in by_key.values()]
     _remove(rows, by_key, False)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt.cli import options as opt, output
+from xformopt.passes import all_passes
 
 app = typer.Typer(help="The registered passes.\n\nExample: xformopt passes list", no_args_is_help=True)
 
@@ -17,8 +17,6 @@ def list_passes(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt passes list --json | jq -r '.[] | select(.stage == "onnx") | .name'
     """
-    from xformopt.passes import all_passes
-
     rows = [
         {
             "name": p.name,

@@ -8,6 +8,8 @@ every command the same shape instead: flags show no type, arguments are upper-ca
 
 from __future__ import annotations
 
+import re
+
 import typer
 from typer.core import TyperCommand, TyperGroup
 
@@ -33,9 +35,43 @@ def _plain_flags(params: list, ctx) -> list:
     return params
 
 
+def _format_help(command, ctx, formatter) -> None:
+    """Plain help for every command (xformopt.cli.help_text says why), never Typer's rich panels."""
+    from xformopt.cli import help_text
+
+    command.format_usage(ctx, formatter)
+    if command.help:
+        with formatter.indentation():
+            help_text.write(formatter, command.help.partition("\f")[0])
+    command.format_options(ctx, formatter)
+
+
+def _format_options(command, ctx, formatter) -> None:
+    """Arguments, then options, as name / description pairs; an argument shows no type (MODEL, not MODEL <str>)."""
+    args, opts = [], []
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is None:
+            continue
+        if param.param_type_name == "argument":
+            args.append((re.sub(r"\s+<[^>]*>$", "", record[0]), record[1]))
+        else:
+            opts.append(record)
+    for title, rows in (("Arguments", args), ("Options", opts)):
+        if rows:
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
 class Command(TyperCommand):
     def get_params(self, ctx):
         return _plain_flags(super().get_params(ctx), ctx)
+
+    def format_help(self, ctx, formatter):
+        _format_help(self, ctx, formatter)
+
+    def format_options(self, ctx, formatter):
+        _format_options(self, ctx, formatter)
 
     def collect_usage_pieces(self, ctx):
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -49,6 +85,13 @@ class Command(TyperCommand):
 class Group(TyperGroup):
     def get_params(self, ctx):
         return _plain_flags(super().get_params(ctx), ctx)
+
+    def format_help(self, ctx, formatter):
+        _format_help(self, ctx, formatter)
+
+    def format_options(self, ctx, formatter):
+        _format_options(self, ctx, formatter)
+        self.format_commands(ctx, formatter)
 
 
 def apply(app: typer.Typer) -> None:

@@ -7,10 +7,23 @@ from pathlib import Path
 
 import typer
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt import models
+from xformopt.cli import options as opt, output
+from xformopt.decoder.generate import (
+    Sampling,
+    StopStrings,
+    chat_text,
+    context_window,
+    encode_prompt,
+    eos_token_ids,
+    generate as run_generation,
+)
 from xformopt.errors import InputError
 from xformopt.families import DECODERS
+from xformopt.measure import host as host_facts
+from xformopt.models import load_tokenizer
+from xformopt.runtime.decoder import OrtDecoder
+from xformopt.validate import check_threads
 
 EXAMPLES = """
 Examples:
@@ -28,8 +41,6 @@ The continuation streams to stdout as it is generated; timings go to stderr (--j
 
 def open_decoder(artifact: Path):
     """The artifact's spec, checked: an ONNX decoder with its tokenizer and config."""
-    from xformopt import models
-
     path = Path(artifact)
     if not path.exists():
         raise InputError(f"artifact not found: {path}; pass the -o folder of `xformopt export/fuse/quantize/optimize`")
@@ -88,21 +99,6 @@ def generate(
     step, with an empty past. A prompt that is empty or does not fit the model's context window
     with --max-new-tokens more tokens is refused (exit 2) with the numbers to change.
     """
-    from xformopt.bench.host import usable_cpus
-    from xformopt.decoder.generate import (
-        Sampling,
-        StopStrings,
-        chat_text,
-        context_window,
-        encode_prompt,
-        eos_token_ids,
-    )
-    from xformopt.decoder.generate import generate as run_generation
-    from xformopt.runtime.decoder import OrtDecoder
-    from xformopt.models import load_tokenizer
-
-    from xformopt.validate import check_threads
-
     check_threads(threads)
     do_sample = sample or any(v is not None for v in (temperature, top_k, top_p))
     if greedy and do_sample:
@@ -118,7 +114,7 @@ def generate(
     text_in = chat_text(tokenizer, chat, system) if chat is not None else prompt
     ids = encode_prompt(tokenizer, text_in, max_new_tokens, context_window(spec.path), templated=chat is not None)
     stopper = StopStrings(tokenizer, stop) if stop else None
-    threads = threads or usable_cpus()
+    threads = threads or host_facts.usable_cpus()
     runner = OrtDecoder(spec.path, threads=threads, io_binding=io_binding)
     output.log(f"{spec.model_type} from {spec.path}: prompt {len(ids)} tokens, {sampling.describe()}, "
                f"{'KV cache' if cache else 'no cache'}, {threads} threads")

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import typer
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt import pipeline, recipe
+from xformopt.cli import options as opt, output
 from xformopt.errors import InputError
+from xformopt.report.console import console_table
 
 EXAMPLES = """
 Examples:
@@ -80,6 +81,7 @@ def optimize(
     calibration_data: Path = typer.Option(None, "--calibration-data", metavar="FILE", help="Your texts for static INT8 calibration [default: vendored train split]."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
     per_channel: bool = typer.Option(None, "--per-channel/--no-per-channel", help="Per-channel INT8 weight scales [default: the target's]."),
+    min_agreement: opt.MinAgreement = None,
     force: opt.Force = False,
     wait: opt.Wait = False,
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not reuse or store finished passes."),
@@ -93,9 +95,6 @@ def optimize(
     timed interleaved at batch 1; the artifact (model.onnx, tokenizer, config, manifest.json,
     report.json, report.md) is written atomically to -o.
     """
-    from xformopt import pipeline, recipe
-    from xformopt.report.console import console_table
-
     latency_mode = latency_modes(latency_mode, mode)
     # No --recipe is exactly `--recipe default`: one recipe, so two such runs always compare in `bench`.
     r = recipe.load(recipe_name or "default")
@@ -112,7 +111,7 @@ def optimize(
         "train_data": str(train_data) if train_data else None,
         "validation_data": str(validation_data) if validation_data else None,
         "calibration_data": str(calibration_data) if calibration_data else None,
-        "max_accuracy_drop": max_accuracy_drop, "per_channel": per_channel,
+        "max_accuracy_drop": max_accuracy_drop, "per_channel": per_channel, "min_agreement": min_agreement,
     })
     out = out or default_output(model)
     with output.progress_bars() as progress:

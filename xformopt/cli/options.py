@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from xformopt import tasks
-
+from xformopt.accuracy_budget import parse
 from xformopt.cli import output
 
 
@@ -23,8 +23,6 @@ def _quiet(value: bool) -> None:
 
 def accuracy_drop(value: str | None) -> float | str | None:
     """`--max-accuracy-drop`: metric points (0.5) or relative to the reference value ('1%')."""
-    from xformopt.accuracy_budget import parse
-
     if value is None:
         return None
     try:
@@ -55,3 +53,7 @@ MaxAccuracyDrop = Annotated[str, typer.Option(
     help="Accuracy budget: metric points (0.5 = 0.5 accuracy points, or 0.005 cosine) or relative to the reference ('1%').")]
 
 Model = Annotated[str, typer.Argument(metavar="MODEL", help="Local Hugging Face folder, cached hub id, or alias (minilm, mpnet, bert-base, distilbert, roberta-base).")]
+MinAgreement = Annotated[float, typer.Option(
+    "--min-agreement", min=0.0, max=1.0, metavar="FLOOR",
+    help="INT8 agreement floor with the float graph (cosine, or the task's measure) [default: 0.99 embeddings, 0.9 otherwise].")]
+

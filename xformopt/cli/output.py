@@ -29,8 +29,51 @@ _quiet = False
 
 
 def set_quiet(value: bool) -> None:
+    """-q: our log lines and bars, and also the bars huggingface_hub (hub downloads) and transformers
+    (checkpoint shards) draw on stderr by themselves."""
     global _quiet
     _quiet = value
+    _library_bars(enabled=not value)
+
+
+_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
+_bars_off_by_us: str | None = None  # how -q turned them off ("env" or "call"), to undo exactly that
+
+
+def _library_bars(enabled: bool) -> None:
+    """huggingface_hub reads HF_HUB_DISABLE_PROGRESS_BARS when imported (transformers follows its
+    state); once imported, only its disable/enable calls count. huggingface_hub is not imported here
+    just for this (seconds on a loaded host): the environment variable covers a later import."""
+    global _bars_off_by_us
+    if not enabled and _bars_off_by_us is None:
+        if os.environ.get(_BARS_ENV) is not None:  # the user's own choice (1: already off; 0: hub refuses to)
+            return
+        if "huggingface_hub" not in sys.modules:
+            os.environ[_BARS_ENV] = "1"
+            _bars_off_by_us = "env"
+            return
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+
+        if are_progress_bars_disabled():
+            return
+        disable_progress_bars()
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].utils.logging.disable_progress_bar()
+        _bars_off_by_us = "call"
+    elif enabled and _bars_off_by_us is not None:
+        if _bars_off_by_us == "env":
+            os.environ.pop(_BARS_ENV, None)
+        if "huggingface_hub" in sys.modules:  # imported (off) since, or turned off by the call above
+            from huggingface_hub.utils import enable_progress_bars
+
+            if _bars_off_by_us == "env":  # it read our variable at import, into these two modules
+                for name in ("huggingface_hub.constants", "huggingface_hub.utils.tqdm"):
+                    if name in sys.modules:
+                        sys.modules[name].HF_HUB_DISABLE_PROGRESS_BARS = None
+            enable_progress_bars()
+        if "transformers" in sys.modules:
+            sys.modules["transformers"].utils.logging.enable_progress_bar()
+        _bars_off_by_us = None
 
 
 def log(message: str) -> None:

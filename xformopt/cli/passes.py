@@ -10,9 +10,9 @@ from typing import Annotated, Literal
 
 import typer
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt.cli import options as opt, output
 from xformopt.passes.record import PassRecord
+from xformopt.pipeline import run_single
 
 
 def _finish(entry: dict, out: Path, as_json: bool) -> None:
@@ -48,8 +48,6 @@ def export(
 
     Example: xformopt export minilm -o e/
     """
-    from xformopt.pipeline import run_single
-
     options = {"opset": opset, "exporter": None if exporter == "family" else exporter}
     entry = run_single("export", model, out, options, target=target, task=task,
                        data=str(data) if data else None, force=force, wait=wait, trust_remote_code=trust_remote_code, log=output.log)
@@ -71,8 +69,6 @@ def fuse(
 
     Example: xformopt export minilm -o e/ && xformopt fuse e/ -o f/
     """
-    from xformopt.pipeline import run_single
-
     entry = run_single("fuse", str(stage), out, {"select": select}, target=target,
                        data=str(data) if data else None, force=force, wait=wait, log=output.log)
     _finish(entry, out, as_json)
@@ -90,6 +86,7 @@ def quantize(
         None, "--calibration-data", metavar="FILE", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
     calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
+    min_agreement: opt.MinAgreement = None,
     target: opt.Target = "auto",
     data: opt.PassData = None,
     force: opt.Force = False,
@@ -103,15 +100,16 @@ def quantize(
 
     Example: xformopt quantize e/ -o q4/ --mode int4 --algorithm hqq --max-perplexity-increase 3%
 
-    Exits 1 when the accuracy budget cannot be met (the best candidate is still written).
+    Exits 1 when the accuracy budget or the agreement floor cannot be met (the best attempt is still
+    written, with a failing verdict, and the command that accepts it is printed).
     """
-    from xformopt.pipeline import run_single
-
     options: dict = {"mode": mode, "calibration_method": calibration_method}
     if calibration_data:
         options["calibration_data"] = str(calibration_data)
     if max_accuracy_drop is not None:  # over the budget, the most harmful nodes return to float
         options["max_accuracy_drop"] = max_accuracy_drop
+    if min_agreement is not None:
+        options["min_agreement"] = min_agreement
     int4 = {"algorithm": algorithm, "block_size": block_size, "max_perplexity_increase": max_perplexity_increase,
             "keep_8bit": [r.strip() for r in keep_8bit.split(",") if r.strip()] if keep_8bit else None}
     options.update({k: v for k, v in int4.items() if v is not None})
@@ -144,8 +142,6 @@ def prune(
 
     Example: xformopt prune examples/sentiment/model -o pruned/ --sparsity 0.5
     """
-    from xformopt.pipeline import run_single
-
     options = {"sparsity": sparsity, "heads_per_layer": heads_per_layer, "ffn_dim": ffn_dim, "layers": layers,
                "strategy": strategy, "importance": importance, "samples": samples, "seed": seed,
                "measure_latency": latency, "data": str(data) if data else None}
@@ -194,8 +190,6 @@ def distill(
 
     Ctrl-C writes a checkpoint; rerunning the same command resumes from it.
     """
-    from xformopt.pipeline import run_single
-
     options = {"teacher": str(teacher) if teacher else None, "student_layers": student_layers,
                "train_data": str(train_data) if train_data else None, "eval_data": str(eval_data) if eval_data else None,
                "text_column": text_column, "label_column": label_column, "temperature": temperature, "alpha": alpha,

@@ -6,9 +6,10 @@ import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt import recipe, targets
+from xformopt.cli import options as opt, output
 from xformopt.errors import InputError
+from xformopt.passes.quantize import QuantizeOptions, resolved_formats
 
 app = typer.Typer(help="List and show the shipped recipes.\n\nExample: xformopt recipes show default", no_args_is_help=True)
 
@@ -19,8 +20,6 @@ def list_recipes(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt recipes list --json | jq -r '.[].name'
     """
-    from xformopt import recipe
-
     rows = []
     for name in recipe.shipped_names():
         r = recipe.load(name)
@@ -40,9 +39,6 @@ def resolved_yaml(r, target_name: str | None) -> str:
     from types import SimpleNamespace
 
     import yaml
-
-    from xformopt import targets
-    from xformopt.passes.quantize import QuantizeOptions, resolved_formats
 
     asked = target_name or r.target
     target = targets.resolve(asked)
@@ -75,8 +71,6 @@ def show(
     Example: xformopt recipes show default > my-recipe.yaml
     """
     from pathlib import Path
-
-    from xformopt import recipe
 
     r = recipe.load(name)
     if target is not None and not resolved:

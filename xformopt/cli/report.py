@@ -8,10 +8,14 @@ from typing import Annotated
 
 import typer
 
-from xformopt.artifact import load_json
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt.artifact import load_json, read_manifest
+from xformopt.cli import options as opt, output
+from xformopt.cli.passes import summary
 from xformopt.errors import InputError
+from xformopt.report.console import console_table
+from xformopt.report.markdown import markdown
+from xformopt.report.render import write_derived_files
+from xformopt.report.schema import REPORT_SCHEMA
 
 EXAMPLES = """
 Examples:
@@ -24,8 +28,6 @@ Examples:
 
 def load_report(directory: Path) -> tuple[dict, Path]:
     """DIR/report.json (DIR may also be the report.json itself), checked: (report, directory)."""
-    from xformopt.report.build import REPORT_SCHEMA
-
     path = Path(directory)
     if not path.exists():
         raise InputError(f"{path} does not exist; pass the output directory of `xformopt optimize` (its -o)")
@@ -59,10 +61,6 @@ def report(
     accuracy_latency.png and (with fixed-shape timings) latency_seq.png are re-drawn from the JSON
     with this version's renderer; report.json itself is never changed.
     """
-    from xformopt.report.console import console_table
-    from xformopt.report.markdown import markdown
-    from xformopt.report.render import write_derived_files
-
     if as_json and as_markdown:
         raise InputError("--json and --markdown are exclusive; pick one")
     directory = Path(directory)
@@ -90,8 +88,6 @@ def report(
 
 def chain_rows(manifest: dict) -> list[dict]:
     """One row per pass the manifest records: what it did (the pass command's own summary line)."""
-    from xformopt.cli.passes import summary
-
     rows = []
     for entry in manifest.get("passes") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict):
@@ -100,7 +96,9 @@ def chain_rows(manifest: dict) -> list[dict]:
             text = summary(entry)
         except (KeyError, TypeError, IndexError, ValueError):  # a record of another xformopt version
             text = "(record not readable by this version; see manifest.json)"
-        rows.append({"pass": entry.get("pass", "?"), "seconds": entry.get("seconds"), "summary": text})
+        peak = (entry.get("memory") or {}).get("peak_rss_mb")
+        rows.append({"pass": entry.get("pass", "?"), "seconds": entry.get("seconds"),
+                     "peak_mb": "-" if peak is None else f"{peak:,.0f}", "summary": text})
     return rows
 
 
@@ -108,8 +106,6 @@ def chain_report(directory: Path, as_json: bool, as_markdown: bool) -> None:
     """The output of single-pass commands has a manifest (model, target, versions, every pass's
     record) but no report: render that, and say what needs `xformopt optimize` or `xformopt bench`."""
     from rich.table import Table
-
-    from xformopt.artifact import read_manifest
 
     manifest = read_manifest(directory)
     if not isinstance(manifest, dict) or not manifest.get("passes"):
@@ -125,15 +121,15 @@ def chain_report(directory: Path, as_json: bool, as_markdown: bool) -> None:
         output.emit_json(manifest)
         return
     if as_markdown:
-        lines = [f"## {title}", "", "| Pass | Seconds | What it did |", "|---|---:|---|"]
-        lines += [f"| {r['pass']} | {r['seconds'] if r['seconds'] is not None else '-'} | {r['summary'].replace('|', chr(92) + '|')} |"
-                  for r in rows]
+        lines = [f"## {title}", "", "| Pass | Seconds | Peak RSS (MB) | What it did |", "|---|---:|---:|---|"]
+        lines += [f"| {r['pass']} | {r['seconds'] if r['seconds'] is not None else '-'} | {r['peak_mb']} | "
+                  f"{r['summary'].replace('|', chr(92) + '|')} |" for r in rows]
         sys.stdout.write("\n".join([*lines, "", f"_{missing}_", ""]))
         sys.stdout.flush()
         return
-    table = Table("Pass", "Seconds", "What it did", title=title)
+    table = Table("Pass", "Seconds", "Peak MB", "What it did", title=title)
     for r in rows:
-        table.add_row(r["pass"], "-" if r["seconds"] is None else f"{r['seconds']:.1f}", r["summary"])
+        table.add_row(r["pass"], "-" if r["seconds"] is None else f"{r['seconds']:.1f}", r["peak_mb"], r["summary"])
     output.stdout.print(table)
 
 

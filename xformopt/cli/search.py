@@ -6,8 +6,11 @@ from pathlib import Path
 
 import typer
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt.cli import options as opt, output
+from xformopt.errors import InputError
+from xformopt.search import run as runner, sampler as samplers, space as spaces
+from xformopt.search.executors.ray import require_ray
+from xformopt.search.outputs import markdown
 
 EXAMPLES = """
 Examples:
@@ -50,18 +53,10 @@ def search(
     default INT8 artifact and optimum's own dynamic INT8, and the front is recomputed from those
     latencies.
     """
-    from xformopt.search import run as runner
-    from xformopt.search import sampler as samplers
-    from xformopt.search import space as spaces
-
     objectives = samplers.parse_objectives(objective)
     if sampler not in samplers.SAMPLERS:
-        from xformopt.errors import InputError
-
         raise InputError(f"--sampler {sampler!r}: choose {', '.join(samplers.SAMPLERS)}")
     if ray:
-        from xformopt.search.executors.ray import require_ray
-
         require_ray()
     samplers.require_optuna()
     s = spaces.load(str(space) if space else None, preset)
@@ -79,8 +74,6 @@ def search(
 
 
 def runner_summary(doc: dict) -> str:
-    from xformopt.search.outputs import markdown
-
     front = markdown(doc).split("\nAll trials:")[0].rstrip()
     best = doc["best"]
     tail = f"best: trial {best['trial']:03d} -> {best['recipe_file']}" if best else "best: none (no trial completed)"

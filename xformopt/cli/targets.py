@@ -5,8 +5,9 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from xformopt.cli import options as opt
-from xformopt.cli import output
+from xformopt.cli import options as opt, output
+from xformopt.measure.host import effective_cpu_flags, host_info
+from xformopt.targets import PROFILES, detect as detect_target, host_supports
 
 app = typer.Typer(help="Hardware profiles.\n\nExample: xformopt targets detect", no_args_is_help=True)
 
@@ -17,9 +18,6 @@ def list_targets(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt targets list
     """
-    from xformopt.bench.host import effective_cpu_flags
-    from xformopt.targets import PROFILES, host_supports
-
     flags = effective_cpu_flags()
     if as_json:
         output.emit_json([{**t.to_dict(), "host_supports": host_supports(t, flags)} for t in PROFILES.values()])
@@ -40,9 +38,6 @@ def detect(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
     Example: xformopt targets detect --json | jq -r .target
     """
-    from xformopt.bench.host import host_info
-    from xformopt.targets import detect as detect_target
-
     target = detect_target()
     info = host_info()
     if as_json:

@@ -3,7 +3,7 @@ KV cache, for several runners (PyTorch, ONNX fp32, INT8...) in one interleaved r
 
 For every (prompt length, new tokens) cell, each round runs every (runner, cache mode) pair once,
 in an order shuffled per round (seeded), so machine drift lands on all of them alike (see
-:mod:`xformopt.bench.latency`). Each run generates exactly ``new_tokens`` tokens greedily (EOS is
+:mod:`xformopt.measure.latency`). Each run generates exactly ``new_tokens`` tokens greedily (EOS is
 ignored, so every run does the same work) from a prompt of real held-out text cut to the length.
 
 - ``ttft_ms``: the prompt step plus picking the first token (median over rounds);
@@ -14,12 +14,26 @@ ignored, so every run does the same work) from a prompt of real held-out text cu
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 
-from xformopt.decoder.generate import Sampling, generate
+from xformopt import cache
+from xformopt.artifact import read_manifest
+from xformopt.data import load_text_dataset
+from xformopt.decoder.generate import Sampling, context_window, generate
+from xformopt.errors import InputError
+from xformopt.families import DECODERS
+from xformopt.measure import host as host_facts
+from xformopt.measure.host import host_fingerprint, host_info
+from xformopt.models import load_tokenizer
+from xformopt.resources import vader_split_path
+from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
+from xformopt.runtime.session import thread_pool_setting
 
 CACHE_MODES = {"cache": True, "no_cache": False}
 
@@ -132,11 +146,6 @@ GENERATION_BENCH_SCHEMA = "xformopt.generation-bench/1"
 
 def is_decoder_dir(path) -> bool:
     """True for a directory whose config.json names a decoder family (without loading anything)."""
-    import json
-    from pathlib import Path
-
-    from xformopt.families import DECODERS
-
     config = Path(path) / "config.json"
     try:
         return Path(path).is_dir() and json.loads(config.read_text()).get("model_type") in DECODERS
@@ -147,18 +156,11 @@ def is_decoder_dir(path) -> bool:
 def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str], None] = lambda m: None):
     """What to time: the PyTorch model the manifest names, earlier stages still in the pass cache,
     ``compare`` directories, then the artifact. Returns ({name: (kind, path)}, notes)."""
-    from pathlib import Path
-
-    from xformopt import cache
-    from xformopt.errors import InputError
-
     artifact = Path(artifact)
     if not (artifact / "model.onnx").is_file():
         raise InputError(f"{artifact} has no model.onnx; pass a decoder artifact (the -o folder of export, fuse, quantize or optimize)")
     manifest = {}
     if (artifact / "manifest.json").is_file():
-        from xformopt.artifact import read_manifest
-
         manifest = read_manifest(artifact)
     notes: list[str] = []
     stages: dict[str, tuple[str, Path]] = {}
@@ -194,27 +196,16 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
                    cache_modes=("cache", "no_cache"), rounds: int = 3, threads: int | None = None, seed: int = 0,
                    log: Callable[[str], None] = lambda m: None) -> dict:
     """The generation bench document for a decoder artifact (schema ``xformopt.generation-bench/1``)."""
-    from datetime import datetime, timezone
-
-    from xformopt.bench.host import host_fingerprint, host_info, usable_cpus
-    from xformopt.decoder.generate import context_window
-    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
-    from xformopt.errors import InputError
-    from xformopt.models import load_tokenizer
-    from xformopt.resources import vader_split_path
-    from xformopt.runtime.session import thread_pool_setting
-
     stages, notes = plan_stages(artifact, compare, pytorch, log)
     context = context_window(artifact)
     longest = max(prompt_lengths) + max(new_tokens)
     if context and longest > context:
         raise InputError(f"--prompt-tokens {max(prompt_lengths)} + --new-tokens {max(new_tokens)} = {longest} exceeds the "
                          f"model's context window of {context} tokens; use shorter lengths")
-    threads = threads or usable_cpus()
+    threads = threads or host_facts.usable_cpus()
     runners = {name: TorchDecoder(path, threads=threads) if kind == "hf" else OrtDecoder(path, threads=threads)
                for name, (kind, path) in stages.items()}
     tokenizer = load_tokenizer(artifact)
-    from xformopt.data import load_text_dataset
 
     texts = load_text_dataset(vader_split_path("test"), label_column="", limit=None, seed=seed).texts
     log(f"timing {', '.join(stages)}: prompts {list(prompt_lengths)} x new tokens {list(new_tokens)}, "

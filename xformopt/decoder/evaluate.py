@@ -19,6 +19,15 @@ from collections.abc import Callable
 
 import numpy as np
 
+from xformopt.decoder.bench import bench_generation
+from xformopt.decoder.generate import context_window
+from xformopt.decoder.perplexity import summarize, text_nll
+from xformopt.measure.latency import compare, run_interleaved
+from xformopt.models import load_tokenizer
+from xformopt.onnx_graph import dir_size_bytes
+from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
+from xformopt.scoring.metrics import proportion
+
 PPL_WINDOW = 128
 STEP_PROMPT = 32
 STEP_PROMPTS = 8
@@ -28,8 +37,6 @@ GENERATION_ROUNDS = 3
 
 
 def runners_for(stages, spec, threads: int) -> dict:
-    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
-
     return {s.name: (TorchDecoder(s.path, threads=threads, trust_remote_code=spec.trust_remote_code) if s.kind == "hf"
                      else OrtDecoder(s.path, threads=threads)) for s in stages}
 
@@ -55,8 +62,6 @@ def step_calls(runners: dict, tokenizer, texts, prompt_tokens: int = STEP_PROMPT
 
 def solo_steps(call, n: int, rounds: int, warmup: int, repeats: int) -> dict:
     """The artifact alone: ``repeats`` runs of ``rounds`` cached steps (the shape of modes.solo_repeats)."""
-    from xformopt.bench.latency import run_interleaved
-
     stats = [run_interleaved({"m": call}, n, warmup=warmup if r == 0 else 0, iterations=rounds, seed=r)["m"]
              for r in range(repeats)]
     medians = [s.median_ms for s in stats]
@@ -69,14 +74,6 @@ def solo_steps(call, n: int, rounds: int, warmup: int, repeats: int) -> dict:
 
 def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
                             progress=None) -> dict:
-    from xformopt.bench.latency import compare, run_interleaved
-    from xformopt.decoder.bench import bench_generation
-    from xformopt.decoder.generate import context_window
-    from xformopt.decoder.perplexity import summarize, text_nll
-    from xformopt.evaluate.metrics import proportion
-    from xformopt.models import load_tokenizer
-    from xformopt.onnx_graph import dir_size_bytes
-
     runners = runners_for(stages, spec, threads)
     tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
     limit = min(PPL_WINDOW, context_window(spec.path) or PPL_WINDOW)  # one forward per text, no cache

@@ -30,13 +30,26 @@ several lengths, so several past lengths) and on a left-padded batch of two.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from xformopt import families
+from xformopt.decoder.fusion import attention_record
+from xformopt.decoder.generate import context_window
 from xformopt.errors import PassFailed
+from xformopt.exporting import parity_texts, quiet_loggers
+from xformopt.families import FAMILIES, GENAI_EXTRA
+from xformopt.models import load_tokenizer
+from xformopt.onnx_graph import fused_counts
+from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
+from xformopt.scoring.metrics import row_cosine
 
 # Small files a decoder stage carries beside model.onnx (config, generation defaults, tokenizer).
 CONFIG_FILES = (
@@ -164,10 +177,6 @@ def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fal
     """onnxruntime-genai's model builder as a library, fp32 for CPU: GroupQueryAttention (rotary
     inside) with the split KV cache, fused RMSNorms. ``quantize --mode int4`` does the 4-bit step
     itself (the builder's int4 is what benchmarks/int4.py compares against)."""
-    import contextlib
-    import sys
-    import tempfile
-
     from onnxruntime_genai.models import builder
 
     with tempfile.TemporaryDirectory(prefix="xformopt-genai-") as cache, contextlib.redirect_stdout(sys.stderr):
@@ -180,8 +189,6 @@ def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fal
 def pin_head_dim(model_path: Path, config_dir: Path) -> None:
     """The builder leaves the cache's head dimension symbolic (``kv_cache_dim``); pin it from the
     config so a runner can size the zero-length past of step 0 from the graph alone."""
-    import json
-
     import onnx
 
     config = json.loads((Path(config_dir) / "config.json").read_text())
@@ -204,12 +211,11 @@ DEFAULT_EXPORTER = ("optimum.exporters.onnx main_export, task text-generation-wi
 def exporter_for(model_type: str, log=None):
     """(description, function) from the family table; genai families fall back to optimum, loudly,
     when the optional builder is not installed."""
-    from xformopt.families import FAMILIES, GENAI_EXTRA, genai_builder_available
 
     family = FAMILIES.get(model_type)
     if family is None:
         return DEFAULT_EXPORTER
-    if family.exporter == "genai" and not genai_builder_available():
+    if family.exporter == "genai" and not families.genai_builder_available():
         if log:
             log(f"WARNING: {GENAI_EXTRA} is not installed: exporting {model_type} with optimum, attention will not fuse "
                 f"(pip install 'xformopt[genai]' for GroupQueryAttention)")
@@ -221,15 +227,11 @@ def exporter_for(model_type: str, log=None):
 
 
 def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    from xformopt.evaluate.metrics import row_cosine
-
     return row_cosine(a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1]))
 
 
 def parity_prompts(texts, tokenizer, context: int | None, steps: int) -> list[list[int]]:
     """Token ids of real texts at three or more distinct lengths (several past lengths)."""
-    from xformopt.exporting import parity_texts
-
     limit = (context - steps - 1) if context else None
     prompts = []
     for text in parity_texts(texts, tokenizer):
@@ -305,11 +307,6 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
     """The export pass for text-generation: export with past, copy configs, verify every step."""
     import onnx
 
-    from xformopt.decoder.generate import context_window
-    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
-    from xformopt.models import load_tokenizer
-    from xformopt.exporting import quiet_loggers
-
     how, exporter = exporter_for(ctx.spec.model_type, ctx.log)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
     with quiet_loggers("optimum", "transformers", "torch.onnx"):
@@ -348,10 +345,6 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
 
 def _fused_at_export(ctx, model, how: str) -> dict:
     """The builder fuses while it writes the graph: count and verify its fused ops per layer here."""
-    from xformopt.families import FAMILIES
-    from xformopt.decoder.fusion import attention_record
-    from xformopt.onnx_graph import fused_counts
-
     family = FAMILIES.get(ctx.spec.model_type)
     if family is None or family.exporter != "genai" or "genai" not in how:
         return {}

@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xformopt.families import FAMILIES
+from xformopt.measure.latency import run_interleaved
+from xformopt.models import load_tokenizer
+from xformopt.runtime.decoder import OrtDecoder
+from xformopt.scoring.metrics import row_cosine
+
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 
 ATTENTION_NOT_FUSED = (
@@ -30,8 +36,6 @@ TIMING_PROMPT_TOKENS = 32
 def expectation(spec, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
     """Fused ops every layer must reach (family table): the builder's set when the input graph came
     from onnxruntime-genai's builder (it has GroupQueryAttention), optimum's fallback set otherwise."""
-    from xformopt.families import FAMILIES
-
     family = FAMILIES.get(spec.model_type)
     if family is None:
         return {}
@@ -56,10 +60,6 @@ def time_decoder_dirs(ctx, dirs: dict[str, Path], rounds: int) -> dict[str, dict
     the candidates interleaved; the same dict shape as :func:`xformopt.passes.timing.time_stage_dirs`."""
     import numpy as np
 
-    from xformopt.bench.latency import run_interleaved
-    from xformopt.runtime.decoder import OrtDecoder
-    from xformopt.models import load_tokenizer
-
     tokenizer = load_tokenizer(next(iter(dirs.values())), ctx.spec.trust_remote_code)
     ids = [t for text in ctx.sample_texts for t in tokenizer(text)["input_ids"]][:TIMING_PROMPT_TOKENS]
     prompt = np.asarray(ids or [0], dtype=np.int64)[None]
@@ -75,10 +75,6 @@ def logits_agreement(ctx, float_dir: Path, int8_dir: Path, texts: int = 16, max_
     """Quantize's sanity check for decoders: cosine of the INT8 graph's logits to the float graph's at
     every position of real texts (prompt step, no cache), and how often their argmax agrees."""
     import numpy as np
-
-    from xformopt.runtime.decoder import OrtDecoder
-    from xformopt.evaluate.metrics import row_cosine
-    from xformopt.models import load_tokenizer
 
     tokenizer = load_tokenizer(float_dir, ctx.spec.trust_remote_code)
     ref_runner, got_runner = OrtDecoder(float_dir, threads=ctx.threads), OrtDecoder(int8_dir, threads=ctx.threads)

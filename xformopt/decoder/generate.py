@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.errors import InputError
+from xformopt.models import position_limit
 
 
 @dataclass(frozen=True)
@@ -194,8 +195,6 @@ def chat_text(tokenizer, user: str, system: str | None = None) -> str:
 def context_window(model_dir: Path) -> int | None:
     """The longest sequence the model has positions for (its family's position key: GPT-2 n_positions,
     Llama max_position_embeddings)."""
-    from xformopt.models import position_limit
-
     return position_limit(Path(model_dir))
 
 

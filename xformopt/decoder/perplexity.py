@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.data import load_text_dataset
 from xformopt.errors import InputError
+from xformopt.resources import vader_split_path
 
 BOOTSTRAP = 200
 
@@ -59,9 +61,6 @@ def load_token_lists(path: Path | None, tokenizer, context: int | None, *, limit
             lists = lists[:limit]
         source = f"{path} ({window}-token windows)"
     else:
-        from xformopt.data import load_text_dataset
-        from xformopt.resources import vader_split_path
-
         dataset = load_text_dataset(Path(path) if path else vader_split_path("test"), label_column="", limit=limit, seed=seed)
         lists = token_lists(dataset.texts, tokenizer, context, window)
         source = dataset.source

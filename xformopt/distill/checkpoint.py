@@ -23,13 +23,13 @@ import shutil
 import time
 from pathlib import Path
 
+from xformopt.cache import cache_root
+
 SCHEMA = "xformopt.distill-checkpoint/1"
 
 
 def home() -> Path:
     """The xformopt cache folder (``$XFORMOPT_CACHE_DIR`` or ``~/.cache/xformopt``); passes live in ``passes/``."""
-    from xformopt.cache import cache_root
-
     return cache_root().parent
 
 

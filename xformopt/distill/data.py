@@ -18,13 +18,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from xformopt.evaluate.pooling import mean_pool
+from xformopt.atomic import replacing
+from xformopt.scoring.pooling import mean_pool
 
 POOL_BATCHES = 50
 
@@ -137,8 +140,6 @@ class TeacherCache:
 
 def ids_digest(*datasets: Encoded) -> str:
     """Content digest of tokenized rows (ids, token types, order): part of the teacher-output cache key."""
-    import hashlib
-
     h = hashlib.sha256()
     for data in datasets:
         for i, ids in enumerate(data.ids):
@@ -164,8 +165,6 @@ def load_cached_main(path: Path):
 def save_cached_main(path: Path, train, heldout) -> None:
     from safetensors.torch import save_file
 
-    from xformopt.atomic import replacing
-
     with replacing(path) as tmp:
         save_file({"train": train.contiguous(), "eval": heldout.contiguous()}, str(tmp))
 
@@ -177,8 +176,6 @@ def hidden_cache_mb(lengths: np.ndarray, hidden_size: int, n_layers: int) -> flo
 def teacher_outputs(teacher, data: Encoded, objective: str, accepts: set[str], layers: list[int], batch_size: int,
                     device, progress=None) -> TeacherCache:
     """The teacher's main output for every row, and the states of ``layers`` (float16, unpadded) if any."""
-    import time
-
     import torch
 
     started = time.perf_counter()

@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from xformopt.artifact import hash_dir
+from xformopt.cache import read_entry
 from xformopt.errors import InputError
 from xformopt.families import FAMILIES
 
@@ -76,8 +78,6 @@ def resolve_teacher(src: Path, run_input: Path, teacher_option: str | None, chec
             raise InputError(f"teacher not found: {src}/manifest.json names {named!r} as the original model, which is "
                              "not a model directory here; pass --teacher DIR")
         if check_hash and entry.get("sha256"):
-            from xformopt.artifact import hash_dir
-
             if hash_dir(Path(named)) != entry["sha256"]:
                 raise InputError(f"teacher {named} (named in {src}/manifest.json) has changed since {src} was made "
                                  "(content hash differs); pass --teacher DIR to use it anyway")
@@ -120,8 +120,6 @@ def drop_layers(model, arch, keep: list[int]) -> None:
 
 def prune_origins(src: Path) -> list[int] | None:
     """Original layer indices a pruned stage kept, from the prune record beside it."""
-    from xformopt.cache import read_entry
-
     candidates = []
     entry = read_entry(Path(src))  # a pass-cache entry: its .entry.json holds the pass record
     if entry is not None and isinstance(entry.get("record"), dict):

@@ -12,14 +12,14 @@ from collections.abc import Callable
 import numpy as np
 
 from xformopt import progress as progress_events
-from xformopt.bench import modes
-from xformopt.bench.latency import compare
+from xformopt.decoder.evaluate import evaluate_decoder_stages
+from xformopt.measure import memory, modes
+from xformopt.measure.latency import compare
 from xformopt.onnx_graph import dir_size_bytes
+from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
 
 def stage_predictor(stage, spec, threads: int):
-    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
-
     if stage.kind == "hf":
         return TorchPredictor(spec, stage.path, threads=threads)
     return OrtPredictor(spec, stage.path, threads=threads)
@@ -41,19 +41,25 @@ def quality(task, outputs: dict[str, np.ndarray], baseline_name: str, heldout, s
 def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None], progress=None) -> dict:
     """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing."""
     if spec.task_def.decoder:  # perplexity, cached-step latency, generation grid: xformopt/decoder/evaluate.py
-        from xformopt.decoder.evaluate import evaluate_decoder_stages
-
         return evaluate_decoder_stages(stages, spec, heldout, settings, threads, log, progress)
     report = progress or progress_events.report  # (label, done, total): a live bar or periodic lines
 
     def bar(label):
         return lambda done, total: report(label, done, total)
 
-    predictors = {stage.name: stage_predictor(stage, spec, threads) for stage in stages}
+    # Every stage stays loaded: the interleaved timing below needs them all in one process. What each
+    # holds (its load delta) and what scoring it adds on top are measured per stage.
+    predictors, stage_memory = {}, {}
+    for stage in stages:
+        with memory.measured(f"load {stage.name}") as loaded:
+            predictors[stage.name] = stage_predictor(stage, spec, threads)
+        stage_memory[stage.name] = {"load": loaded.to_dict()}
     outputs = {}
     for name, predictor in predictors.items():
         log(f"evaluating {name} on {len(heldout)} held-out rows")
-        outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
+        with memory.measured(f"evaluate {name}") as scored:
+            outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
+        stage_memory[name]["evaluate"] = scored.to_dict()
     metrics = quality(spec.task_def, outputs, stages[0].name, heldout, settings.seed)
     texts, pairs = spec.task_def.timing_inputs(heldout)
 
@@ -82,6 +88,7 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
             "latency": latency[name].to_dict(),
             "speedup": speedup[name],
             "size_bytes": model_bytes(stage),
+            "memory": stage_memory[name],
         }
         for name, stage in ((stage.name, stage) for stage in stages)
     }

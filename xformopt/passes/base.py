@@ -7,6 +7,7 @@ shell command of its own, a cache entry of its own, and a stage the report can e
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from xformopt.data import TextDataset
 from xformopt.models import ModelSpec
-from xformopt.targets import Target
+from xformopt.targets import Target, host_supports
 
 Kind = Literal["hf", "onnx"]
 
@@ -43,7 +44,6 @@ class PassContext:
         """The verification sample as a TextDataset: what a pass runs ``predict_data`` on."""
         if self.sample is not None:
             return self.sample
-        from xformopt.data import TextDataset
 
         texts = list(self.sample_texts)
         return TextDataset(texts=texts, text_pairs=None, labels=None, label_names=None,
@@ -55,8 +55,6 @@ class PassContext:
 
     @property
     def host_runs_target(self) -> bool:
-        from xformopt.targets import host_supports
-
         return host_supports(self.target, self.host_flags)
 
 
@@ -79,8 +77,6 @@ class Pass:
     @staticmethod
     def summarize(record: dict) -> str:
         """One line saying what the pass changed and how it was verified, from its record."""
-        import json
-
         return json.dumps(record)[:200]
 
     @staticmethod

@@ -39,7 +39,9 @@ import numpy as np
 
 from xformopt import progress
 from xformopt.data import TextDataset
-from xformopt.runtime.session import ort_feed
+from xformopt.models import load_tokenizer
+from xformopt.onnx_graph import load_graph
+from xformopt.runtime.session import ort_feed, ort_session
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
@@ -65,8 +67,6 @@ def load_split(path: str | None, default_split: str, spec, limit: int | None, se
 def dataset_reader(spec, stage: Path, rows: TextDataset, *, graph: Path | None = None, batch_size: int = 8):
     """A TextBatchReader over ``rows`` as requests carry them (the task's timing inputs), tokenized with
     ``stage``'s tokenizer for the inputs of ``graph`` (default: the stage's model.onnx)."""
-    from xformopt.models import load_tokenizer
-
     texts, pairs = spec.task_def.timing_inputs(rows)
     return TextBatchReader(load_tokenizer(stage, spec.trust_remote_code), texts,
                            graph_input_names(graph or stage / "model.onnx"), batch_size=batch_size, pairs=pairs,
@@ -133,8 +133,6 @@ class TextBatchReader:
 
 
 def graph_input_names(model_path: Path) -> list[str]:
-    from xformopt.onnx_graph import load_graph
-
     model = load_graph(model_path)
     initializers = {i.name for i in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name not in initializers]
@@ -233,8 +231,6 @@ def harm_scores(model_path: Path, nodes: list[dict], reader: TextBatchReader, fo
     """
     import onnx
     from onnx import helper, numpy_helper
-
-    from xformopt.runtime.session import ort_session
 
     model = onnx.load(str(model_path))
     weights = {i.name: i for i in model.graph.initializer}

@@ -43,9 +43,16 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from xformopt import progress
-from xformopt.artifact import copy_side_files
+from xformopt.artifact import copy_side_files, hash_dir
+from xformopt.data import load_text_dataset
+from xformopt.distill import checkpoint as ckpt, data as D, losses as L, student as S, train as T
+from xformopt.distill.curve import plot_training_curve
+from xformopt.distill.data import collate, forward
 from xformopt.errors import InputError, PassFailed
+from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.surgery import arch_for, current_shape, weights_sha256
+from xformopt.resources import vader_split_path
 
 CURVE = "distill_curve.png"
 # Options that do not change what is learned: left out of the checkpoint identity, so a rerun with
@@ -113,9 +120,6 @@ class DistillOptions(PassOptions):
 
 def load_sets(ctx: PassContext, options: DistillOptions, labelled: bool):
     """(training rows, evaluation rows, notes): see the module docstring for defaults and disjointness."""
-    from xformopt.data import load_text_dataset
-    from xformopt.resources import vader_split_path
-
     label_column = options.label_column if labelled else ""
     kwargs = dict(text_column=options.text_column, text_pair_column=options.text_pair_column,
                   label_column=label_column, label2id=(ctx.spec.label2id or None) if labelled else None)
@@ -176,8 +180,6 @@ def _texts_digest(*datasets) -> str:
 
 
 def _load(spec, path: Path, eager: bool):
-    from xformopt.models import load_torch_model
-
     model = load_torch_model(spec, path)
     if eager:  # attention maps are only returned by the eager implementation
         model.set_attn_implementation("eager")
@@ -214,15 +216,6 @@ class DistillPass(Pass):
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> dict:
         import torch
-
-        from xformopt.artifact import hash_dir
-        from xformopt.distill import checkpoint as ckpt
-        from xformopt.distill import data as D
-        from xformopt.distill import losses as L
-        from xformopt.distill import student as S
-        from xformopt.distill import train as T
-        from xformopt.models import load_tokenizer
-        from xformopt.passes.prune import arch_for, current_shape
 
         started = T.CLOCK()
         wall_start = time.perf_counter()
@@ -271,8 +264,6 @@ class DistillPass(Pass):
     def _train(self, ctx, src, dst, options, choice, train_set, heldout_set, notes, weights, has_labels, tokenizer,
                arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape) -> dict:
         import torch
-
-        from xformopt.passes.prune import weights_sha256
 
         objective = ctx.spec.task_def.torch_objective
         torch.manual_seed(options.seed)
@@ -426,8 +417,6 @@ class DistillPass(Pass):
             "pass_seconds": round(time.perf_counter() - wall_start, 2),
         }
         try:
-            from xformopt.distill.curve import plot_training_curve
-
             plot_training_curve(record, dst / CURVE, title=f"{ctx.spec.source}: distill")
             record["curve"] = CURVE
         except Exception as exc:  # noqa: BLE001 - a plot is never worth the run
@@ -449,9 +438,6 @@ class DistillPass(Pass):
     def _reload_check(ctx, student, dst: Path, heldout_enc, accepts) -> dict:
         """The saved folder loads with stock transformers and computes what the trained student computes."""
         import torch
-
-        from xformopt.distill.data import collate, forward
-        from xformopt.models import load_torch_model
 
         idx = list(range(min(16, len(heldout_enc))))
         enc = collate(heldout_enc, idx, accepts)

@@ -19,9 +19,14 @@ from typing import Literal
 from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
+from xformopt.decoder.export import export_decoder
+from xformopt.measure import memory
 from xformopt.errors import PassFailed
-from xformopt.exporting import compare, parity_texts, quiet_loggers
+from xformopt.exporting import compare, quiet_loggers, spread_by_length
+from xformopt.models import load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript
+from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
 
 class ExportOptions(PassOptions):
@@ -34,27 +39,52 @@ class ExportOptions(PassOptions):
 
 
 def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: ExportOptions) -> dict:
-    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
-
+    """ONNX against PyTorch on real rows as the model receives them (``Task.model_inputs``: a question
+    with its context, a context with its choices), chosen to span their encoded lengths, each at batch
+    1, then a padded batch of 2."""
     torch_model = TorchPredictor(ctx.spec, model_dir, threads=ctx.threads)
+    texts, pairs = ctx.spec.task_def.model_inputs(ctx.sample_data)
+
+    tokenize = torch_model.tokenize
+
+    def encode(rows: list[int]) -> dict:
+        return tokenize([texts[i] for i in rows], None if pairs is None else [pairs[i] for i in rows])
+
+    lengths = [int(encode([i])["input_ids"].shape[-1]) for i in range(len(texts))]
+    picked = spread_by_length(lengths, what="texts" if pairs is None else "pairs")
+    cases = [[i] for i in picked] + [picked[:2]]  # each length at batch 1, then a padded batch of 2
+    encodings = [encode(rows) for rows in cases]
+    expected = [torch_model.raw_outputs(encoded) for encoded in encodings]
+    paired = [pair_tokens(torch_model, texts[i], lengths[i]) for i in picked] if pairs is not None else None
+    del torch_model  # the PyTorch weights and ORT's copy of them need not be resident together
+    memory.release()
     onnx_model = OrtPredictor(ctx.spec, onnx_dir, threads=ctx.threads)
-    texts = parity_texts(ctx.sample_texts, torch_model.tokenizer)
-    cases = [[t] for t in texts] + [texts[:2]]  # each length at batch 1, then a padded batch of 2
     worst = {"max_abs_diff": 0.0, "min_cosine": 1.0}
-    lengths = []
-    for batch in cases:
-        encoded = torch_model.tokenize(batch)
-        lengths.append(int(encoded["input_ids"].shape[1]))
-        got = compare(torch_model.raw_outputs(encoded), onnx_model.raw_outputs(encoded), encoded["attention_mask"])
+    checked = []
+    for encoded, reference in zip(encodings, expected):
+        checked.append(int(encoded["input_ids"].shape[-1]))
+        got = compare(reference, onnx_model.raw_outputs(encoded), encoded["attention_mask"])
         worst["max_abs_diff"] = max(worst["max_abs_diff"], got["max_abs_diff"])
         worst["min_cosine"] = min(worst["min_cosine"], got["min_cosine"])
-    result = {**worst, "sequence_lengths": lengths, "batch_sizes": [len(b) for b in cases]}
+    result = {**worst, "sequence_lengths": checked, "batch_sizes": [len(b) for b in cases]}
+    if paired is not None:
+        result["pair_lengths"] = paired
+    where = f"lengths {checked}" + (f" (text + pair tokens {result['pair_lengths']})" if pairs is not None else "")
     if worst["max_abs_diff"] > options.max_abs_diff or worst["min_cosine"] < options.min_cosine:
         raise PassFailed(
             f"export parity failed: max |diff| {worst['max_abs_diff']:.2e} (limit {options.max_abs_diff:.0e}), "
-            f"min cosine {worst['min_cosine']:.6f} (limit {options.min_cosine}) at lengths {lengths}"
+            f"min cosine {worst['min_cosine']:.6f} (limit {options.min_cosine}) at {where}"
         )
     return result
+
+
+def pair_tokens(predictor, text: str, encoded: int) -> list[int]:
+    """[tokens of the text, tokens of its pair] as encoded together (``encoded``: the pair's length with
+    special tokens); the pair's share is what the text alone leaves of it (truncation included)."""
+    tokenizer = predictor.tokenizer
+    single, pair = tokenizer.num_special_tokens_to_add(pair=False), tokenizer.num_special_tokens_to_add(pair=True)
+    alone = int(predictor.tokenize([text])["input_ids"].shape[-1])
+    return [alone - single, encoded - alone - (pair - single)]
 
 
 class ExportPass(Pass):
@@ -76,14 +106,14 @@ class ExportPass(Pass):
     def summarize(rec: dict) -> str:
         """One line: what the pass changed and how it was verified."""
         p = rec["parity"]
-        return f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} at lengths {p['sequence_lengths']}"
+        pairs = f" (text + pair tokens {p['pair_lengths']})" if "pair_lengths" in p else ""
+        return (f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} "
+                f"at lengths {p['sequence_lengths']}{pairs}")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
         from optimum.exporters.onnx import main_export
 
         if ctx.spec.is_decoder:  # with past key/values, parity at every decode step: xformopt/decoder/export.py
-            from xformopt.decoder.export import export_decoder
-
             return export_decoder(ctx, src, dst, options)
         exporter = options.exporter or ("dynamo" if ctx.spec.family.exporter == "dynamo" else "torchscript")
         if exporter == "dynamo":
@@ -102,6 +132,7 @@ class ExportPass(Pass):
                 trust_remote_code=ctx.spec.trust_remote_code,
             )
         _keep_only_config_files(src, dst)
+        memory.release()  # the traced model optimum loaded, before parity loads one again
         ctx.log("checking parity against PyTorch")
         parity = check_parity(ctx, src, dst, options)
         return _record("optimum.exporters.onnx (TorchScript tracer, dynamo=False)", options.opset, dst, parity)
@@ -111,9 +142,6 @@ DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset: lower ones are convert
 
 
 def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
-    from xformopt.models import load_torch_model
-    from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript
-
     require_onnxscript()  # before loading the model: a missing extra fails in a second
     opset = max(options.opset, DYNAMO_MIN_OPSET)
     ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) with torch.onnx.export(dynamo=True) at opset {opset}")
@@ -124,6 +152,8 @@ def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportO
         export_dynamo(model, ctx.spec.task_def.export_task, dst / "model.onnx", opset)
     model.config.save_pretrained(dst)
     _keep_only_config_files(src, dst)
+    del model
+    memory.release()
     ctx.log("checking parity against PyTorch")
     parity = check_parity(ctx, src, dst, options)
     return _record("torch.onnx.export (dynamo=True); attention fuses in `fuse` (onnxscript ort_fusions)",

@@ -10,21 +10,26 @@ a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
 from __future__ import annotations
 
 import dataclasses
-from importlib import import_module
-
+import os
 import shutil
+import tempfile
 import warnings
+from contextlib import contextmanager
+from importlib import import_module
 from pathlib import Path
 from typing import Literal
+import logging
 
 from pydantic import Field
 
+from xformopt import models
 from xformopt.artifact import copy_stage
+from xformopt.decoder.fusion import attention_record, expectation, time_decoder_dirs
+from xformopt.measure import memory
 from xformopt.errors import PassFailed
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
-from xformopt import models
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.export_dynamo import is_dynamo_graph
+from xformopt.passes.export_dynamo import add_missing_layernorm_bias, is_dynamo_graph, onnxscript_fusions
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 
 Candidate = Literal["all", "no_attention", "none"]
@@ -53,38 +58,90 @@ class FuseOptions(PassOptions):
     )
 
 
-def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tuple[str, ...]) -> dict[str, int]:
+# Initializers of at least this many bytes stay on disk while ORT's optimizer works (onnx's default).
+WEIGHTS_ON_DISK_BYTES = 1024
+
+
+@contextmanager
+def working_directory(path):
+    """cd for the block (contextlib.chdir needs Python 3.11). Process-wide: fusion runs in one thread."""
+    previous = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def with_weights_on_disk(graph, scratch: Path, threshold: int = WEIGHTS_ON_DISK_BYTES):
+    """The graph (a path or a ModelProto) with its weights moved to ``scratch/weights.bin``.
+
+    ORT's optimizer copies the whole ModelProto for every symbolic shape inference and keeps the
+    copies, and serializes it to save: a candidate's peak was several times the weights' size (README,
+    "Memory"). With the weights on disk those copies hold names and shapes only.
+    The fusions that read a weight's values (numpy_helper.to_array) load it from the file relative to
+    the working directory, hence ``working_directory(scratch)`` around them."""
+    import onnx
+
+    model = onnx.load(str(graph)) if isinstance(graph, (str, Path)) else graph
+    onnx.save_model(model, str(scratch / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=threshold)
+    del model
+    memory.release()
+    return onnx.load(str(scratch / "model.onnx"), load_external_data=False)
+
+
+def weights_back_in_graph(model, scratch: Path) -> None:
+    """Load the weights left on disk back into their tensors as they were (no external-data marks
+    left: the saved graph is byte for byte the one an in-memory fusion writes)."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(model, str(scratch))
+    for tensor in model.graph.initializer:
+        if tensor.data_location == TensorProto.DEFAULT:
+            tensor.ClearField("data_location")  # loading sets it explicitly; the exporter never did
+
+
+def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tuple[str, ...],
+                weights_threshold: int = WEIGHTS_ON_DISK_BYTES) -> dict[str, int]:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     fusion = FusionOptions(ctx.spec.ort_model_type)
     if ctx.spec.is_decoder:  # shape inference cannot bound past/total lengths: one harmless warning per Slice
-        import logging
-
         logging.getLogger("symbolic_shape_infer").setLevel(logging.ERROR)
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)
     graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled)
-    with warnings.catch_warnings():
+    out_model = Path(os.path.abspath(out_model))
+    with tempfile.TemporaryDirectory(prefix=".weights-", dir=out_model.parent) as scratch, \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = optimize_model(
-            graph,
-            model_type=ctx.spec.ort_model_type,
-            # Pruned heads (config.pruned_heads) leave each layer its own head count: 0 makes ORT read
-            # num_heads and the attention width per layer from the graph's Reshape shapes.
-            num_heads=0 if ctx.spec.pruned else ctx.spec.num_heads,
-            hidden_size=0 if ctx.spec.pruned else ctx.spec.hidden_size,
-            optimization_options=fusion,
-            opt_level=0,  # python fusions only: the saved graph stays portable to any CPU
-        )
-        own = ctx.spec.family.own_fusion
-        if own and "enable_attention" not in disabled:
-            # ORT's optimizer fuses no attention for this family: the family's own fusion does (in ORT's
-            # Fusion style, on the same OnnxModel), e.g. xformopt/fusions/<family>.py.
-            module, function = own.split(":")
-            getattr(import_module(module), function)(model, ctx.spec)
+        graph = with_weights_on_disk(graph, Path(scratch), weights_threshold)
+        with working_directory(scratch):  # where ORT's fusions find the weights they read (see above)
+            model = optimize_model(
+                graph,
+                model_type=ctx.spec.ort_model_type,
+                # Pruned heads (config.pruned_heads) leave each layer its own head count: 0 makes ORT read
+                # num_heads and the attention width per layer from the graph's Reshape shapes.
+                num_heads=0 if ctx.spec.pruned else ctx.spec.num_heads,
+                hidden_size=0 if ctx.spec.pruned else ctx.spec.hidden_size,
+                optimization_options=fusion,
+                opt_level=0,  # python fusions only: the saved graph stays portable to any CPU
+            )
+            own = ctx.spec.family.own_fusion
+            if own and "enable_attention" not in disabled:
+                # ORT's optimizer fuses no attention for this family: the family's own fusion does (in ORT's
+                # Fusion style, on the same OnnxModel), e.g. xformopt/fusions/<family>.py.
+                module, function = own.split(":")
+                getattr(import_module(module), function)(model, ctx.spec)
+        weights_back_in_graph(model.model, Path(scratch))
     model.save_model_to_file(str(out_model), use_external_data_format=needs_external_data(src_model))
-    return fused_counts(model.model)
+    counts = fused_counts(model.model)
+    del model, graph
+    memory.release()  # ORT's OnnxModel and its fusions reference each other: freed only by the collector
+    return counts
 
 
 def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
@@ -93,11 +150,6 @@ def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
     unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them). The
     path itself when neither applies."""
     import onnx
-
-    from xformopt.passes.export_dynamo import (
-        add_missing_layernorm_bias,
-        onnxscript_fusions,
-    )
 
     model = onnx.load(str(src_model), load_external_data=False)  # the graph alone: big weights stay on disk
     changed = False
@@ -133,8 +185,6 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
 def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
     """What every layer must reach (the family's ``fused_per_layer``: BERT's one Attention and two SkipLayerNorms)."""
     if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
-        from xformopt.decoder.fusion import expectation
-
         return expectation(ctx.spec, before)
     layers = ctx.spec.num_layers
     return {op: n * layers for op, n in ctx.spec.family.fused_per_layer.items()}
@@ -192,7 +242,7 @@ class FusePass(Pass):
                 ctx.log(f"timing {', '.join(timed)} interleaved ({options.timing_rounds} rounds)")
                 timer = time_stage_dirs
                 if ctx.spec.is_decoder:  # one cached decode step, not a whole-text forward
-                    from xformopt.decoder.fusion import time_decoder_dirs as timer
+                    timer = time_decoder_dirs
                 timings = timer(ctx, timed, options.timing_rounds)
                 chosen, reason = choose(timings, options.tolerance)
             else:
@@ -203,8 +253,6 @@ class FusePass(Pass):
 
         decoder = {}
         if ctx.spec.is_decoder:  # whether attention fused: loud when it did not (xformopt/decoder/fusion.py)
-            from xformopt.decoder.fusion import attention_record
-
             decoder = {"decoder": attention_record(ctx.spec, counts["all"], ctx.log)}
         at_load = runtime_fusions(src / "model.onnx", work)
         for item in candidates[chosen].iterdir():

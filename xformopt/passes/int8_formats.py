@@ -9,12 +9,27 @@ resort, returning the few most harmful GEMMs to float, is the caller's (it needs
 
 from __future__ import annotations
 
+import math
+
 # Options a user may fix in the recipe / on the command line, and the value the ladder moves to.
 SAFER = (
     ("per_channel", True, "per-channel weight scales"),
     ("reduce_range", True, "7-bit weights (no u8*s8 pair-sum saturation without VNNI)"),
     ("weight_type", "uint8", "unsigned weights (the U8U8 kernel, which does not saturate)"),
 )
+
+
+def float_gemm_bound(weighted_gemms: int) -> int:
+    """How many of the most harmful GEMMs the last resort may return to float: a tenth of them, rounded
+    up (4 of 36), at least one. The walk goes 1, 2, 4 ... up to this bound (``passes.fewest``)."""
+    return max(1, math.ceil(weighted_gemms / 10))
+
+
+def accept_floor(mean_agreement: float) -> float:
+    """The floor an attempt with this mean agreement passes: rounded down to 3 decimals, so the value
+    printed in ``--min-agreement`` accepts the attempt it names."""
+    return math.floor(mean_agreement * 1000) / 1000
+
 
 def agreement_floor(task, min_agreement: float | None) -> float:
     """The recipe's floor, else the task's (``Task.agreement_floor``: 0.99 cosine for embeddings)."""

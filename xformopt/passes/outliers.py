@@ -20,12 +20,14 @@ neural-compressor 2.x's ONNX backend, which 3.x removed (``passes/calibration.py
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
+from xformopt.measure import memory
 from xformopt.errors import PassFailed
 
 Treatment = Literal["smooth", "split", "float"]
@@ -53,15 +55,20 @@ def channel_ranges(model, tensors: list[str], feeds: Iterable[dict]) -> dict[str
     import onnx
     import onnxruntime as ort
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    known = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name not in known:
-            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    # The tensors become graph outputs only in the probe file: the model gets its outputs back at once
+    # (a copy of the ModelProto, or a session from bytes, which ORT keeps, would hold every weight twice).
+    known = {o.name for o in model.graph.output}
+    added = [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in tensors if name not in known]
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the names must survive
-    session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory(prefix="xformopt-ranges-") as scratch:
+        model.graph.output.extend(added)
+        try:
+            onnx.save(model, f"{scratch}/probe.onnx")
+        finally:
+            for _ in added:
+                model.graph.output.pop()
+        session = ort.InferenceSession(f"{scratch}/probe.onnx", options, providers=["CPUExecutionProvider"])
     ranges: dict[str, np.ndarray] = {}
     for feed in feeds:
         for name, value in zip(tensors, session.run(tensors, feed)):
@@ -181,6 +188,17 @@ def treat(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], feeds:
           check_feeds: list[dict], alpha: float = SMOOTH_ALPHA, channels: int = SPLIT_CHANNELS) -> dict:
     """Write ``src`` with the rules' smooth/split rewrites to ``dst``; returns the record: what each
     node got, the GEMMs to keep float, and the float parity of the rewrite (it must be exact)."""
+    record = _rewrite(src, dst, rules, feeds, alpha, channels)
+    memory.release()  # the rewritten ModelProto is gone: parity reads both graphs from disk
+    if record["nodes"]:
+        record["float_parity_max_abs_diff"] = parity(src, dst, check_feeds)
+    return record
+
+
+def _rewrite(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], feeds: list[dict], alpha: float,
+             channels: int) -> dict:
+    # One function, so that every reference into the graph (a node or tensor keeps the whole
+    # ModelProto alive) ends when it returns.
     import onnx
 
     model = onnx.load(str(src))
@@ -202,12 +220,11 @@ def treat(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], feeds:
             except ValueError as error:  # a graph shape the rewrite does not know: say so, quantize plainly
                 record["skipped"][name] = str(error)
     used = {i for n in g.graph.node for i in n.input}
-    kept = [i for i in g.graph.initializer if i.name in used]
-    del g.graph.initializer[:]
-    g.graph.initializer.extend(kept)
+    initializers = g.graph.initializer
+    for index in reversed(range(len(initializers))):  # in place: re-adding the kept ones would copy every weight
+        if initializers[index].name not in used:
+            del initializers[index]
     onnx.save(model, str(dst))
-    if record["nodes"]:
-        record["float_parity_max_abs_diff"] = parity(src, dst, check_feeds)
     return record
 
 
@@ -216,10 +233,13 @@ def parity(a: Path, b: Path, feeds: list[dict], tolerance: float = 1e-3) -> floa
     float result is a bug, so above ``tolerance`` the pass fails."""
     import onnxruntime as ort
 
-    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (a, b)]
+    def outputs(path: Path) -> list[list[np.ndarray]]:  # one session at a time: two float graphs are twice the weights
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return [session.run(None, feed) for feed in feeds]
+
     worst = 0.0
-    for feed in feeds:
-        for x, y in zip(*(s.run(None, feed) for s in sessions)):
+    for xs, ys in zip(outputs(a), outputs(b)):
+        for x, y in zip(xs, ys):
             worst = max(worst, float(np.abs(x - y).max() / max(float(np.abs(x).max()), 1e-6)))
     if worst > tolerance:
         raise PassFailed(f"outlier treatment changed the float outputs (max relative difference {worst:.2e} > "

@@ -95,14 +95,10 @@ the deepest cut directly (``width``: no layer dropped).
 
 from __future__ import annotations
 
-import hashlib
+import copy
 import inspect
-import math
 import os
-import shutil
-import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Literal
 
@@ -111,12 +107,32 @@ from pydantic import Field, model_validator
 
 from xformopt import progress
 from xformopt.artifact import copy_side_files
+from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
-from xformopt.evaluate.pooling import mean_pool
-from xformopt.families import Layout, layout_of
+from xformopt.measure.host import host_info
+from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
-
-AUTO_TIE = 0.02  # candidates within 2% of the best sample loss prefer fewer layers
+from xformopt.passes.candidates import CandidateGraphs
+from xformopt.passes.prune_flops import Shape, encoder_flops
+from xformopt.passes.prune_importance import (
+    Batches, layer_sensitivity, magnitude_importance, make_batches, quality, reference_embeddings, score_plans,
+    taylor_importance,
+)
+from xformopt.passes.prune_plans import (
+    HEAD_FRACTIONS,
+    Plan,
+    candidate_plans,
+    candidate_record,
+    check_explicit_prunes,
+    distinct,
+    explicit_plan,
+    removes_nothing,
+    select_plan,
+    shape_text,
+)
+from xformopt.passes.surgery import Arch, apply_plan, arch_for, current_shape, weights_sha256
+from xformopt.passes.timing import TIMED_TEXTS
+from xformopt.resources import vader_split_path
 
 
 class PruneOptions(PassOptions):
@@ -168,470 +184,9 @@ class PruneOptions(PassOptions):
         return self
 
 
-# --------------------------------------------------------------------------- architecture access
-
-
-@dataclass
-class Arch:
-    """Where the prunable pieces of one family live: its row's module paths (xformopt.families.Layout)."""
-
-    layout: Layout
-
-    def layers(self, model):
-        return Layout.get(model.base_model, self.layout.layers)
-
-    def set_layers(self, model, modules) -> None:
-        import torch
-
-        Layout.set(model.base_model, self.layout.layers, torch.nn.ModuleList(modules))
-        setattr(model.config, self.layout.layers_key, len(modules))
-        if self.layout.layer_count_attr:
-            Layout.set(model.base_model, self.layout.layer_count_attr, len(modules))
-
-    def attention(self, layer):
-        return layer.attention
-
-    def heads(self, layer) -> int:
-        return Layout.get(layer, self.layout.heads)
-
-    def head_dim(self, layer) -> int:
-        return Layout.get(layer, self.layout.head_dim)
-
-    def attn_out(self, layer):
-        return Layout.get(layer, self.layout.attn_out)
-
-    def attn_value(self, layer):
-        return Layout.get(layer, self.layout.attn_value)
-
-    def ffn_in(self, layer):
-        return Layout.get(layer, self.layout.ffn_in)
-
-    def ffn_out(self, layer):
-        return Layout.get(layer, self.layout.ffn_out)
-
-    def set_ffn(self, layer, lin_in, lin_out) -> None:
-        Layout.set(layer, self.layout.ffn_in, lin_in)
-        Layout.set(layer, self.layout.ffn_out, lin_out)
-
-    def set_ffn_config(self, config, width: int) -> None:
-        setattr(config, self.layout.ffn_key, width)
-
-    def hidden(self, config) -> int:
-        return getattr(config, self.layout.hidden_key)
-
-
-def arch_for(model_type: str, pass_name: str = "prune") -> Arch:
-    """Where ``model_type``'s prunable pieces live; an InputError naming the supported families otherwise."""
-    return Arch(layout_of(model_type, pass_name))
-
-
-# --------------------------------------------------------------------------- FLOPs
-
-
-@dataclass
-class Shape:
-    """Per-layer kept dimensions of an encoder."""
-
-    hidden: int
-    head_dim: int
-    heads: list[int]  # per layer
-    ffn: list[int]  # per layer
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.heads)
-
-
-def layer_flops(hidden: int, attn_width: int, ffn: int, length: float) -> dict[str, float]:
-    return {
-        "attention_projections": 8 * length * hidden * attn_width,
-        "attention_scores": 4 * length * length * attn_width,
-        "ffn": 4 * length * hidden * ffn,
-    }
-
-
-def encoder_flops(shape: Shape, length: float) -> dict[str, float]:
-    total = {"attention_projections": 0.0, "attention_scores": 0.0, "ffn": 0.0}
-    for heads, ffn in zip(shape.heads, shape.ffn):
-        for k, v in layer_flops(shape.hidden, heads * shape.head_dim, ffn, length).items():
-            total[k] += v
-    total["total"] = sum(total.values())
-    return total
-
-
-def round_multiple(value: float, multiple: int, low: int, high: int) -> int:
-    """``value`` rounded to the nearest multiple (at least one multiple), clipped to [low, high]."""
-    rounded = max(multiple, round(value / multiple) * multiple)
-    return int(min(max(rounded, low), high))
-
-
-def head_step(head_dim: int, multiple: int) -> int:
-    """Smallest head count whose width (heads x head_dim) is a multiple of the SIMD multiple."""
-    return multiple // math.gcd(head_dim, multiple)
-
-
-# --------------------------------------------------------------------------- masks and importance
-
-
-class Masks:
-    """0/1 masks on every head and FFN neuron (forward pre-hooks), and optional skipped layers.
-
-    Masking a unit is numerically the same as removing it, so candidate plans are scored on the
-    unpruned model, and |d loss / d mask| is the Taylor importance of the unit.
-    """
-
-    def __init__(self, model, arch: Arch, requires_grad: bool = False):
-        import torch
-
-        self.model, self.arch = model, arch
-        self.layers = list(arch.layers(model))
-        self.head = [torch.ones(arch.heads(l), requires_grad=requires_grad) for l in self.layers]
-        self.ffn = [torch.ones(arch.ffn_in(l).out_features, requires_grad=requires_grad) for l in self.layers]
-        self.hooks = []
-        for i, layer in enumerate(self.layers):
-            dh = arch.head_dim(layer)
-            self.hooks.append(arch.attn_out(layer).register_forward_pre_hook(
-                lambda mod, args, i=i, dh=dh: (args[0] * self.head[i].repeat_interleave(dh),)))
-            self.hooks.append(arch.ffn_out(layer).register_forward_pre_hook(
-                lambda mod, args, i=i: (args[0] * self.ffn[i],)))
-
-    def skip(self, dropped: Sequence[int]) -> None:
-        self.arch.set_layers(self.model, [l for i, l in enumerate(self.layers) if i not in set(dropped)])
-
-    def close(self) -> None:
-        for h in self.hooks:
-            h.remove()
-        self.arch.set_layers(self.model, self.layers)
-
-
-@dataclass
-class Batches:
-    encoded: list[dict]  # torch tensors
-    labels: list | None
-
-
-def make_batches(tokenizer, texts, pairs, labels, batch_size: int, max_length: int, accepts: set[str]) -> Batches:
-    import torch
-
-    out, ys = [], []
-    for s in range(0, len(texts), batch_size):
-        enc = tokenizer(list(texts[s:s + batch_size]), list(pairs[s:s + batch_size]) if pairs else None,
-                        padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        out.append({k: v for k, v in enc.items() if k in accepts})
-        if labels is not None:
-            ys.append(torch.tensor(labels[s:s + batch_size]))
-    return Batches(out, ys if labels is not None else None)
-
-
-def pooled(model, enc, objective: str):
-    out = model(**enc)[0]
-    return out if objective == "logits" else mean_pool(out, enc["attention_mask"])
-
-
-def row_losses(model, batches: Batches, objective: str, reference: list | None) -> np.ndarray:
-    """Per-row loss: cross-entropy (classification) or MSE to the unpruned embeddings (feature extraction)."""
-    import torch
-
-    rows = []
-    with torch.no_grad():
-        for b, enc in enumerate(batches.encoded):
-            progress.report("prune: importance (batches)", b + 1, len(batches.encoded))
-            out = pooled(model, enc, objective)
-            if objective == "logits":
-                loss = torch.nn.functional.cross_entropy(out, batches.labels[b], reduction="none")
-            else:
-                loss = ((out - reference[b]) ** 2).mean(-1)
-            rows.append(loss.double().numpy())
-    return np.concatenate(rows) if rows else np.zeros(0)
-
-
-def sample_loss(model, batches: Batches, objective: str, reference: list | None) -> float:
-    """Classification: mean cross-entropy; feature extraction: mean MSE to the unpruned embeddings."""
-    rows = row_losses(model, batches, objective, reference)
-    return float(rows.mean()) if len(rows) else 0.0
-
-
-def reference_embeddings(model, batches: Batches, objective: str):
-    import torch
-
-    if objective == "logits":
-        return None
-    with torch.no_grad():
-        return [pooled(model, enc, objective) for enc in batches.encoded]
-
-
-def taylor_importance(model, arch: Arch, batches: Batches, objective: str, seed: int) -> tuple[list, list]:
-    """Accumulated |dL/dmask| per head and per FFN neuron (classification), or the probe-squared
-    gradient of the embedding (feature extraction); see the module docstring."""
-    import torch
-
-    masks = Masks(model, arch, requires_grad=True)
-    head = [torch.zeros_like(m) for m in masks.head]
-    ffn = [torch.zeros_like(m) for m in masks.ffn]
-    gen = torch.Generator().manual_seed(seed)
-    try:
-        for b, enc in enumerate(batches.encoded):
-            out = pooled(model, enc, objective)
-            if objective == "logits":
-                loss = torch.nn.functional.cross_entropy(out, batches.labels[b], reduction="sum")
-            else:
-                probe = torch.randn(out.shape, generator=gen)
-                loss = (out * probe).sum()
-            grads = torch.autograd.grad(loss, masks.head + masks.ffn)
-            for i, g in enumerate(grads[: len(head)]):
-                head[i] += g.abs() if objective == "logits" else g ** 2
-            for i, g in enumerate(grads[len(head):]):
-                ffn[i] += g.abs() if objective == "logits" else g ** 2
-    finally:
-        masks.close()
-    return [h.numpy().astype(np.float64) for h in head], [f.numpy().astype(np.float64) for f in ffn]
-
-
-def layer_sensitivity(model, arch: Arch, batches: Batches, objective: str, reference) -> list[float]:
-    """Loss increase on the sample when each layer alone is skipped (measured, not estimated)."""
-    masks = Masks(model, arch)
-    try:
-        base = sample_loss(model, batches, objective, reference)
-        out = []
-        for i in range(len(masks.layers)):
-            masks.skip([i])
-            out.append(sample_loss(model, batches, objective, reference) - base)
-            masks.skip([])
-    finally:
-        masks.close()
-    return out
-
-
-def magnitude_importance(model, arch: Arch) -> tuple[list, list, list]:
-    """Data-free: weight norms. Head: |W_v rows| x |W_o columns| of the head; neuron: |W_in row| x
-    |W_out column|; layer: norm of the output projections that write into the residual stream."""
-    import torch
-
-    heads, ffns, layers = [], [], []
-    with torch.no_grad():
-        for layer in arch.layers(model):
-            dh, h = arch.head_dim(layer), arch.heads(layer)
-            wv = arch.attn_value(layer).weight.view(h, dh, -1)
-            wo = arch.attn_out(layer).weight.view(-1, h, dh)
-            heads.append((wv.norm(dim=(1, 2)) * wo.norm(dim=(0, 2))).numpy().astype(np.float64))
-            wi, wo2 = arch.ffn_in(layer).weight, arch.ffn_out(layer).weight
-            ffns.append((wi.norm(dim=1) * wo2.norm(dim=0)).numpy().astype(np.float64))
-            layers.append(float(arch.attn_out(layer).weight.norm() + wo2.norm()))
-    return heads, ffns, layers
-
-
-# --------------------------------------------------------------------------- plans
-
-
-@dataclass
-class Plan:
-    keep_layers: list[int]  # indices into the current layers
-    heads: dict[int, list[int]]  # current layer index -> kept head positions (current numbering)
-    ffn: dict[int, list[int]]  # current layer index -> kept neuron positions
-    ffn_width: int
-    note: str = ""
-    sample_loss: float | None = None
-    median_ms: float | None = None  # measured: ONNX fp32 fully fused, batch 1, interleaved with the other candidates
-    p90_ms: float | None = None
-    fused_attention: int | None = None  # Attention nodes the candidate's ONNX graph fused (one per layer expected)
-    qualified: bool | None = None  # set by select_plan: passed the rule's loss filter
-    loss_se: float | None = None  # standard error of the paired per-row loss difference to the best candidate
-
-    @property
-    def kept_heads(self) -> int:
-        return sum(len(h) for h in self.heads.values())
-
-
-def top(scores: np.ndarray, k: int) -> list[int]:
-    """Indices of the k highest scores (ties broken by index: deterministic), in ascending order."""
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    return sorted(order[:k])
-
-
-def global_heads(head_scores: list[np.ndarray], layers: list[int], total: int, step: int) -> dict[int, int]:
-    """Heads kept per layer: a global ranking of per-layer-normalised scores (Michel et al.), at least
-    ``step`` heads in every layer, and each layer's count a multiple of ``step`` where it can be."""
-    normalised = {i: head_scores[i] / (np.linalg.norm(head_scores[i]) + 1e-12) for i in layers}
-    counts = {i: min(step, len(head_scores[i])) for i in layers}
-    # Add heads in chunks of `step`: a chunk's value is the sum of the next `step` best heads of a layer.
-    while sum(counts.values()) + step <= total:
-        best, value = None, -1.0
-        for i in layers:
-            ranked = np.sort(normalised[i])[::-1]
-            if counts[i] + step > len(ranked):
-                continue
-            v = float(ranked[counts[i]:counts[i] + step].sum())
-            if v > value:
-                best, value = i, v
-        if best is None:
-            break
-        counts[best] += step
-    return counts
-
-
-def width_plan(head_scores, ffn_scores, keep_layers: list[int], head_fraction: float, shape0: Shape,
-               multiple: int, target_flops: float, length: float) -> Plan | None:
-    """Globally ranked heads keeping ``head_fraction`` of those in ``keep_layers``, then the one FFN
-    width (uniform across layers, a SIMD multiple) that lands closest to ``target_flops``.
-    None when no FFN width in [multiple, original] gets within 5% of the target."""
-    f0 = max(shape0.ffn[i] for i in keep_layers)
-    step = head_step(shape0.head_dim, multiple)
-    available = sum(shape0.heads[i] for i in keep_layers)
-    counts = global_heads(head_scores, keep_layers, round(head_fraction * available), step)
-    attention = sum(sum(layer_flops(shape0.hidden, counts[i] * shape0.head_dim, 0, length).values()) for i in keep_layers)
-    per_neuron = len(keep_layers) * layer_flops(shape0.hidden, 0, 1, length)["ffn"]
-    width = round_multiple((target_flops - attention) / per_neuron, multiple, multiple, f0)
-    achieved = attention + width * per_neuron
-    if abs(achieved - target_flops) > 0.05 * target_flops:
-        return None
-    kept = sum(counts.values())
-    return Plan(
-        keep_layers=list(keep_layers),
-        heads={i: top(head_scores[i], counts[i]) for i in keep_layers},
-        ffn={i: top(ffn_scores[i], width) for i in keep_layers},
-        ffn_width=width,
-        note=f"{shape0.num_layers - len(keep_layers)} layer(s) dropped, {kept}/{available} heads, FFN {width}/{f0}",
-    )
-
-
-def removes_nothing(plan: Plan, shape0: Shape) -> bool:
-    """True when ``plan`` keeps every layer, head and FFN neuron of ``shape0``: a prune that is a copy."""
-    return len(plan.keep_layers) == shape0.num_layers and all(
-        len(plan.heads[i]) == shape0.heads[i] and len(plan.ffn[i]) == shape0.ffn[i] for i in plan.keep_layers)
-
-
-def distinct(plans: list[Plan]) -> list[Plan]:
-    """``plans`` without repeats (two head fractions can round to the same counts): each is scored and timed once."""
-    seen, out = set(), []
-    for plan in plans:
-        key = (tuple(plan.keep_layers), tuple(tuple(plan.heads[i]) for i in plan.keep_layers), plan.ffn_width)
-        if key not in seen:
-            seen.add(key)
-            out.append(plan)
-    return out
-
-
-def shape_text(shape: Shape) -> str:
-    heads = shape.heads[0] if len(set(shape.heads)) == 1 else "/".join(map(str, shape.heads))
-    ffn = shape.ffn[0] if len(set(shape.ffn)) == 1 else "/".join(map(str, shape.ffn))
-    return f"{shape.num_layers} layers, {heads} heads per layer, FFN {ffn}"
-
-
-def check_explicit_prunes(shape0: Shape, options: PruneOptions, multiple: int) -> None:
-    """Fail before any importance work when explicit targets, clipped to the model and rounded to the
-    SIMD multiple, keep the model's shape (e.g. ``layers: 99, ffn_dim: 99999``). The kept counts do
-    not depend on the importance scores, so neutral scores decide it."""
-    neutral = explicit_plan([np.zeros(h) for h in shape0.heads], [np.zeros(f) for f in shape0.ffn],
-                            [0.0] * shape0.num_layers, shape0, options, multiple)
-    if removes_nothing(neutral, shape0):
-        asked = ", ".join(f"{k}={getattr(options, k)}" for k in ("layers", "heads_per_layer", "ffn_dim")
-                          if getattr(options, k) is not None)
-        raise InputError(f"nothing to prune: {asked} keeps the model's whole shape ({shape_text(shape0)}; targets "
-                         f"above it are clipped to it); ask for fewer heads/FFN/layers or sparsity > 0")
-
-
-HEAD_FRACTIONS = (1.0, 0.75, 0.5)  # heads kept (global ranking); the FFN width is solved for the rest
-
-
-def explicit_plan(head_scores, ffn_scores, layer_scores, shape0: Shape, options: PruneOptions, multiple: int) -> Plan:
-    n = shape0.num_layers
-    keep_n = min(options.layers or n, n)
-    keep_layers = sorted(sorted(range(n), key=lambda i: (-layer_scores[i], i))[:keep_n])
-    f0 = max(shape0.ffn)
-    width = f0 if options.ffn_dim is None else round_multiple(options.ffn_dim, multiple, 1, f0)
-    heads = {}
-    for i in keep_layers:
-        h = shape0.heads[i] if options.heads_per_layer is None else min(options.heads_per_layer, shape0.heads[i])
-        if options.heads_per_layer is not None:
-            step = head_step(shape0.head_dim, multiple)
-            if h >= step and shape0.heads[i] >= step:
-                h = max(step, (h // step) * step)  # round down to a SIMD-friendly width where possible
-        heads[i] = top(head_scores[i], h)
-    return Plan(keep_layers, heads, {i: top(ffn_scores[i], width) for i in keep_layers}, width, note="explicit")
-
-
-def candidate_plans(head_scores, ffn_scores, layer_scores, shape0: Shape, sparsity: float, strategy: str,
-                    multiple: int, length: float, head_fractions: tuple[float, ...] = HEAD_FRACTIONS) -> list[Plan]:
-    """Plans that each remove ``sparsity`` of the FLOPs: for every number of dropped layers (least
-    sensitive first) the budget allows, and every head fraction, the FFN width that completes it."""
-    n = shape0.num_layers
-    target = (1 - sparsity) * encoder_flops(shape0, length)["total"]
-    per_layer = [encoder_flops(Shape(shape0.hidden, shape0.head_dim, [shape0.heads[i]], [shape0.ffn[i]]), length)["total"]
-                 for i in range(n)]
-    order = sorted(range(n), key=lambda i: (layer_scores[i], i))  # least important first
-    by_depth: dict[int, list[Plan]] = {}
-    for dropped in range(n):
-        keep = sorted(set(range(n)) - set(order[:dropped]))
-        if sum(per_layer[i] for i in keep) < target * (1 - 0.05):
-            break  # dropping this many layers already removes more than the budget
-        plans = [p for f in head_fractions
-                 if (p := width_plan(head_scores, ffn_scores, keep, f, shape0, multiple, target, length)) is not None]
-        if plans:
-            by_depth[dropped] = plans
-    if strategy == "width":
-        by_depth = {0: by_depth[0]} if 0 in by_depth else {}
-    elif strategy == "depth" and by_depth:
-        deepest = max(by_depth)
-        by_depth = {deepest: by_depth[deepest][:1]}  # most layers dropped, as many heads kept as reach the target
-    if not by_depth:
-        raise InputError(f"sparsity {sparsity} cannot be reached with strategy {strategy!r} while keeping at least "
-                         f"one layer, one head per layer and {multiple} FFN neurons; use a smaller sparsity")
-    return [p for plans in by_depth.values() for p in plans]
-
-
-# --------------------------------------------------------------------------- applying a plan
-
-
-def apply_plan(model, arch: Arch, plan: Plan) -> None:
-    """Drop layers, prune heads with transformers' prune_heads (recorded in config.pruned_heads, which
-    from_pretrained re-applies), and cut FFN rows/columns with transformers' prune_linear_layer."""
-    import torch
-    from transformers.pytorch_utils import prune_linear_layer
-
-    layers = list(arch.layers(model))
-    old_pruned = {int(k): list(v) for k, v in (model.config.pruned_heads or {}).items()}
-    heads_to_prune: dict[int, list[int]] = {}
-    for new, old in enumerate(plan.keep_layers):
-        layer = layers[old]
-        already = set(arch.attention(layer).pruned_heads)
-        original_ids = [h for h in range(arch.heads(layer) + len(already)) if h not in already]  # current -> original
-        drop = [original_ids[p] for p in range(arch.heads(layer)) if p not in set(plan.heads[old])]
-        if drop:
-            heads_to_prune[new] = drop
-        keep = torch.tensor(plan.ffn[old], dtype=torch.long)
-        arch.set_ffn(layer, prune_linear_layer(arch.ffn_in(layer), keep, dim=0),
-                     prune_linear_layer(arch.ffn_out(layer), keep, dim=1))
-    arch.set_layers(model, [layers[i] for i in plan.keep_layers])
-    model.config.pruned_heads = {new: old_pruned[old] for new, old in enumerate(plan.keep_layers) if old_pruned.get(old)}
-    arch.set_ffn_config(model.config, plan.ffn_width)
-    if heads_to_prune:
-        model.prune_heads(heads_to_prune)
-    model.config.pruned_heads = {int(k): sorted(int(h) for h in v) for k, v in model.config.pruned_heads.items()}
-
-
-def current_shape(model, arch: Arch) -> Shape:
-    layers = list(arch.layers(model))
-    return Shape(arch.hidden(model.config), arch.head_dim(layers[0]), [arch.heads(l) for l in layers],
-                 [arch.ffn_in(l).out_features for l in layers])
-
-
-def weights_sha256(model) -> str:
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-# --------------------------------------------------------------------------- data and evaluation
-
-
 def load_sets(ctx: PassContext, options: PruneOptions, labelled: bool):
     """(importance sample, held-out sample). Default: the vendored train split for importance and the
     vendored test split held out; with ``data``: two disjoint seeded parts of that file."""
-    from xformopt.data import load_text_dataset
-    from xformopt.resources import vader_split_path
-
     label2id = ctx.spec.label2id or None
     kwargs = dict(label2id=label2id, require_labels=labelled, label_column=None if labelled else "")
     if options.data:
@@ -646,53 +201,19 @@ def load_sets(ctx: PassContext, options: PruneOptions, labelled: bool):
     return imp, held
 
 
-def quality(model, batches: Batches, objective: str, reference) -> dict:
-    """Classification: accuracy; feature extraction: mean cosine to the unpruned embeddings."""
-    import torch
-
-    with torch.no_grad():
-        outs = [pooled(model, enc, objective) for enc in batches.encoded]
-    if objective == "logits":
-        pred = torch.cat(outs).argmax(-1)
-        gold = torch.cat(batches.labels)
-        return {"accuracy": float((pred == gold).float().mean()), "n": len(gold)}
-    cos = torch.cat([torch.nn.functional.cosine_similarity(o, r, dim=-1) for o, r in zip(outs, reference)])
-    return {"cosine_to_unpruned": float(cos.mean()), "min_cosine": float(cos.min()), "n": len(cos)}
-
-
 def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds: int) -> dict:
     """Export and fully fuse both models with xformopt's own passes, then time them interleaved at
     batch 1 over real held-out texts (tokenization included)."""
-    import dataclasses
-
-    from xformopt import models
-    from xformopt.bench.host import host_info
-    from xformopt.bench.modes import real
-    from xformopt.exporting import quiet_loggers
-    from xformopt.passes.export import ExportOptions, ExportPass
-    from xformopt.passes.fuse import FuseOptions, FusePass
-    from xformopt.runtime.encoder import OrtPredictor
-
     out = {}
-    with tempfile.TemporaryDirectory(prefix="xformopt-prune-") as work:
-        dirs = {}
+    with CandidateGraphs(ctx, "xformopt-prune-") as graphs:
         for name, src in (("unpruned", original), ("pruned", pruned)):
-            sub = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src), log=lambda m: None)
-            exported, fused = Path(work) / f"{name}-export", Path(work) / f"{name}-fused"
-            exported.mkdir()
-            fused.mkdir()
             ctx.log(f"exporting and fusing the {name} model for timing")
-            # ORT warns that a pruned layer's Q width differs from the input width; that is the point here.
-            with quiet_loggers("onnxruntime.transformers", "fusion_attention"):
-                ExportPass().run(sub, src, exported, ExportOptions())
-                record = FusePass().run(sub, exported, fused, FuseOptions(select="all"))
+            record = graphs.add_checkpoint(name, src)
             out[f"{name}_fused"] = {k: v for k, v in record["fused_kept"].items() if v}
             out[f"{name}_expected"] = record["expected"]
-            dirs[name] = fused
-        predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads) for name, d in dirs.items()}
-        texts = list(ctx.sample_texts)[:200]
+        texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data)  # text pairs timed as pairs
         ctx.log(f"timing pruned vs unpruned ONNX interleaved ({rounds} rounds, batch 1)")
-        stats = real(predictors, texts, None, rounds=rounds, warmup=10, seed=0)
+        stats = graphs.time_real(texts[:200], rounds, pairs[:200] if pairs else None)
     host = host_info()
     out.update({
         "measured_on": f"measured on {host.get('cpu_model', 'this host')} ({ctx.threads} threads)",
@@ -708,131 +229,29 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
     return out
 
 
-# --------------------------------------------------------------------------- choosing among candidates
-
-PREFER_RULES = {
-    "balanced": "candidates whose sample-loss increase over the unpruned model is at most (1 + loss_tolerance) x the "
-                "smallest increase (or within 2% of the best loss) qualify; the fastest of them wins, medians within "
-                "speed_tolerance of it counting as ties, which the lowest sample loss breaks",
-    "speed": "the fastest of all candidates (they all remove the same FLOPs); medians within speed_tolerance of it "
-             "count as ties, which the lowest sample loss breaks",
-    "accuracy": "the lowest sample loss; within 2% of it, the fewest layers, then the most heads (not timed)",
-}
-UNTIMED_SPEED = ("not timed: fewer layers kept counts as faster (each dropped layer also removes its ~20 operators; "
-                 "measured faster than any re-split of the same FLOPs between heads and FFN), equal layer counts tie")
-
-
-def loss_limit(base_loss: float, best_loss: float, tolerance: float) -> float:
-    """The largest sample loss ``balanced`` accepts: the best candidate's loss increase over the unpruned model,
-    times (1 + tolerance), and never less than AUTO_TIE above the best (so a near-lossless best keeps its ties)."""
-    return max(base_loss + (1 + tolerance) * (best_loss - base_loss), best_loss + AUTO_TIE * max(abs(best_loss), 1e-9))
-
-
-def select_plan(plans: list[Plan], prefer: str, base_loss: float, loss_tolerance: float,
-                speed_tolerance: float) -> tuple[Plan, dict]:
-    """Choose among ``plans`` (each with ``sample_loss``; ``median_ms`` when timed) by the ``prefer`` rule.
-
-    Returns the winner and what decided it: the rule, the loss limit, which candidates qualified, and a one-line
-    reason. Pure: no model, no clock (tests inject losses and latencies)."""
-    best = min(plans, key=lambda p: p.sample_loss)
-    info: dict = {"prefer": prefer, "rule": PREFER_RULES[prefer], "unpruned_sample_loss": round(base_loss, 6),
-                  "best_sample_loss": best.sample_loss}
-    if prefer == "accuracy":
-        near = [p for p in plans if p.sample_loss - best.sample_loss <= AUTO_TIE * max(abs(best.sample_loss), 1e-9)]
-        # Same FLOPs, near-equal loss: fewer layers first (fewer operators), then more heads kept.
-        chosen = min(near, key=lambda p: (len(p.keep_layers), -p.kept_heads, p.sample_loss))
-        for p in plans:
-            p.qualified = any(p is q for q in near)
-        info["qualified"] = [p.note for p in near]
-        info["reason"] = (f"lowest sample loss {best.sample_loss:.4f}" if chosen is best else
-                          f"within {AUTO_TIE:.0%} of the lowest sample loss ({best.sample_loss:.4f}: {best.note}) "
-                          f"with fewer layers or more heads")
-        return chosen, info
-
-    timed = all(p.median_ms is not None for p in plans)
-    if prefer == "balanced":
-        limit = loss_limit(base_loss, best.sample_loss, loss_tolerance)
-        qualified = [p for p in plans if p.sample_loss <= limit + 1e-12]
-        info.update(loss_tolerance=loss_tolerance, loss_limit=round(limit, 6))
-    else:
-        qualified = list(plans)
-    for p in plans:
-        p.qualified = any(p is q for q in qualified)
-    info["qualified"] = [p.note for p in qualified]
-    info["speed_tolerance"] = speed_tolerance if timed else None
-    if timed:
-        fastest = min(qualified, key=lambda p: (p.median_ms, p.sample_loss))
-        ties = [p for p in qualified if p.median_ms <= fastest.median_ms * (1 + speed_tolerance)]
-    else:
-        fastest = min(qualified, key=lambda p: (len(p.keep_layers), p.sample_loss))
-        ties = [p for p in qualified if len(p.keep_layers) == len(fastest.keep_layers)]
-        info["speed_order"] = UNTIMED_SPEED
-    chosen = min(ties, key=lambda p: (p.sample_loss, len(p.keep_layers), -p.kept_heads))
-
-    def speed(p: Plan) -> str:
-        return f"{p.median_ms:.3f} ms" if timed else f"{len(p.keep_layers)} layers"
-
-    pool = (f"{len(qualified)} of {len(plans)} candidates within the loss limit {info['loss_limit']:.4f} "
-            f"(unpruned {base_loss:.4f}, best {best.sample_loss:.4f}, increase x{1 + loss_tolerance:g})"
-            if prefer == "balanced" else f"all {len(plans)} candidates")
-    if chosen is fastest:
-        why = f"fastest ({speed(chosen)})"
-    else:
-        why = (f"lowest sample loss ({chosen.sample_loss:.4f}) among those within {speed_tolerance:.0%} of the fastest "
-               f"({fastest.note}: {speed(fastest)}; this one {speed(chosen)})" if timed else
-               f"lowest sample loss ({chosen.sample_loss:.4f}) among the {len(fastest.keep_layers)}-layer plans")
-    info["reason"] = f"{prefer}: {pool}; {why}, sample loss {chosen.sample_loss:.4f}"
-    return chosen, info
-
-
 def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer_dir: Path, rounds: int) -> dict:
     """Export (optimum, in memory, no parity check) and fully fuse the unpruned model and every candidate
     (masks are numerically the same, but only a really smaller model is faster), then time them interleaved
     at batch 1 on up to 64 real held-out texts (``passes.timing.time_stage_dirs``: the same ORT session
     settings as every other timing). Sets each plan's ``median_ms``, ``p90_ms`` and ``fused_attention``;
     returns the unpruned model's figures and how they were measured."""
-    import copy
-    import dataclasses
-    import time
-    import warnings
-
-    from optimum.exporters.onnx import onnx_export_from_model
-
-    from xformopt.bench.host import host_info
-    from xformopt.exporting import quiet_loggers
-    from xformopt.passes.fuse import build_fused
-    from xformopt.passes.timing import TIMED_TEXTS, time_stage_dirs
-
     started = time.perf_counter()
     fused: dict[str, int] = {}
-    with tempfile.TemporaryDirectory(prefix="xformopt-prune-candidates-") as work:
-        dirs: dict[str, Path] = {}
+    with CandidateGraphs(ctx, "xformopt-prune-candidates-") as graphs:
         for n, (key, plan) in enumerate([("unpruned", None), *((f"candidate{i}", p) for i, p in enumerate(plans))]):
             progress.report("prune: exporting candidates", n, len(plans) + 1)
             candidate = copy.deepcopy(model)
             if plan is not None:
                 apply_plan(candidate, arch, plan)
             candidate.eval()
-            stage, raw = Path(work) / key, Path(work) / f"{key}-export"
-            stage.mkdir()
-            # A pruned graph's attention widths differ per layer: ORT reads them from the graph (see fuse).
-            sub = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, pruned=True)) if plan else ctx
-            with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx",
-                                                           "onnxruntime.transformers", "fusion_attention"):
-                warnings.simplefilter("ignore")
-                onnx_export_from_model(candidate, raw, opset=17, do_validation=False, no_post_process=True,
-                                       objective=ctx.spec.task_def.torch_objective)
-                counts = build_fused(raw / "model.onnx", stage / "model.onnx", sub, ())
-            fused[key] = counts.get("Attention", 0)
+            fused[key] = graphs.add_model(key, candidate, pruned=plan is not None).get("Attention", 0)
             layers = len(plan.keep_layers) if plan else len(arch.layers(model))
             if fused[key] < layers:  # timed as it is, but say so: an unfused graph is slower for another reason
                 ctx.log(f"{plan.note if plan else 'unpruned'}: only {fused[key]}/{layers} Attention nodes fused")
-            shutil.rmtree(raw)
             del candidate
-            dirs[key] = stage
         progress.report("prune: exporting candidates", len(plans) + 1, len(plans) + 1)
         ctx.log(f"timing the unpruned model and {len(plans)} candidates interleaved ({rounds} rounds, batch 1)")
-        stats = time_stage_dirs(ctx, dirs, rounds, tokenizer_dir=tokenizer_dir)
+        stats = graphs.time_encoded(rounds, tokenizer_dir=tokenizer_dir)
     for i, plan in enumerate(plans):
         s = stats[f"candidate{i}"]
         plan.median_ms, plan.p90_ms = round(s["median_ms"], 4), round(s["p90_ms"], 4)
@@ -851,24 +270,6 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
         "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "seconds": round(time.perf_counter() - started, 1),
     }
-
-
-def candidate_record(plan: Plan, base_loss: float, unpruned_ms: float | None) -> dict:
-    out = {
-        "plan": plan.note,
-        "layers": len(plan.keep_layers),
-        "heads": plan.kept_heads,
-        "ffn": plan.ffn_width,
-        "sample_loss": plan.sample_loss,
-        "loss_increase": round(plan.sample_loss - base_loss, 6),
-        "loss_se_vs_best": plan.loss_se,
-        "qualified": plan.qualified,
-    }
-    if plan.median_ms is not None:
-        out.update(median_ms=plan.median_ms, p90_ms=plan.p90_ms, fused_attention=plan.fused_attention)
-        if unpruned_ms:
-            out["speedup_vs_unpruned"] = round(unpruned_ms / plan.median_ms, 3)
-    return out
 
 
 # --------------------------------------------------------------------------- the pass
@@ -911,8 +312,6 @@ class PrunePass(Pass):
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: PruneOptions) -> dict:
         import torch
-
-        from xformopt.models import load_tokenizer, load_torch_model
 
         arch = arch_for(ctx.spec.model_type)
         if options.heads_per_layer is not None and not arch.layout.head_pruning:
@@ -1077,34 +476,3 @@ class PrunePass(Pass):
         ctx.log(f"chosen: {chosen.note} -- {info['reason']}")
         return chosen, info
 
-
-def score_plans(model, arch: Arch, plans: list[Plan], batches: Batches, objective: str, reference, ctx) -> float:
-    """Set each plan's ``sample_loss`` (its units masked and its dropped layers skipped on the unpruned
-    model: numerically the pruned model); returns the unpruned model's sample loss."""
-    import torch
-
-    base = sample_loss(model, batches, objective, reference)
-    rows = []
-    masks = Masks(model, arch)
-    try:
-        for plan in plans:
-            for i in range(len(masks.layers)):
-                masks.head[i] = torch.zeros(len(masks.head[i]))
-                masks.ffn[i] = torch.zeros(len(masks.ffn[i]))
-                if i in plan.keep_layers:
-                    masks.head[i][plan.heads[i]] = 1.0
-                    masks.ffn[i][plan.ffn[i]] = 1.0
-            masks.skip([i for i in range(len(masks.layers)) if i not in plan.keep_layers])
-            rows.append(row_losses(model, batches, objective, reference))
-            plan.sample_loss = round(float(rows[-1].mean()), 6)
-            ctx.log(f"scored: {plan.note}: sample loss {plan.sample_loss:.4f}")
-            masks.skip([])
-    finally:
-        masks.close()
-    # How far each candidate is from the best, in standard errors of the paired per-row difference: whether
-    # the sample can tell them apart at all (recorded, not used by the rule).
-    best = rows[min(range(len(plans)), key=lambda k: plans[k].sample_loss)]
-    for plan, r in zip(plans, rows):
-        diff = r - best
-        plan.loss_se = round(float(diff.std(ddof=1) / math.sqrt(len(diff))), 6) if len(diff) > 1 else None
-    return base

@@ -22,6 +22,11 @@ error under quantization, ``calibration.harm_scores``) and the most harmful retu
 4, 8 ... nodes, then bisected; the passing candidates are timed interleaved at batch 1 and the
 fastest kept. When none passes within ``max_float_nodes``, the best is written with
 ``budget_met: false`` and the run exits 1 after the artifact is written.
+
+Agreement floor (``min_agreement``). Missed after every safer format and the float ladder (up to a
+tenth of the GEMMs, rounded up), it is a failing verdict like a missed budget: the closest attempt is
+written, ``verdict.passed`` is false, ``verdict.accept`` names the floor that accepts it, and the run
+exits 1.
 """
 
 from __future__ import annotations
@@ -39,19 +44,25 @@ from pydantic import Field, field_validator
 
 from xformopt import accuracy_budget, progress
 from xformopt.artifact import copy_stage
-from xformopt.errors import PassFailed
-from xformopt.onnx_graph import (
-    INT8_GEMM_OPS,
-    load_graph,
-    needs_external_data,
-    op_counts,
-    weighted_gemms,
-)
+from xformopt.decoder.fusion import logits_agreement
+from xformopt.errors import InputError, PassFailed
+from xformopt.onnx_graph import int8_coverage, load_graph, needs_external_data, op_counts, weighted_gemms
+from xformopt.passes import calibration as cal, outliers
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.calibration import METHODS, dataset_reader, load_split
 from xformopt.passes.fewest import fewest_that_pass
-from xformopt.passes.int8_formats import agreement_floor, describe, failure_hint, format_ladder
-from xformopt.passes.quantize_int4 import Int4Options
+from xformopt.passes.int8_formats import (
+    accept_floor,
+    agreement_floor,
+    describe,
+    failure_hint,
+    float_gemm_bound,
+    format_ladder,
+)
+from xformopt.passes.quantize_int4 import Int4Options, run_int4, summarize_int4
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
+from xformopt.runtime.encoder import OrtPredictor
+from xformopt.targets import u8s8_saturates
 
 
 @contextmanager
@@ -109,9 +120,6 @@ def allowed_drop(budget: float | str, float_points: float) -> float:
 def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
     """The family's outlier rules applied to a copy of the float stage (xformopt/passes/outliers.py):
     the stage to quantize, and the record (None when the family has no rules or they are off)."""
-    from xformopt.passes import outliers
-    from xformopt.passes.calibration import dataset_reader, load_split
-
     rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
     if not rules:
         return src, None
@@ -148,36 +156,9 @@ def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
     }
 
 
-def int8_coverage(before, after) -> dict:
-    """How many weighted GEMMs run in INT8 now, and which stayed in float.
-
-    Counted, not matched by name: ORT's quantizer rewrites a Gemm as ``<name>_MatMul`` + Add even
-    when it leaves it in float, so a name lookup would count that Gemm as quantized.
-    """
-    weighted = [g for g in weighted_gemms(before) if g["has_weight"]]
-    still_float = [g for g in weighted_gemms(after) if g["has_weight"]]
-    activation_only = [g["name"] for g in weighted_gemms(before) if not g["has_weight"]]
-    counts = op_counts(after)
-    original = {g["name"]: g["op"] for g in weighted}
-
-    def source(g: dict) -> dict:  # report a float Gemm under its original name and op
-        name = g["name"].removesuffix("_MatMul")
-        return {"name": name, "op": original[name]} if name in original else {"name": g["name"], "op": g["op"]}
-
-    return {
-        "weighted_gemms": len(weighted),
-        "int8": len(weighted) - len(still_float),
-        "kept_float": [source(g) for g in still_float],
-        "activation_matmuls_float": len(activation_only),  # e.g. Q.K^T in unfused attention: no weight
-        "int8_ops": {op: counts[op] for op in INT8_GEMM_OPS if counts.get(op)},
-    }
-
-
 def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
     """The task's per-row agreement (cosine of logits or embeddings, span or tag agreement) of INT8
     outputs with float outputs on real rows: catches saturation and broken scales."""
-    from xformopt.runtime.encoder import OrtPredictor
-
     rows = ctx.sample_data.subset(range(min(32, len(ctx.sample_data))))
     ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict_data(rows)
     got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads, tokenizer_dir=float_dir).predict_data(rows)
@@ -208,6 +189,14 @@ class QuantizePass(Pass):
     @staticmethod
     def budget_failure(record: dict, out: Path) -> str:
         b = record.get("budget", {})
+        floor = (record.get("verdict") or {}).get("checks", {}).get("agreement_floor", {"met": True})
+        if not floor["met"]:
+            missed = floor_failure(record, out)
+            return missed if b.get("budget_met", True) else f"{missed}; {QuantizePass._budget_line(b, out)}"
+        return QuantizePass._budget_line(b, out)
+
+    @staticmethod
+    def _budget_line(b: dict, out: Path) -> str:
         if "max_perplexity_increase" in b:  # --mode int4
             return (f"perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
                     f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
@@ -220,8 +209,6 @@ class QuantizePass(Pass):
     def summarize(rec: dict) -> str:
         """One line: what the pass changed and how it was verified."""
         if rec.get("mode") == "int4":
-            from xformopt.passes.quantize_int4 import summarize_int4
-
             return summarize_int4(rec)
         c = rec["coverage"]
         mode = rec.get("mode", "dynamic")
@@ -240,16 +227,15 @@ class QuantizePass(Pass):
             line += (f"; budget {'met' if b['budget_met'] else 'NOT met'}: {b['metric']} {b['float_metric']:.2f} -> "
                      f"{b['metric_after']:.2f} (drop {b['drop']:.2f} {'<=' if b['budget_met'] else '>'} {b['allowed_drop_points']:.2f}), "
                      f"{len(b['kept_float'])} returned to float after {len(b['search'])} candidate(s)")
+        floor = (rec.get("verdict") or {}).get("checks", {}).get("agreement_floor")
+        if floor and not floor["met"]:
+            line += f"; verdict FAILED: agreement floor not met ({floor['mean_agreement']:.4f} < {floor['min_agreement']})"
         return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py
-            from xformopt.passes.quantize_int4 import run_int4
-
             return run_int4(ctx, src, dst, options)
         if ctx.spec.is_decoder and (options.mode == "static" or options.max_accuracy_drop is not None):
-            from xformopt.errors import InputError
-
             raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
                              "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
         formats = resolved_formats(ctx, options)
@@ -290,15 +276,14 @@ class QuantizePass(Pass):
             )
         agreement = _agreement(ctx)(ctx, float_src, dst)
         floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
-        if agreement["mean_agreement"] < floor and record.get("budget_met", True):
-            raise PassFailed(f"INT8 outputs disagree with float: mean {agreement['measure']} "
-                             f"{agreement['mean_agreement']:.3f} < {floor}; "
-                             + failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
+        record["verdict"] = verdict(record, agreement, floor,
+                                    failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
+        if not record["verdict"]["passed"]:
+            ctx.log(f"verdict: FAILED ({', '.join(k for k, c in record['verdict']['checks'].items() if not c['met'])}); "
+                    "the best attempt is written and the run exits 1")
         return {**record, "coverage": coverage, "agreement": agreement}
 
     def _static(self, ctx: PassContext, src: Path, work: Path, options: QuantizeOptions, formats: dict):
-        from xformopt.passes import calibration as cal
-
         prepared = work / "prepared.onnx"
         prep = cal.prepare_for_static(src / "model.onnx", prepared)
         dataset = cal.load_split(options.calibration_data, "train", ctx.spec, options.calibration_limit, 0, labels=False)
@@ -315,6 +300,40 @@ class QuantizePass(Pass):
             return _static_builder(prepared, cache, options, fmt)
 
         return make_builder, record, prepared, cal.tensor_ranges(cache), reader
+
+
+def verdict(record: dict, agreement: dict, floor: float, hint: str) -> dict:
+    """Whether the written graph meets what it had to: the agreement floor and, when set, the accuracy
+    budget. A miss is a failing verdict, not a failed pass: the best attempt is written like a missed
+    budget, the run exits 1, and ``accept`` holds the option values that would accept this graph."""
+    checks = {"agreement_floor": {"met": agreement["mean_agreement"] >= floor, "min_agreement": floor,
+                                  "measure": agreement["measure"], "mean_agreement": round(agreement["mean_agreement"], 6)}}
+    if "budget" in record:
+        b = record["budget"]
+        checks["accuracy_budget"] = {"met": bool(b["budget_met"]), "metric": b["metric"], "drop": b["drop"],
+                                     "allowed_drop_points": b["allowed_drop_points"]}
+    passed = all(c["met"] for c in checks.values())
+    out: dict = {"passed": passed, "checks": checks}
+    if not checks["agreement_floor"]["met"]:
+        out["accept"] = {"min_agreement": accept_floor(agreement["mean_agreement"])}
+        out["hint"] = hint
+    return out
+
+
+def floor_failure(record: dict, out: Path) -> str:
+    """The line for a missed agreement floor: what was tried (formats, the float ladder), where the best
+    attempt is, and how to accept it."""
+    check, search = record["verdict"]["checks"]["agreement_floor"], record["format_search"]
+    ladder = search.get("float_ladder")
+    tried = f"{sum(1 for a in search['attempts'] if not a['float_nodes'])} format(s)"
+    if ladder:
+        steps = ", ".join(f"{s['float_gemms']}: {s['mean_agreement']:.3f}" for s in ladder["steps"])
+        tried += f" and up to {ladder['bound']} of {ladder['weighted_gemms']} GEMMs in float ({steps})"
+    accept = record["verdict"]["accept"]["min_agreement"]
+    return (f"INT8 agreement floor not met: mean {check['measure']} {check['mean_agreement']:.3f} < "
+            f"{check['min_agreement']} after {tried}; the best attempt was written to {out} with a failing verdict "
+            f"(manifest.json: the quantize record's verdict); accept it with --min-agreement {accept} "
+            f"(min_agreement: {accept} in a recipe), or {record['verdict']['hint']}")
 
 
 def _weight_type(formats: dict):
@@ -367,8 +386,6 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
         quantize_static,
     )
 
-    from xformopt.passes.calibration import METHODS
-
     static_ops = [op for op in formats["op_types"] if op != "Attention"]
 
     def build(out_dir: Path, exclude: list[str]) -> None:
@@ -407,8 +424,6 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
 
 def _agreement(ctx: PassContext):
     if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
-        from xformopt.decoder.fusion import logits_agreement
-
         return logits_agreement
     return output_agreement
 
@@ -420,12 +435,10 @@ def _fixed(options: QuantizeOptions) -> dict:
 def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, src: Path, work: Path, make_builder,
                    prepared: Path, ranges: dict | None, harm_reader) -> dict:
     """Build with the target's formats; while the output cosine to float is under the floor, try the
-    next safer format, then return the fewest of the most harmful GEMMs to float (up to a tenth).
+    next safer format, then return the fewest of the most harmful GEMMs to float (up to a tenth, rounded up).
 
     Returns the chosen formats, their builder, the built directory, every attempt and the reason.
     """
-    from xformopt.targets import u8s8_saturates
-
     floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
     agree = _agreement(ctx)
     saturating = ctx.target.quant.reduce_range or u8s8_saturates(ctx.host_flags)
@@ -458,15 +471,20 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
         if row["passes"]:
             break
     fmt, out, row = best
-    if not row["passes"] and not ctx.spec.is_decoder:
-        candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"] and g["name"] not in exclude]
-        most = max(1, len(candidates) // 10)
+    ladder_record = None
+    candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"] and g["name"] not in exclude]
+    if not row["passes"] and not ctx.spec.is_decoder and candidates:
+        most = float_gemm_bound(len(candidates))
         reader = harm_reader or _sample_reader(ctx, src)
-        from xformopt.passes.calibration import harm_scores
-
-        scores = harm_scores(prepared, candidates, reader, fmt, ranges, work)
+        scores = cal.harm_scores(prepared, candidates, reader, fmt, ranges, work)
         ranked = sorted(scores, key=lambda n: -scores[n])
+        first = len(attempts)
+        ctx.log(f"INT8 formats: no format reached the floor {floor}; returning the most harmful GEMMs to float, "
+                f"1, 2, 4 ... up to {most} of {len(candidates)}")
         fewest_that_pass(lambda k: attempt(fmt, ranked[:k], f"{k} most harmful GEMM(s) in float")[1]["passes"], most)
+        ladder_record = {"weighted_gemms": len(candidates), "bound": most, "rule": "a tenth of the weighted GEMMs, rounded up",
+                         "steps": [{"float_gemms": len(a["float_nodes"]), "mean_agreement": a["mean_agreement"],
+                                    "min_agreement": a["min_agreement"], "passes": a["passes"]} for a in attempts[first:]]}
     passing = [i for i, r in enumerate(attempts) if r["passes"]]
     # The fewest float nodes that pass (formats before float, in ladder order); nothing passed: the
     # closest, so the failure below reports the best this model can do.
@@ -483,12 +501,11 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
         if i != pick:
             shutil.rmtree(d, ignore_errors=True)
     return {"formats": final_fmt, "build": make_builder(final_fmt), "dir": dirs[pick], "floor": floor,
-            "attempts": attempts, "chosen": pick, "exclude_nodes": [*exclude, *final["float_nodes"]], "reason": reason}
+            "attempts": attempts, "chosen": pick, "exclude_nodes": [*exclude, *final["float_nodes"]], "reason": reason,
+            "float_ladder": ladder_record, "weighted_gemms": len(candidates)}
 
 
 def _sample_reader(ctx: PassContext, src: Path):
-    from xformopt.passes import calibration as cal
-
     return cal.dataset_reader(ctx.spec, src, ctx.sample_data.subset(range(min(64, len(ctx.sample_data)))))
 
 
@@ -496,8 +513,6 @@ def _sample_reader(ctx: PassContext, src: Path):
 
 
 def budget_outputs(ctx: PassContext, model_dir: Path, tokenizer_dir: Path, dataset, label: str) -> np.ndarray:
-    from xformopt.runtime.encoder import OrtPredictor
-
     return OrtPredictor(ctx.spec, model_dir, threads=ctx.threads, tokenizer_dir=tokenizer_dir).predict_data(
         dataset, progress=progress.tracker(label))
 
@@ -528,8 +543,6 @@ TIMING_TOLERANCE = 0.05
 def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work: Path, build, prepared: Path,
                   ranges: dict | None, harm_reader) -> tuple[Path, dict]:
     """Return the most harmful GEMMs to float until the metric drop fits the budget; the fastest passing wins."""
-    from xformopt.passes import calibration as cal
-
     task = ctx.spec.task_def
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.budget_limit, 0, labels=True)
     reference = float_reference(ctx, src, dataset)
@@ -579,7 +592,7 @@ def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work:
     if len(passing) > 1 and ctx.host_runs_target:
         ctx.log(f"timing {len(passing)} passing candidates interleaved at batch 1 ({options.timing_rounds} rounds)")
         timings = time_stage_dirs(ctx, {f"float{r['float_nodes']}": dirs[r["float_nodes"]] for r in passing},
-                                  options.timing_rounds, texts=dataset.texts, tokenizer_dir=src)
+                                  options.timing_rounds, data=dataset, tokenizer_dir=src)
         for r in passing:
             r["median_ms"] = round(timings[f"float{r['float_nodes']}"]["median_ms"], 4)
         # Like fuse: between near-equals (timing noise at batch 1) the most-quantized candidate wins.

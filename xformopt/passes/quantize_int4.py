@@ -22,6 +22,7 @@ The pass fails when nothing became 4-bit, and checks the logits against the floa
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import shutil
 import sys
@@ -32,9 +33,18 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from xformopt.artifact import copy_stage
+from xformopt.decoder.fusion import logits_agreement
+from xformopt.decoder.generate import context_window
+from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
+from xformopt.gguf_source import read_source, sha256_of
+from xformopt.models import load_tokenizer
+from xformopt.passes import calibration as cal
 from xformopt.passes.fewest import fewest_that_pass
+from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.int8_formats import agreement_floor
+from xformopt.runtime.decoder import CacheLayout, OrtDecoder
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
 ROLES = {
@@ -106,8 +116,6 @@ def role_of(name: str) -> str | None:
 def weighted_matmuls(model) -> list[str]:
     """Names of MatMuls whose second input is a 2-D initializer (what MatMulNBits can take), less the
     float helpers of carried Q4_1 blocks (xformopt/passes/gguf_blocks.py)."""
-    from xformopt.passes.gguf_blocks import AUX
-
     inits = {i.name: i for i in model.graph.initializer}
     return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
             and len(inits[n.input[1]].dims) == 2 and AUX not in n.name]
@@ -135,8 +143,6 @@ class DecoderCalibrationReader:
 
     def __init__(self, model_path: Path, tokenizer, texts, max_tokens: int = 64):
         import onnxruntime as ort
-
-        from xformopt.runtime.decoder import CacheLayout
 
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.layout = CacheLayout.from_session(session)
@@ -180,12 +186,8 @@ def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str],
     """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then the GGUF
     file's own blocks where ``gguf`` has them, then 4 bits for every other weighted MatMul; saved
     with external data beside ``out_model``."""
-    import logging
-
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
-
-    from xformopt.passes.gguf_blocks import aux_nodes, carry_into
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
     model = onnx.load(src_model)
@@ -254,8 +256,6 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
     import onnx
     from onnx import numpy_helper
 
-    from xformopt.runtime.decoder import OrtDecoder
-
     model = onnx.load(src_model)
     nodes = {n.name: n for n in model.graph.node}
     inits = {i.name: i for i in model.graph.initializer}
@@ -295,11 +295,6 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
 
 def run_int4(ctx, src: Path, dst: Path, options) -> dict:
     import onnx
-
-    from xformopt.artifact import copy_stage
-    from xformopt.decoder.fusion import logits_agreement
-    from xformopt.models import load_tokenizer
-    from xformopt.passes import calibration as cal
 
     if not ctx.spec.is_decoder:
         raise InputError("quantize --mode int4 is for decoders (text-generation); encoders take --mode dynamic or static")
@@ -377,8 +372,6 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
 def _gguf_source(ctx, src: Path, options) -> tuple[Path | None, dict | None]:
     """The GGUF file ``src`` was converted from (xformopt/gguf_source.py), when its blocks are to be
     carried and the file is still there with the same content; else None (logged: RTN then)."""
-    from xformopt.gguf_source import read_source, sha256_of
-
     source = read_source(src)
     if source is None or not options.carry_gguf:
         return None, None
@@ -411,11 +404,6 @@ def _size(stage: Path) -> int:
 def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], planned8: list[str], tokenizer,
             first_counts: dict):
     """Fewest 4-bit MatMuls returned to 8 bits, most harmful first, that meet the perplexity budget."""
-    from xformopt.decoder.generate import context_window
-    from xformopt.decoder.perplexity import perplexity, token_lists
-    from xformopt.passes import calibration as cal
-    from xformopt.runtime.decoder import OrtDecoder
-
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.perplexity_texts, 0, labels=False)
     lists = token_lists(dataset.texts, tokenizer, context_window(src), 128)
     float_ppl = perplexity(OrtDecoder(src, threads=ctx.threads), lists)["value"]

@@ -1,18 +1,23 @@
 """Timing shared by the passes that pick among candidate graphs (fuse, quantize's budget search).
 
 Both time their candidates the same way (interleaved batch-1 calls on real texts, see
-:func:`xformopt.bench.latency.run_interleaved`) and pick the same way: among candidates whose
+:func:`xformopt.measure.latency.run_interleaved`) and pick the same way: among candidates whose
 median is within a tolerance of the fastest, the most preferred one wins, because differences of a
 few percent at batch 1 are run-to-run noise on a busy host. The model code lives here, not in
-``xformopt.bench.latency``, which stays free of it.
+``xformopt.measure.latency``, which stays free of it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Hashable, Iterable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeVar
 
 from xformopt import progress
+from xformopt.measure.latency import run_interleaved
+from xformopt.runtime.encoder import OrtPredictor
+
+if TYPE_CHECKING:
+    from xformopt.data import TextDataset
 
 K = TypeVar("K", bound=Hashable)
 
@@ -24,23 +29,21 @@ def time_stage_dirs(
     ctx,
     dirs: Mapping[str, Path],
     rounds: int,
-    texts: Sequence[str] | None = None,
+    data: TextDataset | None = None,
     tokenizer_dir: Path | None = None,
 ) -> dict[str, dict]:
-    """Time the ONNX stage directories ``dirs`` interleaved at batch 1 on up to 64 real texts.
+    """Time the ONNX stage directories ``dirs`` interleaved at batch 1 on up to 64 real requests.
 
-    ``texts``: the texts to time on [default: ``ctx.sample_texts``]; ``tokenizer_dir``: where the
-    tokenizer lives when the directories have none of their own [default: each directory]. Every
-    candidate is fed the same encodings (tokenized once, by the first candidate's tokenizer).
+    ``data``: the rows to time on [default: ``ctx.sample_data``], each request as the task serves it
+    (``Task.timing_inputs``: a question with its context, a context with its choices); ``tokenizer_dir``:
+    where the tokenizer lives when the directories have none of their own [default: each directory].
+    Every candidate is fed the same encodings (tokenized once, by the first candidate's tokenizer).
     Returns each name's latency summary (:meth:`LatencyStats.to_dict`).
     """
-    from xformopt.bench.latency import run_interleaved
-    from xformopt.runtime.encoder import OrtPredictor
-
     predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
     first = next(iter(predictors.values()))
-    source = ctx.sample_texts if texts is None else texts
-    encoded = [first.tokenize([t]) for t in list(source)[:TIMED_TEXTS]]
+    texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data if data is None else data)
+    encoded = [first.tokenize([texts[i]], None if pairs is None else [pairs[i]]) for i in range(min(TIMED_TEXTS, len(texts)))]
     calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
     stats = run_interleaved(calls, len(encoded), warmup=WARMUP_CALLS, iterations=rounds,
                             progress=progress.tracker(f"timing {len(calls)} candidates (rounds)"))

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from xformopt.bench.host import host_fingerprint
+from xformopt.measure.host import host_fingerprint
+from xformopt.report.schema import REPORT_SCHEMA
 from xformopt.runtime.session import thread_pool_setting
-
-REPORT_SCHEMA = "xformopt.report/1"
 
 
 def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> dict:
@@ -34,6 +33,8 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
             "latency": ev["latency"],
             "speedup": ev["speedup"],
             **({"graph": dict(facts)} if stage.kind == "onnx" else {}),
+            "memory": {**({"pass": stage.record.memory} if stage.record and stage.record.memory else {}),
+                       **ev.get("memory", {})},
         })
     return {
         "schema": REPORT_SCHEMA,
@@ -57,5 +58,25 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
         "host_fingerprint": host_fingerprint(host),
         "stages": rows,
         "artifact": evaluation["artifact"],
+        "memory": memory_summary(stages, evaluation),
         **{k: evaluation[k] for k in ("fixed", "throughput", "generation") if k in evaluation},
+    }
+
+
+def memory_summary(stages, evaluation: dict) -> dict:
+    """The run's peak resident memory and where it was reached (xformopt/measure/memory.py): each pass,
+    the evaluation of all stages together (``evaluation["memory"]``, set by the pipeline)."""
+    from xformopt.measure.memory import process_peak_mb
+
+    blocks = {stage.name: stage.record.memory for stage in stages if stage.record and stage.record.memory}
+    if evaluation.get("memory"):
+        blocks["evaluation"] = evaluation["memory"]
+    peak_in = max(blocks, key=lambda name: blocks[name]["peak_rss_mb"]) if blocks else None
+    return {
+        # The process's lifetime peak: what `/usr/bin/time -v` reports (the kernel's counters are per-CPU
+        # approximations, so a sampled block may exceed it by a page or two).
+        "peak_rss_mb": max([process_peak_mb(), *(m["peak_rss_mb"] for m in blocks.values())]),
+        "peak_in": peak_in,
+        "passes": {name: m["peak_rss_mb"] for name, m in blocks.items() if name != "evaluation"},
+        "evaluation": evaluation.get("memory"),
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from xformopt.decoder.bench import rows
 from xformopt.tasks import TASKS, headlines, metric_info
 
 # Labels, scales and directions come from the tasks (xformopt/tasks: each declares its metrics).
@@ -222,6 +223,40 @@ def host_text(report: dict) -> str:
     return " \u00b7 ".join(parts)
 
 
+def memory_text(report: dict) -> str | None:
+    """The run's peak resident memory and each step's (report["memory"]); None for reports without it."""
+    mem = report.get("memory")
+    if not mem:
+        return None
+    steps = {**mem.get("passes", {}), **({"evaluation": mem["evaluation"]["peak_rss_mb"]} if mem.get("evaluation") else {})}
+    per_step = ", ".join(f"{name} {mb:,.0f}" for name, mb in steps.items())
+    where = f" (highest step: {mem['peak_in']})" if mem.get("peak_in") else ""
+    return f"Peak memory {mem['peak_rss_mb']:,.0f} MB resident{where}" + (f"; per step: {per_step} MB" if per_step else "")
+
+
+def memory_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    """Per step (each pass, then each stage's load and scoring inside the evaluation): RSS at its start,
+    its peak, the rise, and how the peak was measured."""
+    header = ["step", "start MB", "peak MB", "rise MB", "measured"]
+    body = []
+
+    def row(name: str, block: dict | None) -> None:
+        if block:
+            children = (f"; {block['child_processes']} child process(es), peak {block['children_peak_rss_mb']:,.0f} MB"
+                        if block.get("child_processes") else "")
+            body.append([name, f"{block['start_rss_mb']:,.0f}", f"{block['peak_rss_mb']:,.0f}",
+                         f"{block['peak_delta_mb']:+,.0f}", block.get("method", "") + children])
+
+    for stage in report.get("stages", []):
+        row(stage["name"], (stage.get("memory") or {}).get("pass"))
+    row("evaluation (all stages)", (report.get("memory") or {}).get("evaluation"))
+    for stage in report.get("stages", []):
+        memory = stage.get("memory") or {}
+        row(f"  load {stage['name']}", memory.get("load"))
+        row(f"  score {stage['name']}", memory.get("evaluate"))
+    return header, body
+
+
 def artifact_text(report: dict, markup: str = "plain") -> str | None:
     """The final artifact's solo timing: what ``xformopt bench`` reproduces and gates on."""
     artifact = report.get("artifact") or {}
@@ -294,8 +329,6 @@ def fixed_rows(report: dict, speedup_label: str | None = "Speedup") -> tuple[lis
 
 def generation_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """Decoders: time to first token, per-token latency and tokens/s, with and without the KV cache."""
-    from xformopt.decoder.bench import rows
-
     return rows(report["generation"])
 
 

@@ -31,6 +31,7 @@ from xformopt.report.cells import (
     generation_rows,
     graph_rows,
     host_text,
+    memory_text,
     int8_text,
     metric_columns,
     metric_label,
@@ -230,6 +231,12 @@ class ReportView:
         warning = target_warning(report)
         if warning:
             grid.add_row(Text(f"Note: {warning}", style="yellow"))
+        profile = report.get("profile")
+        if profile and "error" not in profile:
+            from xformopt.profiling.render import headline
+
+            grid.add_row(Text(f"Where the time goes ({profile.get('stage', 'final stage')}): {headline(profile)}; "
+                              "`xformopt profile DIR` for the full profile.", style="dim"))
         return grid
 
     def fusion_note(self) -> Text | None:
@@ -246,6 +253,8 @@ class ReportView:
         for note in metric_notes(self.report):
             grid.add_row(Text(f"{note}.", style="dim"))
         grid.add_row(Text(f"Latency: {settings_text(self.report)}.", style="dim"))
+        if memory_text(self.report):
+            grid.add_row(Text(f"{memory_text(self.report)}.", style="dim"))
         grid.add_row(Text(f"Host: {host_text(self.report)}.", style="dim"))
         return grid
 

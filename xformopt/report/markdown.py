@@ -10,11 +10,14 @@ from xformopt.report.cells import (
     fixed_rows,
     fused_text,
     fusion_choice,
+    generation_rows,
     graph_rows,
     int8_text,
+    memory_rows,
+    memory_text,
     metric_label,
-    rows_for_display,
     metric_notes,
+    rows_for_display,
     settings_text,
     target_warning,
     throughput_rows,
@@ -33,6 +36,18 @@ def _md_table(header: list[str], body: list[list[str]], left: Iterable[int] = (0
     ]
     lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in body]
     return lines
+
+
+def _profile_lines(profile: dict | None) -> list[str]:
+    """The top lines of the final stage's profile (report["profile"]), or why there is none."""
+    if not profile:
+        return []
+    title = f"#### Where the time goes ({profile.get('stage', 'final stage')}, ONNX Runtime's profiler)"
+    if "error" in profile:
+        return [title, "", f"- not profiled: {profile['error']}", ""]
+    from xformopt.profiling.render import summary_lines
+
+    return [title, "", *summary_lines(profile), ""]
 
 
 def markdown(report: dict, images: Iterable[str] = ()) -> str:
@@ -64,9 +79,12 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
     artifact = artifact_text(report, markup="md")
     if artifact:
         lines += [artifact, ""]
+    if memory_text(report):
+        lines += [f"{memory_text(report)}.", ""]
     if "accuracy_latency.png" in images:
         lines += [f"![{metric_label(metric)} vs latency per stage](accuracy_latency.png)", ""]
 
+    lines += _profile_lines(report.get("profile"))
     details: list[str] = []
     rows = graph_rows(report)
     if rows and any(r["graph"] for r in rows):
@@ -90,13 +108,14 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
         if "latency_seq.png" in images:
             details += ["![Median latency vs sequence length](latency_seq.png)", ""]
     if report.get("generation"):
-        from xformopt.report.cells import generation_rows
-
         h, b = generation_rows(report)
         details += ["#### Generation (greedy, batch 1, with and without the KV cache)", "", *_md_table(h, b, left=(2, 3)), ""]
     if report.get("throughput"):
         h, b = throughput_rows(report)
         details += ["#### Throughput", "", *_md_table(h, b, left=(0, 4)), ""]
+    h, b = memory_rows(report)
+    if b:
+        details += ["#### Peak memory (resident set)", "", *_md_table(h, b, left=(0, 4)), ""]
     if host:
         versions = host.get("versions") or {}
         details += [
@@ -131,6 +150,6 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
             details.append(f"- created {report['created']}, schema `{report.get('schema', '?')}`")
         details.append("")
     if details:
-        lines += ["<details>", "<summary>Graph, host, settings" + (", fixed shapes" if report.get("fixed") else "")
+        lines += ["<details>", "<summary>Graph, memory, host, settings" + (", fixed shapes" if report.get("fixed") else "")
                   + (", throughput" if report.get("throughput") else "") + "</summary>", "", *details, "</details>"]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from xformopt.plot_style import BASELINE_COLOR, DPI, STYLE, stage_colors
-from xformopt.report.cells import PERCENT_METRICS
-from xformopt.plot_style import figure as _figure
+from xformopt.plot_style import BASELINE_COLOR, DPI, STYLE, figure as _figure, stage_colors
+from xformopt.report.cells import PERCENT_METRICS, fixed_grid, fmt_speedup, host_text, metric_label
 
 ACCURACY_LATENCY = "accuracy_latency.png"
 LATENCY_SEQ = "latency_seq.png"
@@ -24,8 +23,6 @@ OnError = Callable[[str, Exception], None]
 
 
 def _title(fig, report: dict, what: str) -> None:
-    from xformopt.report.cells import host_text
-
     model = report.get("model") or {}
     fig.suptitle(f"{model.get('source', '?')} \u2192 {report.get('target', '?')}: {what}",
                  fontsize=11, fontweight="bold", x=0.01, ha="left")
@@ -127,8 +124,6 @@ def plot_accuracy_latency(report: dict, path: Path) -> Path:
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
-    from xformopt.report.cells import fmt_speedup, metric_label
-
     metric = report["headline_metric"]
     stages = report["stages"]
     colors = stage_colors([s["name"] for s in stages])
@@ -205,8 +200,6 @@ def plot_accuracy_latency(report: dict, path: Path) -> Path:
 def plot_latency_seq(report: dict, path: Path) -> Path:
     import matplotlib
     from matplotlib.ticker import FixedLocator, NullLocator
-
-    from xformopt.report.cells import fixed_grid
 
     stages, shapes, cells = fixed_grid(report)
     if not shapes:

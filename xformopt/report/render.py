@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xformopt.atomic import write_text
+from xformopt.report import plots
 from xformopt.report.markdown import markdown
 
 Log = Callable[[str], None]
@@ -31,8 +32,6 @@ def write_derived_files(report: dict, directory: Path, *, log: Log | None = None
     report.md is written first, without images; the plots follow, and report.md is rewritten with
     links to the plots that were made. A plot failure is reported (``log`` or a warning) and never
     loses report.md."""
-    from xformopt.report import plots
-
     directory = Path(directory)
     md_path = directory / "report.md"
     write_text(md_path, markdown(report))

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from xformopt.errors import InputError
+from xformopt.runtime.session import ort_session
 
 STACKED, SPLIT = "stacked", "split"
 
@@ -157,8 +158,6 @@ class OrtDecoder:
     layout: CacheLayout = field(init=False)
 
     def __post_init__(self):
-        from xformopt.runtime.session import ort_session
-
         self.model_dir = Path(self.model_dir)
         self.session = ort_session(self.model_dir / "model.onnx", self.threads)
         self.layout = CacheLayout.from_session(self.session)

@@ -3,6 +3,7 @@ that sleep instead of spinning, and the feed of int64 inputs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,17 +20,30 @@ def ort_feed(encoded: dict, input_names) -> dict[str, np.ndarray]:
 
 def thread_pool_setting() -> str:
     """How the thread pools wait, as this process really has it (recorded in every report)."""
-    import os
-
     omp = os.environ.get("OMP_WAIT_POLICY", "unset: OpenMP's default, which spins")
     return f"ONNX Runtime allow_spinning=0; PyTorch OMP_WAIT_POLICY={omp}"
 
 
-def ort_session(model_path: Path, threads: int | None = None, level: str = "all"):
-    """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible)."""
+def ort_session(model_path: Path, threads: int | None = None, level: str = "all", *,
+                profile_prefix: str | None = None, optimized_path: str | None = None):
+    """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible).
+
+    ``profile_prefix``: ORT's profiler on, its trace written to ``<prefix>_<time>.json`` at
+    ``end_profiling()``; ``optimized_path``: the graph as ORT runs it (after its own fusions) is
+    saved there, so the trace's node names can be looked up."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if profile_prefix is not None:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    if optimized_path is not None:
+        options.optimized_model_filepath = optimized_path
+        # Weights beside it, not in it: a graph past 2 GB cannot be one protobuf, and only names are read back.
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         Path(optimized_path).name + ".data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        options.log_severity_level = 3  # not the "hardware-specific optimizations" warning: the file is ours, for names
     # Idle workers sleep instead of spin-waiting: spinning pools steal the cores that the other
     # variants of an interleaved comparison (and the tokenizer) need. Measured on a 2-core host:
     # MiniLM at batch 1 took 6.1 ms with spinning and 2.6 ms without.

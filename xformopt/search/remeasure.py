@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xformopt.measure.host import host_info
+from xformopt.measure.modes import real
+from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+
 
 def remeasure(spec, candidates: dict[str, Path], texts, pairs, *, rounds: int, warmup: int, threads: int,
               seed: int = 0, include_pytorch: bool = True, progress=None) -> dict:
-    from xformopt.bench.host import host_info
-    from xformopt.bench.modes import real
-    from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
-
     predictors = {name: OrtPredictor(spec, path, threads=threads) for name, path in candidates.items()}
     if include_pytorch:
         predictors = {"pytorch": TorchPredictor(spec, threads=threads), **predictors}

@@ -11,13 +11,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import progress as progress_events
+from xformopt import models, progress as progress_events, recipe as recipes, targets
+from xformopt.accuracy_budget import points
 from xformopt.atomic import write_text
+from xformopt.bench.optimum_reference import optimum_dynamic_int8
 from xformopt.errors import InputError
-from xformopt.search import front as fronts
-from xformopt.search import sampler as samplers
+from xformopt.measure import host as host_facts
+from xformopt.runtime.encoder import TorchPredictor
+from xformopt.search import front as fronts, outputs, sampler as samplers
+from xformopt.search.executors import local
+from xformopt.search.executors.ray import RayExecutor
+from xformopt.search.remeasure import remeasure
 from xformopt.search.space import SearchSpace
-from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation_set
+from xformopt.search.trial import TrialJob, run_trial, score_artifact, score_outputs, validation_set
 
 CONFIG = "search-config.json"
 REFERENCE = "reference-int8"  # the unpruned model through the `default` recipe: export -> fuse -> dynamic INT8
@@ -83,10 +89,7 @@ def prepare_output(s: Settings, config: dict) -> None:
 
 def make_executor(s: Settings, cpus: int):
     if s.ray:
-        from xformopt.search.executors.ray import RayExecutor
-
         return RayExecutor(s.ray, s.cpus_per_trial, s.workers)
-    from xformopt.search.executors import local
 
     return local.make(s.workers or max(1, cpus // s.cpus_per_trial))
 
@@ -95,8 +98,6 @@ def baseline_on_validation(s: Settings, spec, validation: dict, threads: int) ->
     """The PyTorch fp32 model's metric on the validation rows; for embeddings, its outputs are the
     reference every trial's cosine is taken against (saved as .npy in DIR, which workers read)."""
     import numpy as np
-
-    from xformopt.runtime.encoder import TorchPredictor
 
     data = validation_set(spec, validation)
     path = s.out / "validation" / "baseline_outputs.npy"
@@ -117,12 +118,6 @@ def canonical(recipe: dict) -> str:
 
 def search(s: Settings) -> dict:
     """Run (or continue) the search; returns the search.json document (also written to DIR)."""
-    from xformopt import models
-    from xformopt.accuracy_budget import points
-    from xformopt.bench.host import usable_cpus
-    from xformopt.search import outputs
-    from xformopt.search.remeasure import remeasure
-
     optuna = samplers.require_optuna()
     spec = models.resolve(s.model, s.space.base.task, trust_remote_code=s.trust_remote_code)
     if spec.is_decoder:
@@ -130,7 +125,7 @@ def search(s: Settings) -> dict:
                          "(text-classification, feature-extraction)")
     config = config_of(s, spec)
     prepare_output(s, config)
-    cpus = usable_cpus()
+    cpus = host_facts.usable_cpus()
     executor = make_executor(s, cpus)  # a missing Ray, or no cluster at --ray, fails here: before any work
     # A Ray trial uses the CPUs it declared; a local one its share of this host's.
     threads = s.cpus_per_trial if s.ray else max(s.cpus_per_trial, cpus // executor.workers)
@@ -196,8 +191,6 @@ def search(s: Settings) -> dict:
 def reference_int8(s: Settings, job_for) -> dict:
     """optimum's export, ORT's fusion, dynamic INT8: the `default` recipe on the unpruned model,
     scored and re-measured like a trial, so the front is read against what users get without search."""
-    from xformopt import recipe as recipes
-
     out = s.out / REFERENCE
     saved = s.out / f"{REFERENCE}.json"
     if saved.is_file() and (out / "model.onnx").is_file():
@@ -220,10 +213,6 @@ def reference_int8(s: Settings, job_for) -> dict:
 def optimum_int8(s: Settings, spec, validation: dict, threads: int) -> dict:
     """optimum's own dynamic-INT8 artifact of the unpruned model (ORTQuantizer, AutoQuantizationConfig
     for the target), scored on the validation rows and re-measured with the front: what users compare with."""
-    from xformopt import targets
-    from xformopt.bench.optimum_reference import optimum_dynamic_int8
-    from xformopt.search.trial import score_artifact
-
     saved = s.out / f"{OPTIMUM}.json"
     if saved.is_file() and (s.out / OPTIMUM / "model.onnx").is_file():
         return json.loads(saved.read_text())

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from xformopt import recipe as recipes
+from xformopt import safe_yaml
 from xformopt.errors import InputError
 from xformopt.passes import REGISTRY, get_pass
 
@@ -83,8 +84,6 @@ class SearchSpace:
     def cheap_keys(self) -> list[str]:
         """Choice keys of passes that run on the ONNX graph (fuse, quantize): once a trial has paid for its
         torch passes (prune, distill), variants that differ only here reuse them from the pass cache."""
-        from xformopt.passes import get_pass
-
         return [k for k in self.choices if get_pass(k.split(".", 1)[0]).stage == "onnx"]
 
     def siblings(self, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -130,7 +129,9 @@ def load(space: str | None = None, preset: str | None = None) -> SearchSpace:
             raise InputError(f"unknown preset {preset!r}; presets: {', '.join(preset_names())}")
     text = path.read_text()
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_yaml.load(text)
+    except safe_yaml.DuplicateKeyError as exc:
+        raise InputError(f"{path}:{exc.second_line}: {exc.problem} in the search space") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""

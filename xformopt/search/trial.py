@@ -17,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt import models, pipeline, recipe as recipes
 from xformopt.atomic import write_text
+from xformopt.errors import GateFailed, XformoptError
+from xformopt.runtime.encoder import OrtPredictor
 
 
 @dataclass
@@ -50,8 +53,6 @@ def score_outputs(spec, outputs: np.ndarray, data, baseline: np.ndarray | None) 
 
 
 def score_artifact(spec, artifact: Path, validation: dict, threads: int) -> tuple[float, int]:
-    from xformopt.runtime.encoder import OrtPredictor
-
     data = validation_set(spec, validation)
     outputs = OrtPredictor(spec, artifact, threads=threads).predict_data(data)
     baseline = np.load(validation["baseline"], allow_pickle=False)
@@ -66,8 +67,6 @@ def run_trial(job: TrialJob | dict) -> dict:
         os.environ["XFORMOPT_CACHE_DIR"] = job.cache_dir
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from xformopt import models, pipeline, recipe as recipes
-    from xformopt.errors import GateFailed, XformoptError
 
     out = Path(job.out)
     attempts_file = out.with_name(out.name + ".attempts")

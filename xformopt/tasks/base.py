@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from xformopt.evaluate.metrics import row_cosine
+from xformopt.data import load_text_dataset
+from xformopt.resources import vader_split_path
+from xformopt.scoring.metrics import row_cosine
 
 if TYPE_CHECKING:  # typing only: a task module imports no pipeline layer
     from xformopt.data import TextDataset
@@ -34,6 +36,7 @@ class Metric:
     percent: bool = False  # a proportion, shown as a percentage (macro-F1 and F1 scores stay 0-1)
     relative: bool = False  # measured against the baseline's own outputs: 1 on the baseline row by definition
     lower_is_better: bool = False
+    bounds: tuple[float, float] = (0.0, 1.0)  # the values it can take: a baseline outside them is refused
 
 
 class Task:
@@ -51,6 +54,9 @@ class Task:
     decoder: ClassVar[bool] = False  # decoder families (KV cache) vs encoders
     labels_from_config: ClassVar[bool] = False  # label2id comes from the config (classifier heads)
     needs_labels: ClassVar[bool] = False  # held-out rows must be labelled (else the metric is meaningless)
+    # The task's head may be absent from the checkpoint and start at random (a classifier on a base model);
+    # not a language-model head, which only pretraining trains (xformopt.weight_coverage).
+    head_may_be_fresh: ClassVar[bool] = True
     passes: ClassVar[tuple[str, ...]] = ("export", "fuse", "quantize")  # prune/distill need a torch_objective
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
     agreement_floor: ClassVar[float] = 0.9
@@ -65,8 +71,6 @@ class Task:
              columns: dict[str, str | None] | None = None, require_labels: bool | None = None) -> TextDataset:
         """Held-out (or training) rows from ``path`` in the task's formats. ``columns``: the user's
         column names (text, text_pair, label) where the task reads columns."""
-        from xformopt.data import load_text_dataset
-
         columns = columns or {}
         return load_text_dataset(
             path, text_column=columns.get("text"), text_pair_column=columns.get("text_pair"),
@@ -76,8 +80,6 @@ class Task:
     def default_data(self, split: str) -> Path:
         """The vendored rows used when the user names no data (the VADER movie-review split: texts with
         negative/positive labels). A task whose rows need more than a text raises an InputError naming --data."""
-        from xformopt.resources import vader_split_path
-
         return vader_split_path(split)
 
     # ------------------------------------------------------------------ running a stage
@@ -101,15 +103,22 @@ class Task:
         return predictor.predict(data.texts, data.text_pairs, batch_size=batch_size, progress=progress)
 
     def timing_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:
-        """What latency is measured on: the texts (and pairs) a served request carries."""
+        """What latency is measured on: the texts (and pairs) a served request carries, one request per
+        row, each fed through ``encode`` (a question with its context, a context with its choices)."""
         return list(data.texts), data.text_pairs
+
+    def model_inputs(self, data: TextDataset) -> tuple[list[str], list[str] | None]:
+        """Every single request the model receives for ``data``, as (texts, pairs) for ``encode``: what
+        export parity checks, so the encoded length of a pair (not its first text) decides which rows
+        span the lengths. Default: the timed requests."""
+        return self.timing_inputs(data)
 
     # ------------------------------------------------------------------ scoring
 
     def score(self, outputs: np.ndarray, baseline: np.ndarray | None, data: TextDataset, seed: int = 0) -> dict:
         """Metrics of one stage's ``outputs`` on ``data``; ``baseline`` is the PyTorch fp32 model's, or
         None when a bench run has none for these rows (then only the metrics against labels).
-        Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.evaluate.metrics)."""
+        Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.scoring.metrics)."""
         raise NotImplementedError
 
     def report_headline(self, metrics: dict) -> str:

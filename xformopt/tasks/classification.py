@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xformopt.evaluate.metrics import accuracy, macro_f1, proportion
+from xformopt.scoring.metrics import accuracy, macro_f1, proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from xformopt.evaluate.metrics import cosine_to_baseline, row_cosine
-from xformopt.evaluate.pooling import mean_pool
-from xformopt.evaluate.retrieval import RECALL_AT, recall_at_k
+from xformopt.scoring.metrics import cosine_to_baseline, row_cosine
+from xformopt.scoring.pooling import mean_pool
+from xformopt.scoring.probe import Probe
+from xformopt.scoring.retrieval import RECALL_AT, recall_at_k
 from xformopt.tasks.base import Metric, Task
 
 
@@ -42,7 +43,7 @@ class FeatureExtraction(Task):
     ort_model = "ORTModelForFeatureExtraction"
     export_task = "feature-extraction"
     headline = "cosine_to_baseline"
-    metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True),
+    metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True, bounds=(-1.0, 1.0)),
                "probe_accuracy": Metric("Probe acc.", percent=True),
                **{f"recall_at_{k}": Metric(f"Recall@{k}", percent=True) for k in RECALL_AT}}
     # Embeddings are compared by cosine downstream: the INT8 ladder holds them to the line users hold
@@ -64,12 +65,14 @@ class FeatureExtraction(Task):
     def timing_inputs(self, data):
         return list(data.texts), None  # a served embedder gets one text per request, pair sets too
 
+    def model_inputs(self, data):
+        # both sides of a pair set are embedded, each on its own: parity sees the partners too
+        return [*data.texts, *(data.text_pairs or [])], None
+
     def agreement(self, outputs, reference):
         return row_cosine(_embeddings(outputs), _embeddings(reference))
 
     def score(self, outputs, baseline, data, seed=0):
-        from xformopt.evaluate.probe import Probe
-
         # recall needs no baseline: the partners are the answers
         metrics = {f"recall_at_{k}": recall_at_k(outputs[:, 0], outputs[:, 1], k)
                    for k in RECALL_AT} if _paired(outputs) else {}
@@ -83,8 +86,6 @@ class FeatureExtraction(Task):
     def budget_components(self, outputs, reference, data) -> dict:
         """Each measure the budget holds: its value on the float graph and on ``outputs``, in points,
         and the drop (float - outputs)."""
-        from xformopt.evaluate.probe import Probe
-
         def row(float_points: float, points: float) -> dict:
             return {"float": round(float_points, 4), "value": round(points, 4),
                     "drop": round(float_points - points, 4)}

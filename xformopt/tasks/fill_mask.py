@@ -17,12 +17,23 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from xformopt.data import (
+    TextDataset,
+    _guess_column,
+    _named_column,
+    _resolve_text_column,
+    _text_values,
+    load_text_dataset,
+)
+from xformopt.data_files import _read_table
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import proportion
+from xformopt.resources import vader_split_path
+from xformopt.scoring.metrics import proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task
 
 MASK_LITERALS = ("[MASK]", "<mask>")
@@ -101,8 +112,6 @@ def target_ids(tokenizer, texts: list[str], targets: list[str | None], max_lengt
 
 
 def _is_vendored(path: str | Path) -> bool:
-    from xformopt.resources import vader_split_path
-
     root = vader_split_path("test").parent.parent
     try:
         return Path(str(path).split("::")[0]).resolve().is_relative_to(root)
@@ -124,6 +133,7 @@ class FillMask(Task):
     name = "fill-mask"
     summary = "masked-language-model heads: the word at [MASK] (BERT, RoBERTa, ...)"
     auto_model = "AutoModelForMaskedLM"
+    head_may_be_fresh = False
     ort_model = "ORTModelForMaskedLM"
     export_task = "fill-mask"
     architectures = ("ForMaskedLM",)
@@ -139,10 +149,6 @@ class FillMask(Task):
     # ------------------------------------------------------------------ data
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from dataclasses import replace
-
-        from xformopt.data import TextDataset, load_text_dataset
-
         columns = columns or {}
         if _is_vendored(path):  # no data of the user's own: mask the vendored texts
             data = load_text_dataset(path, text_column=columns.get("text"), text_pair_column="", label_column="",
@@ -153,8 +159,6 @@ class FillMask(Task):
             masked = [masked[i] for i in keep]
             return replace(data, texts=[m[0] for m in masked], extra={"target": [m[1] for m in masked]},
                            source=f"{data.source}; one content word per text masked (seed {seed})")
-
-        from xformopt.data import _guess_column, _named_column, _read_table, _resolve_text_column, _text_values
 
         table = _read_table(path)
         if table.n_rows == 0:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from xformopt.data import load_text_dataset
 from xformopt.tasks.base import Metric, Task, argmax_agreement
 
 
@@ -10,18 +11,17 @@ class TextGeneration(Task):
     name = "text-generation"
     summary = "causal language models with a KV cache (GPT-2, Llama, Qwen, Mistral, Phi-3)"
     auto_model = "AutoModelForCausalLM"
+    head_may_be_fresh = False
     ort_model = "ORTModelForCausalLM"
     export_task = "text-generation-with-past"
     architectures = ("ForCausalLM", "LMHeadModel")
     headline = "perplexity"
-    metrics = {"perplexity": Metric("Perplexity", lower_is_better=True),
+    metrics = {"perplexity": Metric("Perplexity", lower_is_better=True, bounds=(1.0, float("inf"))),
                "next_token_agreement": Metric("Next-token agr.", percent=True, relative=True)}
     decoder = True
     passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from xformopt.data import load_text_dataset
-
         return load_text_dataset(path, text_column=(columns or {}).get("text"), label_column="", limit=limit, seed=seed)
 
     def score(self, outputs, baseline, data, seed=0):

@@ -18,11 +18,14 @@ which is what a served request carries; ``timing_inputs`` joins the choices with
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 
+from xformopt.data import TextDataset, _guess_column, _named_column, _text_values
+from xformopt.data_files import _read_table
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import accuracy, proportion
+from xformopt.scoring.metrics import accuracy, proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 
 CONTEXT_COLUMNS = ("context", "sent1", "question", "ctx", "startphrase", "goal", "premise", "text")
@@ -82,10 +85,6 @@ class MultipleChoice(Task):
                          "choices as `endings` or ending0..N, a label)")
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from dataclasses import replace
-
-        from xformopt.data import TextDataset, _guess_column, _named_column, _read_table, _text_values
-
         columns = columns or {}
         table = _read_table(path)
         if table.n_rows == 0:
@@ -193,7 +192,10 @@ class MultipleChoice(Task):
         return out
 
     def timing_inputs(self, data):
-        return list(data.texts), [CHOICE_SEP.join(row) for row in data.extra["endings"]]
+        endings = data.extra.get("endings")
+        if endings is None:  # plain texts (a verification sample read as texts): one-choice questions
+            return list(data.texts), None
+        return list(data.texts), [CHOICE_SEP.join(row) for row in endings]
 
     # ------------------------------------------------------------------ scoring
 

@@ -4,7 +4,7 @@ Formats:
 
 - the official nested SQuAD JSON (v1.1 and v2.0): ``{"data": [{"paragraphs": [{"context", "qas":
   [{"question", "id", "answers": [{"text", "answer_start"}], "is_impossible"?}]}]}]}``;
-- flat rows in any format :func:`xformopt.data._read_table` reads (JSON lines, a JSON array, CSV/TSV,
+- flat rows in any format :func:`xformopt.data_files._read_table` reads (JSON lines, a JSON array, CSV/TSV,
   a datasets ``save_to_disk`` directory): ``question``, ``context``, optional ``id``, ``is_impossible``
   and ``answers`` as HF datasets stores SQuAD (``{"text": [...], "answer_start": [...]}``) or a list of
   ``{"text", "answer_start"}`` (a CSV cell may hold either as JSON text).
@@ -24,15 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from xformopt.data import (
-    TextDataset,
-    _listing,
-    _open_text,
-    _parse_path,
-    _read_table,
-    _Table,
-    _text_values,
-)
+from xformopt.data import TextDataset, _find_column, _named_column, _text_values
+from xformopt.data_files import _Table, _listing, _open_text, _parse_path, _read_table
 from xformopt.errors import InputError
 
 QUESTION, CONTEXT, ANSWERS = "question", "context", "answers"
@@ -128,8 +121,6 @@ def _text(name: str, where: str, field: str, value: Any) -> str:
 
 
 def _column(table: _Table, given: str | None, default: str, flag: str, required: bool) -> str | None:
-    from xformopt.data import _find_column, _named_column
-
     if given == "" and not required:
         return None
     if given:

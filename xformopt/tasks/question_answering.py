@@ -21,8 +21,9 @@ import string
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import proportion, row_cosine
+from xformopt.scoring.metrics import proportion, row_cosine
 from xformopt.tasks.base import AGREEMENT, Metric, Task
+from xformopt.tasks.qa_data import load_squad
 
 MAX_LENGTH = 384  # the pipeline's and run_qa's window, capped at the model's limit
 DOC_STRIDE = 128  # tokens of overlap between windows (the pipeline: min(max_length // 2, 128))
@@ -133,8 +134,6 @@ class QuestionAnswering(Task):
                          "with question, context and answers) and the same for calibration/budget data")
 
     def load(self, path, *, label2id=None, limit=None, seed=0, columns=None, require_labels=None):
-        from xformopt.tasks.qa_data import load_squad
-
         data = load_squad(path, limit=limit, seed=seed, columns=columns)
         if require_labels and not any(data.extra["answers"]):
             raise InputError(f"{data.path}: no question has a gold answer, and this step needs labelled rows; "

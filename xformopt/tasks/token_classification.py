@@ -21,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.evaluate.metrics import proportion
+from xformopt.scoring.metrics import proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task
+from xformopt.tasks.token_data import load_tagged
 
 PREFIXES = ("B-", "I-", "E-", "S-")
 OUTSIDE = "O"
@@ -51,8 +52,6 @@ class TokenClassification(Task):
     # ------------------------------------------------------------------ data
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
-        from xformopt.tasks.token_data import load_tagged
-
         return load_tagged(path, label2id=label2id, limit=limit, seed=seed, columns=columns,
                            require_labels=bool(require_labels))
 

@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from xformopt import data as tables
+from xformopt import data as tables, data_files
 from xformopt.errors import InputError
 
 CONLL_SUFFIXES = (".conll", ".iob", ".txt")
 TOKEN_COLUMNS = ("tokens", "words", "token", "word")
 TAG_COLUMNS = ("ner_tags", "pos_tags", "tags", "labels", "ner", "pos", "tag")
 DOCSTART = "-DOCSTART-"
-FORMATS = f"CoNLL ({', '.join(CONLL_SUFFIXES)}: token first, tag last, blank line between sentences) or {tables.SUPPORTED_FORMATS}"
+FORMATS = f"CoNLL ({', '.join(CONLL_SUFFIXES)}: token first, tag last, blank line between sentences) or {data_files.SUPPORTED_FORMATS}"
 
 
 def load_tagged(path: str | Path, *, label2id: dict[str, int] | None, limit: int | None = None, seed: int = 0,
@@ -44,7 +44,7 @@ def load_tagged(path: str | Path, *, label2id: dict[str, int] | None, limit: int
         raise InputError(f"limit must be at least 1 row, got {limit}; pass --limit N with N >= 1")
     if columns.get("text_pair"):
         raise InputError("token-classification reads one sentence per row; drop --text-pair-column")
-    file, _ = tables._parse_path(path)
+    file, _ = data_files._parse_path(path)
     if file.is_file() and file.suffix.lower() in CONLL_SUFFIXES:
         name, words, tags, where, note = _read_conll(file, want_tags=columns.get("label") != "")
         class_names = None
@@ -91,7 +91,7 @@ def _read_conll(file: Path, want_tags: bool):
             lines.append(first_line)
             current.clear()
 
-    with tables._open_text(file) as handle:
+    with data_files._open_text(file) as handle:
         for number, line in enumerate(handle, start=1):
             fields = line.split()
             if not fields:
@@ -117,7 +117,7 @@ def _read_conll(file: Path, want_tags: bool):
 
 
 def _read_tokens_table(path, columns):
-    table = tables._read_table(path)
+    table = data_files._read_table(path)
     if table.n_rows == 0:
         raise InputError(f"{table.name} has no rows; give a file with at least one tagged sentence ({FORMATS})")
     token_col = (tables._named_column(table, columns["text"], "--text-column") if columns.get("text")
@@ -126,7 +126,7 @@ def _read_tokens_table(path, columns):
     if token_col is None:
         text_col = tables._guess_column(table.columns, tables.TEXT_COLUMNS)
         if text_col is None:
-            raise InputError(f"no tokens column in {table.name} (columns: {tables._listing(table.columns)}); "
+            raise InputError(f"no tokens column in {table.name} (columns: {data_files._listing(table.columns)}); "
                              f"pass --text-column NAME (a list of words per row: {', '.join(TOKEN_COLUMNS)})")
         if tag_flag:
             raise InputError(f"--label-column {tag_flag!r} needs a tokens column (a list of words per row) in "
@@ -228,14 +228,14 @@ def _tag_ids(name, words, tags, where, label2id, id2label, class_names):
             if tag_id is not None:
                 if tag_id not in id2label:
                     raise InputError(f"{name} {where(row)}: tag id {tag_id} is not a label of the model (known: "
-                                     f"{tables._cap(known)}); use the model's tag ids or names")
+                                     f"{data_files._cap(known)}); use the model's tag ids or names")
             elif isinstance(value, str) and value in label2id:
                 tag_id = int(label2id[value])
             elif isinstance(value, str) and len(folded.get(value.casefold(), ())) == 1:
                 tag_id = next(iter(folded[value.casefold()]))
             else:
                 raise InputError(f"{name} {where(row)}: tag {value!r} is not a label of the model (known: "
-                                 f"{tables._cap(known)}); fix the data or use a model trained with these tags")
+                                 f"{data_files._cap(known)}); fix the data or use a model trained with these tags")
             out.append(tag_id)
         ids.append(out)
     return ids, id2label

@@ -65,6 +65,6 @@ def cosine_to_baseline(embeddings: np.ndarray, baseline: np.ndarray) -> dict:
         "value": mean,
         "n": n,
         "stderr": stderr,
-        "ci95": [mean - 1.96 * stderr, min(1.0, mean + 1.96 * stderr)],  # normal interval of the mean
+        "ci95": [max(-1.0, mean - 1.96 * stderr), min(1.0, mean + 1.96 * stderr)],  # normal interval of the mean
         "p1": float(np.percentile(cos, 1)),  # the worst rows: 1% of them are below this
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xformopt.evaluate.metrics import proportion
+from xformopt.scoring.metrics import proportion
 
 RECALL_AT = (1, 5)
 

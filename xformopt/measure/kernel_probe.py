@@ -12,12 +12,22 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from xformopt.measure.forced_host import forced_int8_saturates
+
 _K = 64
 
 
-@lru_cache(maxsize=1)
 def int8_gemm_saturates() -> bool | None:
-    """True when ORT's MatMulInteger (u8 activations x s8 weights) saturates here; None if unknown."""
+    """True when ORT's MatMulInteger (u8 activations x s8 weights) saturates here; None if unknown.
+
+    Forced host facts (``XFORMOPT_CPU_FLAGS`` / ``XFORMOPT_INT8_SATURATES``, see forced_host.py) answer
+    instead of the probe, so a stated host is never half real."""
+    forced = forced_int8_saturates()
+    return _probe() if forced == "probe" else forced
+
+
+@lru_cache(maxsize=1)
+def _probe() -> bool | None:
     try:
         import numpy as np
         import onnxruntime as ort

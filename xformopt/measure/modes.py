@@ -13,11 +13,13 @@ medians against a tolerance derived from their spread.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
+from time import perf_counter
 
 import numpy as np
 
-from xformopt.bench.latency import LatencyStats, run_interleaved, summarize
+from xformopt.measure.latency import LatencyStats, run_interleaved, summarize
 
 Progress = Callable[[int, int], None] | None
 
@@ -90,9 +92,6 @@ def throughput(predictors: Mapping, texts: Sequence[str], pairs, batch_sizes: Se
     For each batch size, every model runs full passes over the set in a shuffled order per pass, so
     drift hits all alike; the best pass counts (sustained, not a cold start).
     """
-    import random
-    from time import perf_counter
-
     rng = random.Random(seed)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     rates: dict[str, dict[int, float]] = {name: {} for name in predictors}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xformopt.evaluate.metrics import accuracy
+from xformopt.scoring.metrics import accuracy
 
 
 class Probe:

@@ -1,6 +1,7 @@
-"""The numeric contract of a report or bench document (docs/report-schema.md), checked before a gate
-compares anything: a gate that reads ``NaN`` passes everything, so every documented number must be
-a finite number of the documented type, not only the few the gate happens to read.
+"""The report and bench documents' schema (docs/report-schema.md): their versioned names, read by the
+report that writes them and the gate that compares them, and the numeric contract checked before a
+gate compares anything: a gate that reads ``NaN`` passes everything, so every documented number must
+be a finite number of the documented type, not only the few the gate happens to read.
 """
 
 from __future__ import annotations
@@ -8,6 +9,11 @@ from __future__ import annotations
 import math
 
 from xformopt.errors import InputError
+
+# Versioned: a field is never renamed or removed within a version, so CI jobs that read the JSON keep working.
+REPORT_SCHEMA = "xformopt.report/1"  # report.json, written by report/build.py
+BENCH_SCHEMA = "xformopt.bench/1"  # `xformopt bench --json`, written by bench/measure.py
+KNOWN_SCHEMAS = (REPORT_SCHEMA, BENCH_SCHEMA)
 
 MAX_DEPTH = 64  # documents xformopt writes are under 10 deep; deeper is not one of ours
 
@@ -63,6 +69,14 @@ def check_latency(latency, origin: str, path: str, *, artifact: bool = False) ->
     for key in ("n", "repeats"):
         if key in latency and (not _is_int(latency[key]) or latency[key] < 0):
             _fail(origin, f"{path}.{key}", f"is {latency[key]!r}, not a whole number")
+    if "n" in latency and latency["n"] < 1:
+        _fail(origin, f"{path}.n", f"is {latency['n']}, but a latency needs at least one timed call")
+    # percentiles of one set of samples (or medians of per-repeat percentiles) cannot be out of order
+    order = [key for key in ("min_ms", "median_ms", "p90_ms", "p99_ms") if key in latency]
+    for low, high in zip(order, order[1:]):
+        if latency[low] > latency[high]:
+            _fail(origin, f"{path}", f"has {low} {latency[low]!r} above {high} {latency[high]!r}, which no "
+                  "measurement gives")
     medians = latency.get("repeat_medians_ms")
     if medians is not None and (not isinstance(medians, list) or not all(_is_number(m) and m >= 0 for m in medians)):
         _fail(origin, f"{path}.repeat_medians_ms", "is not a list of non-negative numbers")
@@ -86,6 +100,23 @@ def check_metrics(metrics, origin: str, path: str) -> None:
         ci = metric.get("ci95")
         if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(_is_number(c) for c in ci)):
             _fail(origin, f"{where}.ci95", "is not a [low, high] pair of numbers")
+        if ci is not None and ci[0] > ci[1]:
+            _fail(origin, f"{where}.ci95", f"is {ci!r}: its low end is above its high end")
+        low, high = metric_bounds(name)
+        for key, value in (("value", metric["value"]), *((f"ci95[{i}]", c) for i, c in enumerate(ci or ()))):
+            if not low - _SLACK * max(1.0, abs(low)) <= value <= high + _SLACK * max(1.0, abs(high)):
+                _fail(origin, f"{where}.{key}", f"is {value!r}, outside the {low:g} to {high:g} a {name} can take")
+
+
+_SLACK = 1e-6  # float rounding at a bound (a perplexity of 0.9999999 from an NLL of -1e-7) is not nonsense
+
+
+def metric_bounds(name: str) -> tuple[float, float]:
+    """The values metric NAME can take (xformopt.tasks' Metric.bounds); unbounded when no task reports it."""
+    from xformopt import tasks
+
+    metric = tasks.metric_info().get(name)
+    return metric.bounds if metric is not None else (-math.inf, math.inf)
 
 
 def check_settings(settings, origin: str) -> None:

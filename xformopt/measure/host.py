@@ -23,6 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from xformopt.measure.forced_host import FORCED_FLAGS_ENV, FORCED_SATURATES_ENV, forced_cpu_flags
+from xformopt.measure import kernel_probe
+
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
 
 # ISA extensions that change which ONNX Runtime / PyTorch kernels run (mostly
@@ -182,6 +185,9 @@ def _sysctl(*names: str) -> str | None:
 
 def cpu_flags() -> set[str]:
     """All CPU feature flags we can find (lower case); empty set where unknown."""
+    forced = forced_cpu_flags()
+    if forced is not None:
+        return forced
     text = _cpuinfo_text()
     if text:
         flags: set[str] = set()
@@ -215,10 +221,8 @@ def effective_cpu_flags() -> set[str]:
 
     The runtime's behaviour is the authority for the quantize formats (see kernel_probe.py).
     """
-    from xformopt.kernel_probe import int8_gemm_saturates
-
     flags = cpu_flags()
-    if int8_gemm_saturates():
+    if kernel_probe.int8_gemm_saturates():
         flags -= {"avx512_vnni", "avx512vnni", "avx_vnni"}
     return flags
 
@@ -298,9 +302,7 @@ def _ort_providers() -> list[str]:
 
 
 def _int8_saturates() -> bool | None:
-    from xformopt.kernel_probe import int8_gemm_saturates
-
-    return int8_gemm_saturates()
+    return kernel_probe.int8_gemm_saturates()
 
 
 def host_info() -> dict:
@@ -319,6 +321,9 @@ def host_info() -> dict:
         "python": platform.python_version(),
         "versions": library_versions(),
         "onnxruntime_providers": _ort_providers(),
+        **({"forced_facts": {FORCED_FLAGS_ENV: os.environ.get(FORCED_FLAGS_ENV),
+                             FORCED_SATURATES_ENV: os.environ.get(FORCED_SATURATES_ENV)}}
+           if forced_cpu_flags() is not None or os.environ.get(FORCED_SATURATES_ENV) else {}),
     }
 
 

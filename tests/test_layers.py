@@ -1,0 +1,132 @@
+"""The package's layers (docs/architecture.md): imports go down only, no two units lean on each other,
+and function-level imports of xformopt's own modules stay rare.
+
+A unit is a subpackage (xformopt/passes/) or a top-level module (xformopt/data.py), as in
+``import_cycles.py --packages``. Imports are read from the source at any depth (module level and
+inside functions): an import hidden in a function is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "xformopt"
+
+# Lowest first. A unit may import units of its own layer or of layers below it; the cycle check
+# below keeps two units of one layer from needing each other. Mirrors docs/architecture.md.
+LAYERS = [
+    ("foundation", {"errors", "atomic", "locks", "stale", "progress", "signals", "plot_style", "accuracy_budget",
+                    "artifact", "cache", "safe_yaml"}),
+    ("measurement", {"measure"}),
+    ("data, models, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks", "validate",
+                                       "hub", "split_wheels", "models", "targets", "onnx_graph", "exporting",
+                                       "fusions", "weight_coverage"}),
+    ("runtime", {"runtime"}),
+    ("pass libraries", {"decoder", "distill"}),
+    ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),
+    ("recipes", {"recipe"}),
+    ("pipeline and the bench library", {"pipeline", "bench"}),
+    ("entry points", {"api", "search", "serve", "loadtest"}),
+    ("command line", {"cli"}),
+]
+MAX_FUNCTION_LEVEL_IMPORTS = 25
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None  # None: the package root (its re-exports sit above everything)
+
+
+def _imported(path: Path) -> list[tuple[ast.AST, str]]:
+    """(node, absolute module) for every xformopt import in ``path``."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node, a.name) for a in node.names if a.name.startswith("xformopt")]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            if base == "xformopt":  # `from xformopt import models`: each name is a unit
+                out += [(node, f"xformopt.{a.name}") for a in node.names if a.name != "__version__"]
+            elif base.startswith("xformopt."):
+                out.append((node, base))
+    return out
+
+
+def _unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        me = _unit(_module_name(path))
+        if me is None:
+            continue
+        deps = graph.setdefault(me, set())
+        for _, module in _imported(path):
+            other = _unit(module)
+            if other is not None and other != me:
+                deps.add(other)
+    return graph
+
+
+def _layer_of() -> dict[str, int]:
+    return {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
+
+
+def test_every_unit_has_a_layer():
+    missing = sorted(set(_unit_graph()) - set(_layer_of()))
+    assert missing == [], f"{missing}: give each a layer in LAYERS and in docs/architecture.md"
+
+
+def test_imports_go_down_only():
+    layer = _layer_of()
+    upward = [f"{unit} ({LAYERS[layer[unit]][0]}) imports {dep} ({LAYERS[layer[dep]][0]})"
+              for unit, deps in _unit_graph().items() for dep in deps
+              if unit in layer and dep in layer and layer[dep] > layer[unit]]
+    assert upward == []
+
+
+def test_no_two_units_need_each_other():
+    graph = _unit_graph()
+    seen: dict[str, int] = {}  # 1 on the current path, 2 done
+
+    def cycle_from(unit: str, path: list[str]) -> list[str] | None:
+        seen[unit] = 1
+        for dep in sorted(graph.get(unit, ())):
+            if seen.get(dep) == 1:
+                return path[path.index(dep):] + [dep] if dep in path else [unit, dep]
+            if dep not in seen and (found := cycle_from(dep, path + [dep])):
+                return found
+        seen[unit] = 2
+        return None
+
+    for unit in sorted(graph):
+        if unit not in seen and (found := cycle_from(unit, [unit])):
+            raise AssertionError("import cycle: " + " -> ".join(found))
+
+
+def test_measurement_imports_nothing_above_the_foundation():
+    """Host facts, latency loops and timing modes stand alone: every layer above may time things."""
+    assert _unit_graph()["measure"] <= LAYERS[0][1]
+
+
+def test_function_level_imports_of_xformopt_stay_rare():
+    """Inside functions only imports of heavy libraries belong (torch, onnxruntime, transformers, ...):
+    an xformopt module there usually hides a layer problem."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        inner = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}
+        found += [f"{path.relative_to(ROOT.parent)}:{node.lineno}" for node, _ in _imported(path) if id(node) in inner]
+    assert len(set(found)) <= MAX_FUNCTION_LEVEL_IMPORTS, sorted(set(found))

@@ -1,0 +1,88 @@
+"""Which tensors a model needs that a checkpoint lacks, decided from the tensor names alone (the
+safetensors headers or a shard index) before anything is loaded.
+
+transformers' from_pretrained initialises every missing tensor at random and only warns, so a shard
+index that lists some tensors, or a truncated conversion, gives a model that runs and predicts noise.
+The rules below are the ones from_pretrained applies to compute its ``missing_keys``
+(``output_loading_info=True``; tests/test_models.py compares the two): the base-model prefix added or
+removed, legacy names renamed, tied weights counted once, and the class's own ignore patterns.
+transformers has no public call that answers this without loading the weights, hence written here.
+"""
+
+from __future__ import annotations
+
+import re
+
+# A base-model module that belongs with the task head: a token-classification or question-answering
+# checkpoint is saved without BERT's pooler, and a classifier built on it starts both afresh; feature
+# extraction never reads the pooler's output.
+HEAD_PARTS_OF_THE_BASE = ("pooler",)
+
+
+def _rename(model, name: str) -> str:
+    fix = getattr(model, "_fix_state_dict_key_on_load", None)  # LayerNorm.gamma -> .weight, ...
+    return fix(name)[0] if fix is not None else name
+
+
+def loaded_names(model, checkpoint_names) -> set[str]:
+    """The model's own names of the checkpoint's tensors, as from_pretrained maps them."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    names = [_rename(model, n) for n in checkpoint_names]
+    has_prefix = bool(prefix) and any(n.startswith(prefix) for n in names)
+    expects_prefix = bool(prefix) and hasattr(model, prefix)
+    if expects_prefix and not has_prefix:  # a base checkpoint under a task model
+        return {f"{prefix}.{n}" for n in names}
+    if has_prefix and not expects_prefix:  # a task checkpoint under the base model: its head is dropped
+        return {n[len(prefix) + 1:] for n in names if n.startswith(f"{prefix}.")}
+    return set(names)
+
+
+def _tied_groups(model) -> list[set[str]]:
+    by_tensor: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_tensor.setdefault(id(param), set()).add(name)
+    return [group for group in by_tensor.values() if len(group) > 1]
+
+
+def missing(model, checkpoint_names) -> list[str]:
+    """The tensors MODEL (built from its config, e.g. on the meta device) needs that CHECKPOINT_NAMES
+    lack: what from_pretrained would report as missing_keys and initialise at random."""
+    present = loaded_names(model, checkpoint_names)
+    lacking = set(model.state_dict()) - present
+    for group in _tied_groups(model):  # one loaded member of a tied group fills them all
+        if group & present:
+            lacking -= group
+    patterns = getattr(model, "_keys_to_ignore_on_load_missing", None) or []
+    if patterns:
+        ignored = re.compile("|".join(f"({p})" for p in patterns))
+        lacking = {n for n in lacking if not ignored.search(n)}
+    return sorted(lacking)
+
+
+def fresh_head(model, checkpoint_names, *, head_may_be_fresh: bool) -> set[str]:
+    """The model's tensors that form a freshly initialised task head, as intended: every tensor of a
+    top-level module outside the base model when none of them is in the checkpoint (a classifier on
+    a base checkpoint, or in place of another task's head), and a pooler absent altogether
+    (HEAD_PARTS_OF_THE_BASE) when the model has no head or its whole head is fresh too.
+    HEAD_MAY_BE_FRESH is the task's say (a language-model head only pretraining trains: it is not)."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    present = loaded_names(model, checkpoint_names)
+    expected = list(model.state_dict())
+    has_base = bool(prefix) and hasattr(model, prefix)
+    head_modules = {n.split(".")[0] for n in expected if has_base and not n.startswith(f"{prefix}.")}
+
+    def absent(module: str) -> bool:  # none of the module's own tensors loads (another head's may be there)
+        return not any(n in present for n in expected if n.startswith(f"{module}."))
+
+    fresh_modules = {m for m in head_modules if head_may_be_fresh and absent(m)}
+    whole_head_fresh = head_modules == fresh_modules  # also true for the base model (no head at all)
+    base = f"{prefix}." if has_base else ""
+    if whole_head_fresh:
+        fresh_modules |= {f"{base}{part}" for part in HEAD_PARTS_OF_THE_BASE if absent(f"{base}{part}")}
+    return {n for n in expected if any(n.startswith(f"{m}.") for m in fresh_modules)}
+
+
+def shown(names: list[str], first: int = 3) -> str:
+    """A few names, then how many more: one line however many are missing."""
+    more = f", and {len(names) - first} more" if len(names) > first else ""
+    return ", ".join(names[:first]) + more
