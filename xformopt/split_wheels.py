@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from xformopt.atomic import temp_sibling
+from xformopt.atomic import replacing, temp_sibling
 from xformopt.cache import cache_root
 from xformopt.errors import InputError
-from xformopt.locks import Lock
+from xformopt.locks import build_lock
 from xformopt.stale import sweep
 
 
@@ -37,6 +37,7 @@ class SplitModel:
     parts: tuple[str, ...]  # distribution names, in zip order
     version: str  # the parts' pinned release
     model_type: str  # what config.json must say
+    member: str = ".zip."  # what the part's data file name contains (a split-zip piece; ".gguf" for a GGUF file)
 
 
 MPNET = SplitModel(
@@ -57,15 +58,15 @@ def _log(message: str) -> None:
     print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
-def installed_part(dist_name: str) -> tuple[Path, str | None] | None:
-    """(the split-zip file a part installs, its sha256 hex from the wheel's RECORD or None), or None
-    when the part is not installed."""
+def installed_part(dist_name: str, member: str = ".zip.") -> tuple[Path, str | None] | None:
+    """(the data file a part installs (its name contains ``member``), its sha256 hex from the wheel's
+    RECORD or None), or None when the part is not installed."""
     try:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
         return None
     for entry in dist.files or ():
-        if ".zip." in entry.name:
+        if member in entry.name:
             path = Path(dist.locate_file(entry))
             if not path.is_file():
                 return None
@@ -88,7 +89,8 @@ def parts_status(model: SplitModel, wheels: Path | None = None) -> tuple[list[tu
     else the part's wheel in ``wheels`` (a download folder), its zip member extracted beside it."""
     found, missing = [], []
     for name in model.parts:
-        part = installed_part(name) or (wheel_part(name, model.version, wheels) if wheels else None)
+        part = installed_part(name, model.member) or (wheel_part(name, model.version, wheels, model.member)
+                                                      if wheels else None)
         if part is None:
             missing.append(name)
         else:
@@ -96,16 +98,17 @@ def parts_status(model: SplitModel, wheels: Path | None = None) -> tuple[list[tu
     return found, missing
 
 
-def wheel_part(dist_name: str, version: str, wheels: Path) -> tuple[Path, str | None] | None:
-    """The split-zip file inside a downloaded wheel of ``dist_name`` (extracted next to it once) and its
-    sha256 from the wheel's RECORD, or None when the wheel is not in ``wheels``."""
+def wheel_part(dist_name: str, version: str, wheels: Path, member_part: str = ".zip.") -> tuple[Path, str | None] | None:
+    """The data file (name containing ``member_part``) inside a downloaded wheel of ``dist_name``
+    (extracted next to it once, atomically) and its sha256 from the wheel's RECORD, or None when the
+    wheel is not in ``wheels``."""
     stem = dist_name.replace("-", "_")
     wheel = next(iter(sorted(Path(wheels).glob(f"{stem}-{version}-*.whl"))), None)
     if wheel is None:
         return None
     try:
         with zipfile.ZipFile(wheel) as archive:
-            member = next((n for n in archive.namelist() if ".zip." in n), None)
+            member = next((n for n in archive.namelist() if member_part in n), None)
             record = next((n for n in archive.namelist() if n.endswith(".dist-info/RECORD")), None)
             if member is None:
                 return None
@@ -116,8 +119,8 @@ def wheel_part(dist_name: str, version: str, wheels: Path) -> tuple[Path, str | 
                     value = hashed.split(",")[0][len("sha256="):]
                     digest = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex()
             target = wheel.with_name(Path(member).name)
-            if not target.is_file():
-                with archive.open(member) as src, open(target, "wb") as dst:
+            if not target.is_file():  # a temp name first: a killed extraction leaves no short file under it
+                with archive.open(member) as src, replacing(target) as tmp, open(tmp, "wb") as dst:
                     shutil.copyfileobj(src, dst, 1 << 22)
     except zipfile.BadZipFile:
         raise InputError(f"{wheel} is not a wheel (a broken download?); delete it and run again") from None
@@ -162,11 +165,7 @@ def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
     final = models_root() / model.name / _key(parts)
     if (final / MARKER).is_file():  # only a finished folder is ever renamed into place
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    lock = Lock(final.parent / f".{final.name}.lock", unlink=False)
-    if not lock.acquire(wait=False):
-        log(f"{model.name} is being assembled by another run (pid {lock.holder() or '?'}); waiting for it")
-        lock.acquire(wait=True)
+    lock = build_lock(final, f"{model.name} is being assembled by another run", log)
     try:
         if (final / MARKER).is_file():
             return final

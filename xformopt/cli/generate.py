@@ -10,7 +10,7 @@ import typer
 from xformopt import api
 from xformopt.cli import options as opt
 from xformopt.cli import output
-from xformopt.decoder.generator import open_decoder, sampling_of
+from xformopt.decoder.generator import check_prompt, open_decoder, sampling_of
 from xformopt.errors import InputError
 from xformopt.validate import check_threads
 
@@ -21,6 +21,8 @@ Examples:
     xformopt generate out/ "The movie was" --temperature 0.8 --top-p 0.9 --seed 7
     xformopt generate out/ "The movie was" --top-k 40 --seed 1 --json | jq .text
     xformopt generate out/ "The movie was" --no-cache                          # recompute every step (slow)
+    xformopt generate out/ --chat "What is the capital of France?"              # the model's chat template
+    xformopt generate out/ --chat "Name three fruits." --system "Answer briefly." --stop "."
 
 The continuation streams to stdout as it is generated; timings go to stderr (--json: one document).
 """
@@ -46,7 +48,10 @@ class Streamer:
 
 def generate(
     artifact: Path = typer.Argument(..., metavar="DIR", help="Decoder artifact directory (model.onnx, tokenizer, config)."),
-    prompt: str = typer.Argument(..., metavar="PROMPT", help="The text to continue."),
+    prompt: str = typer.Argument(None, metavar="[PROMPT]", help="The text to continue (or --chat)."),
+    chat: str = typer.Option(None, "--chat", help="A user message, put through the model's chat template; the answer streams."),
+    system: str = typer.Option(None, "--system", help="With --chat: the system prompt (else the template's default)."),
+    stop: list[str] = typer.Option(None, "--stop", help="Stop once the output contains this string (repeatable; kept in the output, as transformers keeps it)."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
     greedy: bool = typer.Option(False, "--greedy", help="Argmax decoding (the default unless a sampling option is given)."),
     sample: bool = typer.Option(False, "--sample", help="Sample (temperature 1) even without --temperature/--top-k/--top-p."),
@@ -74,10 +79,12 @@ def generate(
         raise InputError("--greedy cannot be combined with --sample/--temperature/--top-k/--top-p; choose one")
     sampling = dict(do_sample=True if sample else None, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     sampling_of(**sampling)  # a bad temperature or top-p fails before the model is opened
+    check_prompt(prompt, chat, system)
     open_decoder(artifact)  # not a decoder artifact: say so (api.load would open an encoder's predictor)
     generator = api.load(artifact, threads=threads, io_binding=io_binding, log=output.log)
     streamer = None if as_json else Streamer(generator.tokenizer, sys.stdout)
-    out = generator.generate(prompt, max_new_tokens, **sampling, use_cache=cache, stop_at_eos=stop_at_eos, on_token=streamer)
+    out = generator.generate(prompt, max_new_tokens, chat=chat, system=system, stop=stop, **sampling, use_cache=cache,
+                             stop_at_eos=stop_at_eos, on_token=streamer)
     result, text = out.generation, out.text
     if streamer is not None:  # whatever was held back (a character the model never completed)
         sys.stdout.write(text[len(streamer.printed):])
@@ -85,7 +92,9 @@ def generate(
     summary = (f"{len(result.new_ids)} tokens in {result.total_s:.2f} s: first token {result.first_token_s * 1000:.1f} ms, "
                f"then {per_token:.2f} ms/token, {result.tokens_per_s:.1f} tokens/s (stopped: {result.stopped})")
     if as_json:
-        output.emit_json({"prompt": prompt, "prompt_ids": result.prompt_ids, "text": text, "new_ids": result.new_ids,
+        record = out.to_dict()
+        output.emit_json({**{k: record[k] for k in ("prompt", "chat", "system", "stop_string") if k in record},
+                          "prompt_ids": result.prompt_ids, "text": text, "new_ids": result.new_ids,
                           "decoding": out.decoding, "use_cache": cache, "io_binding": io_binding,
                           "stopped": result.stopped, "ttft_ms": result.first_token_s * 1000,
                           "per_token_ms": [s * 1000 for s in result.step_s], "tokens_per_s": result.tokens_per_s,

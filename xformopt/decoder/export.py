@@ -55,6 +55,8 @@ from xformopt.scoring.metrics import row_cosine
 CONFIG_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model", "vocab.txt",
+    "chat_template.jinja", "chat_template.json",  # transformers >= 4.43 saves the chat template apart
+    "gguf_source.json",  # the GGUF file a checkpoint was converted from (xformopt/gguf_source.py)
 )
 
 GPT2_ATTENTION = "xformopt_gpt2_ort"

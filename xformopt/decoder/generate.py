@@ -117,6 +117,7 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     use_cache: bool = True,
     on_token: Callable[[int], None] | None = None,
+    stop: Callable[[list[int]], bool] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Generation:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (batch 1) with ``runner``
@@ -124,7 +125,8 @@ def generate(
 
     With the cache, step 0 runs the prompt and each later step one token against the cached keys
     and values; without it, each step runs the whole sequence so far. Stops early at
-    ``eos_token_id`` (pass None to always produce ``max_new_tokens``)."""
+    ``eos_token_id`` (pass None to always produce ``max_new_tokens``), or when ``stop`` (given the
+    new ids so far, e.g. a :class:`StopStrings`) says so."""
     if max_new_tokens < 1:
         raise InputError(f"--max-new-tokens must be at least 1 (got {max_new_tokens})")
     eos = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
@@ -145,6 +147,9 @@ def generate(
         if token in eos:
             stopped = "eos"
             break
+        if stop is not None and stop(new):
+            stopped = "stop_string"
+            break
         if len(new) >= max_new_tokens:
             break
         started = clock()
@@ -157,7 +162,34 @@ def generate(
     return Generation([int(t) for t in prompt_ids], new, first, steps, stopped, use_cache)
 
 
+class StopStrings:
+    """transformers' ``stop_strings``: stop once the decoded continuation contains one of them (the
+    token that completes it is kept, as ``generate`` keeps it)."""
+
+    def __init__(self, tokenizer, strings: list[str]):
+        if any(not s for s in strings):
+            raise InputError("--stop takes a non-empty string")
+        self.tokenizer, self.strings = tokenizer, list(strings)
+        self.hit: str | None = None
+
+    def __call__(self, new_ids: list[int]) -> bool:
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=False)
+        self.hit = next((s for s in self.strings if s in text), None)
+        return self.hit is not None
+
+
 # --------------------------------------------------------------------------- prompts and model facts
+
+
+def chat_text(tokenizer, user: str, system: str | None = None) -> str:
+    """The model's own chat template applied to one user turn (and a system prompt), ending where
+    the assistant's answer starts; an InputError when the tokenizer has no template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("this model's tokenizer has no chat template; give a plain prompt instead of --chat")
+    if not user or not user.strip():
+        raise InputError("--chat is empty; give the message to answer")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def context_window(model_dir: Path) -> int | None:
@@ -179,12 +211,13 @@ def eos_token_ids(model_dir: Path, tokenizer=None) -> list[int]:
     return []
 
 
-def encode_prompt(tokenizer, prompt: str, max_new_tokens: int, context: int | None) -> list[int]:
+def encode_prompt(tokenizer, prompt: str, max_new_tokens: int, context: int | None, templated: bool = False) -> list[int]:
     """Token ids of ``prompt``; an empty prompt or one that cannot fit the context window with
-    ``max_new_tokens`` more tokens is an InputError that says what to change."""
+    ``max_new_tokens`` more tokens is an InputError that says what to change. ``templated``: the
+    text came from a chat template, which already holds the special tokens it wants."""
     if prompt is None or not prompt.strip():
         raise InputError('the prompt is empty; give the text to continue, e.g. xformopt generate ARTIFACT "Once upon a time"')
-    ids = list(tokenizer(prompt)["input_ids"])
+    ids = list(tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
     if not ids:
         raise InputError(f"the prompt {prompt!r} tokenizes to no tokens; give some text the tokenizer knows")
     if context is not None:

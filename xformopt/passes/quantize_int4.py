@@ -38,9 +38,11 @@ from xformopt.decoder.fusion import logits_agreement
 from xformopt.decoder.generate import context_window
 from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
+from xformopt.gguf_source import read_source, sha256_of
 from xformopt.models import load_tokenizer
 from xformopt.passes import calibration as cal
 from xformopt.passes.fewest import fewest_that_pass
+from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.int8_formats import agreement_floor
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder
 
@@ -54,7 +56,7 @@ ROLES = {
 }
 Role = Literal["lm_head", "attention_output", "down_proj", "qkv", "mlp_in"]
 INT4_FIELDS = ("block_size", "symmetric", "accuracy_level", "algorithm", "keep_8bit", "max_perplexity_increase",
-               "perplexity_texts", "max_8bit_nodes")
+               "perplexity_texts", "max_8bit_nodes", "carry_gguf")
 HARM_TEXTS = 8
 
 
@@ -70,6 +72,8 @@ class Int4Options(BaseModel):
         None, description="int4: budget vs the float graph, relative ('3%' or 0.03); over it, harmful MatMuls go to 8 bits")
     perplexity_texts: int = Field(64, ge=4, description="int4: held-out texts the budget scores (vendored validation split)")
     max_8bit_nodes: int | None = Field(None, ge=0, description="int4: most MatMuls the budget may move to 8 bits; default: half")
+    carry_gguf: bool = Field(True, description="int4: a model converted from GGUF keeps the file's own Q4_0/Q4_1/Q8_0 "
+                                               "blocks (exact) instead of being quantized again")
 
     @field_validator("block_size")
     @classmethod
@@ -110,10 +114,11 @@ def role_of(name: str) -> str | None:
 
 
 def weighted_matmuls(model) -> list[str]:
-    """Names of MatMuls whose second input is a 2-D initializer (what MatMulNBits can take)."""
+    """Names of MatMuls whose second input is a 2-D initializer (what MatMulNBits can take), less the
+    float helpers of carried Q4_1 blocks (xformopt/passes/gguf_blocks.py)."""
     inits = {i.name: i for i in model.graph.initializer}
     return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
-            and len(inits[n.input[1]].dims) == 2]
+            and len(inits[n.input[1]].dims) == 2 and AUX not in n.name]
 
 
 def nbits_counts(model) -> dict:
@@ -176,9 +181,11 @@ def _algo_config(options, reader):
                                             accuracy_level=options.accuracy_level, bits=4)
 
 
-def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str], reader=None) -> dict[str, int]:
-    """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then 4 bits for
-    every other weighted MatMul; saved with external data beside ``out_model``."""
+def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str], reader=None,
+                    gguf: Path | None = None) -> dict:
+    """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then the GGUF
+    file's own blocks where ``gguf`` has them, then 4 bits for every other weighted MatMul; saved
+    with external data beside ``out_model``."""
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
@@ -193,8 +200,13 @@ def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str],
                                          algo_config=config8)
         eight.process()
         model = eight.model.model
+    carried, not_carried = [], {}
+    if gguf is not None:
+        carried, not_carried = carry_into(model, src_model.parent, gguf, options.accuracy_level,
+                                          only=set(weighted_matmuls(model)))
     four = mnb.MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size, is_symmetric=options.symmetric,
-                                    accuracy_level=options.accuracy_level, algo_config=_algo_config(options, reader))
+                                    accuracy_level=options.accuracy_level, algo_config=_algo_config(options, reader),
+                                    nodes_to_exclude=aux_nodes(model))
     with contextlib.redirect_stdout(sys.stderr):  # GPTQ prints a progress bar: results own stdout
         four.process()
     model = four.model.model
@@ -202,7 +214,7 @@ def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str],
     out_model.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out_model, save_as_external_data=True, all_tensors_to_one_file=True,
               location=out_model.name + ".data", size_threshold=1024)
-    return nbits_counts(model)
+    return {**nbits_counts(model), **({"gguf_carried": carried, "gguf_not_carried": not_carried} if gguf else {})}
 
 
 def _set_accuracy_level(model, level: int) -> None:
@@ -305,6 +317,7 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
         calibration = cal.dataset_record(dataset, "calibration")
         ctx.log(f"GPTQ calibration on {len(dataset)} rows from {dataset.source}")
 
+    gguf, record_gguf = _gguf_source(ctx, src, options)
     copy_stage(src, dst, with_model=False)
     work = dst / ".int4"
     work.mkdir()
@@ -317,7 +330,7 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
     try:
         def build(k_dir: Path, keep8: list[str]) -> dict:
             started = time.perf_counter()
-            counts = build_candidate(src / "model.onnx", k_dir / "model.onnx", options, keep8, reader)
+            counts = build_candidate(src / "model.onnx", k_dir / "model.onnx", options, keep8, reader, gguf)
             return {**counts, "build_seconds": round(time.perf_counter() - started, 2)}
 
         ctx.log(f"quantizing to 4-bit MatMulNBits ({options.algorithm}, block {options.block_size}, "
@@ -325,6 +338,8 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
                 f"{len(planned8)} MatMul(s) at 8 bits by plan {options.keep_8bit or '[]'}")
         first = work / "candidate-0"
         counts = build(first, planned8)
+        if record_gguf is not None:
+            record["gguf"] = _carry_record(ctx, record_gguf, counts, candidates) if gguf else record_gguf
         chosen_dir, chosen8 = first, planned8
         if options.max_perplexity_increase is not None:
             chosen_dir, chosen8, record["budget"] = _budget(ctx, options, src, work, build, candidates, planned8, tokenizer,
@@ -352,6 +367,34 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
     if agreement["mean_agreement"] < floor and record.get("budget_met", True):
         raise PassFailed(f"int4 logits disagree with float: mean {agreement['measure']} {agreement['mean_agreement']:.3f} < {floor}")
     return record
+
+
+def _gguf_source(ctx, src: Path, options) -> tuple[Path | None, dict | None]:
+    """The GGUF file ``src`` was converted from (xformopt/gguf_source.py), when its blocks are to be
+    carried and the file is still there with the same content; else None (logged: RTN then)."""
+    source = read_source(src)
+    if source is None or not options.carry_gguf:
+        return None, None
+    path = Path(source["file"])
+    if not path.is_file() or path.stat().st_size != source["size"] or sha256_of(path) != source["sha256"]:
+        ctx.log(f"WARNING: {source['name']} (the GGUF this model came from) is gone or changed at {path}; "
+                "quantizing its dequantized weights again instead of carrying its blocks")
+        return None, {**source, "carried": False}
+    return path, source
+
+
+def _carry_record(ctx, source: dict, counts: dict, candidates: list[str]) -> dict:
+    carried, missed = counts["gguf_carried"], counts["gguf_not_carried"]
+    by_type: dict[str, int] = {}
+    for row in carried:
+        by_type[row["type"]] = by_type.get(row["type"], 0) + 1
+    ctx.log(f"carried {len(carried)}/{len(candidates)} MatMuls' blocks from {source['name']} exactly "
+            f"({', '.join(f'{n} {t}' for t, n in by_type.items()) or 'none'}); "
+            f"{len(missed)} left to the int4 algorithm")
+    return {"file": source["file"], "sha256": source["sha256"], "file_type": source.get("file_type"),
+            "carried": len(carried), "carried_by_type": by_type, "not_carried": missed,
+            "how": "GGUF blocks copied into MatMulNBits (Q4_1 minimums as a block-sum term), checked to dequantize "
+                   "to the checkpoint's weights bit for bit"}
 
 
 def _size(stage: Path) -> int:
@@ -421,6 +464,10 @@ def summarize_int4(rec: dict) -> str:
     line = (f"int4 {rec['algorithm']} (block {rec['block_size']}, accuracy_level {rec['accuracy_level']}): "
             f"{n['4bit']}/{rec['weighted_matmuls']} MatMuls 4-bit, {n['8bit']} 8-bit MatMulNBits, "
             f"{len(rec['kept_float'])} float; logits {rec['agreement']['measure']} vs float {rec['agreement']['mean_agreement']:.4f}")
+    if rec.get("gguf"):
+        g = rec["gguf"]
+        line += (f"; {g['carried']} carried exactly from GGUF {g.get('file_type') or ''} "
+                 f"({', '.join(f'{n} {t}' for t, n in g['carried_by_type'].items())})")
     if "budget" in rec:
         b = rec["budget"]
         line += (f"; perplexity budget {'met' if b['budget_met'] else 'NOT met'}: {b['float_perplexity']:.3f} -> "

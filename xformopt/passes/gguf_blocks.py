@@ -1,0 +1,214 @@
+"""Carry a GGUF file's quantized blocks into ``MatMulNBits`` as they are, instead of dequantizing
+and quantizing again on another grid (which, on SmolLM2's Q4_1 file, cost 30% perplexity).
+
+The GGUF types that map onto MatMulNBits (blocks of 32 along K, one fp16 scale each):
+
+- ``Q4_0``: ``d * (q - 8)``, q in 0..15 -> 4-bit, scale d, no zero points (the op's default is 8);
+- ``Q8_0``: ``d * q``, q int8 -> 8-bit, stored ``q + 128``, no zero points (the default is 128);
+- ``Q4_1``: ``d * q + m`` -> 4-bit, scale d, zero points 0, plus the per-block minimum as a separate
+  term ``Σ_b m[n, b] · Σ_{k in b} x_k`` (a ReduceSum over each block of the input and a small
+  ``[K/32, N]`` MatMul, added to the op's output). MatMulNBits can also take float zero points, which
+  would say ``d * (q - zp)`` in one op, but ORT 1.32's CPU kernel runs them by dequantizing the whole
+  weight on every call (25x slower than uint8 zero points, measured on a 576x1536 weight), and
+  ``-m/d`` as a zero point is not exact in float arithmetic.
+
+Rows are found by content, not by name: every row of every carried GGUF tensor is dequantized (with
+the gguf package's own ``dequantize``) and hashed; a weighted MatMul's ``[K, N]`` initializer is
+carried when each of its N columns equals a GGUF row bit for bit and all of them come from one
+type. That follows whatever the checkpoint did to the rows on the way (transformers' reverse
+permutation of Llama's Q/K heads, the builder's packing of q/k/v and gate/up into one MatMul, the
+tied lm_head) without re-implementing any of it, and a MatMul whose weights were changed after the
+conversion (pruned, smoothed) is simply not matched and goes through the ordinary quantizer.
+
+The unpacking of a block into its integer codes is hand-written: the gguf package dequantizes
+blocks but exposes no call that returns the codes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+BLOCK = 32
+# type -> (bytes per block, bits in MatMulNBits)
+LAYOUTS = {"Q4_0": (18, 4), "Q4_1": (20, 4), "Q8_0": (34, 8)}
+
+
+@dataclass
+class Blocks:
+    """Integer codes and scales of some rows: ``q`` [rows, K/32, 32] uint8 as MatMulNBits stores
+    them (4-bit 0..15, 8-bit 0..255), ``d`` [rows, K/32] float32, ``m`` (Q4_1 only) the minimums."""
+
+    qtype: str
+    q: np.ndarray
+    d: np.ndarray
+    m: np.ndarray | None = None
+
+
+def unpack(raw: np.ndarray, qtype: str) -> Blocks:
+    """GGUF block bytes [rows, K/32 * block_bytes] -> codes and scales (ggml's block_q4_0/q4_1/q8_0:
+    fp16 d (and fp16 m), then 16 bytes whose low nibbles are elements 0..15 and high nibbles 16..31,
+    or 32 int8)."""
+    size, _ = LAYOUTS[qtype]
+    blocks = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if qtype == "Q8_0":
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return Blocks(qtype, q, d)
+    start = 4 if qtype == "Q4_1" else 2
+    qs = blocks[..., start:start + 16]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if qtype == "Q4_1" else None
+    return Blocks(qtype, q, d, m)
+
+
+def dequantize(blocks: Blocks) -> np.ndarray:
+    """What MatMulNBits (plus the Q4_1 minimum term) computes the weights as, [rows, K] float32."""
+    if blocks.qtype == "Q8_0":
+        w = blocks.d[..., None] * (blocks.q.astype(np.float32) - 128)
+    elif blocks.qtype == "Q4_0":
+        w = blocks.d[..., None] * (blocks.q.astype(np.float32) - 8)
+    else:
+        w = blocks.d[..., None] * blocks.q.astype(np.float32) + blocks.m[..., None]
+    return w.reshape(w.shape[0], -1)
+
+
+def pack_b(q: np.ndarray, bits: int) -> np.ndarray:
+    """MatMulNBits' B: [N, K/32, 32 * bits / 8] uint8, 4-bit element 2j in byte j's low nibble."""
+    if bits == 8:
+        return np.ascontiguousarray(q)
+    return np.ascontiguousarray(q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _key(row: np.ndarray) -> bytes:
+    # + 0.0 turns -0.0 (d * 0 for a negative d) into 0.0: a copy that lost the sign is the same weight
+    return hashlib.blake2b((np.asarray(row, dtype=np.float32) + np.float32(0)).tobytes(), digest_size=16).digest()
+
+
+class GgufRows:
+    """Every row of the carried-type tensors of one GGUF file, indexed by its dequantized content."""
+
+    def __init__(self, gguf_path: Path):
+        from gguf import GGUFReader
+        from gguf.quants import dequantize as gguf_dequantize
+
+        self.reader = GGUFReader(str(gguf_path))
+        self.index: dict[bytes, tuple[int, int]] = {}
+        self.types: dict[str, int] = {}
+        for t_index, tensor in enumerate(self.reader.tensors):
+            name = tensor.tensor_type.name
+            if name not in LAYOUTS or len(tensor.data.shape) != 2:
+                continue
+            values = gguf_dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+            self.types[name] = self.types.get(name, 0) + 1
+            for row in range(values.shape[0]):
+                self.index.setdefault(_key(values[row]), (t_index, row))
+
+    def blocks_for(self, weight: np.ndarray) -> tuple[Blocks | None, str]:
+        """The GGUF blocks whose dequantization is ``weight`` ([K, N], MatMul's B) column for column,
+        or (None, why not)."""
+        k, n = weight.shape
+        if k % BLOCK:
+            return None, f"K={k} is not a multiple of {BLOCK}"
+        columns = np.ascontiguousarray(weight.T, dtype=np.float32)
+        hits = []
+        for col in range(n):
+            hit = self.index.get(_key(columns[col]))
+            if hit is None:
+                return None, f"column {col} matches no GGUF row (weights changed after conversion, or another type)"
+            hits.append(hit)
+        qtypes = {self.reader.tensors[t].tensor_type.name for t, _ in hits}
+        if len(qtypes) != 1:
+            return None, f"its rows come from several GGUF types ({', '.join(sorted(qtypes))})"
+        qtype = qtypes.pop()
+        raw = np.empty((n, (k // BLOCK) * LAYOUTS[qtype][0]), dtype=np.uint8)
+        for t_index in {t for t, _ in hits}:  # gather per tensor: one fancy index per source tensor
+            rows = [i for i, (t, _) in enumerate(hits) if t == t_index]
+            raw[rows] = self.reader.tensors[t_index].data[[hits[i][1] for i in rows]]
+        blocks = unpack(raw, qtype)
+        if not np.array_equal(dequantize(blocks), columns):  # the codes say exactly what the rows said
+            return None, "its unpacked blocks do not dequantize to the weights"
+        return blocks, qtype
+
+
+AUX = "/gguf_min_"  # in the names of the Q4_1 minimum term's nodes (no MatMul the quantizers may take)
+
+
+def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, only: set[str] | None = None,
+               ) -> tuple[list[dict], dict[str, str]]:
+    """Replace each weighted MatMul (of ``only``, when given) whose weights are a GGUF tensor's rows
+    with MatMulNBits holding those blocks, in place. Returns (a record per carried MatMul, {name: why
+    not} for the others)."""
+    from onnx import helper, numpy_helper
+
+    rows = GgufRows(gguf_path)
+    inits = {i.name: i for i in model.graph.initializer}
+    carried, skipped = [], {}
+    new_nodes, block_sums, replaced = [], {}, set()
+    for node in list(model.graph.node):
+        init = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) > 1 else None
+        if init is None or len(init.dims) != 2 or (only is not None and node.name not in only):
+            new_nodes.append(node)
+            continue
+        weight = numpy_helper.to_array(init, base_dir=str(model_dir))
+        blocks, qtype_or_why = rows.blocks_for(weight)
+        if blocks is None:
+            skipped[node.name] = qtype_or_why
+            new_nodes.append(node)
+            continue
+        k, n = weight.shape
+        bits = LAYOUTS[blocks.qtype][1]
+        base = node.name or f"gguf_carried_{len(carried)}"
+        b_name, s_name = f"{base}.gguf_B", f"{base}.gguf_scales"
+        model.graph.initializer.extend([numpy_helper.from_array(pack_b(blocks.q, bits), b_name),
+                                        numpy_helper.from_array(blocks.d.reshape(-1), s_name)])
+        inputs, out = [node.input[0], b_name, s_name], node.output[0]
+        if blocks.qtype == "Q4_1":
+            zp_name, out = f"{base}.gguf_zero_points", f"{base}.gguf_scaled"
+            model.graph.initializer.append(numpy_helper.from_array(
+                np.zeros(n * ((k // BLOCK + 1) // 2), dtype=np.uint8), zp_name))
+            inputs.append(zp_name)
+        new_nodes.append(helper.make_node("MatMulNBits", inputs, [out], name=f"{base}_Q{bits}", domain="com.microsoft",
+                                          K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=accuracy_level))
+        if blocks.qtype == "Q4_1":
+            new_nodes.extend(_minimum_term(node, base, blocks, k, block_sums, model))
+        replaced.add(init.name)
+        carried.append({"name": node.name, "type": blocks.qtype, "bits": bits, "K": k, "N": n})
+    del model.graph.node[:]
+    model.graph.node.extend(new_nodes)
+    still_read = {name for node in model.graph.node for name in node.input}
+    for init in [i for i in model.graph.initializer if i.name in replaced and i.name not in still_read]:
+        model.graph.initializer.remove(init)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return carried, skipped
+
+
+def _minimum_term(node, base: str, blocks: Blocks, k: int, block_sums: dict, model) -> list:
+    """Q4_1's ``m`` term: each 32-block of the input summed (``x @ S``, S the [K, K/32] 0/1 block
+    indicator, any input rank; shared by every MatMul on that input), times ``m`` as a [K/32, N]
+    float MatMul, added to the MatMulNBits output."""
+    from onnx import helper, numpy_helper
+
+    nodes = []
+    x = node.input[0]
+    if x not in block_sums:
+        indicator = np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, axis=0)
+        s_name, sums = f"{base}.gguf_block_indicator", f"{base}.gguf_block_sums"
+        model.graph.initializer.append(numpy_helper.from_array(indicator, s_name))
+        nodes.append(helper.make_node("MatMul", [x, s_name], [sums], name=f"{base}{AUX}block_sum"))
+        block_sums[x] = sums
+    m_name = f"{base}.gguf_minimums"
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(blocks.m.T), m_name))
+    nodes += [helper.make_node("MatMul", [block_sums[x], m_name], [f"{base}.gguf_min_term"], name=f"{base}{AUX}matmul"),
+              helper.make_node("Add", [f"{base}.gguf_scaled", f"{base}.gguf_min_term"], [node.output[0]],
+                               name=f"{base}{AUX}add")]
+    return nodes
+
+
+def aux_nodes(model) -> list[str]:
+    """The Q4_1 minimum term's MatMuls: float by design, never quantized or counted as kept float."""
+    return [n.name for n in model.graph.node if AUX in n.name]
