@@ -53,8 +53,8 @@ def main() -> None:
     from xformopt import models, pipeline, targets
     from xformopt.measure import host
     from xformopt.measure.modes import real
-    from xformopt.scoring.metrics import row_cosine
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+    from xformopt.scoring.metrics import row_cosine
 
     spec = models.resolve(args.model, args.task)
     target = targets.detect()

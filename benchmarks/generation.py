@@ -37,6 +37,7 @@ def log(message: str) -> None:
 def stages(work: Path, args) -> dict[str, Path]:
     """Build (or reuse) the model and its export -> fuse -> quantize stages under ``work``."""
     from toy_decoder import build_decoder
+
     from xformopt.pipeline import run_single
 
     model = work / "model"
@@ -81,11 +82,12 @@ def main() -> None:
                         help="also time the cached fp32 and int8 runs with and without IO binding, interleaved")
     args = parser.parse_args()
 
-    from xformopt.measure.host import host_info, usable_cpus
-    from xformopt.decoder.bench import bench_generation, rows
-    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
     from toy_decoder import corpus
+
+    from xformopt.decoder.bench import bench_generation, rows
+    from xformopt.measure.host import host_info, usable_cpus
     from xformopt.models import load_tokenizer
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 
     threads = args.threads or usable_cpus()
     with tempfile.TemporaryDirectory(prefix="xformopt-genbench-") as tmp:

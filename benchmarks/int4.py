@@ -62,9 +62,8 @@ def cli(*args: str) -> None:
 
 
 def build(root: Path, seed: int) -> Path:
-    from transformers import Qwen2Config
-
     from toy_decoder import build_decoder
+    from transformers import Qwen2Config
 
     def make(vocab, eos):
         return Qwen2Config(**{**SHAPES, "vocab_size": vocab}, bos_token_id=eos, eos_token_id=eos)

@@ -68,7 +68,9 @@ def pack_inc_into_matmulnbits(inc_model, float_model, model_dir: Path, ctx, work
                                    "packing those needs the Mul in the graph too")
             params = module.unpack()  # optimum format: unsigned ints with a zero point (8 when symmetric)
             zp = params.get("zp")
-            q = params["int_weight"].to(torch.int32).numpy() - (zp.to(torch.int32).numpy().repeat(group, axis=1)[:, : params["int_weight"].shape[1]] if zp is not None else 0)
+            codes = params["int_weight"].to(torch.int32).numpy()
+            zero = zp.to(torch.int32).numpy().repeat(group, axis=1)[:, : codes.shape[1]] if zp is not None else 0
+            q = codes - zero
             assert zp is None or bool((zp == 8).all()), f"{name}: asymmetric zero points"
             assert q.min() >= -8 and q.max() <= 7, f"{name}: outside 4-bit range"
             scales = params["scales"].float().numpy()
@@ -138,12 +140,12 @@ def main() -> None:
 
     import torch
     from conftest import make_ctx, run_pass
+    from toy_decoder import build_decoder, corpus
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from xformopt.decoder.perplexity import load_token_lists, perplexity
-    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
-    from toy_decoder import build_decoder, corpus
     from xformopt.models import load_tokenizer
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 
     root = Path(tempfile.mkdtemp(prefix="xformopt-int4-quality-"))
 

@@ -31,12 +31,12 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=32)
     args = parser.parse_args()
 
-    from xformopt.scoring.metrics import row_cosine
     from xformopt.measure.kernel_probe import int8_gemm_saturates
     from xformopt.models import resolve
     from xformopt.passes.quantize import _dynamic
-    from xformopt.runtime.encoder import OrtPredictor
     from xformopt.resources import vader_split_path
+    from xformopt.runtime.encoder import OrtPredictor
+    from xformopt.scoring.metrics import row_cosine
 
     spec = resolve(str(args.stage))
     lines = vader_split_path("test").read_text(encoding="utf-8").splitlines()[: args.texts]

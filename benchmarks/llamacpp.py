@@ -208,8 +208,8 @@ def main() -> None:
     if args.artifact is None:
         parser.error("--artifact is required")
 
-    from xformopt.measure.host import host_info
     from xformopt.gguf_source import packaged_file
+    from xformopt.measure.host import host_info
 
     shipped = args.gguf or packaged_file("smollm2", log)[0]
     work = args.work or Path(tempfile.mkdtemp(prefix="xformopt-llamacpp-"))

@@ -25,8 +25,8 @@ def main() -> None:
     from transformers import ModernBertConfig, ModernBertModel
 
     from xformopt import models, pipeline, targets
-    from xformopt.measure import host
     from xformopt.exporting import compare
+    from xformopt.measure import host
     from xformopt.passes import get_pass
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 

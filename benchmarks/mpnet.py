@@ -90,12 +90,11 @@ def main() -> None:
 
     import numpy as np
 
-    from xformopt.bench.optimum_reference import optimum_dynamic_int8
-
     from xformopt import models, targets, tasks
+    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+    from xformopt.data import load_text_dataset
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.measure.modes import real
-    from xformopt.data import load_text_dataset
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 

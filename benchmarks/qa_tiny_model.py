@@ -18,9 +18,9 @@ from qa_helpers import make_rows, train_tiny_qa, write_jsonl
 
 
 def main() -> None:
-    from transformers import BertTokenizerFast
-
     import argparse
+
+    from transformers import BertTokenizerFast
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir", type=Path)

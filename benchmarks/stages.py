@@ -29,8 +29,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt import models, recipe, targets
-    from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.evaluate.run import evaluate_stages
+    from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.pipeline import load_heldout, run_passes, verification_context
 
     r = recipe.load(args.recipe)

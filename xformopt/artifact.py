@@ -37,9 +37,10 @@ def _overlaps(a: Path, b: Path) -> bool:
 def check_output(out: Path, force: bool, protected: tuple = ()) -> None:
     """Fail before any work when ``out`` cannot safely become the output folder.
 
-    Refused: an existing output without --force; a file even with --force; a symbolic link (replacing it would swap the link, not its target: name the real path); a path
-    under a file or an unwritable folder; and a path equal to, inside, or holding any ``protected``
-    path (the input model, the data files, the cache), which --force would otherwise delete.
+    Refused: an existing output without --force; a file even with --force; a symbolic link (replacing
+    it would swap the link, not its target: name the real path); a path under a file or an unwritable
+    folder; and a path equal to, inside, or holding any ``protected`` path (the input model, the data
+    files, the cache), which --force would otherwise delete.
     """
     out = Path(out)
     if out.is_symlink():

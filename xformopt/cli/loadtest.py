@@ -50,10 +50,12 @@ def register(app: typer.Typer) -> None:
         duration: Annotated[float, typer.Option("--duration", min=0.5, help="Seconds per rate.")] = 10.0,
         warmup: Annotated[float, typer.Option("--warmup", min=0, help="Seconds of warm-up at the first rate (not reported).")] = 3.0,
         p99_ms: Annotated[float, typer.Option("--p99-ms", min=0.1, help="The p99 bound the sustainable rate keeps.")] = 50.0,
-        data: Annotated[Path, typer.Option("--data", metavar="FILE", help="Texts to send (any format --data takes elsewhere) [default: vendored VADER test split].")] = None,
+        data: Annotated[Path, typer.Option("--data", metavar="FILE", help="Texts to send (any format --data takes "
+            "elsewhere) [default: vendored VADER test split].")] = None,
         concurrency_limit: Annotated[int, typer.Option("--concurrency-limit", min=1, help="Requests in flight at most (waiting counts as latency).")] = None,
         out: Annotated[Path, typer.Option("--out", "-o", metavar="DIR", help="Write loadtest.json, loadtest.md, loadtest.png here.")] = None,
-        compare: Annotated[str, typer.Option("--compare", metavar="URL2", help="A second server (URL or artifact), run in the same interleaved ladder.")] = None,
+        compare: Annotated[str, typer.Option("--compare", metavar="URL2", help="A second server (URL or artifact), "
+            "run in the same interleaved ladder.")] = None,
         serve_args: Annotated[str, typer.Option("--serve-args", help="Options for `xformopt serve` when TARGET is an artifact, e.g. '--max-batch 1'.")] = "",
         route: Annotated[str, typer.Option("--route", help="Path to POST to [default: from the server's /info].")] = None,
         field_name: Annotated[str, typer.Option("--field", help="JSON field holding the text [default: from /info].")] = None,

@@ -59,7 +59,8 @@ def latency_modes(latency_mode: str | None, mode: str | None) -> str | None:
 def optimize(
     model: opt.Model = "minilm",
     out: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Artifact directory [default: xformopt-out/MODEL]."),
-    target: str = typer.Option(None, "--target", "-t", help="Hardware profile (auto, avx2, avx512, avx512_vnni, avx_vnni, arm64) [default: the recipe's, auto]."),
+    target: str = typer.Option(None, "--target", "-t", help="Hardware profile (auto, avx2, avx512, avx512_vnni, "
+        "avx_vnni, arm64) [default: the recipe's, auto]."),
     recipe_name: str = typer.Option(None, "--recipe", "-r", help="Shipped recipe name or YAML path [default: export -> fuse -> dynamic INT8]."),
     task: opt.Task = None,
     data: Path = typer.Option(None, "--data", metavar="FILE", help="Held-out CSV/TSV/JSONL/datasets dir [default: vendored VADER test split]."),
@@ -74,8 +75,10 @@ def optimize(
     batch: str = typer.Option(None, "--batch", help="Batch sizes for fixed/throughput, e.g. 1,8,32."),
     seq: str = typer.Option(None, "--seq", help="Sequence lengths for fixed mode, e.g. 32,128,512."),
     train_data: Path = typer.Option(None, "--train-data", metavar="FILE", help="Your training rows for prune and distill [default: vendored train split]."),
-    validation_data: Path = typer.Option(None, "--validation-data", metavar="FILE", help="Your validation rows for distill's evaluation and the INT8 accuracy budget [default: vendored validation split]."),
-    calibration_data: Path = typer.Option(None, "--calibration-data", metavar="FILE", help="Your texts for static INT8 calibration [default: vendored train split]."),
+    validation_data: Path = typer.Option(None, "--validation-data", metavar="FILE", help="Your validation rows for "
+        "distill's evaluation and the INT8 accuracy budget [default: vendored validation split]."),
+    calibration_data: Path = typer.Option(None, "--calibration-data", metavar="FILE", help="Your texts for static "
+        "INT8 calibration [default: vendored train split]."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
     per_channel: bool = typer.Option(None, "--per-channel/--no-per-channel", help="Per-channel INT8 weight scales [default: the target's]."),
     min_agreement: opt.MinAgreement = None,

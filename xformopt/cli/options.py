@@ -52,7 +52,8 @@ MaxAccuracyDrop = Annotated[str, typer.Option(
     "--max-accuracy-drop", metavar="POINTS|PCT", callback=accuracy_drop,
     help="Accuracy budget: metric points (0.5 = 0.5 accuracy points, or 0.005 cosine) or relative to the reference ('1%').")]
 
-Model = Annotated[str, typer.Argument(metavar="MODEL", help="Local Hugging Face folder, cached hub id, or alias (minilm, mpnet, bert-base, distilbert, roberta-base).")]
+Model = Annotated[str, typer.Argument(metavar="MODEL", help="Local Hugging Face folder, cached hub id, or alias "
+    "(minilm, mpnet, bert-base, distilbert, roberta-base).")]
 MinAgreement = Annotated[float, typer.Option(
     "--min-agreement", min=0.0, max=1.0, metavar="FLOOR",
     help="INT8 agreement floor with the float graph (cosine, or the task's measure) [default: 0.99 embeddings, 0.9 otherwise].")]

@@ -78,14 +78,16 @@ def fuse(
 def quantize(
     stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX stage directory (the -o of `xformopt export` or `fuse`).")],
     out: opt.StageOut,
-    mode: Literal["dynamic", "static", "int4"] = typer.Option("dynamic", "--mode", help="dynamic (activations quantized at run time), static (calibrated) or int4 (4-bit weight-only decoders)."),
+    mode: Literal["dynamic", "static", "int4"] = typer.Option("dynamic", "--mode", help="dynamic (activations "
+        "quantized at run time), static (calibrated) or int4 (4-bit weight-only decoders)."),
     algorithm: str = typer.Option(None, "--algorithm", help="int4: rtn, hqq or gptq [default: rtn]."),
     block_size: int = typer.Option(None, "--block-size", help="int4: weights per scale [default: 32]."),
     keep_8bit: str = typer.Option(None, "--keep-8bit", help="int4: roles at 8 bits, comma-separated: lm_head, attention_output, down_proj, qkv, mlp_in."),
     max_perplexity_increase: str = typer.Option(None, "--max-perplexity-increase", help="int4: perplexity budget vs float, e.g. '3%'."),
     calibration_data: Path = typer.Option(
         None, "--calibration-data", metavar="FILE", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
-    calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: minmax, entropy or percentile."),
+    calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: "
+        "minmax, entropy or percentile."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
     min_agreement: opt.MinAgreement = None,
     target: opt.Target = "auto",
@@ -150,9 +152,12 @@ def prune(
 def distill(
     model: Annotated[str, typer.Argument(metavar="MODEL", help="The student: a pruned model folder, or the teacher itself (a layer-dropped copy is trained).")],
     out: opt.StageOut,
-    teacher: Path = typer.Option(None, "--teacher", metavar="DIR", help="Teacher model folder [default: the model named in MODEL's manifest.json, else MODEL itself]."),
-    student_layers: int = typer.Option(None, "--student-layers", help="Keep this many student layers (evenly spaced) [default: half when cut from the teacher]."),
-    train_data: Path = typer.Option(None, "--train-data", metavar="FILE", help="Training texts, labels optional (same formats as --data) [default: vendored train split]."),
+    teacher: Path = typer.Option(None, "--teacher", metavar="DIR", help="Teacher model folder [default: the model "
+        "named in MODEL's manifest.json, else MODEL itself]."),
+    student_layers: int = typer.Option(None, "--student-layers", help="Keep this many student layers (evenly spaced) "
+        "[default: half when cut from the teacher]."),
+    train_data: Path = typer.Option(None, "--train-data", metavar="FILE", help="Training texts, labels optional "
+        "(same formats as --data) [default: vendored train split]."),
     eval_data: Path = typer.Option(None, "--eval-data", metavar="FILE", help="Rows for evaluation and early stopping [default: vendored validation split]."),
     text_column: str = typer.Option(None, "--text-column", help="Text column of --train-data/--eval-data [default: guessed]."),
     label_column: str = typer.Option(None, "--label-column", help="Label column [default: guessed]; '' trains on texts only."),

@@ -37,7 +37,8 @@ OUTPUT_FILES = ("profile.json", "profile.md", "trace.json")
 
 
 def profile(
-    artifact: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize`, or of a single-pass ONNX command (export, fuse, quantize).")],
+    artifact: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize`, or of a "
+        "single-pass ONNX command (export, fuse, quantize).")],
     data: Path = typer.Option(None, "--data", metavar="FILE", help="Held-out CSV/TSV/JSONL/datasets dir [default: the data the artifact's report used]."),
     text_column: opt.TextColumn = None,
     text_pair_column: opt.TextPairColumn = None,
@@ -48,7 +49,8 @@ def profile(
     threads: opt.Threads = None,
     seed: int = typer.Option(None, "--seed", min=0, max=2**32 - 1, help="Which texts make the requests [default: the report's]."),
     out: Path = typer.Option(None, "--out", "-o", metavar="DIR", help="Write profile.json, profile.md, profile.png and ORT's trace.json here (atomically)."),
-    remeasure_peak: bool = typer.Option(False, "--remeasure-peak", help="Measure this host's GEMM peak again (it is cached per host; one taken on a busy machine is low)."),
+    remeasure_peak: bool = typer.Option(False, "--remeasure-peak", help="Measure this host's GEMM peak again (it is "
+        "cached per host; one taken on a busy machine is low)."),
     force: opt.Force = False,
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,

@@ -51,7 +51,8 @@ def load_report(directory: Path) -> tuple[dict, Path]:
 
 
 def report(
-    directory: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize` (report.json), or of a single-pass command (manifest.json).")],
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="The -o folder of `xformopt optimize` "
+        "(report.json), or of a single-pass command (manifest.json).")],
     as_json: bool = typer.Option(False, "--json", help="Print report.json as one JSON document on stdout."),
     as_markdown: bool = typer.Option(False, "--markdown", help="Print the GitHub-flavoured Markdown (report.md) on stdout."),
     quiet: opt.Quiet = False,

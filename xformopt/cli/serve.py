@@ -41,15 +41,19 @@ def register(app: typer.Typer) -> None:
         max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, help="How long a batch's first request waits for others.")] = 5.0,
         threads: opt.Threads = None,
         cache_size: Annotated[int, typer.Option("--cache-size", min=0, help="Results (and tokenized inputs) cached; 0: off.")] = 10_000,
-        api_key_env: Annotated[str, typer.Option("--api-key-env", metavar="VAR", help="Environment variable holding the API key (clients send Authorization: Bearer KEY).")] = None,
+        api_key_env: Annotated[str, typer.Option("--api-key-env", metavar="VAR", help="Environment variable holding "
+            "the API key (clients send Authorization: Bearer KEY).")] = None,
         json_logs: Annotated[bool, typer.Option("--json-logs", help="Log lines on stderr as JSON objects.")] = False,
         max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Inputs waiting at most; more get 503 + Retry-After.")] = 1024,
         timeout_ms: Annotated[float, typer.Option("--timeout-ms", min=1, help="A request's deadline (504 after it).")] = 10_000,
         max_inputs: Annotated[int, typer.Option("--max-inputs", min=1, help="Inputs per request at most (422 beyond).")] = 256,
         max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Request body limit (413 beyond).")] = 1 << 20,
-        ray: Annotated[str, typer.Option("--ray", metavar="ADDRESS", help="Run as a Ray Serve deployment: 'local' (a new Ray head on this machine), 'auto', or ray://HOST:PORT (needs the serve extra).")] = None,
+        ray: Annotated[str, typer.Option("--ray", metavar="ADDRESS", help="Run as a Ray Serve deployment: 'local' (a "
+            "new Ray head on this machine), 'auto', or ray://HOST:PORT (needs the serve extra).")] = None,
         replicas: Annotated[int, typer.Option("--replicas", min=1, help="Ray Serve replicas (with --ray).")] = 1,
-        int8_scales: Annotated[str, typer.Option("--int8-scales", help="Dynamic-INT8 graphs: per-token (one activation scale per token: an answer does not depend on its batch mates) or per-tensor (the graph as exported: one scale per batch).")] = "per-token",
+        int8_scales: Annotated[str, typer.Option("--int8-scales", help="Dynamic-INT8 graphs: per-token (one "
+            "activation scale per token: an answer does not depend on its batch mates) or per-tensor (the graph as "
+            "exported: one scale per batch).")] = "per-token",
         quiet: opt.Quiet = False,
     ) -> None:
         """Serve an artifact over HTTP with dynamic batching and a result cache."""

@@ -45,7 +45,8 @@ def solo_repeats(predictor, texts: Sequence[str], pairs, *, rounds: int, warmup:
                      progress=step)["m"]
         samples.append(stats)
         medians.append(stats.median_ms)
-    pooled = {k: float(np.median([getattr(s, k) for s in samples])) for k in ("median_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "throughput_per_s")}
+    fields = ("median_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "throughput_per_s")
+    pooled = {k: float(np.median([getattr(s, k) for s in samples])) for k in fields}
     return {
         **pooled,
         "n": sum(s.n for s in samples),
