@@ -164,7 +164,7 @@ def test_ort_calib_max_intermediate_outputs_still_drops_chunks(fused_classifier,
 
 def fake_metric(harmful: set[str], drop_per_node: float = 1.0):
     """A budget evaluation (points, components) that drops by ``drop_per_node`` points for every
-    ``harmful`` node still quantized: patched over ``quantize.budget_evaluation``, which scores the float
+    ``harmful`` node still quantized: patched over ``int8_budget.budget_evaluation``, which scores the float
     graph and every candidate."""
     from xformopt.onnx_graph import load_graph, weighted_gemms
 
@@ -202,7 +202,7 @@ def test_budget_generous_no_fallback(fused_classifier, tiny_classifier, tmp_path
 @pytest.mark.host_sensitive
 def test_budget_falls_back_most_harmful_first(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
     import xformopt.passes.calibration as cal_mod
-    import xformopt.passes.quantize as q_mod
+    import xformopt.passes.int8_budget as q_mod
 
     names = gemm_names(fused_classifier[0])
     order = [names[3], names[0], names[5], names[1]] + [n for i, n in enumerate(names) if i not in (0, 1, 3, 5)]
@@ -224,7 +224,7 @@ def test_budget_falls_back_most_harmful_first(fused_classifier, tiny_classifier,
 
 
 def test_budget_relative_percent(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
-    import xformopt.passes.quantize as q_mod
+    import xformopt.passes.int8_budget as q_mod
 
     names = gemm_names(fused_classifier[0])
     monkeypatch.setattr(q_mod, "budget_evaluation", fake_metric({names[0]}, drop_per_node=0.8))  # 0.8 of 90 points
@@ -235,7 +235,7 @@ def test_budget_relative_percent(fused_classifier, tiny_classifier, tmp_path, sa
 
 
 def test_budget_unmet_writes_artifact_and_exits_1(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch, capsys):
-    import xformopt.passes.quantize as q_mod
+    import xformopt.passes.int8_budget as q_mod
 
     names = gemm_names(fused_classifier[0])
     monkeypatch.setattr(q_mod, "budget_evaluation", fake_metric(set(names)))  # every node hurts: half in float is not enough
@@ -253,7 +253,8 @@ def test_budget_unmet_writes_artifact_and_exits_1(fused_classifier, tiny_classif
 
 
 def test_budget_option_validation():
-    from xformopt.passes.quantize import QuantizeOptions, allowed_drop
+    from xformopt.passes.int8_budget import allowed_drop
+    from xformopt.passes.quantize import QuantizeOptions
 
     assert QuantizeOptions(max_accuracy_drop="0.5").max_accuracy_drop == 0.5
     assert QuantizeOptions(max_accuracy_drop="2%").max_accuracy_drop == "2%"
