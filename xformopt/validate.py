@@ -9,7 +9,7 @@ import math
 import struct
 from pathlib import Path
 
-from xformopt import tasks
+from xformopt import tasks, weight_coverage
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
 
@@ -299,7 +299,6 @@ def check_complete(model, path: Path, task: str, shapes: dict) -> None:
     """Every tensor MODEL needs is in the checkpoint, but a task head the task starts afresh: the
     ones transformers would fill at random (a shard index listing only some tensors, a truncated
     conversion) refused by name."""
-    from xformopt import tasks, weight_coverage
 
     lacking = weight_coverage.missing(model, shapes)
     fresh = weight_coverage.fresh_head(model, shapes, head_may_be_fresh=tasks.get(task).head_may_be_fresh)

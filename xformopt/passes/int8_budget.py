@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from xformopt import accuracy_budget, progress
 from xformopt.onnx_graph import load_graph, weighted_gemms
 from xformopt.passes import calibration as cal
-from xformopt.passes.base import PassContext
+from xformopt.passes.base import PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 from xformopt.runtime.encoder import OrtPredictor
-
-if TYPE_CHECKING:  # the options class lives in quantize.py, which imports this module
-    from xformopt.passes.quantize import QuantizeOptions
 
 
 def allowed_drop(budget: float | str, float_points: float) -> float:
@@ -55,7 +51,7 @@ def float_reference(ctx: PassContext, src: Path, dataset) -> np.ndarray:
 TIMING_TOLERANCE = 0.05
 
 
-def budget_search(ctx, options: QuantizeOptions, formats: dict, src: Path, work: Path, build, prepared: Path,
+def budget_search(ctx, options: PassOptions, formats: dict, src: Path, work: Path, build, prepared: Path,
                   ranges: dict | None, harm_reader) -> tuple[Path, dict]:
     """Return the most harmful GEMMs to float until the metric drop fits the budget; the fastest passing wins."""
     task = ctx.spec.task_def

@@ -22,8 +22,11 @@ from xformopt import progress
 from xformopt.errors import InputError, PassFailed
 from xformopt.profiling import layers as layer_map
 from xformopt.profiling import ops
+from xformopt.profiling.peak import gemm_peak
 from xformopt.profiling.trace import load_events
 from xformopt.profiling.trace import runs as trace_runs
+from xformopt.runtime.encoder import OrtPredictor
+from xformopt.runtime.session import ort_feed, ort_session
 
 SCHEMA = "xformopt.profile/1"
 NAMED_SHARES = ("gemm", "attention", "layer norm", "tokenization")
@@ -71,8 +74,6 @@ def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[s
     and peak, the path of ORT's trace file in ``workdir``)."""
     import onnx
 
-    from xformopt.runtime.encoder import OrtPredictor
-    from xformopt.runtime.session import ort_feed, ort_session
 
     if not texts:
         raise InputError("no texts to profile on; pass --data FILE with a text column")
@@ -231,7 +232,6 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
 def add_peak(doc: dict, threads: int, log: Log = lambda m: None, *, remeasure: bool = False) -> dict:
     """The host's GEMM peak into ``doc``; a cached peak that this profile's GEMMs beat was measured
     on a busier host, so it is measured again (once) before comparing."""
-    from xformopt.profiling.peak import gemm_peak
 
     attach_peak(doc, gemm_peak(threads, log, remeasure=remeasure))
     if not remeasure and any((row.get("fraction_of_peak") or 0) > 1 for row in doc["gemm_throughput"]):

@@ -20,6 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from xformopt.atomic import write_json
+from xformopt.cache import cache_root
 from xformopt.locks import Lock
 from xformopt.measure import host
 
@@ -33,7 +34,6 @@ Log = Callable[[str], None]
 
 
 def peak_dir() -> Path:
-    from xformopt.cache import cache_root
 
     return cache_root().parent / "gemm-peak"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from xformopt.plot_style import DPI, PALETTE, STYLE
+
 PLOT = "profile.png"
 
 
@@ -104,7 +106,6 @@ def write_plot(doc: dict, path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from xformopt.plot_style import DPI, PALETTE, STYLE
 
     panels = [
         ("per request, by part", [(r["part"], r["ms"]) for r in doc["breakdown"]]),

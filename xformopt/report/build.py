@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from xformopt.measure.host import host_fingerprint
+from xformopt.measure.memory import process_peak_mb
 from xformopt.report.schema import REPORT_SCHEMA
 from xformopt.runtime.session import thread_pool_setting
 
@@ -66,7 +67,6 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
 def memory_summary(stages, evaluation: dict) -> dict:
     """The run's peak resident memory and where it was reached (xformopt/measure/memory.py): each pass,
     the evaluation of all stages together (``evaluation["memory"]``, set by the pipeline)."""
-    from xformopt.measure.memory import process_peak_mb
 
     blocks = {stage.name: stage.record.memory for stage in stages if stage.record and stage.record.memory}
     if evaluation.get("memory"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from xformopt.profiling.render import summary_lines
 from xformopt.report.cells import (
     DASH,
     artifact_text,
@@ -45,7 +46,6 @@ def _profile_lines(profile: dict | None) -> list[str]:
     title = f"#### Where the time goes ({profile.get('stage', 'final stage')}, ONNX Runtime's profiler)"
     if "error" in profile:
         return [title, "", f"- not profiled: {profile['error']}", ""]
-    from xformopt.profiling.render import summary_lines
 
     return [title, "", *summary_lines(profile), ""]
 

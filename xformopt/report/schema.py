@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from xformopt import tasks
 from xformopt.errors import InputError
 
 # Versioned: a field is never renamed or removed within a version, so CI jobs that read the JSON keep working.
@@ -113,7 +114,6 @@ _SLACK = 1e-6  # float rounding at a bound (a perplexity of 0.9999999 from an NL
 
 def metric_bounds(name: str) -> tuple[float, float]:
     """The values metric NAME can take (xformopt.tasks' Metric.bounds); unbounded when no task reports it."""
-    from xformopt import tasks
 
     metric = tasks.metric_info().get(name)
     return metric.bounds if metric is not None else (-math.inf, math.inf)
