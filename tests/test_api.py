@@ -48,11 +48,11 @@ def test_import_is_lazy_and_exports_the_api():
 
 
 def test_bench_and_search_are_callable_packages():
-    import xformopt.bench.gate
+    import xformopt.bench.measure
     import xformopt.search.space
 
     assert callable(xformopt.bench) and callable(xformopt.search)
-    assert xformopt.bench.gate.BENCH_SCHEMA.startswith("xformopt.bench/")  # still the subpackage
+    assert xformopt.bench.measure.BENCH_SCHEMA.startswith("xformopt.bench/")  # still the subpackage
     with pytest.raises(InputError, match="artifact not found|no manifest|not found"):
         xformopt.bench("/nonexistent/artifact")  # the call is api.bench
 
