@@ -18,7 +18,7 @@ from xformopt.cli import output
 ROOT = Path(__file__).resolve().parents[1]
 
 LEAF_COMMANDS = [["optimize"], ["bench"], ["report"], ["export"], ["fuse"], ["quantize"], ["prune"], ["distill"],
-                 ["generate"], ["search"], ["profile"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
+                 ["generate"], ["search"], ["profile"], ["serve"], ["loadtest"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
                  ["targets", "detect"], ["passes", "list"], ["cache", "list"], ["cache", "verify"], ["cache", "prune"],
                  ["cache", "clear"]]
 
@@ -121,7 +121,7 @@ def test_argument_metavars_are_consistent(capsys):
     assert names["optimize"] == ["[MODEL]"]
     assert names["export"] == names["prune"] == names["distill"] == ["MODEL"]
     assert names["fuse"] == names["quantize"] == names["bench"] == names["report"] == ["DIR"]
-    assert names["generate"] == ["DIR", "PROMPT"]
+    assert names["generate"] == ["DIR", "[PROMPT]"]  # optional: --chat instead
 
 
 def test_optimize_mode_is_a_deprecated_alias_of_latency_mode(tmp_path, capsys):

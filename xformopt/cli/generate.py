@@ -48,7 +48,7 @@ class Streamer:
 
 def generate(
     artifact: Path = typer.Argument(..., metavar="DIR", help="Decoder artifact directory (model.onnx, tokenizer, config)."),
-    prompt: str = typer.Argument(None, metavar="[PROMPT]", help="The text to continue (or --chat)."),
+    prompt: str = typer.Argument(None, metavar="PROMPT", help="The text to continue (or --chat)."),
     chat: str = typer.Option(None, "--chat", help="A user message, put through the model's chat template; the answer streams."),
     system: str = typer.Option(None, "--system", help="With --chat: the system prompt (else the template's default)."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop once the output contains this string (repeatable; kept "
