@@ -86,6 +86,9 @@ def test_auth_health_info_metrics_and_openapi(embedder_server):
     info = httpx.get(f"{url}/info", headers=AUTH).json()
     assert info["task"] == "feature-extraction" and info["model"] == "tiny" and info["max_tokens"] == 32
     assert info["settings"]["auth"] is True and KEY not in json.dumps(info)
+    batching = info["batching"]  # no flags: measured at start-up, the timings shown
+    assert batching["source"] == {"max_batch": "measured", "max_wait_ms": "measured"}
+    assert str(batching["max_batch"]) in batching["session_call_ms"] and batching["max_wait_ms"] > 0
     page = httpx.get(f"{url}/metrics", headers=AUTH).text
     assert metric(page, "xformopt_requests_total", route="/embed", status="401") >= 3
     schema = httpx.get(f"{url}/openapi.json", headers=AUTH).json()
@@ -148,6 +151,10 @@ def test_bad_inputs_get_one_json_error_line(classifier_server):
         assert "Traceback" not in r.text
     pair = httpx.post(url, json={"inputs": ["a good film", "a bad film"]}).json()
     assert isinstance(pair[0], dict)  # TEI: two texts are one (text, text_pair) input
+    batch = httpx.post(url, json={"inputs": [["a good film", "a bad film"], "a good film"]}).json()
+    assert batch[0] == pair and isinstance(batch[1], list) and batch[1] != pair
+    info = httpx.get(f"{classifier_server.url}/info").json()["batching"]
+    assert info["source"] == {"max_batch": "flag", "max_wait_ms": "flag"} and info["max_batch"] == 16
 
 
 def test_result_cache_hits_and_cache_size_zero_turns_it_off(classifier_server, served_classifier):

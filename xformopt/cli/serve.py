@@ -20,7 +20,7 @@ from xformopt.serve.scheduler import Settings
 EXAMPLES = """
 Examples:
 
-    xformopt serve out/                                    # 127.0.0.1:8080, batches of up to 32, 5 ms wait
+    xformopt serve out/                                    # 127.0.0.1:8080, batching measured at start-up
     xformopt serve out/ --max-batch 1                      # one request per session call (no batching)
     API_KEY=secret xformopt serve out/ --host 0.0.0.0 --api-key-env API_KEY
     xformopt serve out/ --ray local --replicas 2           # Ray Serve on a new local Ray head
@@ -37,8 +37,10 @@ def register(app: typer.Typer) -> None:
         artifact: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX artifact (the -o folder of `xformopt optimize`).")],
         host: Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key-env or gets a loud warning.")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: any free port).")] = 8080,
-        max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Inputs per batch and rows per session call (1: no batching).")] = 32,
-        max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, help="How long a batch's first request waits for others.")] = 5.0,
+        max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Inputs per batch and rows per session call "
+            "(1: no batching) [default: measured at start-up: the session timed at a few batch sizes, see /info].")] = None,
+        max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, help="How long a batch's first request waits "
+            "for others [default: measured at start-up: one batch-1 session call].")] = None,
         threads: opt.Threads = None,
         cache_size: Annotated[int, typer.Option("--cache-size", min=0, help="Results (and tokenized inputs) cached; 0: off.")] = 10_000,
         api_key_env: Annotated[str, typer.Option("--api-key-env", metavar="VAR", help="Environment variable holding "
@@ -72,8 +74,10 @@ def register(app: typer.Typer) -> None:
             return
 
         app = create_app(config)
-        output.log(f"serving {artifact} on http://{host}:{port} (max batch {max_batch}, max wait {max_wait_ms:g} ms, "
-                   f"cache {cache_size}); SIGTERM or Ctrl-C drains and stops")
+        batching = "batching measured at start-up" if max_batch is None or max_wait_ms is None else \
+            f"max batch {max_batch}, max wait {max_wait_ms:g} ms"
+        output.log(f"serving {artifact} on http://{host}:{port} ({batching}, cache {cache_size}); SIGTERM or Ctrl-C "
+                   "drains and stops")
         if not server.run(app, host, port, json_logs):
             raise PassFailed(f"the server did not start on {host}:{port} (see the log above)")
 
@@ -90,7 +94,7 @@ def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, ap
                              f"export {api_key_env}=KEY first")
     if int8_scales not in INT8_SCALES:
         raise InputError(f"--int8-scales {int8_scales}: choose one of {', '.join(INT8_SCALES)}")
-    if max_queue < max_batch:
+    if max_batch is not None and max_queue < max_batch:
         raise InputError(f"--max-queue {max_queue} is smaller than --max-batch {max_batch}; give a queue of at least one batch")
     settings = Settings(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, timeout_s=timeout_ms / 1000,
                         cache_size=cache_size)
