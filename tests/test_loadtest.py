@@ -167,6 +167,9 @@ def test_recovery_is_the_first_window_from_which_every_window_is_good():
 
     outcomes = window(10.0, "503") + window(11.0, latency=0.5) + window(12.0) + window(13.0, "504") + window(14.0) \
         + window(15.0) + window(16.0)
-    assert recovery_time(outcomes, end=10.0, until=17.0, p99_ms=100) == 4.0  # 13-14 had a 504
-    assert recovery_time(outcomes[:-5] + window(16.0, latency=1.0), end=10.0, until=17.0, p99_ms=100) is None
-    assert recovery_time(window(10.0) + window(11.0), end=10.0, until=12.0, p99_ms=100) == 0.0
+    assert recovery_time(outcomes, end=10.0, until=17.0, bound_ms=100) == 4.0  # 13-14 had a 504
+    assert recovery_time(outcomes[:-5] + window(16.0, latency=1.0), end=10.0, until=17.0, bound_ms=100) is None
+    assert recovery_time(window(10.0) + window(11.0), end=10.0, until=12.0, bound_ms=100) == 0.0
+    one_slow = window(10.0, n=4) + window(10.5, latency=0.5, n=1) + window(11.0)  # one slow request in 10-11
+    assert recovery_time(one_slow, end=10.0, until=12.0, bound_ms=100, q=50) == 0.0
+    assert recovery_time(one_slow, end=10.0, until=12.0, bound_ms=100, q=99) == 1.0

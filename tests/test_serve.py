@@ -193,6 +193,25 @@ def test_overload_answers_every_request_with_200_or_503(served_classifier):
         assert httpx.post(f"{server.url}/predict", json={"inputs": ["after"]}).status_code == 200
 
 
+def test_the_queue_holds_at_most_max_queue_s_of_work_at_the_measured_rate(served_classifier):
+    """A long queue (max_queue 1024) still refuses once the waiting inputs are more than max_queue_s of work
+    at the rate batches run (here 1 input per 50 ms call: 0.2 s is about 4 inputs), so an overload leaves a
+    short backlog; every request gets 200 or 503."""
+    config = ServeConfig(str(served_classifier), threads=1,
+                         scheduler=Settings(max_batch=1, max_wait_ms=0, max_queue=1024, max_queue_s=0.2, cache_size=0))
+    with ServerThread(create_app(config, slowed_factory(seconds=0.05))) as server:
+        async def fire():
+            async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+                first = await client.post(f"{server.url}/predict", json={"inputs": ["measure the rate"]})
+                rest = await asyncio.gather(*(client.post(f"{server.url}/predict", json={"inputs": [f"text {i}"]})
+                                              for i in range(60)))
+                return [first, *rest]
+
+        statuses = [r.status_code for r in asyncio.run(fire())]
+        assert set(statuses) <= {200, 503} and statuses[0] == 200
+        assert statuses.count(503) > 0 and statuses.count(200) >= 4  # refused long before 1024 were queued
+
+
 def test_deadline_gives_504_and_a_failing_batch_500_while_serving_goes_on(served_classifier):
     config = ServeConfig(str(served_classifier), threads=1,
                          scheduler=Settings(max_batch=1, max_wait_ms=0, timeout_s=0.2, cache_size=0))

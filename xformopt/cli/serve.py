@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
             "the API key (clients send Authorization: Bearer KEY).")] = None,
         json_logs: Annotated[bool, typer.Option("--json-logs", help="Log lines on stderr as JSON objects.")] = False,
         max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Inputs waiting at most; more get 503 + Retry-After.")] = 1024,
+        max_queue_ms: Annotated[float, typer.Option("--max-queue-ms", min=0, help="Work waiting at most, in ms at the "
+            "rate batches run (0: no such bound); more get 503 + Retry-After, so an overload leaves a short backlog.")] = 1000,
         timeout_ms: Annotated[float, typer.Option("--timeout-ms", min=1, help="A request's deadline (504 after it).")] = 10_000,
         max_inputs: Annotated[int, typer.Option("--max-inputs", min=1, help="Inputs per request at most (422 beyond).")] = 256,
         max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Request body limit (413 beyond).")] = 1 << 20,
@@ -61,7 +63,7 @@ def register(app: typer.Typer) -> None:
         """Serve an artifact over HTTP with dynamic batching and a result cache."""
 
         config = build_config(artifact, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue,
-                              timeout_ms, max_inputs, max_body_bytes, int8_scales)
+                              timeout_ms, max_inputs, max_body_bytes, int8_scales, max_queue_ms)
         warning = server.open_bind_warning(host, config.api_key is not None)
         if warning:
             output.stderr.print(warning, style="bold red", highlight=False, markup=False)
@@ -83,7 +85,7 @@ def register(app: typer.Typer) -> None:
 
 
 def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue, timeout_ms,
-                 max_inputs, max_body_bytes, int8_scales="per-token"):
+                 max_inputs, max_body_bytes, int8_scales="per-token", max_queue_ms=1000.0):
 
     artifact_spec(artifact)  # bad artifacts fail here, before anything binds
     key = None
@@ -96,7 +98,7 @@ def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, ap
         raise InputError(f"--int8-scales {int8_scales}: choose one of {', '.join(INT8_SCALES)}")
     if max_batch is not None and max_queue < max_batch:
         raise InputError(f"--max-queue {max_queue} is smaller than --max-batch {max_batch}; give a queue of at least one batch")
-    settings = Settings(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, timeout_s=timeout_ms / 1000,
-                        cache_size=cache_size)
+    settings = Settings(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                        max_queue_s=max_queue_ms / 1000, timeout_s=timeout_ms / 1000, cache_size=cache_size)
     return ServeConfig(str(Path(artifact).resolve()), threads or usable_cpus(), settings, key, max_body_bytes, max_inputs,
                        Path(artifact).resolve().name, int8_scales)

@@ -8,7 +8,8 @@ sustainable rate) for ``recovery_s`` seconds. What it reports:
 - the server's resident memory over time (its /metrics ``process_resident_memory_bytes``, sampled
   every ``RSS_EVERY_S``), against its idle size before the run;
 - **recovery**: the time from the end of the overload to the start of the first one-second window
-  (by scheduled send time) from which every later window is all-200 with p99 within the bound.
+  (by scheduled send time) from which every later window is all-200 with its median latency within
+  the bound (the backlog is gone); the same with each window's p99 is reported beside it.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ async def resident_bytes(session, metrics_url: str, headers: dict) -> float | No
     return float(found.group(1)) if found else None
 
 
-def recovery_time(outcomes: list[Outcome], end: float, until: float, p99_ms: float) -> float | None:
-    """Seconds after ``end`` (loop time) until every later full window is all-200 within ``p99_ms``."""
+def recovery_time(outcomes: list[Outcome], end: float, until: float, bound_ms: float, q: float = 50) -> float | None:
+    """Seconds after ``end`` (loop time) until every later full window is all-200 with its ``q``-th latency
+    percentile within ``bound_ms``."""
     windows = int((until - end) // WINDOW_S)
     good = []
     for k in range(windows):
@@ -48,7 +50,7 @@ def recovery_time(outcomes: list[Outcome], end: float, until: float, p99_ms: flo
         inside = [o for o in outcomes if lo <= o.scheduled < hi]
         latency = [(o.done - o.scheduled) * 1000 for o in inside]
         good.append(bool(inside) and all(o.status == "200" for o in inside)
-                    and float(np.percentile(latency, 99)) <= p99_ms)
+                    and float(np.percentile(latency, q)) <= bound_ms)
     for k in range(windows):
         if all(good[k:]):
             return k * WINDOW_S
@@ -95,11 +97,15 @@ async def run(session, request: Request, metrics_url: str | None, headers: dict,
     lag = np.array([(o.started - o.scheduled) * 1000 for o in outcomes]) if outcomes else np.zeros(1)
     idle = idle_bytes or before
     peak = max((v for _, v in samples), default=None)
-    recovered = recovery_time(outcomes, end, start + over_s + recovery_s, p99_ms)
+    until = start + over_s + recovery_s
+    # Recovered: the backlog is gone (every window all-200, its median within the bound). A one-second
+    # window holds ~100 requests, so its p99 is its slowest one: also reported, not the check.
+    recovered = recovery_time(outcomes, end, until, p99_ms, q=50)
+    recovered_p99 = recovery_time(outcomes, end, until, p99_ms, q=99)
     return {
         "over_rps": over_rps, "full_rps": full_rps, "over_s": over_s, "recovery_s_run": recovery_s, "p99_ms": p99_ms,
         "overload": {**_fates(in_over), "achieved_200_rps": round(sum(o.status == "200" for o in in_over) / over_s, 2)},
-        "recovery": {**_fates(in_back), "recovered_after_s": recovered},
+        "recovery": {**_fates(in_back), "recovered_after_s": recovered, "p99_recovered_after_s": recovered_p99},
         "lost": _fates(outcomes)["lost"], "hung": _fates(outcomes)["hung"],
         "memory": {"idle_bytes": idle, "before_bytes": before, "peak_bytes": peak,
                    "peak_over_idle": round(peak / idle, 3) if peak and idle else None,

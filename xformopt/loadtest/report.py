@@ -81,8 +81,9 @@ def overload_lines(o: dict) -> list[str]:
             f"{o['recovery_s_run']:g} s", "",
             f"- during the overload: {o['overload']['sent']} sent ({statuses}); 200s at "
             f"{o['overload']['achieved_200_rps']:g} req/s",
-            f"- after it: {o['recovery']['sent']} sent ({back}); back to all-200 with p99 <= {o['p99_ms']:g} ms after "
-            f"**{o['recovery']['recovered_after_s']} s**",
+            f"- after it: {o['recovery']['sent']} sent ({back}); back to all-200 with median <= {o['p99_ms']:g} ms "
+            f"after **{o['recovery']['recovered_after_s']} s** (every one-second window's p99 too: after "
+            f"{o['recovery'].get('p99_recovered_after_s')} s)",
             f"- lost (connection failed or reset): **{o['lost']}**; hung (no answer within the client's timeout): "
             f"**{o['hung']}**",
             f"- server memory: idle {mb(memory['idle_bytes'])}, peak {mb(memory['peak_bytes'])} "

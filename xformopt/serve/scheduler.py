@@ -7,8 +7,9 @@ are sorted by token length and cut into groups whose padding stays under ``max_p
 positions fed, so a long input does not make 31 short ones pay for its length; each group is one
 session call. Each request gets its own rows back, in order.
 
-The queue is bounded in inputs: a request that would overflow it is refused at once (``Overloaded``:
-503 with Retry-After), never buffered without bound. A request still unanswered at its deadline gets
+The queue is bounded in inputs and in seconds of work (inputs over the rate batches ran at lately): a
+request that would overflow it is refused at once (``Overloaded``: 503 with Retry-After), never
+buffered without bound. A request still unanswered at its deadline gets
 ``DeadlineExceeded`` (504) and its inputs are dropped from any batch not yet started. A session call
 that raises fails only that batch's requests; the scheduler keeps serving.
 
@@ -55,6 +56,7 @@ class Settings:
     max_batch: int | None = None  # inputs per batch (and rows per session call); None: measured at start
     max_wait_ms: float | None = None  # how long a batch's first request may wait for others; None: measured
     max_queue: int = 1024  # inputs waiting, at most
+    max_queue_s: float = 1.0  # ... and at most this much work waiting, at the measured rate (0: no such bound)
     timeout_s: float = 10.0  # a request's deadline, from arrival
     cache_size: int = 10_000  # results (and tokenized inputs) kept; 0: no caching
     max_padding: float = 0.25  # largest share of padding positions in one session call
@@ -157,7 +159,8 @@ class Scheduler:
             return answers
         if self._stopping:
             raise Overloaded(1)
-        if self._queued + len(missing) > self.settings.max_queue:
+        if self._queued + len(missing) > self.settings.max_queue or self._backlog_s(len(missing)) > \
+                (self.settings.max_queue_s or math.inf):
             raise Overloaded(self._retry_after())
         job = Job([items[i] for i in missing], truncate, finish, arrived, arrived + self.settings.timeout_s,
                   loop.create_future())
@@ -177,6 +180,12 @@ class Scheduler:
             answers[i] = answer
             self.results.put(key, answer)
         return answers
+
+    def _backlog_s(self, more: int) -> float:
+        """Seconds of work queued with ``more`` inputs, at the rate batches ran lately (0 before any ran).
+        Bounding it keeps the backlog an overload leaves behind short: the server is back to normal
+        latency within about that long after the overload ends (1024 queued inputs were 4-5 s of work)."""
+        return (self._queued + more) / self._rate if self._rate > 0 else 0.0
 
     def _retry_after(self) -> int:
         return max(1, math.ceil(self._queued / self._rate)) if self._rate > 0 else 1
