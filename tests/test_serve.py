@@ -36,7 +36,9 @@ def embedder_server(served_embedder):
 
 @pytest.fixture(scope="module")
 def classifier_server(served_classifier):
-    config = ServeConfig(str(served_classifier), threads=1, scheduler=Settings(max_batch=16, max_wait_ms=10),
+    # max_queue_s=0: the burst tests below send hundreds at once and check answers, not admission
+    config = ServeConfig(str(served_classifier), threads=1, scheduler=Settings(max_batch=16, max_wait_ms=10,
+                                                                               max_queue_s=0),
                          max_body_bytes=4096, max_inputs=8)
     with ServerThread(create_app(config)) as server:
         yield server

@@ -57,6 +57,19 @@ def recovery_time(outcomes: list[Outcome], end: float, until: float, bound_ms: f
     return None
 
 
+def windows(outcomes: list[Outcome], start: float, until: float) -> list[dict]:
+    """Per one-second window (by scheduled send time, from ``start``): requests, 200s, p50 and p99 ms."""
+    out = []
+    for k in range(int((until - start) // WINDOW_S)):
+        lo = start + k * WINDOW_S
+        inside = [o for o in outcomes if lo <= o.scheduled < lo + WINDOW_S]
+        latency = [(o.done - o.scheduled) * 1000 for o in inside] or [0.0]
+        out.append({"t_s": round(k * WINDOW_S, 1), "sent": len(inside), "ok": sum(o.status == "200" for o in inside),
+                    "p50_ms": round(float(np.percentile(latency, 50)), 1),
+                    "p99_ms": round(float(np.percentile(latency, 99)), 1)})
+    return out
+
+
 def _fates(outcomes: list[Outcome]) -> dict:
     statuses = Counter(o.status for o in outcomes)
     return {"sent": len(outcomes), "by_status": dict(sorted(statuses.items())),
@@ -105,7 +118,8 @@ async def run(session, request: Request, metrics_url: str | None, headers: dict,
     return {
         "over_rps": over_rps, "full_rps": full_rps, "over_s": over_s, "recovery_s_run": recovery_s, "p99_ms": p99_ms,
         "overload": {**_fates(in_over), "achieved_200_rps": round(sum(o.status == "200" for o in in_over) / over_s, 2)},
-        "recovery": {**_fates(in_back), "recovered_after_s": recovered, "p99_recovered_after_s": recovered_p99},
+        "recovery": {**_fates(in_back), "recovered_after_s": recovered, "p99_recovered_after_s": recovered_p99,
+                     "windows": windows(outcomes, end, until)},
         "lost": _fates(outcomes)["lost"], "hung": _fates(outcomes)["hung"],
         "memory": {"idle_bytes": idle, "before_bytes": before, "peak_bytes": peak,
                    "peak_over_idle": round(peak / idle, 3) if peak and idle else None,
