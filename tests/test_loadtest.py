@@ -103,3 +103,73 @@ def test_poisson_arrivals_have_the_offered_mean_rate(rate):
     times = arrival_times(rate, 20.0, random.Random(0))
     assert abs(len(times) / 20.0 - rate) < 4 * (rate / 20.0) ** 0.5  # within 4 standard deviations
     assert times == sorted(times) and times[-1] < 20.0
+
+
+def bounded_app(serial_s: float, max_waiting: int, idle_mb: float, busy_mb: float):
+    """Serves one request at a time (``serial_s`` each); more than ``max_waiting`` waiting get 503 at once;
+    texts starting 'hang' are never answered; /metrics reports ``idle_mb`` until the first request,
+    ``busy_mb`` after it."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, PlainTextResponse
+    from starlette.routing import Route
+
+    lock, state = asyncio.Lock(), {"waiting": 0, "seen": False}
+
+    async def predict(request):
+        body = await request.json()
+        state["seen"] = True
+        if body["inputs"].startswith("hang"):
+            await asyncio.sleep(3600)
+        if state["waiting"] >= max_waiting:
+            return JSONResponse({"error": "full"}, status_code=503, headers={"Retry-After": "1"})
+        state["waiting"] += 1
+        try:
+            async with lock:
+                await asyncio.sleep(serial_s)
+        finally:
+            state["waiting"] -= 1
+        return JSONResponse([{"label": "x", "score": 1.0}])
+
+    async def metrics(request):
+        rss = (busy_mb if state["seen"] else idle_mb) * 2**20
+        return PlainTextResponse(f"xformopt_batch_size_count 0\nprocess_resident_memory_bytes {rss:e}\n")
+
+    async def info(request):
+        return JSONResponse({"task": "text-classification"})
+
+    return Starlette(routes=[Route("/predict", predict, methods=["POST"]), Route("/info", info),
+                             Route("/health", info), Route("/metrics", metrics)])
+
+
+def test_overload_counts_every_fate_memory_against_idle_and_the_recovery():
+    texts = ["a", "b", "c", "d", "e", "f", "g", "hang h"]
+    with ServerThread(bounded_app(serial_s=0.01, max_waiting=4, idle_mb=100, busy_mb=180)) as server:
+        options = Options(rates=[20.0], duration_s=1.0, warmup_s=0.0, p99_ms=2000, seed=5, timeout_s=1.0,
+                          overload_rps=300.0, overload_s=2.0, recovery_s=4.0)
+        document = run([Target(server.url, "bounded")], texts, options, log=lambda m: None)
+    result = document["targets"][0]["overload"]
+    sent = result["overload"]["sent"] + result["recovery"]["sent"]
+    assert sent > 300 and result["lost"] == 0
+    # every eighth request hangs: exactly those time out at the client
+    assert result["hung"] == sum(result[p]["by_status"].get("timeout", 0) for p in ("overload", "recovery")) > 0
+    assert result["overload"]["by_status"].get("503", 0) > 0  # over capacity: refused, not queued
+    assert result["memory"]["idle_bytes"] == 100 * 2**20 and result["memory"]["peak_over_idle"] == pytest.approx(1.8)
+    assert result["checks"]["memory_within_1.5x_idle"] is False and result["checks"]["none_lost_or_hung"] is False
+    assert "### Overload: 300 req/s" in markdown(document)
+
+
+def test_recovery_is_the_first_window_from_which_every_window_is_good():
+    from xformopt.loadtest.generator import Outcome
+    from xformopt.loadtest.overload import recovery_time
+
+    def window(start, status="200", latency=0.01, n=5):
+        return [Outcome(start + i * 0.1, start + i * 0.1, start + i * 0.1 + latency, status) for i in range(n)]
+
+    outcomes = window(10.0, "503") + window(11.0, latency=0.5) + window(12.0) + window(13.0, "504") + window(14.0) \
+        + window(15.0) + window(16.0)
+    assert recovery_time(outcomes, end=10.0, until=17.0, bound_ms=100) == 4.0  # 13-14 had a 504
+    assert recovery_time(outcomes[:-5] + window(16.0, latency=1.0), end=10.0, until=17.0, bound_ms=100) is None
+    assert recovery_time(window(10.0) + window(11.0), end=10.0, until=12.0, bound_ms=100) == 0.0
+    one_slow = window(10.0, n=4) + window(10.5, latency=0.5, n=1) + window(11.0)  # one slow request in 10-11
+    assert recovery_time(one_slow, end=10.0, until=12.0, bound_ms=100, q=50) == 0.0
+    assert recovery_time(one_slow, end=10.0, until=12.0, bound_ms=100, q=99) == 1.0

@@ -46,14 +46,31 @@ def test_classification_matches_the_pipeline_on_the_same_graph(served_classifier
 
 def test_classification_takes_pairs_as_the_tokenizer_pairs_them(served_classifier):
     predictor = load_predictor(served_classifier)
-    pair = [TEXTS[0], TEXTS[1]]
+    pair = (TEXTS[0], TEXTS[1])
     got = predictor.predict([pair, TEXTS[2]])
     logits = predictor.runner([pair[0]], [pair[1]])[0]
     probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     assert got[0][0]["score"] == pytest.approx(float(probs.max()), abs=1e-6)
     assert predictor.predict(pair)[0]["score"] == pytest.approx(got[0][0]["score"])  # a lone pair is one input
+    explicit = predictor.predict([TEXTS[0], TEXTS[2]], pairs=[TEXTS[1], TEXTS[3]])
+    assert explicit[0][0]["score"] == pytest.approx(got[0][0]["score"])
+    assert predictor.predict(TEXTS[0], pairs=TEXTS[1])[0]["score"] == pytest.approx(got[0][0]["score"])
     with pytest.raises(InputError, match="input 0 is neither a text nor"):
         predictor.predict([[1, 2]])
+    with pytest.raises(InputError, match="2 texts but 1 pairs"):
+        predictor.predict(TEXTS[:2], pairs=TEXTS[:1])
+
+
+def test_a_list_of_two_texts_is_two_inputs_not_a_pair(served_classifier):
+    """TEI reads ["a", "b"] as one pair; in Python a list is always a batch (pairs are tuples)."""
+    predictor = load_predictor(served_classifier)
+    two = predictor.predict([TEXTS[0], TEXTS[1]])
+    assert len(two) == 2 and all(isinstance(answer, list) for answer in two)
+    for text, answer in zip(TEXTS[:2], two):
+        assert answer == predictor.predict(text)
+    assert two != [predictor.predict((TEXTS[0], TEXTS[1]))]
+    with pytest.raises(InputError, match="pass a pair as a tuple"):
+        predictor.predict([[TEXTS[0], TEXTS[1]]])
 
 
 def test_embeddings_pool_and_normalize_as_the_sentence_transformers_modules_say(served_embedder):

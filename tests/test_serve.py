@@ -36,7 +36,9 @@ def embedder_server(served_embedder):
 
 @pytest.fixture(scope="module")
 def classifier_server(served_classifier):
-    config = ServeConfig(str(served_classifier), threads=1, scheduler=Settings(max_batch=16, max_wait_ms=10),
+    # max_queue_s=0: the burst tests below send hundreds at once and check answers, not admission
+    config = ServeConfig(str(served_classifier), threads=1, scheduler=Settings(max_batch=16, max_wait_ms=10,
+                                                                               max_queue_s=0),
                          max_body_bytes=4096, max_inputs=8)
     with ServerThread(create_app(config)) as server:
         yield server
@@ -86,6 +88,9 @@ def test_auth_health_info_metrics_and_openapi(embedder_server):
     info = httpx.get(f"{url}/info", headers=AUTH).json()
     assert info["task"] == "feature-extraction" and info["model"] == "tiny" and info["max_tokens"] == 32
     assert info["settings"]["auth"] is True and KEY not in json.dumps(info)
+    batching = info["batching"]  # no flags: measured at start-up, the timings shown
+    assert batching["source"] == {"max_batch": "measured", "max_wait_ms": "measured"}
+    assert str(batching["max_batch"]) in batching["session_call_ms"] and batching["max_wait_ms"] > 0
     page = httpx.get(f"{url}/metrics", headers=AUTH).text
     assert metric(page, "xformopt_requests_total", route="/embed", status="401") >= 3
     schema = httpx.get(f"{url}/openapi.json", headers=AUTH).json()
@@ -148,6 +153,10 @@ def test_bad_inputs_get_one_json_error_line(classifier_server):
         assert "Traceback" not in r.text
     pair = httpx.post(url, json={"inputs": ["a good film", "a bad film"]}).json()
     assert isinstance(pair[0], dict)  # TEI: two texts are one (text, text_pair) input
+    batch = httpx.post(url, json={"inputs": [["a good film", "a bad film"], "a good film"]}).json()
+    assert batch[0] == pair and isinstance(batch[1], list) and batch[1] != pair
+    info = httpx.get(f"{classifier_server.url}/info").json()["batching"]
+    assert info["source"] == {"max_batch": "flag", "max_wait_ms": "flag"} and info["max_batch"] == 16
 
 
 def test_result_cache_hits_and_cache_size_zero_turns_it_off(classifier_server, served_classifier):
@@ -184,6 +193,25 @@ def test_overload_answers_every_request_with_200_or_503(served_classifier):
         page = httpx.get(f"{server.url}/metrics").text
         assert metric(page, "xformopt_queue_depth") == 0
         assert httpx.post(f"{server.url}/predict", json={"inputs": ["after"]}).status_code == 200
+
+
+def test_the_queue_holds_at_most_max_queue_s_of_work_at_the_measured_rate(served_classifier):
+    """A long queue (max_queue 1024) still refuses once the waiting inputs are more than max_queue_s of work
+    at the rate batches run (here 1 input per 50 ms call: 0.2 s is about 4 inputs), so an overload leaves a
+    short backlog; every request gets 200 or 503."""
+    config = ServeConfig(str(served_classifier), threads=1,
+                         scheduler=Settings(max_batch=1, max_wait_ms=0, max_queue=1024, max_queue_s=0.2, cache_size=0))
+    with ServerThread(create_app(config, slowed_factory(seconds=0.05))) as server:
+        async def fire():
+            async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as client:
+                first = await client.post(f"{server.url}/predict", json={"inputs": ["measure the rate"]})
+                rest = await asyncio.gather(*(client.post(f"{server.url}/predict", json={"inputs": [f"text {i}"]})
+                                              for i in range(60)))
+                return [first, *rest]
+
+        statuses = [r.status_code for r in asyncio.run(fire())]
+        assert set(statuses) <= {200, 503} and statuses[0] == 200
+        assert statuses.count(503) > 0 and statuses.count(200) >= 4  # refused long before 1024 were queued
 
 
 def test_deadline_gives_504_and_a_failing_batch_500_while_serving_goes_on(served_classifier):

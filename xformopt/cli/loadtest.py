@@ -24,6 +24,7 @@ Examples:
 
     xformopt loadtest http://127.0.0.1:8080 --rates 10,20,40,80 --duration 10 -o lt/
     xformopt loadtest out/ --rates 20,40,80,160 --p99-ms 50          # starts `xformopt serve out/` itself
+    xformopt loadtest out/ --rates 100,200,400 --overload 2          # then 2x the sustainable rate for 60 s
     xformopt loadtest out/ --serve-args "--max-batch 1" --compare http://127.0.0.1:7997 \\
         --compare-route /classify --compare-field input --compare-as-list
 
@@ -57,6 +58,8 @@ def register(app: typer.Typer) -> None:
         compare: Annotated[str, typer.Option("--compare", metavar="URL2", help="A second server (URL or artifact), "
             "run in the same interleaved ladder.")] = None,
         serve_args: Annotated[str, typer.Option("--serve-args", help="Options for `xformopt serve` when TARGET is an artifact, e.g. '--max-batch 1'.")] = "",
+        compare_serve_args: Annotated[str, typer.Option("--compare-serve-args", help="Options for `xformopt serve` "
+            "when --compare is an artifact.")] = "",
         route: Annotated[str, typer.Option("--route", help="Path to POST to [default: from the server's /info].")] = None,
         field_name: Annotated[str, typer.Option("--field", help="JSON field holding the text [default: from /info].")] = None,
         compare_route: Annotated[str, typer.Option("--compare-route", help="--route for the --compare server.")] = None,
@@ -65,6 +68,14 @@ def register(app: typer.Typer) -> None:
         model: Annotated[str, typer.Option("--model", help="A 'model' field to send (servers that require one).")] = None,
         api_key_env: Annotated[str, typer.Option("--api-key-env", metavar="VAR", help="Send Authorization: Bearer $VAR.")] = None,
         full_ladder: Annotated[bool, typer.Option("--full-ladder", help="Run every rate, also past the knee.")] = False,
+        overload_factor: Annotated[float, typer.Option("--overload", metavar="FACTOR", min=1.0, help="After the ladder, "
+            "send FACTOR x the sustainable rate for --overload-duration, then the sustainable rate: reports requests "
+            "lost or hung, the server's memory over time against idle, and the time to recover.")] = None,
+        overload_rps: Annotated[float, typer.Option("--overload-rate", metavar="RPS", min=0.1, help="Like --overload, "
+            "at this rate.")] = None,
+        overload_s: Annotated[float, typer.Option("--overload-duration", min=1.0, help="Seconds of overload.")] = 60.0,
+        recovery_s: Annotated[float, typer.Option("--recovery-duration", min=2.0, help="Seconds at the sustainable "
+            "rate after the overload.")] = 15.0,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the arrival times and text order.")] = 0,
         limit: Annotated[int, typer.Option("--limit", min=1, help="Texts to cycle through at most.")] = 2000,
         json_out: opt.Json = False,
@@ -81,7 +92,8 @@ def register(app: typer.Typer) -> None:
         texts = _texts(data, limit, seed)
         options = Options(rates=ladder, duration_s=duration, warmup_s=warmup, p99_ms=p99_ms,
                           concurrency_limit=concurrency_limit, seed=seed, route=route, field_name=field_name,
-                          model=model, api_key=key, full_ladder=full_ladder)
+                          model=model, api_key=key, full_ladder=full_ladder, overload_factor=overload_factor,
+                          overload_rps=overload_rps, overload_s=overload_s, recovery_s=recovery_s)
         with contextlib.ExitStack() as stack:
             targets = []
             for spec, label in ((target, "target"), (compare, "compare")):
@@ -92,7 +104,8 @@ def register(app: typer.Typer) -> None:
                     continue
                 if not Path(spec).is_dir():
                     raise InputError(f"{spec} is neither a URL (http://...) nor an artifact directory")
-                server = stack.enter_context(LocalServer(Path(spec), serve_args if label == "target" else "", output.log))
+                args = serve_args if label == "target" else compare_serve_args
+                server = stack.enter_context(LocalServer(Path(spec), args, output.log))
                 targets.append(Target(server.url, f"{label} ({Path(spec).name})"))
             if len(targets) == 2:
                 targets[1].route, targets[1].field_name = compare_route, compare_field

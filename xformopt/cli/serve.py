@@ -20,7 +20,7 @@ from xformopt.serve.scheduler import Settings
 EXAMPLES = """
 Examples:
 
-    xformopt serve out/                                    # 127.0.0.1:8080, batches of up to 32, 5 ms wait
+    xformopt serve out/                                    # 127.0.0.1:8080, batching measured at start-up
     xformopt serve out/ --max-batch 1                      # one request per session call (no batching)
     API_KEY=secret xformopt serve out/ --host 0.0.0.0 --api-key-env API_KEY
     xformopt serve out/ --ray local --replicas 2           # Ray Serve on a new local Ray head
@@ -37,14 +37,18 @@ def register(app: typer.Typer) -> None:
         artifact: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX artifact (the -o folder of `xformopt optimize`).")],
         host: Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key-env or gets a loud warning.")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: any free port).")] = 8080,
-        max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Inputs per batch and rows per session call (1: no batching).")] = 32,
-        max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, help="How long a batch's first request waits for others.")] = 5.0,
+        max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Inputs per batch and rows per session call "
+            "(1: no batching) [default: measured at start-up: the session timed at a few batch sizes, see /info].")] = None,
+        max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, help="How long a batch's first request waits "
+            "for others [default: measured at start-up: one batch-1 session call].")] = None,
         threads: opt.Threads = None,
         cache_size: Annotated[int, typer.Option("--cache-size", min=0, help="Results (and tokenized inputs) cached; 0: off.")] = 10_000,
         api_key_env: Annotated[str, typer.Option("--api-key-env", metavar="VAR", help="Environment variable holding "
             "the API key (clients send Authorization: Bearer KEY).")] = None,
         json_logs: Annotated[bool, typer.Option("--json-logs", help="Log lines on stderr as JSON objects.")] = False,
         max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Inputs waiting at most; more get 503 + Retry-After.")] = 1024,
+        max_queue_ms: Annotated[float, typer.Option("--max-queue-ms", min=0, help="Work waiting at most, in ms at the "
+            "rate batches run (0: no such bound); more get 503 + Retry-After, so an overload leaves a short backlog.")] = 1000,
         timeout_ms: Annotated[float, typer.Option("--timeout-ms", min=1, help="A request's deadline (504 after it).")] = 10_000,
         max_inputs: Annotated[int, typer.Option("--max-inputs", min=1, help="Inputs per request at most (422 beyond).")] = 256,
         max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1, help="Request body limit (413 beyond).")] = 1 << 20,
@@ -59,7 +63,7 @@ def register(app: typer.Typer) -> None:
         """Serve an artifact over HTTP with dynamic batching and a result cache."""
 
         config = build_config(artifact, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue,
-                              timeout_ms, max_inputs, max_body_bytes, int8_scales)
+                              timeout_ms, max_inputs, max_body_bytes, int8_scales, max_queue_ms)
         warning = server.open_bind_warning(host, config.api_key is not None)
         if warning:
             output.stderr.print(warning, style="bold red", highlight=False, markup=False)
@@ -72,14 +76,16 @@ def register(app: typer.Typer) -> None:
             return
 
         app = create_app(config)
-        output.log(f"serving {artifact} on http://{host}:{port} (max batch {max_batch}, max wait {max_wait_ms:g} ms, "
-                   f"cache {cache_size}); SIGTERM or Ctrl-C drains and stops")
+        batching = "batching measured at start-up" if max_batch is None or max_wait_ms is None else \
+            f"max batch {max_batch}, max wait {max_wait_ms:g} ms"
+        output.log(f"serving {artifact} on http://{host}:{port} ({batching}, cache {cache_size}); SIGTERM or Ctrl-C "
+                   "drains and stops")
         if not server.run(app, host, port, json_logs):
             raise PassFailed(f"the server did not start on {host}:{port} (see the log above)")
 
 
 def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue, timeout_ms,
-                 max_inputs, max_body_bytes, int8_scales="per-token"):
+                 max_inputs, max_body_bytes, int8_scales="per-token", max_queue_ms=1000.0):
 
     artifact_spec(artifact)  # bad artifacts fail here, before anything binds
     key = None
@@ -90,9 +96,9 @@ def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, ap
                              f"export {api_key_env}=KEY first")
     if int8_scales not in INT8_SCALES:
         raise InputError(f"--int8-scales {int8_scales}: choose one of {', '.join(INT8_SCALES)}")
-    if max_queue < max_batch:
+    if max_batch is not None and max_queue < max_batch:
         raise InputError(f"--max-queue {max_queue} is smaller than --max-batch {max_batch}; give a queue of at least one batch")
-    settings = Settings(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue, timeout_s=timeout_ms / 1000,
-                        cache_size=cache_size)
+    settings = Settings(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                        max_queue_s=max_queue_ms / 1000, timeout_s=timeout_ms / 1000, cache_size=cache_size)
     return ServeConfig(str(Path(artifact).resolve()), threads or usable_cpus(), settings, key, max_body_bytes, max_inputs,
                        Path(artifact).resolve().name, int8_scales)

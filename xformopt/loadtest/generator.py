@@ -46,10 +46,15 @@ def arrival_times(rate: float, duration: float, rng: random.Random) -> list[floa
 
 async def run_step(session, request: Request, rate: float, duration: float, seed: int,
                    concurrency_limit: int | None = None, timeout_s: float = 30.0) -> list[Outcome]:
+    offsets = arrival_times(rate, duration, random.Random(seed))
+    return await run_schedule(session, request, offsets, concurrency_limit, timeout_s)
+
+
+async def run_schedule(session, request: Request, offsets: list[float], concurrency_limit: int | None = None,
+                       timeout_s: float = 30.0, start: float | None = None) -> list[Outcome]:
+    """One request at each offset (s) after ``start`` (loop time; default: now), open loop."""
     import aiohttp
 
-    rng = random.Random(seed)
-    offsets = arrival_times(rate, duration, rng)
     slots = asyncio.Semaphore(concurrency_limit) if concurrency_limit else None
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     loop = asyncio.get_running_loop()
@@ -72,7 +77,7 @@ async def run_step(session, request: Request, rate: float, duration: float, seed
                 slots.release()
         outcomes.append(Outcome(scheduled, started, loop.time(), status))
 
-    start = loop.time() + 0.05
+    start = loop.time() + 0.05 if start is None else start
     tasks = []
     for k, offset in enumerate(offsets):
         scheduled = start + offset

@@ -57,6 +57,8 @@ def markdown(document: dict) -> str:
             lines.append(f"| {s['offered_rps']:g} | {s['achieved_rps']:g} | {s['p50_ms']:g} | {s['p90_ms']:g} | "
                          f"{s['p99_ms']:g} | {s['max_ms']:g} | {errors} | {s['mean_batch_size'] if s['mean_batch_size'] is not None else '-'} | {lag} |")
         lines.append("")
+        if target.get("overload"):
+            lines += overload_lines(target["overload"])
     if document.get("comparison"):
         c = document["comparison"]
         lines.append(f"Sustainable rate ratio {c['labels'][0]} / {c['labels'][1]}: "
@@ -65,6 +67,30 @@ def markdown(document: dict) -> str:
     for warning in document.get("warnings", []):
         lines.append(f"> {warning}")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def overload_lines(o: dict) -> list[str]:
+    memory, checks = o["memory"], o.get("checks", {})
+
+    def mb(value):
+        return f"{value / 2**20:.0f} MB" if value else "?"
+
+    statuses = ", ".join(f"{k}: {v}" for k, v in o["overload"]["by_status"].items())
+    back = ", ".join(f"{k}: {v}" for k, v in o["recovery"]["by_status"].items())
+    return [f"### Overload: {o['over_rps']:g} req/s for {o['over_s']:g} s, then {o['full_rps']:g} req/s for "
+            f"{o['recovery_s_run']:g} s", "",
+            f"- during the overload: {o['overload']['sent']} sent ({statuses}); 200s at "
+            f"{o['overload']['achieved_200_rps']:g} req/s",
+            f"- after it: {o['recovery']['sent']} sent ({back}); back to all-200 with median <= {o['p99_ms']:g} ms "
+            f"after **{o['recovery']['recovered_after_s']} s** (every one-second window's p99 too: after "
+            f"{o['recovery'].get('p99_recovered_after_s')} s)",
+            f"- lost (connection failed or reset): **{o['lost']}**; hung (no answer within the client's timeout): "
+            f"**{o['hung']}**",
+            f"- server memory: idle {mb(memory['idle_bytes'])}, peak {mb(memory['peak_bytes'])} "
+            f"(**{memory['peak_over_idle']}x** idle; {len(memory['samples'])} samples)",
+            f"- client send lag p99 {o['client_lag_p99_ms']:g} ms",
+            "- checks: " + ", ".join(f"{k} {'yes' if v else ('n/a' if v is None else 'NO')}" for k, v in checks.items()),
+            ""]
 
 
 def plot(document: dict, path: Path) -> Path:

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xformopt.errors import InputError
+from xformopt.loadtest import overload
 from xformopt.loadtest.generator import Request, json_bodies, run_step
-from xformopt.loadtest.report import SCHEMA, summarize, sustainable
+from xformopt.loadtest.report import LAG_LIMIT_MS, SCHEMA, summarize, sustainable
 from xformopt.measure.host import cpu_model, usable_cpus
 
 TASK_ROUTES = {"feature-extraction": ("/v1/embeddings", "input"), "text-classification": ("/predict", "inputs"),
@@ -42,6 +43,8 @@ class Target:
     as_list: bool = False  # send each text as a one-element list (servers that take only lists)
     request: Request | None = None
     has_metrics: bool = False
+    idle_bytes: float | None = None  # resident memory before any load (from /metrics)
+    overload: dict | None = None
     steps: list[dict] = field(default_factory=list)
     done: bool = False  # past the knee: two steps in a row over the bound
 
@@ -60,6 +63,10 @@ class Options:
     model: str | None = None
     api_key: str | None = None
     full_ladder: bool = False  # keep going past the knee
+    overload_factor: float | None = None  # after the ladder: this many times the sustainable rate ...
+    overload_rps: float | None = None  # ... or this rate
+    overload_s: float = 60.0
+    recovery_s: float = 15.0
 
 
 def _get(url: str, api_key: str | None, timeout: float = 10.0) -> bytes:
@@ -113,6 +120,8 @@ async def ladder(targets: list[Target], options: Options, log) -> None:
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         for target in targets:
+            if target.has_metrics:
+                target.idle_bytes = await overload.resident_bytes(session, f"{target.url}/metrics", _auth(options))
             log(f"warm-up: {target.label} at {options.rates[0]:g} req/s for {options.warmup_s:g} s")
             await run_step(session, target.request, options.rates[0], options.warmup_s, options.seed + 999,
                            options.concurrency_limit, options.timeout_s)
@@ -138,6 +147,28 @@ async def ladder(targets: list[Target], options: Options, log) -> None:
                 if not options.full_ladder and len(over) == 2 and all(over):
                     target.done = True
                     log(f"{target.label}: two rates past the bound; its ladder stops here")
+        if options.overload_factor or options.overload_rps:
+            await asyncio.sleep(PAUSE_S * 3)
+            await _overload(session, targets[0], options, log)
+
+
+def _auth(options: Options) -> dict:
+    return {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
+
+
+async def _overload(session, target: Target, options: Options, log) -> None:
+    full = sustainable(target.steps, options.p99_ms) or options.rates[0]
+    over = options.overload_rps or full * options.overload_factor
+    log(f"overload: {target.label} at {over:g} req/s for {options.overload_s:g} s, then {full:g} req/s for "
+        f"{options.recovery_s:g} s")
+    result = await overload.run(session, target.request, f"{target.url}/metrics" if target.has_metrics else None,
+                                _auth(options), over, full, options.overload_s, options.recovery_s, options.p99_ms,
+                                options.seed + 7777, options.timeout_s, options.concurrency_limit, target.idle_bytes)
+    result["checks"] = overload.verdict(result)
+    target.overload = result
+    memory = result["memory"]
+    log(f"overload: lost {result['lost']}, hung {result['hung']}, statuses {result['overload']['by_status']}; memory "
+        f"peak/idle {memory['peak_over_idle']}; recovered after {result['recovery']['recovered_after_s']} s")
 
 
 def _free_port() -> int:
@@ -196,10 +227,13 @@ def run(targets: list[Target], texts: list, options: Options, log) -> dict:
         "host": {"cpu": cpu_model(), "usable_cpus": usable_cpus()},
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "settings": {"rates": options.rates, "duration_s": options.duration_s, "warmup_s": options.warmup_s,
+                     "overload_factor": options.overload_factor, "overload_rps": options.overload_rps,
+                     "overload_s": options.overload_s, "recovery_s": options.recovery_s,
                      "p99_ms": options.p99_ms, "concurrency_limit": options.concurrency_limit, "seed": options.seed,
                      "inputs": len(texts), "arrivals": "poisson (open loop)"},
         "targets": [{"label": t.label, "url": t.url, "route": t.request.url, "steps": t.steps,
-                     "sustainable_rps": sustainable(t.steps, options.p99_ms)} for t in targets],
+                     "sustainable_rps": sustainable(t.steps, options.p99_ms),
+                     **({"overload": t.overload} if t.overload else {})} for t in targets],
         "warnings": [],
     }
     for t in targets:
@@ -208,6 +242,9 @@ def run(targets: list[Target], texts: list, options: Options, log) -> dict:
             document["warnings"].append(f"{t.label}: the client itself lagged (p99 send lag over the limit) at "
                                         f"{', '.join(f'{r:g}' for r in bound)} req/s; those steps measure the client "
                                         "as much as the server (run the client on another machine)")
+        if t.overload and t.overload["client_lag_p99_ms"] > LAG_LIMIT_MS:
+            document["warnings"].append(f"{t.label}: the client lagged during the overload run (p99 send lag "
+                                        f"{t.overload['client_lag_p99_ms']:g} ms): it offered less than asked")
     if len(targets) == 2:
         a, b = (t["sustainable_rps"] for t in document["targets"])
         document["comparison"] = {"labels": [t.label for t in targets],

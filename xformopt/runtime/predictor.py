@@ -7,7 +7,7 @@ and answers in the shapes users already know:
 - ``embed(texts)``: sentence embeddings, pooled and normalized as the model's sentence-transformers
   modules say (``modules.json``, ``1_Pooling/config.json``, a ``Normalize`` module, ``max_seq_length``);
 - ``predict(inputs)``: text-classification ``[{label, score}]`` sorted per input (text pairs as
-  ``[a, b]``); token-classification entities as transformers' ``pipeline(aggregation_strategy="simple")``
+  tuples ``(a, b)`` or ``pairs=``; a list is always a batch); token-classification entities as transformers' ``pipeline(aggregation_strategy="simple")``
   returns them; question-answering ``{answer, score, start, end}`` from ``{question, context}`` inputs
   (long contexts in overlapping windows, as the QA task evaluates the artifact).
 
@@ -207,10 +207,22 @@ class Predictor:
         _check_texts(texts)
         return np.stack(self._run(texts, batch_size, truncate, normalize=normalize)).astype(np.float32)
 
-    def predict(self, inputs, batch_size: int = 32, truncate: bool = True, raw_scores: bool = False) -> list:
-        """The task's answer per input (see the module docstring); one input (not in a list) gives one answer."""
-        single = isinstance(inputs, (str, dict)) or (
-            self.task == "text-classification" and _is_pair(inputs))
+    def predict(self, inputs, batch_size: int = 32, truncate: bool = True, raw_scores: bool = False, *,
+                pairs: Sequence[str] | None = None) -> list:
+        """The task's answer per input (see the module docstring); one input (not in a list) gives one answer.
+
+        Text pairs (text-classification) are tuples, ``("a text", "its pair")``, or ``pairs=``, one
+        second text per input: a list is always a batch, so ``predict(["a", "b"])`` is two texts."""
+        if pairs is not None:
+            if self.task != "text-classification":
+                raise InputError(f"pairs= is for text-classification models; this is a {self.task} model")
+            texts = [inputs] if isinstance(inputs, str) else list(inputs)
+            seconds = [pairs] if isinstance(pairs, str) else list(pairs)
+            if len(texts) != len(seconds):
+                raise InputError(f"{len(texts)} texts but {len(seconds)} pairs; give one pair per text")
+            zipped = list(zip(texts, seconds))
+            inputs = zipped[0] if isinstance(inputs, str) else zipped
+        single = isinstance(inputs, (str, dict)) or (self.task == "text-classification" and _is_pair(inputs))
         items = [inputs] if single else list(inputs)
         if self.task == "feature-extraction":
             vectors = [v.tolist() for v in self.embed(items, batch_size, truncate=truncate)]
@@ -220,7 +232,9 @@ class Predictor:
 
 
 def _is_pair(value) -> bool:
-    return isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, str) for v in value)
+    """A (text, text_pair) tuple. Lists are batches, never pairs: ``["a", "b"]`` is two texts (the HTTP
+    route turns TEI's ``[a, b]`` into a tuple before it gets here)."""
+    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)
 
 
 def _check_texts(texts: list) -> None:
@@ -269,7 +283,9 @@ class _Classification:
         pairs = [i for i, x in enumerate(inputs) if _is_pair(x)]
         bad = sorted(set(range(len(inputs))) - set(singles) - set(pairs))
         if bad:
-            raise InputError(f"input {bad[0]} is neither a text nor a [text, text_pair] pair of strings")
+            hint = (" (a list is a batch: pass a pair as a tuple (text, text_pair), or use pairs=)"
+                    if isinstance(inputs[bad[0]], list) else "")
+            raise InputError(f"input {bad[0]} is neither a text nor a (text, text_pair) tuple of strings{hint}")
         out: list[Prepared | None] = [None] * len(inputs)
         if singles:
             encoded = _tokenize(predictor, [inputs[i] for i in singles], None, truncate)
@@ -397,25 +413,29 @@ def artifact_spec(artifact_dir: str | Path):
 INT8_SCALES = ("per-token", "per-tensor")
 
 
-def load_predictor(artifact_dir: str | Path, threads: int | None = None, int8_scales: str = "per-token") -> Predictor:
+def load_predictor(artifact_dir: str | Path, threads: int | None = None, int8_scales: str = "per-token",
+                   int8_attention: str = per_token_int8.DEFAULT_ATTENTION) -> Predictor:
     """The artifact's model (an `xformopt optimize` output, or any stage with model.onnx, config.json
     and tokenizer.json), ready to answer; a one-line InputError when it cannot be served.
 
     ``int8_scales``: for a dynamic-INT8 graph, "per-token" (default) quantizes each token's activations
-    with its own scale (xformopt.runtime.per_token_int8), so an answer does not depend on its batch
-    mates; "per-tensor" runs the graph as exported (one scale per batch: batch-dependent)."""
+    with its own scale (xformopt.runtime.per_token_int8: MatMulInteger inputs, fused QAttention and
+    DynamicQuantizeMatMul), so an answer does not depend on its batch mates; "per-tensor" runs the
+    graph as exported (one scale per batch: batch-dependent). ``int8_attention``: how a fused
+    QAttention is made batch-independent ("per-token" INT8 QKV projection or "float" QKV weights)."""
     import tempfile
-
 
     if int8_scales not in INT8_SCALES:
         raise InputError(f"int8_scales {int8_scales!r}: choose one of {', '.join(INT8_SCALES)}")
+    if int8_attention not in per_token_int8.ATTENTION_MODES:
+        raise InputError(f"int8_attention {int8_attention!r}: choose one of {', '.join(per_token_int8.ATTENTION_MODES)}")
     path = Path(artifact_dir)
     spec = artifact_spec(path)
     pooling = Pooling.read(path) if spec.task == "feature-extraction" else Pooling()
     if int8_scales == "per-token" and per_token_int8.has_dynamic_int8(path / "model.onnx"):
         # the rewrite lives only until the session has read it; the artifact is never touched
         with tempfile.TemporaryDirectory(prefix="xformopt-per-token-") as scratch:
-            per_token_int8.rewritten_copy(path / "model.onnx", Path(scratch))
+            per_token_int8.rewritten_copy(path / "model.onnx", Path(scratch), int8_attention)
             runner = OrtPredictor(spec, Path(scratch), threads=threads, tokenizer_dir=path,
                                   disabled_optimizers=per_token_int8.DISABLED_OPTIMIZERS)
     else:

@@ -14,12 +14,14 @@ Errors are one JSON line, ``{"error": ..., "error_type": ...}`` as TEI writes th
 import base64
 import contextlib
 import hmac
+import inspect
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -38,6 +40,10 @@ from xformopt.serve.scheduler import (
 )
 
 PUBLIC_PATHS = ("/health",)  # load balancers probe it without a key
+# FastAPI >= 0.16x looks up OpenTelemetry providers on every request (3 % of the event loop's time under
+# load); /metrics is this server's telemetry. Older FastAPI has no such option.
+_NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+                 if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {})
 WARMUP_TEXT = "warm-up: the first session calls allocate and pick kernels"
 
 
@@ -84,10 +90,13 @@ class BodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_big = error_response(413, f"request body over {self.limit} bytes; send fewer or shorter inputs",
-                                 "Validation")
+
+        def too_big():  # built only when needed: a JSONResponse per request was 5 % of the event loop's time
+            return error_response(413, f"request body over {self.limit} bytes; send fewer or shorter inputs",
+                                  "Validation")
+
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await too_big(scope, receive, send)
+            return await too_big()(scope, receive, send)
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
@@ -96,7 +105,7 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                return await too_big(scope, receive, send)
+                return await too_big()(scope, receive, send)
             chunks.append(chunk)
             more = message.get("more_body", False)
         body = b"".join(chunks)
@@ -178,7 +187,13 @@ def _check_inputs(items: list, limit: int) -> None:
 def _encode(vector: np.ndarray, fmt: str):
     if fmt == "base64":  # what the OpenAI client decodes: little-endian float32 bytes
         return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return np.asarray(vector, dtype=np.float32).tolist()
+    return np.ascontiguousarray(vector, dtype=np.float32)  # orjson writes it as a list of floats
+
+
+def _json(content) -> Response:
+    """A JSON answer; orjson writes numpy float32 arrays directly (json.dumps of their .tolist() cost
+    0.4 ms per 384-float embedding, a large share of a request's CPU)."""
+    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
@@ -192,7 +207,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, f"{loc or 'body'}: {first.get('msg', 'invalid')}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else "")
 
 
-def _info(config: ServeConfig, spec, predictor) -> dict:
+def _info(config: ServeConfig, spec, predictor, scheduler=None) -> dict:
     path = Path(config.artifact)
     report = _read(path / "report.json")
     manifest = _read(path / "manifest.json")
@@ -210,6 +225,7 @@ def _info(config: ServeConfig, spec, predictor) -> dict:
         "max_tokens": predictor.max_length if predictor is not None else None,
         "labels": spec.id2label or None,
         "settings": config.public(),
+        "batching": scheduler.tuning.public() if scheduler is not None and scheduler.tuning else None,
     }
 
 
@@ -238,7 +254,7 @@ def create_app(config: ServeConfig, predictor_factory=None):
         predictor = factory(config.artifact, config.threads, config.int8_scales)
         scheduler = Scheduler(predictor, config.scheduler, metrics)
         warmup = [{"question": "what?", "context": WARMUP_TEXT}] if spec.task == "question-answering" else [WARMUP_TEXT]
-        await scheduler.start(warmup * min(config.scheduler.max_batch, 8))
+        await scheduler.start(warmup * min(config.scheduler.max_batch or 8, 8))
         state.update(predictor=predictor, scheduler=scheduler, ready=True)
         try:
             yield
@@ -247,7 +263,8 @@ def create_app(config: ServeConfig, predictor_factory=None):
             await scheduler.stop()  # every accepted request is answered first
 
     app = FastAPI(title="xformopt serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description=f"{spec.task} model {config.model_name or Path(config.artifact).name}")
+                  description=f"{spec.task} model {config.model_name or Path(config.artifact).name}",
+                  **_NO_TELEMETRY)
 
     @app.exception_handler(HTTPFailure)
     async def _failure(request, exc: HTTPFailure):
@@ -287,7 +304,7 @@ def create_app(config: ServeConfig, predictor_factory=None):
 
     @app.get("/info", summary="Model, task, target, the artifact's headline accuracy and latency, settings")
     async def info():
-        return _info(config, spec, state["predictor"])
+        return _info(config, spec, state["predictor"], state["scheduler"])
 
     @app.get("/metrics", summary="Prometheus text format")
     async def prometheus():
@@ -310,15 +327,15 @@ def create_app(config: ServeConfig, predictor_factory=None):
             tokens = sum(t for _, t in answers)
             data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                     for i, (v, _) in enumerate(answers)]
-            return JSONResponse({"object": "list", "data": data, "model": body.model or model_name,
-                                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+            return _json({"object": "list", "data": data, "model": body.model or model_name,
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
         @app.post("/embed", summary="text-embeddings-inference embeddings: [[float]]")
         async def embed(body: schemas.EmbedRequest):
             texts, _ = _as_list(body.inputs)
             _check_inputs(texts, config.max_inputs)
             answers = await run(texts, truncate=body.truncate, normalize=body.normalize)
-            return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v, _ in answers])
+            return _json([np.asarray(v, dtype=np.float32) for v, _ in answers])
 
     else:
         request_model = schemas.PREDICT_REQUESTS[spec.task]
@@ -332,14 +349,14 @@ def create_app(config: ServeConfig, predictor_factory=None):
             items, single = _as_list(value)
             if spec.task == "question-answering":
                 items = [q.model_dump() for q in items]
-            else:
-                items = [list(i) if isinstance(i, tuple) else i for i in items]
+            else:  # a pair is a tuple for the predictor (a list there is a batch)
+                items = [tuple(i) if isinstance(i, (list, tuple)) else i for i in items]
             _check_inputs(items, config.max_inputs)
             options = {} if spec.task == "question-answering" else {"truncate": body.truncate}
             if spec.task == "text-classification":
                 options["raw_scores"] = body.raw_scores
             answers = [a for a, _ in await run(items, **options)]
-            return JSONResponse(answers[0] if single else answers)
+            return _json(answers[0] if single else answers)
 
         predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI
         app.post("/predict", summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)

@@ -9,6 +9,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -35,6 +36,8 @@ class Metrics:
         self.padded_tokens = Counter("xformopt_padded_tokens", "Positions fed to the model (padding included)",
                                      registry=r)
         self.batch_failures = Counter("xformopt_batch_failures", "Session calls that raised", registry=r)
+        # process_resident_memory_bytes & co.: what `loadtest --overload` reads to bound memory under load
+        ProcessCollector(registry=r)
         for result in ("hit", "miss"):  # present at 0 from the start, so a scrape sees them
             self.cache.labels(result)
             self.token_cache.labels(result)

@@ -7,8 +7,9 @@ are sorted by token length and cut into groups whose padding stays under ``max_p
 positions fed, so a long input does not make 31 short ones pay for its length; each group is one
 session call. Each request gets its own rows back, in order.
 
-The queue is bounded in inputs: a request that would overflow it is refused at once (``Overloaded``:
-503 with Retry-After), never buffered without bound. A request still unanswered at its deadline gets
+The queue is bounded in inputs and in seconds of work (inputs over the rate batches ran at lately): a
+request that would overflow it is refused at once (``Overloaded``: 503 with Retry-After), never
+buffered without bound. A request still unanswered at its deadline gets
 ``DeadlineExceeded`` (504) and its inputs are dropped from any batch not yet started. A session call
 that raises fails only that batch's requests; the scheduler keeps serving.
 
@@ -20,14 +21,18 @@ options is not tokenized again.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from xformopt.errors import InputError
+from xformopt.serve import autotune
 from xformopt.serve.caches import MISSING, LRUCache, input_key
+
+log = logging.getLogger("xformopt.serve")
 
 
 class Overloaded(Exception):
@@ -48,9 +53,10 @@ class BatchFailed(Exception):
 
 @dataclass(frozen=True)
 class Settings:
-    max_batch: int = 32  # inputs per batch (and rows per session call)
-    max_wait_ms: float = 5.0  # how long the first request of a batch may wait for others
+    max_batch: int | None = None  # inputs per batch (and rows per session call); None: measured at start
+    max_wait_ms: float | None = None  # how long a batch's first request may wait for others; None: measured
     max_queue: int = 1024  # inputs waiting, at most
+    max_queue_s: float = 1.0  # ... and at most this much work waiting, at the measured rate (0: no such bound)
     timeout_s: float = 10.0  # a request's deadline, from arrival
     cache_size: int = 10_000  # results (and tokenized inputs) kept; 0: no caching
     max_padding: float = 0.25  # largest share of padding positions in one session call
@@ -104,6 +110,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xformopt-batch")
         self._rate = 0.0  # inputs per second lately (for Retry-After)
         self.in_flight = 0
+        self.tuning: autotune.Choice | None = None  # how max_batch / max_wait_ms were chosen
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,6 +121,15 @@ class Scheduler:
             outcome = await asyncio.get_running_loop().run_in_executor(self._executor, self._work, [probe])
             if isinstance(outcome[0], Exception):
                 raise outcome[0]
+        sample = warmup_inputs[0] if warmup_inputs and isinstance(warmup_inputs[0], dict) else None
+        self.tuning = await asyncio.get_running_loop().run_in_executor(
+            self._executor, autotune.tune, self.predictor, self.settings.max_batch, self.settings.max_wait_ms, sample)
+        self.settings = replace(self.settings, max_batch=self.tuning.max_batch, max_wait_ms=self.tuning.max_wait_ms)
+        if self.tuning.call_ms:
+            timings = ", ".join(f"{b}: {t:.2f}" for b, t in self.tuning.call_ms.items())
+            log.info(f"batching: max batch {self.settings.max_batch} ({self.tuning.source['max_batch']}), max wait "
+                     f"{self.settings.max_wait_ms:g} ms ({self.tuning.source['max_wait_ms']}); session call ms by "
+                     f"batch size at {self.tuning.probe_tokens} tokens: {timings}")
         self._task = asyncio.create_task(self._loop(), name="xformopt-scheduler")
 
     async def stop(self) -> None:
@@ -143,7 +159,8 @@ class Scheduler:
             return answers
         if self._stopping:
             raise Overloaded(1)
-        if self._queued + len(missing) > self.settings.max_queue:
+        if self._queued + len(missing) > self.settings.max_queue or self._backlog_s(len(missing)) > \
+                (self.settings.max_queue_s or math.inf):
             raise Overloaded(self._retry_after())
         job = Job([items[i] for i in missing], truncate, finish, arrived, arrived + self.settings.timeout_s,
                   loop.create_future())
@@ -163,6 +180,12 @@ class Scheduler:
             answers[i] = answer
             self.results.put(key, answer)
         return answers
+
+    def _backlog_s(self, more: int) -> float:
+        """Seconds of work queued with ``more`` inputs, at the rate batches ran lately (0 before any ran).
+        Bounding it keeps the backlog an overload leaves behind short: the server is back to normal
+        latency within about that long after the overload ends (1024 queued inputs were 4-5 s of work)."""
+        return (self._queued + more) / self._rate if self._rate > 0 else 0.0
 
     def _retry_after(self) -> int:
         return max(1, math.ceil(self._queued / self._rate)) if self._rate > 0 else 1
@@ -274,7 +297,8 @@ class Scheduler:
                 for k, p in enumerate(prepared) for r in range(len(p.rows))]
         lengths = [per_job[j][k].rows[r].length for j, k, r in rows]
         outputs: dict[tuple, object] = {}
-        for group in length_groups(lengths, self.settings.max_batch, self.settings.max_padding):
+        # before start-up has chosen max_batch (the warm-up batch), every row may share a call
+        for group in length_groups(lengths, self.settings.max_batch or max(1, len(rows)), self.settings.max_padding):
             chosen = [rows[i] for i in group]
             result = self.predictor.run_rows([per_job[j][k].rows[r] for j, k, r in chosen])
             outputs.update(zip(chosen, result))
