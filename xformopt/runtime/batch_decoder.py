@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.errors import InputError
+from xformopt.runtime import last_logits
 from xformopt.runtime.decoder import SPLIT, CacheLayout, _gqa_max_positions
 from xformopt.runtime.session import ort_session
 
@@ -53,7 +54,8 @@ class BatchDecoder:
     ``start_decoding(slot)`` moves it among the decoding rows, ``decode(tokens)`` runs one step of
     every decoding row, ``close(slot)`` frees its row. Not thread-safe: one thread drives it."""
 
-    def __init__(self, model_dir: Path, threads: int | None = None, max_kv_tokens: int = 8192, max_rows: int = 16):
+    def __init__(self, model_dir: Path, threads: int | None = None, max_kv_tokens: int = 8192, max_rows: int = 16,
+                 last_position_logits: bool = True):
         self.model_dir = Path(model_dir)
         if max_kv_tokens < 1 or max_rows < 1:
             raise InputError(f"max_kv_tokens ({max_kv_tokens}) and max_rows ({max_rows}) must be at least 1")
@@ -61,7 +63,11 @@ class BatchDecoder:
         if not self.max_positions:
             raise InputError(f"{self.model_dir}: continuous batching needs a GroupQueryAttention graph with its rotary "
                              "table (export the decoder with the genai extra installed: pip install 'xformopt[genai]')")
-        self.session = ort_session(self.model_dir / "model.onnx", threads)
+        # A prompt step needs the last position's logits only (runtime/last_logits.py): the head runs on one
+        # position instead of the whole prompt.
+        graph = last_logits.rewritten(self.model_dir) if last_position_logits else None
+        self.last_position_logits = graph is not None
+        self.session = ort_session(graph or self.model_dir / "model.onnx", threads, external_data_dir=self.model_dir)
         self.layout = CacheLayout.from_session(self.session)
         if self.layout.kind != SPLIT or not self.layout.has_attention_mask or self.layout.has_position_ids:
             raise InputError(f"{self.model_dir}: expected the builder's inputs (input_ids, attention_mask, "
