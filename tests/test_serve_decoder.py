@@ -70,6 +70,7 @@ def test_batched_greedy_equals_single_stream_through_joins_leaves_and_chunked_pr
     expected = [generate(generator.runner, p, n).new_ids for p, n in zip(prompts, new)]
     bound = 3 * 256  # at most 3 rows of 256 positions: some arrivals must wait for a row to free
     engine = BatchDecoder(served_decoder, threads=1, max_kv_tokens=bound, max_rows=4)
+    assert engine.last_position_logits  # the head reads the last position only (runtime/last_logits.py)
     got: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
     waiting, reading, decoding = list(range(len(prompts))), {}, {}
     chunk, step, widths, waited = 32, 0, set(), set()

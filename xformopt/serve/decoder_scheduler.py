@@ -79,7 +79,6 @@ class Job:
     picker: TokenPicker
     text: IncrementalText
     eos: frozenset
-    loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
     arrived: float
     deadline: float
@@ -94,11 +93,6 @@ class Job:
     def reserved(self) -> int:
         return len(self.prompt_ids) + self.max_tokens
 
-    def emit(self, event) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the event loop is gone (process ending): nobody is listening
-            pass
 
     async def events(self):
         """Token, then Done or Rejected, as the engine sends them."""
@@ -112,6 +106,11 @@ class Job:
         self.cancelled = True
 
 
+def _deliver(batch: list) -> None:
+    for queue, event in batch:
+        queue.put_nowait(event)
+
+
 class DecoderScheduler:
     def __init__(self, engine, tokenizer, settings: DecoderSettings, metrics):
         self.engine, self.tokenizer, self.settings, self.metrics = engine, tokenizer, settings, metrics
@@ -120,6 +119,8 @@ class DecoderScheduler:
         self._prefilling: list[Job] = []
         self._decoding: list[Job] = []
         self._job_of: dict = {}  # engine slot -> job
+        self._outbox: list[tuple[asyncio.Queue, object]] = []  # events of this turn, sent together
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -130,6 +131,7 @@ class DecoderScheduler:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, warmup_ids: list[int] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
         if warmup_ids:
             await asyncio.get_running_loop().run_in_executor(None, self._warm_up, list(warmup_ids))
         self._thread = threading.Thread(target=self._run, name="xformopt-decoder", daemon=True)
@@ -165,10 +167,9 @@ class DecoderScheduler:
             self.metrics.rejected.labels("queue_full").inc()
             raise Rejected(503, f"{queued} requests are waiting for a free slot (the limit); retry later",
                            "Overloaded", self._retry_after(queued))
-        loop = asyncio.get_running_loop()
         now = time.monotonic()
         job = Job(list(prompt_ids), int(max_tokens), picker, IncrementalText(self.tokenizer, stop), frozenset(eos),
-                  loop, asyncio.Queue(), now, now + self.settings.queue_timeout_s)
+                  asyncio.Queue(), now, now + self.settings.queue_timeout_s)
         with self._wake:
             self._inbox.append(job)
             self._wake.notify()
@@ -200,6 +201,7 @@ class DecoderScheduler:
             if self._drain_at is not None and now - self._drain_at >= self.settings.drain_s:
                 for job in self._prefilling + self._decoding:
                     self._finish(job, "length")
+            self._flush()
             self._gauges()
 
     def _drop_cancelled(self) -> None:
@@ -215,10 +217,10 @@ class DecoderScheduler:
             job = self._waiting.popleft()
             if self._drain_at is not None:
                 self.metrics.rejected.labels("draining").inc()
-                job.emit(Rejected(503, "the server is shutting down; retry on another replica", "Unavailable", 1))
+                self._post(job, Rejected(503, "the server is shutting down; retry on another replica", "Unavailable", 1))
             else:
                 self.metrics.rejected.labels("queue_timeout").inc()
-                job.emit(Rejected(503, f"no free slot within {self.settings.queue_timeout_s:g} s; retry later",
+                self._post(job, Rejected(503, f"no free slot within {self.settings.queue_timeout_s:g} s; retry later",
                                   "Overloaded", self._retry_after(len(self._waiting) + 1)))
 
     def _admit(self) -> None:
@@ -243,6 +245,7 @@ class DecoderScheduler:
             except Exception as exc:  # noqa: BLE001  (one failing call must not stop the server)
                 self._fail([job], exc)
                 continue
+            self._flush()  # the decode step follows: send what is ready first
             self.metrics.step.labels("prefill").observe(time.perf_counter() - started)
             self.metrics.prefill_tokens.observe(len(chunk))
             self.metrics.prompt_tokens.inc(len(chunk))
@@ -287,14 +290,14 @@ class DecoderScheduler:
         elif len(job.new_ids) >= job.max_tokens:
             self._finish(job, "length", delta)
         else:
-            job.emit(Token(delta, token))
+            self._post(job, Token(delta, token))
 
     def _finish(self, job: Job, reason: str, delta: str = "") -> None:
         if job.ended:
             return
         self._release(job)
         job.ended = True
-        job.emit(Done(reason, len(job.prompt_ids), len(job.new_ids), delta + job.text.flush()))
+        self._post(job, Done(reason, len(job.prompt_ids), len(job.new_ids), delta + job.text.flush()))
         self.metrics.finished.labels(reason).inc()
         elapsed = time.monotonic() - job.arrived
         self._duration = 0.8 * self._duration + 0.2 * elapsed if self._duration else elapsed
@@ -303,7 +306,7 @@ class DecoderScheduler:
         for job in jobs:
             self._release(job)
             job.ended = True
-            job.emit(Rejected(500, f"the model failed ({type(exc).__name__}: {exc})", "Backend"))
+            self._post(job, Rejected(500, f"the model failed ({type(exc).__name__}: {exc})", "Backend"))
             self.metrics.finished.labels("error").inc()
 
     def _release(self, job: Job) -> None:
@@ -314,6 +317,19 @@ class DecoderScheduler:
             self.engine.close(job.slot)
             self._job_of.pop(job.slot, None)
             job.slot = None
+
+    def _post(self, job: Job, event) -> None:
+        self._outbox.append((job.queue, event))
+
+    def _flush(self) -> None:
+        """Hand this turn's events to the event loop in one call (one wake-up per step, not one per stream)."""
+        if not self._outbox:
+            return
+        batch, self._outbox = self._outbox, []
+        try:
+            self._loop.call_soon_threadsafe(_deliver, batch)
+        except RuntimeError:  # the event loop is gone (process ending): nobody is listening
+            pass
 
     def _gauges(self) -> None:
         m = self.metrics
