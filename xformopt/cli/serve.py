@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         max_kv_tokens: Annotated[int, typer.Option("--max-kv-tokens", min=1, help="Decoders: KV cache positions "
             "allocated at most (rows x longest reservation); requests wait for room beyond it.")] = 8192,
         prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", min=1, help="Decoders: prompt tokens read "
-            "between two decode steps (bounds how long a newcomer stalls the running streams).")] = 256,
+            "between two decode steps (bounds how long a newcomer stalls the running streams).")] = 64,
         max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Decoders: max_tokens of a "
             "request that gives none.")] = 512,
         drain_seconds: Annotated[float, typer.Option("--drain-seconds", min=0, help="Decoders: after SIGTERM, how "

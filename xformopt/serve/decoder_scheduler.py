@@ -44,7 +44,7 @@ class DecoderSettings:
     max_streams: int = 16  # sequences decoding together: rows per decode call
     max_waiting: int = 64  # requests queued for a row; more get 503 at once
     max_kv_tokens: int = 8192  # KV positions allocated at most (rows x capacity)
-    prefill_chunk: int = 256  # prompt tokens read per engine turn, between decode steps
+    prefill_chunk: int = 64  # prompt tokens read per engine turn, between decode steps (README: 32-256 measured)
     default_max_tokens: int = 512  # max_tokens when a request gives none (capped by the context window)
     queue_timeout_s: float = 30.0  # a request waiting longer for a row gets 503
     drain_s: float = 20.0  # after SIGTERM, how long running streams may go on
