@@ -151,6 +151,11 @@ def test_served_answers_equal_single_stream_whatever_joins_or_leaves(served_deco
         assert finish == ("stop" if alone.generation.stopped == "eos" else "length")
     calls = metric(page, "xformopt_batch_size_count")
     assert metric(page, "xformopt_batch_size_sum") > calls  # decode steps ran several sequences together
+    generated = sum(tokens for _, _, tokens in answers)
+    assert metric(page, "xformopt_decoder_generated_tokens_total") == generated
+    assert metric(page, "xformopt_decoder_time_to_first_token_seconds_count") == len(prompts)
+    assert metric(page, "xformopt_decoder_inter_token_seconds_count") == generated - len(prompts)
+    assert metric(page, "xformopt_decoder_kv_tokens") == 0  # every row freed
     assert metric(page, "xformopt_decoder_running_sequences") == 0
     assert metric(page, "xformopt_decoder_kv_tokens_allocated") <= 4096
 

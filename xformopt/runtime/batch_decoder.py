@@ -80,7 +80,7 @@ class BatchDecoder:
         self.bytes_per_position = 4 * self.kv_heads * self.head_dim * len(self.layout.past_names)
         self.arrays: dict[str, np.ndarray] = {}
         self.rows_allocated = self.capacity = 0
-        self._views: dict[tuple[int, int], dict] = {}
+        self._views: dict[tuple[int, int], tuple] = {}
         self.decoding: list[Slot] = []
         self.prefilling: list[Slot] = []
         self.calls = {"prefill": 0, "decode": 0}
@@ -202,24 +202,29 @@ class BatchDecoder:
         self.arrays, self.rows_allocated, self.capacity = arrays, want_rows, want_cap
         self._views.clear()
 
-    def _values(self, start: int, stop: int) -> dict:
-        """OrtValues viewing rows [start, stop) of every buffer (no copy), cached until the buffer changes."""
+    def _binding(self, start: int, stop: int):
+        """An IOBinding with rows [start, stop) of every buffer bound as past and present (OrtValues viewing
+        the buffer, no copy), cached until the buffer changes: a step re-binds only its inputs and logits.
+        Logits are bound first, so they stay the first output."""
         import onnxruntime as ort
 
         key = (start, stop)
         if key not in self._views:
-            self._views[key] = {n: ort.OrtValue.ortvalue_from_numpy(a[start:stop]) for n, a in self.arrays.items()}
-        return self._views[key]
+            binding = self.session.io_binding()
+            binding.bind_output("logits", "cpu")
+            values = [ort.OrtValue.ortvalue_from_numpy(self.arrays[n][start:stop]) for n in self.layout.past_names]
+            for past, present, value in zip(self.layout.past_names, self.layout.present_names, values):
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)
+            self._views[key] = (binding, values)  # the OrtValues stay referenced as long as the binding
+        return self._views[key][0]
 
     def _run(self, ids: np.ndarray, mask: np.ndarray, start: int, stop: int) -> np.ndarray:
-        binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids))
-        binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask))
+        ids, mask = np.ascontiguousarray(ids), np.ascontiguousarray(mask)  # referenced until the run returns
+        binding = self._binding(start, stop)
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", mask)
         binding.bind_output("logits", "cpu")
-        values = self._values(start, stop)
-        for past, present in zip(self.layout.past_names, self.layout.present_names):
-            binding.bind_ortvalue_input(past, values[past])
-            binding.bind_ortvalue_output(present, values[past])
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()
 
