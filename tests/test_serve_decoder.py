@@ -370,3 +370,21 @@ def test_incremental_text_holds_back_stop_prefixes_and_split_characters(generato
     emoji = list(tokenizer("café ☕ ok")["input_ids"])
     pieces = [plain.add(emoji[:k]) for k in range(1, len(emoji) + 1)] + [plain.flush()]
     assert "".join(pieces) == "café ☕ ok" and not any("\ufffd" in p for p in pieces)
+
+
+def test_loadtest_streams_against_the_served_decoder_reads_its_decode_calls(served_decoder):
+    from xformopt.loadtest.run import Target
+    from xformopt.loadtest.stream_ladder import StreamOptions, run_streams
+
+    step = 0.01
+    app = create_app(_config(served_decoder, max_streams=4), engine_factory=slow_engine_factory(step))
+    with ServerThread(app) as server:
+        options = StreamOptions(streams=[1, 3], duration_s=1.0, warmup_s=0.2, max_tokens=12, prompt_chars=200)
+        document = run_streams([Target(server.url, "tiny")], ["A fine film with a slow middle and a good end."],
+                               options, log=lambda m: None)
+    for level in document["targets"][0]["levels"]:
+        assert not level["errors"] and level["completion_tokens"] == 12 * level["ok"]
+        assert 1 <= level["mean_decode_batch"] <= level["streams"]
+        # each decode call takes >= step: inside them, never more than (rows per call) / step tokens/s
+        assert 0 < level["server_decode_tokens_per_s"] <= level["mean_decode_batch"] / step + 1e-6
+        assert level["stream_decode_tokens_per_s"] <= 1.1 / step  # its gaps add up to about a step each (client-timed)

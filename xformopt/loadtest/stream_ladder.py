@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 
 from xformopt.errors import InputError
-from xformopt.loadtest.run import PAUSE_S, Target, _get, batch_totals
+from xformopt.loadtest.run import PAUSE_S, Target, _get
 from xformopt.loadtest.streams import (
     CHAT_ROUTE,
     COMPLETIONS_ROUTE,
@@ -24,6 +25,9 @@ from xformopt.loadtest.streams import (
 from xformopt.measure.host import cpu_model, usable_cpus
 
 SCHEMA = "xformopt.loadtest.streams/1"
+# what an xformopt server's /metrics says about its decode calls: rows, calls, seconds inside them
+_DECODE_SAMPLES = {"rows": "xformopt_batch_size_sum", "calls": "xformopt_batch_size_count",
+                   "seconds": 'xformopt_decoder_step_seconds_sum{kind="decode"}'}
 DECODER_ROUTES = (COMPLETIONS_ROUTE, CHAT_ROUTE)
 
 
@@ -67,6 +71,31 @@ def _prepare(target: Target, prompts: list[str], options: StreamOptions) -> tupl
     return target.url + route, bodies, headers
 
 
+def decode_totals(target: Target, api_key: str | None) -> dict | None:
+    """Rows, calls and seconds of the server's decode calls so far (an xformopt server's /metrics), or None."""
+    if not target.has_metrics:
+        return None
+    try:
+        text = _get(f"{target.url}/metrics", api_key).decode()
+    except OSError:
+        return None
+    totals = {}
+    for key, name in _DECODE_SAMPLES.items():
+        found = re.search(r"^" + re.escape(name) + r" ([0-9.eE+-]+)$", text, re.MULTILINE)
+        if found is None:
+            return None
+        totals[key] = float(found.group(1))
+    return totals
+
+
+def server_decode(before: dict | None, after: dict | None) -> tuple[float | None, float | None]:
+    """(mean rows per decode call, tokens/s inside decode calls: prompt reading and serving excluded)."""
+    if not before or not after or after["calls"] <= before["calls"] or after["seconds"] <= before["seconds"]:
+        return None, None
+    rows = after["rows"] - before["rows"]
+    return rows / (after["calls"] - before["calls"]), rows / (after["seconds"] - before["seconds"])
+
+
 async def _ladder(targets: list[Target], plans: list[tuple], options: StreamOptions, log) -> None:
     import aiohttp
 
@@ -80,14 +109,12 @@ async def _ladder(targets: list[Target], plans: list[tuple], options: StreamOpti
             order = list(zip(targets, plans))
             for target, (url, bodies, headers) in (order if i % 2 == 0 else order[::-1]):
                 await asyncio.sleep(PAUSE_S)
-                before = batch_totals(target, options.api_key)
+                before = decode_totals(target, options.api_key)
                 records, wall = await run_level(session, url, bodies, headers, streams, options.duration_s,
                                                 options.timeout_s, offset=i * 101)
-                after = batch_totals(target, options.api_key)
-                batch = None
-                if before and after and after[1] > before[1]:
-                    batch = (after[0] - before[0]) / (after[1] - before[1])
+                batch, inside = server_decode(before, decode_totals(target, options.api_key))
                 level = summarize(records, streams, wall, batch)
+                level["server_decode_tokens_per_s"] = None if inside is None else round(inside, 3)
                 target.steps.append(level)
                 log(f"{target.label} @ {streams} stream(s): {level['ok']} requests, TTFT p50 {level['ttft_p50_ms']} ms, "
                     f"ITL p50/p99 {level['itl_p50_ms']}/{level['itl_p99_ms']} ms, decode "

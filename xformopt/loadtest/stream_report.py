@@ -23,26 +23,31 @@ def markdown(document: dict) -> str:
     for target in document["targets"]:
         lines += [f"## {target['label']} ({target['route']})", "",
                   "| streams | requests | prompt tok | TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | "
-                  "per-stream decode tok/s | aggregate decode tok/s | output tok/s | mean decode batch | errors |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "per-stream decode tok/s | aggregate decode tok/s | output tok/s | mean decode batch | "
+                  "server decode tok/s | errors |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for s in target["levels"]:
             errors = ", ".join(f"{k}: {v}" for k, v in s["errors"].items()) or "0"
             lines.append(f"| {s['streams']} | {s['ok']} | {_v(s['prompt_tokens_mean'])} | {_v(s['ttft_p50_ms'])} / "
                          f"{_v(s['ttft_p90_ms'])} / {_v(s['ttft_p99_ms'])} | {_v(s['itl_p50_ms'])} / "
                          f"{_v(s['itl_p90_ms'])} / {_v(s['itl_p99_ms'])} | {_v(s['stream_decode_tokens_per_s'])} | "
                          f"{_v(s['aggregate_decode_tokens_per_s'])} | {_v(s['output_tokens_per_s'])} | "
-                         f"{_v(s['mean_decode_batch'])} | {errors} |")
+                         f"{_v(s['mean_decode_batch'])} | {_v(s.get('server_decode_tokens_per_s'))} | {errors} |")
         ratios = target.get("scaling", {})
         decode = ratios.get("aggregate_decode_tokens_per_s") or {}
         output = ratios.get("output_tokens_per_s") or {}
+        inside = ratios.get("server_decode_tokens_per_s") or {}
         if any(v is not None for v in decode.values()):
-            lines += ["", "Over one stream: aggregate decode " + ", ".join(f"{k} streams {_v(v)}x" for k, v in
-                                                                           decode.items())
-                      + "; output " + ", ".join(f"{k} streams {_v(v)}x" for k, v in output.items()) + "."]
+            parts = [("aggregate decode", decode), ("output", output), ("server decode", inside)]
+            lines += ["", "Over one stream: " + "; ".join(
+                name + " " + ", ".join(f"{k} streams {_v(v)}x" for k, v in values.items())
+                for name, values in parts if any(v is not None for v in values.values())) + "."]
         lines.append("")
     lines.append("TTFT: send to the first chunk with text. ITL: gaps between a stream's text chunks. Per-stream "
                  "decode: tokens after the first over first-to-last token time; aggregate decode: streams x that. "
-                 "Output: all completion tokens over the level's wall time (prompt reading included).")
+                 "Output: all completion tokens over the level's wall time (prompt reading included). Server decode "
+                 "(xformopt servers, from /metrics): tokens over the seconds spent inside decode calls, prompt "
+                 "reading excluded (llama.cpp's S_TG).")
     for warning in document.get("warnings", []):
         lines += ["", f"> {warning}"]
     return "\n".join(lines).rstrip() + "\n"

@@ -193,7 +193,7 @@ def scaling(levels: list[dict]) -> dict:
     """Each level's aggregate decode and output tokens/s over the single stream's."""
     base = next((s for s in levels if s["streams"] == 1), None)
     out = {}
-    for key in ("aggregate_decode_tokens_per_s", "output_tokens_per_s"):
+    for key in ("aggregate_decode_tokens_per_s", "output_tokens_per_s", "server_decode_tokens_per_s"):
         ref = base and base.get(key)
         out[key] = {str(s["streams"]): (round(s[key] / ref, 2) if ref and s.get(key) else None) for s in levels}
     return out
