@@ -15,8 +15,9 @@ from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.data import load_text_dataset
 from xformopt.errors import InputError
-from xformopt.loadtest import report
+from xformopt.loadtest import report, stream_report
 from xformopt.loadtest.run import LocalServer, Options, Target, run
+from xformopt.loadtest.stream_ladder import StreamOptions, is_decoder_target, run_streams
 from xformopt.resources import vader_split_path
 
 EXAMPLES = """
@@ -28,8 +29,13 @@ Examples:
     xformopt loadtest out/ --serve-args "--max-batch 1" --compare http://127.0.0.1:7997 \\
         --compare-route /classify --compare-field input --compare-as-list
 
+    xformopt loadtest smol-int4/ --streams 1,2,4,8 --max-tokens 128 -o lt/   # a decoder: streams
+
 Latency is measured from each request's scheduled (Poisson) send time, so a slow server cannot hide
-its latency by slowing the client. Writes loadtest.json, loadtest.md and loadtest.png to -o DIR.
+its latency by slowing the client. A decoder server (its /info says text-generation, or --route is a
+completions route) gets a closed-loop ladder of concurrent streams instead of rates: time to first
+token, inter-token latency, tokens/s per stream and together. Writes loadtest.json, loadtest.md and
+loadtest.png to -o DIR.
 """
 
 
@@ -48,7 +54,8 @@ def register(app: typer.Typer) -> None:
     def loadtest(
         target: Annotated[str, typer.Argument(metavar="TARGET", help="A server URL, or an artifact directory (served on a free local port for the run).")],
         rates: Annotated[str, typer.Option("--rates", help="Offered rates, requests/s, comma-separated.")] = "5,10,20,40,80,160",
-        duration: Annotated[float, typer.Option("--duration", min=0.5, help="Seconds per rate.")] = 10.0,
+        duration: Annotated[float, typer.Option("--duration", min=0.5, help="Seconds per rate (per stream count "
+            "for decoders) [default: 10, decoders 30].")] = None,
         warmup: Annotated[float, typer.Option("--warmup", min=0, help="Seconds of warm-up at the first rate (not reported).")] = 3.0,
         p99_ms: Annotated[float, typer.Option("--p99-ms", min=0.1, help="The p99 bound the sustainable rate keeps.")] = 50.0,
         data: Annotated[Path, typer.Option("--data", metavar="FILE", help="Texts to send (any format --data takes "
@@ -78,19 +85,27 @@ def register(app: typer.Typer) -> None:
             "rate after the overload.")] = 15.0,
         seed: Annotated[int, typer.Option("--seed", help="Seed of the arrival times and text order.")] = 0,
         limit: Annotated[int, typer.Option("--limit", min=1, help="Texts to cycle through at most.")] = 2000,
+        streams: Annotated[str, typer.Option("--streams", help="Decoders: concurrent streams per level, "
+            "comma-separated.")] = "1,2,4,8",
+        max_tokens: Annotated[int, typer.Option("--max-tokens", min=1, help="Decoders: new tokens per request.")] = 128,
+        prompt_chars: Annotated[int, typer.Option("--prompt-chars", min=1, help="Decoders: prompt length in "
+            "characters of real text (~4.5 per token in English).")] = 600,
+        stop_at_eos: Annotated[bool, typer.Option("--stop-at-eos", help="Decoders: let requests end at EOS "
+            "(default: ignore_eos, so every request decodes --max-tokens).")] = False,
         json_out: opt.Json = False,
         quiet: opt.Quiet = False,
     ) -> None:
         """Open-loop load test: latency percentiles per offered rate, and the highest rate under --p99-ms."""
 
         ladder = _rates(rates)
+        levels = _streams(streams)
         key = None
         if api_key_env:
             key = os.environ.get(api_key_env) or None
             if key is None:
                 raise InputError(f"--api-key-env {api_key_env}: that environment variable is unset or empty")
         texts = _texts(data, limit, seed)
-        options = Options(rates=ladder, duration_s=duration, warmup_s=warmup, p99_ms=p99_ms,
+        options = Options(rates=ladder, duration_s=duration or 10.0, warmup_s=warmup, p99_ms=p99_ms,
                           concurrency_limit=concurrency_limit, seed=seed, route=route, field_name=field_name,
                           model=model, api_key=key, full_ladder=full_ladder, overload_factor=overload_factor,
                           overload_rps=overload_rps, overload_s=overload_s, recovery_s=recovery_s)
@@ -110,19 +125,37 @@ def register(app: typer.Typer) -> None:
             if len(targets) == 2:
                 targets[1].route, targets[1].field_name = compare_route, compare_field
                 targets[1].as_list = compare_as_list
-            document = run(targets, texts, options, output.log)
+            decoder = is_decoder_target(targets[0].url, route, key)
+            if decoder:
+                stream_options = StreamOptions(levels, duration or 30.0, warmup, max_tokens, prompt_chars,
+                                               not stop_at_eos, route=route, model=model, api_key=key, seed=seed)
+                document = run_streams(targets, [t if isinstance(t, str) else t["context"] for t in texts],
+                                       stream_options, output.log)
+            else:
+                document = run(targets, texts, options, output.log)
+        render = stream_report if decoder else report
         for warning in document["warnings"]:
             output.log(f"warning: {warning}")
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
             atomic.write_json(out / "loadtest.json", document)
-            atomic.write_text(out / "loadtest.md", report.markdown(document))
-            report.plot(document, out / "loadtest.png")
+            atomic.write_text(out / "loadtest.md", render.markdown(document))
+            render.plot(document, out / "loadtest.png")
             output.log(f"wrote {out / 'loadtest.json'}, loadtest.md, loadtest.png")
         if json_out:
             output.emit_json(document)
         else:
-            output.stdout.print(report.markdown(document), highlight=False, markup=False)
+            output.stdout.print(render.markdown(document), highlight=False, markup=False)
+
+
+def _streams(value: str) -> list[int]:
+    try:
+        levels = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{value!r}: give comma-separated stream counts, e.g. 1,2,4,8") from None
+    if not levels or any(n < 1 for n in levels):
+        raise typer.BadParameter(f"{value!r}: give stream counts of at least 1, e.g. 1,2,4,8")
+    return sorted(set(levels))
 
 
 def _texts(data: Path | None, limit: int, seed: int) -> list:

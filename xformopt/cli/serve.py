@@ -15,6 +15,8 @@ from xformopt.measure.host import usable_cpus
 from xformopt.runtime.predictor import INT8_SCALES, artifact_spec
 from xformopt.serve import server
 from xformopt.serve.app import ServeConfig, create_app
+from xformopt.serve.decoder_routes import decoder_spec
+from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.scheduler import Settings
 
 EXAMPLES = """
@@ -26,8 +28,12 @@ Examples:
     xformopt serve out/ --ray local --replicas 2           # Ray Serve on a new local Ray head
     curl -s localhost:8080/predict -H 'content-type: application/json' -d '{"inputs": "a fine film"}'
 
+    xformopt serve smol-int4/ --max-batch 8 --max-kv-tokens 4096   # a decoder: OpenAI chat/completions
+
 Routes: /v1/embeddings (OpenAI) and /embed (TEI) for embedders, /predict for classifiers, taggers and
-question answering, /health, /info, /metrics (Prometheus), /openapi.json. SIGTERM drains and exits 0.
+question answering, /v1/chat/completions, /v1/completions and /v1/models for decoders (continuous
+batching, streamed with "stream": true), /health, /info, /metrics (Prometheus), /openapi.json.
+SIGTERM drains and exits 0.
 """
 
 
@@ -38,7 +44,8 @@ def register(app: typer.Typer) -> None:
         host: Annotated[str, typer.Option("--host", help="Address to bind; anything but loopback needs --api-key-env or gets a loud warning.")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port (0: any free port).")] = 8080,
         max_batch: Annotated[int, typer.Option("--max-batch", min=1, help="Inputs per batch and rows per session call "
-            "(1: no batching) [default: measured at start-up: the session timed at a few batch sizes, see /info].")] = None,
+            "(1: no batching) [default: measured at start-up: the session timed at a few batch sizes, see /info]; decoders: "
+            "sequences decoding together [default: 16].")] = None,
         max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", min=0, help="How long a batch's first request waits "
             "for others [default: measured at start-up: one batch-1 session call].")] = None,
         threads: opt.Threads = None,
@@ -58,12 +65,22 @@ def register(app: typer.Typer) -> None:
         int8_scales: Annotated[str, typer.Option("--int8-scales", help="Dynamic-INT8 graphs: per-token (one "
             "activation scale per token: an answer does not depend on its batch mates) or per-tensor (the graph as "
             "exported: one scale per batch).")] = "per-token",
+        max_kv_tokens: Annotated[int, typer.Option("--max-kv-tokens", min=1, help="Decoders: KV cache positions "
+            "allocated at most (rows x longest reservation); requests wait for room beyond it.")] = 8192,
+        prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", min=1, help="Decoders: prompt tokens read "
+            "between two decode steps (bounds how long a newcomer stalls the running streams).")] = 64,
+        max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Decoders: max_tokens of a "
+            "request that gives none.")] = 512,
+        drain_seconds: Annotated[float, typer.Option("--drain-seconds", min=0, help="Decoders: after SIGTERM, how "
+            f"long streams in flight may finish before they end with finish_reason 'length' (< {server.DRAIN_SECONDS}).")] = 20.0,
         quiet: opt.Quiet = False,
     ) -> None:
-        """Serve an artifact over HTTP with dynamic batching and a result cache."""
+        """Serve an artifact over HTTP: dynamic batching for encoders, continuous batching for decoders."""
 
         config = build_config(artifact, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue,
-                              timeout_ms, max_inputs, max_body_bytes, int8_scales, max_queue_ms)
+                              timeout_ms, max_inputs, max_body_bytes, int8_scales, max_queue_ms,
+                              decoder_settings(max_batch, max_queue, timeout_ms, max_kv_tokens, prefill_chunk,
+                                               max_new_tokens, drain_seconds))
         warning = server.open_bind_warning(host, config.api_key is not None)
         if warning:
             output.stderr.print(warning, style="bold red", highlight=False, markup=False)
@@ -85,9 +102,10 @@ def register(app: typer.Typer) -> None:
 
 
 def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue, timeout_ms,
-                 max_inputs, max_body_bytes, int8_scales="per-token", max_queue_ms=1000.0):
+                 max_inputs, max_body_bytes, int8_scales="per-token", max_queue_ms=1000.0,
+                 decoder: DecoderSettings | None = None):
 
-    artifact_spec(artifact)  # bad artifacts fail here, before anything binds
+    decoder_spec(artifact) or artifact_spec(artifact)  # bad artifacts fail here, before anything binds
     key = None
     if api_key_env is not None:
         key = os.environ.get(api_key_env)
@@ -101,4 +119,17 @@ def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, ap
     settings = Settings(max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                         max_queue_s=max_queue_ms / 1000, timeout_s=timeout_ms / 1000, cache_size=cache_size)
     return ServeConfig(str(Path(artifact).resolve()), threads or usable_cpus(), settings, key, max_body_bytes, max_inputs,
-                       Path(artifact).resolve().name, int8_scales)
+                       Path(artifact).resolve().name, int8_scales, decoder or DecoderSettings())
+
+
+def decoder_settings(max_batch, max_queue, timeout_ms, max_kv_tokens, prefill_chunk, max_new_tokens,
+                     drain_seconds) -> DecoderSettings:
+    """For decoders --max-batch is the sequences decoding together, --max-queue the requests waiting for
+    one of them, --timeout-ms how long a request may wait for it."""
+    if drain_seconds >= server.DRAIN_SECONDS:
+        raise InputError(f"--drain-seconds {drain_seconds:g}: give less than {server.DRAIN_SECONDS} (the server's own "
+                         "shutdown limit, after which unfinished streams are cut without an end)")
+    return DecoderSettings(max_streams=max_batch or DecoderSettings.max_streams, max_waiting=max_queue,
+                           max_kv_tokens=max_kv_tokens,
+                           prefill_chunk=prefill_chunk, default_max_tokens=max_new_tokens,
+                           queue_timeout_s=timeout_ms / 1000, drain_s=drain_seconds)

@@ -29,7 +29,8 @@ from fastapi.responses import JSONResponse, Response
 from xformopt import __version__
 from xformopt.errors import InputError
 from xformopt.runtime.predictor import artifact_spec, load_predictor
-from xformopt.serve import schemas
+from xformopt.serve import decoder_routes, schemas
+from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from xformopt.serve.scheduler import (
     BatchFailed,
@@ -57,6 +58,7 @@ class ServeConfig:
     max_inputs: int = 256  # inputs per request
     model_name: str | None = None  # what /v1/embeddings and /info call the model [default: the folder name]
     int8_scales: str = "per-token"  # dynamic INT8 graphs: per-token scales (batch-independent) or as exported
+    decoder: DecoderSettings = field(default_factory=DecoderSettings)  # text-generation artifacts
 
     def public(self) -> dict:
         """The settings /info shows (never the key)."""
@@ -240,17 +242,29 @@ def _read(path: Path) -> dict:
 # --------------------------------------------------------------------------- the app
 
 
-def create_app(config: ServeConfig, predictor_factory=None):
+def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None):
     """The ASGI app for ``config.artifact``; ``predictor_factory(path, threads, int8_scales)`` opens the
-    model in the lifespan (default: xformopt.runtime.predictor.load_predictor)."""
+    model in the lifespan (default: xformopt.runtime.predictor.load_predictor); for a decoder,
+    ``engine_factory(path, threads, max_kv_tokens, max_rows)`` (default: BatchDecoder)."""
 
-    spec = artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
+    decoder = decoder_routes.decoder_spec(config.artifact)  # text generation: the decoder routes
+    spec = decoder or artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
     factory = predictor_factory or load_predictor
     metrics = Metrics()
     state = {"ready": False, "scheduler": None, "predictor": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if decoder is not None:
+            service = await decoder_routes.start_service(config, metrics, engine_factory)
+            state.update(predictor=service, scheduler=service.scheduler, ready=True)
+            app.state.begin_drain = service.scheduler.begin_drain  # serve.server calls it on SIGTERM
+            try:
+                yield
+            finally:
+                state["ready"] = False
+                await service.scheduler.stop()
+            return
         predictor = factory(config.artifact, config.threads, config.int8_scales)
         scheduler = Scheduler(predictor, config.scheduler, metrics)
         warmup = [{"question": "what?", "context": WARMUP_TEXT}] if spec.task == "question-answering" else [WARMUP_TEXT]
@@ -313,7 +327,10 @@ def create_app(config: ServeConfig, predictor_factory=None):
     width = spec.hidden_size
     model_name = config.model_name or Path(config.artifact).name
 
-    if spec.task == "feature-extraction":
+    if decoder is not None:
+        routes |= decoder_routes.add_routes(app, config, state)
+
+    elif spec.task == "feature-extraction":
         routes |= {"/v1/embeddings", "/embed"}
 
         @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")

@@ -58,6 +58,15 @@ def run(app, host: str, port: int, json_logs: bool = False) -> bool:
     # the handlers it found; for a server that drained, that stop is the normal end (exit 0), so the
     # CLI's own handler (which turns a signal into exit 143) is parked meanwhile.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
+    uvicorn_exit = server.handle_exit
+
+    def handle_exit(sig, frame):  # tell the app too: streams in flight get their drain time now
+        uvicorn_exit(sig, frame)
+        drain = getattr(getattr(app, "state", None), "begin_drain", None)
+        if drain is not None:
+            drain()
+
+    server.handle_exit = handle_exit
     try:
         server.run()
     finally:
