@@ -227,7 +227,7 @@ def _info(config: ServeConfig, spec, predictor, scheduler=None) -> dict:
         "max_tokens": predictor.max_length if predictor is not None else None,
         "labels": spec.id2label or None,
         "settings": config.public(),
-        "batching": scheduler.tuning.public() if scheduler is not None and scheduler.tuning else None,
+        "batching": tuning.public() if (tuning := getattr(scheduler, "tuning", None)) else None,  # encoders only
     }
 
 
