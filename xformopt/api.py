@@ -132,7 +132,7 @@ def resolve_recipe(recipe: RecipeLike = None, *, target: str | None = None, data
     else:
         raise InputError(f"recipe must be a name, a YAML path, a dict or a Recipe (got {type(recipe).__name__})")
     evaluation_fields = set(recipes.EvaluationSettings.model_fields)
-    known = {"task", *recipes.OVERRIDES, *evaluation_fields, *_EVALUATION_ALIASES}
+    known = {"task", *recipes.override_flags(), *evaluation_fields, *_EVALUATION_ALIASES}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise InputError(f"optimize() got unknown setting(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")

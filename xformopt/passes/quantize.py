@@ -44,6 +44,7 @@ from xformopt import accuracy_budget
 from xformopt.artifact import copy_stage
 from xformopt.decoder.fusion import logits_agreement
 from xformopt.errors import InputError, PassFailed
+from xformopt.models import ModelSpec
 from xformopt.onnx_graph import (
     int8_coverage,
     load_graph,
@@ -67,7 +68,7 @@ from xformopt.passes.int8_formats import (
 )
 from xformopt.passes.quantize_int4 import Int4Options, run_int4, summarize_int4
 from xformopt.runtime.encoder import OrtPredictor
-from xformopt.targets import u8s8_saturates
+from xformopt.targets import Target, u8s8_saturates
 
 
 @contextmanager
@@ -137,8 +138,9 @@ def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOpt
     return treated, record
 
 
-def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
-    q = ctx.target.quant
+def resolved_formats(target: Target, options: QuantizeOptions) -> dict:
+    """The INT8 formats a run uses: each option, or where it is null the target profile's choice."""
+    q = target.quant
 
     def pick(option, default):
         return default if option is None else option
@@ -176,6 +178,43 @@ class QuantizePass(Pass):
     must_not_follow = {"quantize": "the graph is already quantized"}
     summary = "INT8 quantization (dynamic or calibrated static), formats from the target, optional accuracy budget"
     needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
+    flags = {"validation_data": "budget_data", "calibration_data": "calibration_data",
+             "max_accuracy_drop": "max_accuracy_drop", "per_channel": "per_channel", "min_agreement": "min_agreement"}
+    data_options = ("calibration_data", "budget_data")
+    labelled_fallbacks = {"budget_data": ("validation", "the INT8 accuracy budget")}
+    read_when = {"calibration_data": "in static mode (mode: static)",
+                 "budget_data": "with an accuracy budget (max_accuracy_drop)"}
+
+    @classmethod
+    def reads(cls, option: str, options: dict) -> bool:
+        if option == "calibration_data":
+            return options.get("mode") == "static"
+        if option == "budget_data":
+            return options.get("max_accuracy_drop") is not None
+        return True
+
+    @classmethod
+    def check(cls, spec: ModelSpec, options: dict) -> None:
+        super().check(spec, options)
+        task = spec.task_def
+        if options.get("mode") == "int4" and not task.decoder:
+            raise InputError(f"quantize --mode int4 is for decoders (text-generation); {spec.model_type!r} is an encoder: "
+                             "use --mode dynamic or static")
+        if options.get("mode") != "int4" and not task.int8_calibration and (
+                options.get("mode") == "static" or options.get("max_accuracy_drop") is not None):
+            raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
+                             "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
+
+    @classmethod
+    def resolve(cls, options: dict, target: Target) -> dict:
+        """The INT8 formats ``target`` decides where the options say null (what the run will use)."""
+        if options.get("mode") == "int4":  # int4 reads none of the INT8 formats
+            return dict(options)
+        formats = resolved_formats(target, QuantizeOptions.model_validate(options))
+        return {**options, "weight_type": formats["weight_type"], "per_channel": formats["per_channel"],
+                "reduce_range": formats["reduce_range"], "op_types": formats["op_types"],
+                "quant_format": formats["format"], "activation_type": formats["activation_type"],
+                "activation_symmetric": formats["activation_symmetric"]}
 
     @staticmethod
     def report_facts(record: dict) -> dict:
@@ -235,10 +274,7 @@ class QuantizePass(Pass):
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py
             return run_int4(ctx, src, dst, options)
-        if ctx.spec.is_decoder and (options.mode == "static" or options.max_accuracy_drop is not None):
-            raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
-                             "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
-        formats = resolved_formats(ctx, options)
+        formats = resolved_formats(ctx.target, options)
         record: dict = {"mode": options.mode}
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"

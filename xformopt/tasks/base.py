@@ -61,6 +61,10 @@ class Task:
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
     agreement_floor: ClassVar[float] = 0.9
     agreement_measure: ClassVar[str] = "cosine"  # what ``agreement`` computes, in words (for records)
+    # quantize's helpers that feed the graph rows of model inputs work for this task: static calibration,
+    # the accuracy budget and the harm ranking of the float-GEMM ladder. False where the graph also takes
+    # a KV cache (decoders): dynamic INT8 only, agreement measured on logits.
+    int8_calibration: ClassVar[bool] = True
     # What prune and distill optimise the student towards: "logits" (the head's output, labels where
     # given) or "embedding" (mean-pooled token states); None: those passes do not take this task.
     torch_objective: ClassVar[str | None] = None

@@ -19,6 +19,7 @@ class TextGeneration(Task):
     metrics = {"perplexity": Metric("Perplexity", lower_is_better=True, bounds=(1.0, float("inf"))),
                "next_token_agreement": Metric("Next-token agr.", percent=True, relative=True)}
     decoder = True
+    int8_calibration = False  # the graph takes past key/values: calibration readers and the budget feed none
     passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
