@@ -220,7 +220,7 @@ class PassResult(_Verdict):
 def run_pass(name: str, src: str | Path, dst: str | Path, *, target: str = "auto", task: str | None = None,
              data: str | Path | None = None, force: bool = False, trust_remote_code: bool = False,
              wait: bool = False, check: bool = True, log: Log = _quiet, **options) -> PassResult:
-    """Run one pass (``export``, ``fuse``, ``quantize``, ``prune``, ``distill``) from ``src`` into ``dst``:
+    """Run one pass (``export``, ``fuse``, ``quantize``, ``int4``, ``prune``, ``distill``) from ``src`` into ``dst``:
     the single-pass commands as a function. The stage's manifest extends ``src``'s pass history.
 
     Args:

@@ -200,7 +200,8 @@ class FusePass(Pass):
     consumes = "onnx"
     produces = "onnx"
     Options = FuseOptions
-    must_not_follow = {"quantize": "fusions match float subgraphs; put fuse before quantize"}
+    must_not_follow = {"quantize": "fusions match float subgraphs; put fuse before quantize",
+                       "int4": "fusions match float subgraphs; put fuse before int4"}
     summary = "ONNX Runtime transformer fusions (Attention, SkipLayerNorm, ...), counted and timed"
     needs = ("held-out texts (timing candidates)",)
 

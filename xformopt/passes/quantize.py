@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from xformopt import accuracy_budget
 from xformopt.artifact import copy_stage
@@ -66,7 +67,6 @@ from xformopt.passes.int8_formats import (
     float_gemm_bound,
     format_ladder,
 )
-from xformopt.passes.quantize_int4 import Int4Options, run_int4, summarize_int4
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.targets import Target, u8s8_saturates
 
@@ -82,9 +82,9 @@ def _root_log_level(level: int):
         root.setLevel(previous)
 
 
-class QuantizeOptions(PassOptions, Int4Options):
-    mode: Literal["dynamic", "static", "int4"] = Field(
-        "dynamic", description="dynamic (activations per batch), static (calibrated), or int4 (4-bit weight-only decoders)")
+class QuantizeOptions(PassOptions):
+    mode: Literal["dynamic", "static"] = Field(
+        "dynamic", description="dynamic (activations per batch) or static (calibrated); 4-bit weight-only: the int4 pass")
     per_channel: bool | None = Field(None, description="per-channel weight scales; default: the target's")
     reduce_range: bool | None = Field(None, description="7-bit weights; default: the target's")
     weight_type: Literal["int8", "uint8"] | None = Field(None, description="weight type; default: the target's")
@@ -116,6 +116,16 @@ class QuantizeOptions(PassOptions, Int4Options):
     @classmethod
     def _budget(cls, value):
         return None if value is None else accuracy_budget.parse(value)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _int4_moved(cls, value):
+        # Recipes written before int4 became its own pass: refused with the fix (CHANGELOG), not translated.
+        if value == "int4":
+            raise PydanticCustomError("int4_moved", "quantize mode int4 is its own pass now: write the step as "
+                                                    "`int4: {...}` with the same options and no mode (`xformopt int4` on "
+                                                    "the command line)")
+        return value
 
 
 def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
@@ -175,7 +185,7 @@ class QuantizePass(Pass):
     consumes = "onnx"
     produces = "onnx"
     Options = QuantizeOptions
-    must_not_follow = {"quantize": "the graph is already quantized"}
+    must_not_follow = {"quantize": "the graph is already quantized", "int4": "the graph is already 4-bit"}
     summary = "INT8 quantization (dynamic or calibrated static), formats from the target, optional accuracy budget"
     needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
     flags = {"validation_data": "budget_data", "calibration_data": "calibration_data",
@@ -196,11 +206,7 @@ class QuantizePass(Pass):
     @classmethod
     def check(cls, spec: ModelSpec, options: dict) -> None:
         super().check(spec, options)
-        task = spec.task_def
-        if options.get("mode") == "int4" and not task.decoder:
-            raise InputError(f"quantize --mode int4 is for decoders (text-generation); {spec.model_type!r} is an encoder: "
-                             "use --mode dynamic or static")
-        if options.get("mode") != "int4" and not task.int8_calibration and (
+        if not spec.task_def.int8_calibration and (
                 options.get("mode") == "static" or options.get("max_accuracy_drop") is not None):
             raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
                              "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
@@ -208,8 +214,6 @@ class QuantizePass(Pass):
     @classmethod
     def resolve(cls, options: dict, target: Target) -> dict:
         """The INT8 formats ``target`` decides where the options say null (what the run will use)."""
-        if options.get("mode") == "int4":  # int4 reads none of the INT8 formats
-            return dict(options)
         formats = resolved_formats(target, QuantizeOptions.model_validate(options))
         return {**options, "weight_type": formats["weight_type"], "per_channel": formats["per_channel"],
                 "reduce_range": formats["reduce_range"], "op_types": formats["op_types"],
@@ -218,9 +222,6 @@ class QuantizePass(Pass):
 
     @staticmethod
     def report_facts(record: dict) -> dict:
-        if "matmulnbits" in record:  # --mode int4
-            return {"matmulnbits": record["matmulnbits"], "weighted_gemms": record["weighted_matmuls"],
-                    "float_gemms": [g["name"] for g in record["kept_float"]]}
         cov = record["coverage"]
         return {"int8_gemms": cov["int8"], "weighted_gemms": cov["weighted_gemms"],
                 "float_gemms": [g["name"] for g in cov["kept_float"]]}
@@ -236,10 +237,6 @@ class QuantizePass(Pass):
 
     @staticmethod
     def _budget_line(b: dict, out: Path) -> str:
-        if "max_perplexity_increase" in b:  # --mode int4
-            return (f"perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
-                    f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
-                    f"the best candidate was written to {out} (raise max_8bit_nodes, keep more roles at 8 bits, or loosen the budget)")
         return (f"accuracy budget not met: {b.get('metric')} drop {b.get('drop')} points > allowed "
                 f"{b.get('allowed_drop_points')} with up to {b.get('max_float_nodes')} node(s) in float; the best "
                 f"candidate was written to {out} (raise max_float_nodes, loosen the budget, or try another calibration)")
@@ -247,8 +244,6 @@ class QuantizePass(Pass):
     @staticmethod
     def summarize(rec: dict) -> str:
         """One line: what the pass changed and how it was verified."""
-        if rec.get("mode") == "int4":
-            return summarize_int4(rec)
         c = rec["coverage"]
         mode = rec.get("mode", "dynamic")
         if mode == "static":
@@ -272,8 +267,6 @@ class QuantizePass(Pass):
         return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
-        if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py
-            return run_int4(ctx, src, dst, options)
         formats = resolved_formats(ctx.target, options)
         record: dict = {"mode": options.mode}
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below

@@ -20,7 +20,7 @@ class TextGeneration(Task):
                "next_token_agreement": Metric("Next-token agr.", percent=True, relative=True)}
     decoder = True
     int8_calibration = False  # the graph takes past key/values: calibration readers and the budget feed none
-    passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
+    passes = ("export", "fuse", "quantize", "int4")  # prune and distill reach encoder modules only
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
         return load_text_dataset(path, text_column=(columns or {}).get("text"), label_column="", limit=limit, seed=seed)
