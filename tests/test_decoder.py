@@ -104,7 +104,7 @@ def test_decoders_resolve_as_text_generation(tiny_gpt2, tiny_llama, tiny_classif
 
     gpt2 = models.resolve(str(tiny_gpt2))
     assert (gpt2.task, gpt2.num_layers, gpt2.num_heads, gpt2.hidden_size) == ("text-generation", 2, 4, 64)
-    assert gpt2.is_decoder and gpt2.ort_model_type == "gpt2"
+    assert gpt2.task_def.decoder and gpt2.family.decoder and gpt2.ort_model_type == "gpt2"
     assert models.resolve(str(tiny_llama)).task == "text-generation"
     with pytest.raises(InputError, match="is a decoder"):
         models.resolve(str(tiny_gpt2), "text-classification")

@@ -43,7 +43,6 @@ from pydantic_core import PydanticCustomError
 
 from xformopt import accuracy_budget
 from xformopt.artifact import copy_stage
-from xformopt.decoder.fusion import logits_agreement
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import ModelSpec
 from xformopt.onnx_graph import (
@@ -67,7 +66,7 @@ from xformopt.passes.int8_formats import (
     float_gemm_bound,
     format_ladder,
 )
-from xformopt.runtime.encoder import OrtPredictor
+from xformopt.passes.stage_runs import stage_runs
 from xformopt.targets import Target, u8s8_saturates
 
 
@@ -166,17 +165,6 @@ def resolved_formats(target: Target, options: QuantizeOptions) -> dict:
         "op_types": list(options.op_types or q.op_types),
         "format": pick(options.quant_format, q.quant_format) if static else "QOperator",
     }
-
-
-def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
-    """The task's per-row agreement (cosine of logits or embeddings, span or tag agreement) of INT8
-    outputs with float outputs on real rows: catches saturation and broken scales."""
-    rows = ctx.sample_data.subset(range(min(32, len(ctx.sample_data))))
-    ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict_data(rows)
-    got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads, tokenizer_dir=float_dir).predict_data(rows)
-    agree = ctx.spec.task_def.agreement(got, ref)
-    return {"measure": ctx.spec.task_def.agreement_measure, "mean_agreement": float(agree.mean()),
-            "min_agreement": float(agree.min()), "texts": len(rows)}
 
 
 class QuantizePass(Pass):
@@ -303,7 +291,7 @@ class QuantizePass(Pass):
                 f"quantize changed nothing: none of {coverage['weighted_gemms']} weighted MatMul/Gemm nodes "
                 f"became INT8 (op types {formats['op_types']})"
             )
-        agreement = _agreement(ctx)(ctx, float_src, dst)
+        agreement = stage_runs(ctx.spec).agreement(ctx, float_src, dst)
         floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
         record["verdict"] = verdict(record, agreement, floor,
                                     failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
@@ -451,12 +439,6 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
 # --------------------------------------------------------------------------- format ladder
 
 
-def _agreement(ctx: PassContext):
-    if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
-        return logits_agreement
-    return output_agreement
-
-
 def _fixed(options: QuantizeOptions) -> dict:
     return {"per_channel": options.per_channel, "reduce_range": options.reduce_range, "weight_type": options.weight_type}
 
@@ -469,7 +451,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     Returns the chosen formats, their builder, the built directory, every attempt and the reason.
     """
     floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
-    agree = _agreement(ctx)
+    agree = stage_runs(ctx.spec).agreement
     saturating = ctx.target.quant.reduce_range or u8s8_saturates(ctx.host_flags)
     ladder = format_ladder(formats, _fixed(options), saturating)
     attempts: list[dict] = []
@@ -502,7 +484,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     fmt, out, row = best
     ladder_record = None
     candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"] and g["name"] not in exclude]
-    if not row["passes"] and not ctx.spec.is_decoder and candidates:
+    if not row["passes"] and ctx.spec.task_def.int8_calibration and candidates:  # harm ranking feeds model inputs
         most = float_gemm_bound(len(candidates))
         reader = harm_reader or _sample_reader(ctx, src)
         scores = cal.harm_scores(prepared, candidates, reader, fmt, ranges, work)

@@ -36,7 +36,6 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from xformopt.artifact import copy_stage
-from xformopt.decoder.fusion import logits_agreement
 from xformopt.decoder.generate import context_window
 from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
@@ -47,6 +46,7 @@ from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.int8_formats import agreement_floor
+from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
@@ -405,7 +405,7 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
     record["size_bytes"] = {"before": _size(src), "after": _size(dst)}
     ctx.log(f"int4: {nbits['4bit']} MatMulNBits at 4 bits, {nbits['8bit']} at 8 bits, {len(left)} weighted MatMul(s) "
             f"float; {record['size_bytes']['before'] / 1e6:.1f} -> {record['size_bytes']['after'] / 1e6:.1f} MB")
-    agreement = logits_agreement(ctx, src, dst)
+    agreement = stage_runs(ctx.spec).agreement(ctx, src, dst)
     record["agreement"] = agreement
     floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
     if agreement["mean_agreement"] < floor and record.get("budget_met", True):
