@@ -291,8 +291,8 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
     assert text == tokenizer.decode(greedy, skip_special_tokens=True) + "\n"  # the artifact's greedy text, whole
     code, doc, _ = run_cli(["bench", out, "--prompt-tokens", "8", "--new-tokens", "4", "--rounds", "3", "--json"], capsys)
     results = json.loads(doc)["cells"][0]["results"]
-    assert code == 0 and set(results) == {"pytorch", "quantize"}  # bench finds PyTorch through the manifest
-    assert results["quantize"]["cache"]["per_token"]["n"] == 3 * 3
+    assert code == 0 and set(results) == {"pytorch", "int4"}  # bench finds PyTorch through the manifest
+    assert results["int4"]["cache"]["per_token"]["n"] == 3 * 3
 
 
 def test_int4_artifact_runs_in_onnxruntime_genai_with_the_same_greedy_tokens(family_stages):
@@ -336,4 +336,4 @@ def test_a_missed_perplexity_budget_fails_the_run_with_its_numbers(tmp_path):
                                               "perplexity_after": 103.0, "increase": 0.03, "allowed_increase": 0.01,
                                               "max_extra_8bit": 5}}
     with pytest.raises(GateFailed, match=r"perplexity budget not met: 100.000 -> 103.000 \(\+3.00% > 1.00%\)"):
-        raise_if_budget_missed([PassRecord("quantize", record)], tmp_path)
+        raise_if_budget_missed([PassRecord("int4", record)], tmp_path)

@@ -39,9 +39,10 @@ def test_registry_declares_stages():
         "export": ("torch", "hf", "onnx"),
         "fuse": ("onnx", "onnx", "onnx"),
         "quantize": ("onnx", "onnx", "onnx"),
+        "int4": ("onnx", "onnx", "onnx"),
     }
-    assert "quantize" in get_pass("fuse").must_not_follow
-    assert "quantize" in get_pass("quantize").must_not_follow
+    assert {"quantize", "int4"} <= set(get_pass("fuse").must_not_follow)
+    assert {"quantize", "int4"} <= set(get_pass("quantize").must_not_follow) == set(get_pass("int4").must_not_follow)
 
 
 # --------------------------------------------------------------------------- export
