@@ -2,7 +2,7 @@
 
 A Qwen2-architecture decoder with grouped-query attention at ~150M-parameter shapes (random weights,
 seeded: speed depends only on shapes) goes through xformopt's own CLI (`export`, then
-`quantize --mode int4`) and is timed against:
+`xformopt int4`) and is timed against:
 
 - ``pytorch``: transformers eager fp32 with its KV cache (DynamicCache), ``logits_to_keep=1``;
 - ``optimum-fp32``: optimum's plain fp32 export (attention unfused);
@@ -200,7 +200,7 @@ def main() -> None:
     if not dirs["export-fp32"].exists():
         cli("export", str(model), "-o", str(dirs["export-fp32"]))
     if not dirs["int4"].exists():
-        cli("quantize", str(dirs["export-fp32"]), "-o", str(dirs["int4"]), "--mode", "int4")
+        cli("int4", str(dirs["export-fp32"]), "-o", str(dirs["int4"]))
     if "genai-int4" not in args.skip and not dirs["genai-int4"].exists():
         genai_int4(model, dirs["genai-int4"])
     if "optimum-fp32" not in args.skip and not dirs["optimum-fp32"].exists():

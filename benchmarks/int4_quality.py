@@ -3,7 +3,7 @@ Neural Compressor 3.x weight-only (RTN, AWQ, GPTQ on the torch model) at equal b
 
 A small Qwen2-architecture decoder (grouped-query attention) is trained briefly on the vendored
 train split, then every variant's perplexity is scored on the same held-out texts (the vendored
-test split). ORT variants go through xformopt (export, ``quantize --mode int4``) and are scored by
+test split). ORT variants go through xformopt (export, ``xformopt int4``) and are scored by
 xformopt's ONNX runner; INC variants are scored in PyTorch after ``prepare``/``convert`` (INC's
 packed ``WeightOnlyLinear`` modules), since a winner would then have to be packed into
 MatMulNBits: only worth building if one wins.
@@ -170,7 +170,7 @@ def main() -> None:
         for algo in ("rtn", "hqq", "gptq"):
             out = root / f"ort-{algo}-{level}"
             started = time.perf_counter()
-            run_pass("quantize", ctx, root / "e", out, mode="int4", algorithm=algo, block_size=args.group, symmetric=True,
+            run_pass("int4", ctx, root / "e", out, algorithm=algo, block_size=args.group, symmetric=True,
                      calibration_limit=64, accuracy_level=level)
             results[f"ORT {algo}, accuracy_level {level}"] = {"perplexity": perplexity(OrtDecoder(out), lists)["value"],
                                                               "seconds": round(time.perf_counter() - started, 1)}

@@ -427,5 +427,9 @@ def test_passes_list_shows_each_registered_pass(capsys):
     rows = {row["name"]: row for row in json.loads(out)}
     assert set(rows) == set(REGISTRY)
     assert rows["export"]["consumes"] == "hf" and rows["export"]["produces"] == "onnx"
-    assert rows["fuse"]["must_not_follow"] == {"quantize": "fusions match float subgraphs; put fuse before quantize"}
+    assert rows["fuse"]["must_not_follow"] == {"quantize": "fusions match float subgraphs; put fuse before quantize",
+                                               "int4": "fusions match float subgraphs; put fuse before int4"}
     assert all(row["summary"] and row["needs"] for row in rows.values())
+    # each pass declares the optimize flags it reads: --train-data feeds prune's data and distill's train_data
+    assert rows["prune"]["flags"] == {"--train-data": "data"} and rows["distill"]["flags"]["--train-data"] == "train_data"
+    assert rows["quantize"]["data_options"] == ["calibration_data", "budget_data"] and rows["export"]["flags"] == {}

@@ -17,7 +17,7 @@ from xformopt.cli import output
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LEAF_COMMANDS = [["optimize"], ["bench"], ["report"], ["export"], ["fuse"], ["quantize"], ["prune"], ["distill"],
+LEAF_COMMANDS = [["optimize"], ["bench"], ["report"], ["export"], ["fuse"], ["quantize"], ["int4"], ["prune"], ["distill"],
                  ["generate"], ["search"], ["profile"], ["serve"], ["loadtest"], ["recipes", "list"], ["recipes", "show"], ["targets", "list"],
                  ["targets", "detect"], ["passes", "list"], ["cache", "list"], ["cache", "verify"], ["cache", "prune"],
                  ["cache", "clear"]]
@@ -142,6 +142,7 @@ def test_optimize_mode_is_a_deprecated_alias_of_latency_mode(tmp_path, capsys):
     ("fuse", "--select", "xformopt.passes.fuse:FuseOptions", "select"),
     ("quantize", "--mode", "xformopt.passes.quantize:QuantizeOptions", "mode"),
     ("quantize", "--calibration-method", "xformopt.passes.quantize:QuantizeOptions", "calibration_method"),
+    ("int4", "--algorithm", "xformopt.passes.quantize_int4:Int4Options", "algorithm"),
     ("prune", "--strategy", "xformopt.passes.prune:PruneOptions", "strategy"),
     ("prune", "--importance", "xformopt.passes.prune:PruneOptions", "importance"),
     ("distill", "--device", "xformopt.passes.distill:DistillOptions", "device"),
@@ -203,8 +204,8 @@ def test_recipes_show_resolved_leaves_int4_steps_without_int8_formats(capsys):
 
     code, out, _ = run_cli(["recipes", "show", "int4", "--resolved", "--target", "avx2"], capsys)
     assert code == 0
-    (quantize,) = [step["quantize"] for step in yaml.safe_load(out)["passes"] if "quantize" in step]
-    assert quantize["mode"] == "int4" and quantize["per_channel"] is None and quantize["weight_type"] is None
+    (int4,) = [step["int4"] for step in yaml.safe_load(out)["passes"] if "int4" in step]
+    assert int4["block_size"] == 32 and not {"mode", "per_channel", "weight_type", "op_types"} & set(int4)
 
 
 def test_recipes_show_target_needs_resolved(capsys):

@@ -104,7 +104,7 @@ def test_decoders_resolve_as_text_generation(tiny_gpt2, tiny_llama, tiny_classif
 
     gpt2 = models.resolve(str(tiny_gpt2))
     assert (gpt2.task, gpt2.num_layers, gpt2.num_heads, gpt2.hidden_size) == ("text-generation", 2, 4, 64)
-    assert gpt2.is_decoder and gpt2.ort_model_type == "gpt2"
+    assert gpt2.task_def.decoder and gpt2.family.decoder and gpt2.ort_model_type == "gpt2"
     assert models.resolve(str(tiny_llama)).task == "text-generation"
     with pytest.raises(InputError, match="is a decoder"):
         models.resolve(str(tiny_gpt2), "text-classification")
@@ -207,12 +207,17 @@ def test_llama_fuse_keeps_grouped_query_attention_or_says_it_did_not_fuse(llama_
                  expect={"MultiHeadAttention": 2})
 
 
-def test_decoder_quantize_refuses_static_and_budget(gpt2_stages, tiny_gpt2, sample_texts, tmp_path):
-    ctx = make_ctx(tiny_gpt2, sample_texts)
+def test_decoder_quantize_refuses_static_and_budget(tiny_gpt2):
+    """QuantizePass.check, which every run calls before any work (pipeline.prepare)."""
+    from xformopt import models
+    from xformopt.passes import get_pass
+
+    spec = models.resolve(str(tiny_gpt2))
     with pytest.raises(InputError, match="dynamic INT8 only"):
-        run_pass("quantize", ctx, gpt2_stages["fuse"][0], tmp_path / "s", mode="static")
+        get_pass("quantize").check(spec, {"mode": "static"})
     with pytest.raises(InputError, match="dynamic INT8 only"):
-        run_pass("quantize", ctx, gpt2_stages["fuse"][0], tmp_path / "b", max_accuracy_drop=0.5)
+        get_pass("quantize").check(spec, {"mode": "dynamic", "max_accuracy_drop": 0.5})
+    get_pass("quantize").check(spec, {"mode": "dynamic"})
 
 
 def test_passes_without_decoder_support_refuse_it_up_front(tiny_gpt2, tmp_path, capsys):

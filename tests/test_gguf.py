@@ -175,14 +175,13 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
     from onnx import numpy_helper
 
     from xformopt.passes.gguf_blocks import LAYOUTS, unpack
-    from xformopt.passes.quantize import QuantizeOptions
-    from xformopt.passes.quantize_int4 import build_candidate
+    from xformopt.passes.quantize_int4 import Int4Options, build_candidate
 
     src, folder = tiny
     names = list(LINEARS)
     shifted = "model.layers.0.mlp.gate_proj.weight"  # weights changed after conversion: must not be carried
     graph = _graph_over(folder, names, tmp_path / "float", shift={shifted: 1e-3})
-    options = QuantizeOptions(mode="int4", accuracy_level=0)
+    options = Int4Options(accuracy_level=0)
     counts = build_candidate(graph, tmp_path / "q" / "model.onnx", options, [], gguf=src)
     carried = {row["name"]: row for row in counts["gguf_carried"]}
     assert {f"/{n}/MatMul" for n in names} - set(carried) == {f"/{shifted}/MatMul"}

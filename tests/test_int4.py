@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import tiny_decoders
 from conftest import make_ctx, run_cli, run_pass
+from pydantic import ValidationError
 
+from xformopt import recipe
 from xformopt.errors import InputError
 from xformopt.families import genai_builder_available
 
@@ -41,7 +43,7 @@ def family_stages(tmp_path_factory, family_models, sample_texts):
         ctx = make_ctx(model, sample_texts)
         e, q = root / f"{family}-e", root / f"{family}-q"
         stages[family] = {"export": (e, run_pass("export", ctx, model, e)),
-                          "int4": (q, run_pass("quantize", ctx, e, q, mode="int4"))}
+                          "int4": (q, run_pass("int4", ctx, e, q))}
     return stages
 
 
@@ -167,8 +169,8 @@ def test_int4_perplexity_within_5_percent_of_pytorch(family_models, family_stage
 
 def test_keep_8bit_roles_pack_those_matmuls_at_8_bits(family_models, family_stages, sample_texts, tmp_path):
     ctx = make_ctx(family_models["qwen2"], sample_texts)
-    record = run_pass("quantize", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q",
-                      mode="int4", keep_8bit=["lm_head", "down_proj"])
+    record = run_pass("int4", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q",
+                      keep_8bit=["lm_head", "down_proj"])
     roles = sorted(r["role"] for r in record["int8_matmuls"])
     assert roles == ["down_proj"] * LAYERS + ["lm_head"] and record["matmulnbits"]["8bit"] == LAYERS + 1
     assert record["matmulnbits"]["4bit"] == record["weighted_matmuls"] - LAYERS - 1
@@ -184,7 +186,7 @@ def test_perplexity_budget_moves_the_most_harmful_matmuls_to_8_bits(family_model
     model = family_models["qwen2"]
     ctx = make_ctx(model, sample_texts)
     out = tmp_path / "q"
-    record = run_pass("quantize", ctx, family_stages["qwen2"]["export"][0], out, mode="int4", block_size=16,
+    record = run_pass("int4", ctx, family_stages["qwen2"]["export"][0], out, block_size=16,
                       max_perplexity_increase="0%", perplexity_texts=32, max_8bit_nodes=4)
     budget = record["budget"]
     search = budget["search"]
@@ -208,7 +210,7 @@ def test_perplexity_budget_moves_the_most_harmful_matmuls_to_8_bits(family_model
 @pytest.mark.parametrize("algorithm", ["hqq", "gptq"])
 def test_hqq_and_gptq_write_4bit_matmulnbits(algorithm, family_models, family_stages, sample_texts, tmp_path):
     ctx = make_ctx(family_models["qwen2"], sample_texts)
-    record = run_pass("quantize", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q", mode="int4",
+    record = run_pass("int4", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q",
                       algorithm=algorithm, calibration_limit=8)
     assert record["algorithm"] == algorithm and record["matmulnbits"]["4bit"] == record["weighted_matmuls"]
     assert record["matmulnbits"]["accuracy_levels"] == [4]  # ORT's HQQ writes none: the pass sets it
@@ -218,15 +220,38 @@ def test_hqq_and_gptq_write_4bit_matmulnbits(algorithm, family_models, family_st
 
 def test_int4_bad_input_fails_before_any_work(family_stages, exported_classifier, tmp_path, capsys):
     export_dir, int4_dir = family_stages["qwen2"]["export"][0], family_stages["qwen2"]["int4"][0]
-    code, _, err = run_cli(["quantize", export_dir, "-o", tmp_path / "a", "--mode", "dynamic", "--block-size", "64"], capsys)
-    assert code == 2 and "apply to mode int4 only" in err and not (tmp_path / "a").exists()
-    code, _, err = run_cli(["quantize", int4_dir, "-o", tmp_path / "b", "--mode", "int4"], capsys)
+    code, _, err = run_cli(["int4", int4_dir, "-o", tmp_path / "b"], capsys)
     assert code == 2 and "already 4-bit" in err and not (tmp_path / "b").exists()
-    code, _, err = run_cli(["quantize", exported_classifier[0], "-o", tmp_path / "c", "--mode", "int4"], capsys)
-    assert code == 2 and "int4 is for decoders" in err and not (tmp_path / "c").exists()
-    code, _, err = run_cli(["quantize", export_dir, "-o", tmp_path / "d", "--mode", "int4",
-                            "--max-perplexity-increase", "lots"], capsys)
+    code, _, err = run_cli(["int4", exported_classifier[0], "-o", tmp_path / "c"], capsys)
+    assert code == 2 and "for pass 'int4': text-classification models support" in err and not (tmp_path / "c").exists()
+    code, _, err = run_cli(["int4", export_dir, "-o", tmp_path / "d", "--max-perplexity-increase", "lots"], capsys)
     assert code == 2 and "max_perplexity_increase" in err
+    code, _, err = run_cli(["int4", export_dir, "-o", tmp_path / "e", "--block-size", "48"], capsys)
+    assert code == 2 and "block_size must be 16, 32, 64, 128 or 256" in err and not (tmp_path / "e").exists()
+
+
+def test_int4_records_no_int8_options_and_int8_none_of_int4s():
+    """int4 is its own pass: neither options model carries the other's fields (nor its manifest entry)."""
+    from xformopt.passes.quantize import QuantizeOptions
+    from xformopt.passes.quantize_int4 import Int4Options
+
+    int8, int4 = set(QuantizeOptions.model_fields), set(Int4Options.model_fields)
+    assert not {"block_size", "algorithm", "keep_8bit", "max_perplexity_increase", "carry_gguf"} & int8
+    assert not {"mode", "per_channel", "weight_type", "op_types", "max_accuracy_drop"} & int4
+    with pytest.raises(ValidationError, match="perplexity budget"):
+        Int4Options.model_validate({"max_accuracy_drop": 0.5})
+
+
+def test_an_old_quantize_int4_recipe_is_refused_naming_the_new_step(tmp_path, capsys):
+    """Recipes written before the split (``quantize: {mode: int4}``) are refused in one line naming the fix."""
+    old = tmp_path / "old.yaml"
+    old.write_text("name: old\npasses:\n  - export\n  - quantize:\n      mode: int4\n      block_size: 16\n")
+    with pytest.raises(InputError) as info:
+        recipe.load(str(old))
+    assert info.value.message.startswith(f"{old}:5: passes.1.quantize.mode: quantize mode int4 is its own pass now")
+    assert "`int4: {...}`" in info.value.message
+    code, _, err = run_cli(["optimize", "x", "-o", tmp_path / "o", "--recipe", old], capsys)
+    assert code == 2 and "its own pass now" in err and not (tmp_path / "o").exists()
 
 
 def test_without_the_builder_llama_falls_back_to_optimum_loudly(family_models, sample_texts, tmp_path, monkeypatch):
@@ -248,10 +273,10 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
                                  "--no-cache"], capsys)
     assert code == 0, err
     manifest = json.loads((out / "manifest.json").read_text())
-    quantize = next(p for p in manifest["passes"] if p["pass"] == "quantize")["record"]
-    assert quantize["mode"] == "int4" and quantize["budget"]["budget_met"] and quantize["matmulnbits"]["4bit"] >= 10
+    int4 = next(p for p in manifest["passes"] if p["pass"] == "int4")["record"]
+    assert int4["budget"]["budget_met"] and int4["matmulnbits"]["4bit"] >= 10
     report = json.loads((out / "report.json").read_text())
-    assert [s["name"] for s in report["stages"]] == ["pytorch", "export", "quantize"]
+    assert [s["name"] for s in report["stages"]] == ["pytorch", "export", "int4"]
     assert "4-bit" in stdout and "MatMulNBits" in (out / "report.md").read_text()  # the graph table says what ran
     base, final = (report["stages"][i]["metrics"]["perplexity"]["value"] for i in (0, -1))
     assert abs(final - base) / base < INT4_PPL_TOLERANCE
@@ -266,8 +291,8 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
     assert text == tokenizer.decode(greedy, skip_special_tokens=True) + "\n"  # the artifact's greedy text, whole
     code, doc, _ = run_cli(["bench", out, "--prompt-tokens", "8", "--new-tokens", "4", "--rounds", "3", "--json"], capsys)
     results = json.loads(doc)["cells"][0]["results"]
-    assert code == 0 and set(results) == {"pytorch", "quantize"}  # bench finds PyTorch through the manifest
-    assert results["quantize"]["cache"]["per_token"]["n"] == 3 * 3
+    assert code == 0 and set(results) == {"pytorch", "int4"}  # bench finds PyTorch through the manifest
+    assert results["int4"]["cache"]["per_token"]["n"] == 3 * 3
 
 
 def test_int4_artifact_runs_in_onnxruntime_genai_with_the_same_greedy_tokens(family_stages):
@@ -311,4 +336,4 @@ def test_a_missed_perplexity_budget_fails_the_run_with_its_numbers(tmp_path):
                                               "perplexity_after": 103.0, "increase": 0.03, "allowed_increase": 0.01,
                                               "max_extra_8bit": 5}}
     with pytest.raises(GateFailed, match=r"perplexity budget not met: 100.000 -> 103.000 \(\+3.00% > 1.00%\)"):
-        raise_if_budget_missed([PassRecord("quantize", record)], tmp_path)
+        raise_if_budget_missed([PassRecord("int4", record)], tmp_path)

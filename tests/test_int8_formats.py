@@ -24,6 +24,7 @@ from xformopt import targets
 from xformopt.measure.host import cpu_flags
 from xformopt.measure.kernel_probe import int8_gemm_saturates
 from xformopt.passes import quantize as q
+from xformopt.passes import stage_runs
 from xformopt.passes.int8_formats import agreement_floor, format_ladder
 
 FORMATS = {"weight_type": "int8", "per_channel": False, "reduce_range": False, "activation_type": "uint8",
@@ -75,7 +76,7 @@ def saturating_agreement(calls: list):
 
 def test_saturation_moves_to_reduce_range(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(q, "output_agreement", saturating_agreement(calls))
+    monkeypatch.setattr(stage_runs, "output_agreement", saturating_agreement(calls))
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx512_vnni")  # full range: saturates where injected
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q", min_agreement=0.99)
     search = record["format_search"]
@@ -89,7 +90,7 @@ def test_saturation_moves_to_reduce_range(fused_classifier, tiny_classifier, tmp
 
 def test_fixed_reduce_range_falls_to_unsigned_weights_on_a_saturating_host(
         fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
-    monkeypatch.setattr(q, "output_agreement", saturating_agreement([]))
+    monkeypatch.setattr(stage_runs, "output_agreement", saturating_agreement([]))
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx512_vnni", host_flags={"avx2", "avx512f"})
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q", min_agreement=0.99, reduce_range=False)
     assert record["formats"]["reduce_range"] is False  # the user's choice stands
@@ -104,7 +105,7 @@ def test_harmful_gemms_go_to_float_as_a_last_resort(fused_classifier, tiny_class
         cosine = 0.995 if kept["kept_float"] else 0.9
         return {"measure": "cosine", "mean_agreement": cosine, "min_agreement": cosine, "texts": 1}
 
-    monkeypatch.setattr(q, "output_agreement", agree)
+    monkeypatch.setattr(stage_runs, "output_agreement", agree)
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx512_vnni")
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q", min_agreement=0.99)
     search = record["format_search"]
@@ -115,7 +116,7 @@ def test_harmful_gemms_go_to_float_as_a_last_resort(fused_classifier, tiny_class
 
 def test_failure_names_the_switch_the_user_fixed(fused_classifier, tiny_classifier, tmp_path, sample_texts,
                                                  monkeypatch):
-    monkeypatch.setattr(q, "output_agreement", lambda *a: {"measure": "cosine", "mean_agreement": 0.5, "min_agreement": 0.5, "texts": 1})
+    monkeypatch.setattr(stage_runs, "output_agreement", lambda *a: {"measure": "cosine", "mean_agreement": 0.5, "min_agreement": 0.5, "texts": 1})
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx512_vnni")
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q", min_agreement=0.99, per_channel=False)
     assert record["verdict"]["passed"] is False

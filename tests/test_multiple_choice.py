@@ -71,10 +71,10 @@ def test_registered_and_detected_from_the_config(tiny_mc):
     assert spec.task == "multiple-choice" and spec.task_def is TASK
     assert (TASK.auto_model, TASK.ort_model, TASK.export_task) == (
         "AutoModelForMultipleChoice", "ORTModelForMultipleChoice", "multiple-choice")
-    from xformopt.passes.applicable import check_passes
+    from xformopt.passes import get_pass
 
     with pytest.raises(InputError, match="support export, fuse, quantize"):
-        check_passes([("prune", {})], spec)
+        get_pass("prune").check(spec, {})
 
 
 # --------------------------------------------------------------------------- data

@@ -39,9 +39,10 @@ def test_registry_declares_stages():
         "export": ("torch", "hf", "onnx"),
         "fuse": ("onnx", "onnx", "onnx"),
         "quantize": ("onnx", "onnx", "onnx"),
+        "int4": ("onnx", "onnx", "onnx"),
     }
-    assert "quantize" in get_pass("fuse").must_not_follow
-    assert "quantize" in get_pass("quantize").must_not_follow
+    assert {"quantize", "int4"} <= set(get_pass("fuse").must_not_follow)
+    assert {"quantize", "int4"} <= set(get_pass("quantize").must_not_follow) == set(get_pass("int4").must_not_follow)
 
 
 # --------------------------------------------------------------------------- export
@@ -257,6 +258,43 @@ def test_fuse_with_the_weights_on_disk_writes_the_same_graph(exported_classifier
     assert Path.cwd() == cwd  # the working directory the fusion ran in is given back
 
 
+def test_fusion_finds_its_weights_without_changing_directory(exported_classifier, tiny_classifier, tmp_path,
+                                                               sample_texts, monkeypatch):
+    """The weights left on disk are found per thread, not by chdir (process-wide: unsafe for serve or a
+    notebook): two fusions at once, every weight on disk, never a chdir, each packs every layer's
+    Q/K/V into Attention and writes the same bytes."""
+    import os
+    import threading
+
+    from xformopt.passes.fuse import build_fused
+
+    def refuse(path):
+        raise AssertionError(f"os.chdir({path!r}) while fusing")
+
+    monkeypatch.setattr(os, "chdir", refuse)
+    stage, _ = exported_classifier
+    ctx = make_ctx(tiny_classifier, sample_texts)
+    results, errors = {}, []
+
+    def fuse(name: str) -> None:
+        try:
+            out = tmp_path / name
+            out.mkdir()
+            counts = build_fused(stage / "model.onnx", out / "model.onnx", ctx, (), weights_threshold=0)
+            results[name] = (counts, (out / "model.onnx").read_bytes())
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=fuse, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert results["a"][0]["Attention"] == results["b"][0]["Attention"] == LAYERS
+    assert results["a"][1] == results["b"][1]
+
+
 def test_fused_graph_matches_unfused(fused_classifier, exported_classifier, tiny_classifier, sample_texts):
     from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor
@@ -467,9 +505,9 @@ def test_quantize_exclude_gemm_node_kept_float(fused_classifier, tiny_classifier
 
 
 def test_quantize_agreement_floor(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
-    import xformopt.passes.quantize as quantize_mod
+    import xformopt.passes.stage_runs as stage_runs
 
-    monkeypatch.setattr(quantize_mod, "output_agreement",
+    monkeypatch.setattr(stage_runs, "output_agreement",
                         lambda ctx, a, b: {"measure": "cosine", "mean_agreement": 0.5, "min_agreement": 0.1, "texts": 32})
     ctx = make_ctx(tiny_classifier, sample_texts)
     record = run_pass("quantize", ctx, fused_classifier[0], tmp_path / "q")  # a failing verdict, not a failed pass

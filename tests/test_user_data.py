@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from conftest import _bert_config, _save, error_lines, run_cli, write_heldout
 
-from xformopt import pipeline, recipe, tasks
+from xformopt import models, pipeline, recipe
 from xformopt.errors import InputError
-from xformopt.resources.defaults import check_labelled_fallbacks
+from xformopt.passes import get_pass
 
 TWEET_LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 
@@ -50,20 +50,27 @@ def test_vendored_labels_that_are_not_the_models_are_refused_up_front(
     assert not out.exists()  # refused before any work
 
 
+def check_labelled_fallbacks(steps, task: str, label2id: dict) -> None:
+    """Each step's labelled-fallback rule (``Pass.check_labelled_fallbacks``) for a model of ``task``."""
+    spec = models.ModelSpec("model", Path("model"), "bert", task, 2, 2, 8, label2id=label2id)
+    for name, options in steps:
+        get_pass(name).check_labelled_fallbacks(spec, options)
+
+
 def test_the_models_own_labels_pass_the_check(tweets_file):
     steps = [("prune", {"data": str(tweets_file)}), ("distill", {"train_data": str(tweets_file)}),
              ("quantize", {"max_accuracy_drop": 0.5, "budget_data": str(tweets_file)})]
-    check_labelled_fallbacks(steps, tasks.get("text-classification"), {v: k for k, v in TWEET_LABELS.items()})
+    check_labelled_fallbacks(steps, "text-classification", {v: k for k, v in TWEET_LABELS.items()})
     # plain-text fallbacks (no budget, embeddings) need no labels
-    check_labelled_fallbacks([("quantize", {"mode": "static"})], tasks.get("text-classification"), {"a": 0, "b": 1, "c": 2})
-    check_labelled_fallbacks([("distill", {})], tasks.get("feature-extraction"), {})
+    check_labelled_fallbacks([("quantize", {"mode": "static"})], "text-classification", {"a": 0, "b": 1, "c": 2})
+    check_labelled_fallbacks([("distill", {})], "feature-extraction", {})
     # vendored labels match case-insensitively
-    check_labelled_fallbacks([("distill", {})], tasks.get("text-classification"), {"NEGATIVE": 0, "Positive": 1})
+    check_labelled_fallbacks([("distill", {})], "text-classification", {"NEGATIVE": 0, "Positive": 1})
     with pytest.raises(InputError, match="LABEL_0"):
-        check_labelled_fallbacks([("distill", {})], tasks.get("text-classification"), {"LABEL_0": 0, "LABEL_1": 1})
+        check_labelled_fallbacks([("distill", {})], "text-classification", {"LABEL_0": 0, "LABEL_1": 1})
     # a config.json without id2label (transformers' LABEL_0/LABEL_1 default) is named as such, not "none"
     with pytest.raises(InputError, match=r"not this model's \(unnamed: LABEL_0, LABEL_1, \.\.\.\).*--validation-data"):
-        check_labelled_fallbacks([("quantize", {"max_accuracy_drop": 1.0})], tasks.get("text-classification"), {})
+        check_labelled_fallbacks([("quantize", {"max_accuracy_drop": 1.0})], "text-classification", {})
 
 
 def test_flags_reach_every_pass_that_reads_them():

@@ -21,8 +21,9 @@ from xformopt import pipeline
 from xformopt import recipe as recipes
 from xformopt.bench import run as bench_run
 from xformopt.bench.gate import failure_message
-from xformopt.decoder.bench import is_decoder_dir
+from xformopt.decoder.generator import TextGenerator
 from xformopt.errors import BudgetMissed, GateFailed, InputError
+from xformopt.models import artifact_task
 from xformopt.passes import REGISTRY, get_pass
 from xformopt.passes.record import PassRecord
 from xformopt.runtime.predictor import load_predictor
@@ -132,7 +133,7 @@ def resolve_recipe(recipe: RecipeLike = None, *, target: str | None = None, data
     else:
         raise InputError(f"recipe must be a name, a YAML path, a dict or a Recipe (got {type(recipe).__name__})")
     evaluation_fields = set(recipes.EvaluationSettings.model_fields)
-    known = {"task", *recipes.OVERRIDES, *evaluation_fields, *_EVALUATION_ALIASES}
+    known = {"task", *recipes.override_flags(), *evaluation_fields, *_EVALUATION_ALIASES}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise InputError(f"optimize() got unknown setting(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}")
@@ -220,7 +221,7 @@ class PassResult(_Verdict):
 def run_pass(name: str, src: str | Path, dst: str | Path, *, target: str = "auto", task: str | None = None,
              data: str | Path | None = None, force: bool = False, trust_remote_code: bool = False,
              wait: bool = False, check: bool = True, log: Log = _quiet, **options) -> PassResult:
-    """Run one pass (``export``, ``fuse``, ``quantize``, ``prune``, ``distill``) from ``src`` into ``dst``:
+    """Run one pass (``export``, ``fuse``, ``quantize``, ``int4``, ``prune``, ``distill``) from ``src`` into ``dst``:
     the single-pass commands as a function. The stage's manifest extends ``src``'s pass history.
 
     Args:
@@ -271,12 +272,12 @@ def load(artifact: str | Path, **options):
     """
 
     path = Path(artifact)
-    if is_decoder_dir(path):
-        from xformopt.decoder.generator import TextGenerator
+    task = artifact_task(path)
+    # Not an artifact xformopt can read: the predictor's own checks say what is missing.
+    return (_LOADERS[task.graph] if task is not None else load_predictor)(path, **options)
 
-        return TextGenerator(path, **options)
 
-    return load_predictor(path, **options)
+_LOADERS = {"encoder": load_predictor, "decoder": TextGenerator}  # Task.graph -> what serves it
 
 
 # --------------------------------------------------------------------------- bench
@@ -350,29 +351,44 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
     paths = {k: Path(v) if v is not None else None for k, v in (("baseline", baseline), ("data", data),
                                                                   ("output", output), ("junit", junit))}
     bench_run.check_apart(artifact, (paths["data"], paths["baseline"]), **{"-o": paths["output"], "--junit": paths["junit"]})
-    if is_decoder_dir(artifact):  # text-generation: TTFT, per-token latency, tokens/s
+    task = artifact_task(artifact)
+    if task is not None:
         used = [flag for flag, value in {"--baseline": baseline, "--junit": junit}.items() if value]
-        if used:
-            raise InputError(f"{', '.join(used)}: the regression gate is not available for text-generation artifacts yet; "
-                             "run `xformopt bench` without it (the generation benchmark)")
-        doc = bench_run.bench_generation(artifact, compare=[Path(c) for c in compare], pytorch=pytorch,
-                                         prompt_tokens=prompt_tokens, new_tokens=new_tokens, cache_only=cache_only,
-                                         rounds=rounds, threads=threads, seed=seed, out=paths["output"], log=log)
-        return BenchResult(doc, "generation")
+        if used:  # what gates (a baseline, JUnit checks) for the artifact's task
+            task.refuse("gate", ", ".join(used))
+    run = _BENCHES[task.graph if task is not None else "encoder"]  # not an artifact: the encoder bench says why
+    result = run(artifact, paths=paths, text_column=text_column, text_pair_column=text_pair_column,
+                 label_column=label_column, limit=limit, seed=seed, threads=threads, rounds=rounds, warmup=warmup,
+                 repeats=repeats, max_latency_regression=max_latency_regression, max_accuracy_drop=max_accuracy_drop,
+                 allow_host_mismatch=allow_host_mismatch, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+                 compare=compare, cache_only=cache_only, pytorch=pytorch, log=log)
+    if check and result.verdict == "regression":
+        raise GateFailed(result.failure)
+    return result
+
+
+def _bench_generation(artifact: Path, *, paths: dict, compare, pytorch, prompt_tokens, new_tokens, cache_only, rounds,
+                      threads, seed, log, **_encoder_settings) -> BenchResult:
+    """A decoder artifact: TTFT, per-token latency and tokens/s (the generation benchmark); nothing gated."""
+    doc = bench_run.bench_generation(artifact, compare=[Path(c) for c in compare], pytorch=pytorch,
+                                     prompt_tokens=prompt_tokens, new_tokens=new_tokens, cache_only=cache_only,
+                                     rounds=rounds, threads=threads, seed=seed, out=paths["output"], log=log)
+    return BenchResult(doc, "generation")
+
+
+def _bench_encoder(artifact: Path, *, paths: dict, compare, pytorch, prompt_tokens, new_tokens, cache_only,
+                   **settings) -> BenchResult:
+    """An encoder artifact: re-measured as optimize measured it, gated against ``paths["baseline"]``."""
     decoder_only = {"--prompt-tokens": prompt_tokens, "--new-tokens": new_tokens, "--compare": compare,
                     "--cache-only": cache_only, "--no-pytorch": not pytorch}
     if any(decoder_only.values()):
         raise InputError(f"{', '.join(k for k, v in decoder_only.items() if v)} apply to text-generation artifacts only")
-    doc = bench_run.bench_encoder(
-        artifact, baseline=paths["baseline"], data=paths["data"], text_column=text_column,
-        text_pair_column=text_pair_column, label_column=label_column, limit=limit, seed=seed, threads=threads,
-        rounds=rounds, warmup=warmup, repeats=repeats, max_latency_regression=max_latency_regression,
-        max_accuracy_drop=max_accuracy_drop, allow_host_mismatch=allow_host_mismatch, out=paths["output"],
-        junit=paths["junit"], log=log)
-    result = BenchResult(doc, "encoder")
-    if check and result.verdict == "regression":
-        raise GateFailed(result.failure)
-    return result
+    doc = bench_run.bench_encoder(artifact, baseline=paths["baseline"], data=paths["data"], out=paths["output"],
+                                  junit=paths["junit"], **settings)
+    return BenchResult(doc, "encoder")
+
+
+_BENCHES = {"encoder": _bench_encoder, "decoder": _bench_generation}  # Task.graph -> its benchmark
 
 
 # --------------------------------------------------------------------------- search

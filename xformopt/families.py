@@ -118,6 +118,22 @@ class Family:
         return tuple(int(self.config_value(config, keys) or 0)
                      for keys in (self.layers_keys, self.heads_keys, self.hidden_keys))
 
+    def expected_fusions(self, layers: int, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
+        """Fused ops ``layers`` layers must reach (``fused_per_layer``): for a family exported by
+        onnxruntime-genai's builder, its set when the input graph came from the builder (it has
+        GroupQueryAttention), optimum's fallback set (``fallback_per_layer``) otherwise."""
+        built = self.exporter != "genai" or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
+        per_layer = self.fused_per_layer if built else self.fallback_per_layer
+        return {op: n * layers for op, n in per_layer.items()}
+
+    def export_route(self, asked: str | None = None) -> str:
+        """Which exporter writes this family's graph: a decoder's own (``gpt2``, ``genai``: a KV cache,
+        xformopt/decoder/export.py); for an encoder the one a recipe asks for (``torchscript`` or
+        ``dynamo``), else the row's."""
+        if self.decoder:
+            return self.exporter
+        return asked or ("dynamo" if self.exporter == "dynamo" else "torchscript")
+
     def positions(self, config: dict) -> int | None:
         """How many tokens the model can embed, less the family's reserved positions."""
         limit = self.config_value(config, self.positions_keys)

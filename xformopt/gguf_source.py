@@ -6,7 +6,7 @@ transformers reads the file (``from_pretrained(folder, gguf_file=...)``, which n
 its tokenizer and chat template; that checkpoint is written once into the xformopt model cache, keyed
 by the file's sha256, built in a temp folder and renamed into place under an flock, and re-verified
 (every file's size and sha256) on reuse. ``gguf_source.json`` in the checkpoint names the source file,
-its hash and the quantization types it carried: the manifest reports it, and ``quantize --mode int4``
+its hash and the quantization types it carried: the manifest reports it, and the ``int4`` pass
 reads the file's own blocks through it (xformopt/passes/gguf_blocks.py).
 """
 

@@ -64,10 +64,6 @@ class ModelSpec:
         return self.family.ort_model_type
 
     @property
-    def is_decoder(self) -> bool:
-        return self.family.decoder
-
-    @property
     def id2label(self) -> dict[int, str]:
         return {i: name for name, i in self.label2id.items()}
 
@@ -136,6 +132,26 @@ def locate(model: str) -> Path:
     if not (path / "config.json").is_file():
         raise InputError(f"hub model {repo_id} has no config.json; it is not a transformers checkpoint")
     return path
+
+
+def artifact_task(path: str | Path) -> Task | None:
+    """The task of a model or artifact folder, read from its files without loading anything: the task
+    its manifest's run started with, else the one its config.json detects. None where the folder names
+    no family xformopt knows (the caller's own checks then say what is wrong)."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+        manifest = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").is_file() else {}
+    except (OSError, ValueError):
+        return None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        return None
+    named = ((manifest.get("input") or {}) if isinstance(manifest, dict) else {}).get("task")
+    task = tasks.TASKS.get(named) if isinstance(named, str) else None
+    if task is None or task.decoder != FAMILIES[model_type].decoder:
+        task = tasks.detect(config, FAMILIES[model_type].decoder, sentence_transformers=(path / "modules.json").is_file())
+    return task
 
 
 def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:

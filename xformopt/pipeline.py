@@ -40,14 +40,12 @@ from xformopt.measure.host import (
     library_versions,
 )
 from xformopt.passes import get_pass
-from xformopt.passes.applicable import check_passes
 from xformopt.passes.base import PassContext
 from xformopt.passes.record import PassRecord
 from xformopt.recipe import PassStep, Recipe, check_order, validate_options
 from xformopt.report.build import build_report
 from xformopt.report.render import write_report_files
 from xformopt.resources import vader_split_path
-from xformopt.resources.defaults import check_labelled_fallbacks
 from xformopt.stale import run_workdir_prefix, sweep_at_start
 from xformopt.validate import check_model_files, check_onnx_file, check_threads
 
@@ -125,9 +123,9 @@ def check_fixed_lengths(recipe: Recipe, spec: models.ModelSpec) -> None:
 
 
 def data_options(steps: list[tuple[str, dict]]) -> list[tuple[str, str, str]]:
-    """(pass, option, value) for every data file a step's options name (options ending in ``data``)."""
-    return [(name, key, value) for name, options in steps for key, value in (options or {}).items()
-            if key.endswith("data") and isinstance(value, str) and value]
+    """(pass, option, value) for every data file a step's options name (the pass's ``data_options``)."""
+    return [(name, key, value) for name, options in steps for key in get_pass(name).data_options
+            if isinstance(value := (options or {}).get(key), str) and value]
 
 
 def read_paths(model_path: Path, data: str | None = None, steps: list[tuple[str, dict]] = ()) -> tuple[Path, ...]:
@@ -148,14 +146,14 @@ class Prepared:
 def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool, target: str, task: str | None,
             data: str | None, trust_remote_code: bool, check: Callable[[models.ModelSpec], None] | None = None) -> Prepared:
     """The input checks of every run (a recipe or one pass), in one order, before any work: the output
-    path, the target, the model, each step against the model's task, labelled and named data files,
-    ``check`` (the caller's own, on the resolved model), the model's files, and -o against all it reads."""
+    path, the target, the model, each step's own refusals (``Pass.check``: the model's task, labelled
+    fallbacks, its options), named data files, ``check`` (the caller's own, on the resolved model), the model's files, and -o against all it reads."""
 
     check_output(out, force)
     resolved_target = targets.resolve(target)
     spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
-    check_passes(steps, spec)
-    check_labelled_fallbacks(steps, spec.task_def, spec.label2id)
+    for name, options in steps:  # what each pass refuses for this model (its task, its labels), in one line
+        get_pass(name).check(spec, options or {})
     for name, key, value in data_options(steps):
         if not Path(value.split("::")[0]).exists():
             raise InputError(f"{name}.{key}: data file not found: {value}")

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from xformopt import safe_yaml
 from xformopt.errors import InputError
-from xformopt.passes import REGISTRY, get_pass
+from xformopt.passes import REGISTRY, all_passes, get_pass
 
 RECIPES_DIR = Path(__file__).resolve().parent / "recipes"
 
@@ -271,41 +271,35 @@ def shipped_names() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-# Command-line data and budget flags, and the pass options each one sets in whatever recipe runs:
-# one flag feeds every pass that reads that kind of data, so `--train-data` reaches both prune and
-# distill, and the manifest's resolved recipe shows exactly where each one went.
-OVERRIDES: dict[str, dict[str, str]] = {
-    "train_data": {"prune": "data", "distill": "train_data"},
-    "validation_data": {"distill": "eval_data", "quantize": "budget_data"},
-    "calibration_data": {"quantize": "calibration_data"},
-    "max_accuracy_drop": {"quantize": "max_accuracy_drop"},
-    "per_channel": {"quantize": "per_channel"},
-    "min_agreement": {"quantize": "min_agreement"},
-}
-
-
-# A pass that takes an option but only reads it in some configurations.
-_READ_WHEN = {
-    ("quantize", "calibration_data"): lambda options: options.get("mode") == "static",
-    ("quantize", "budget_data"): lambda options: options.get("max_accuracy_drop") is not None,
-}
+def override_flags() -> dict[str, list[str]]:
+    """Every setting a pass reads from the command line (``Pass.flags``) -> the passes that read it,
+    in registry order: what `xformopt optimize` and ``xformopt.optimize()`` may set in any recipe."""
+    readers: dict[str, list[str]] = {}
+    for cls in all_passes():
+        for flag in cls.flags:
+            readers.setdefault(flag, []).append(cls.name)
+    return readers
 
 
 def apply_overrides(recipe: Recipe, overrides: dict[str, Any], origin: str = "<command line>") -> Recipe:
-    """Set each flag's options on every pass of ``recipe`` that takes them; a flag that no pass would
-    read is an error (it would silently do nothing)."""
+    """Set each flag's options on every pass of ``recipe`` that declares the flag (``Pass.flags``); a flag
+    that no pass would read is an error (it would silently do nothing)."""
     raw = recipe.to_dict()
-    steps = [next(iter(step.items())) for step in raw["passes"]]
+    steps = [(get_pass(name), options) for name, options in (next(iter(step.items())) for step in raw["passes"])]
     given = {flag: value for flag, value in overrides.items() if value is not None}
+    known = override_flags()
     for flag, value in given.items():
-        for name, options in steps:
-            if name in OVERRIDES[flag]:
-                options[OVERRIDES[flag][name]] = value
+        if flag not in known:
+            raise InputError(f"unknown setting {flag!r}; choose from {', '.join(known)}")
+        for cls, options in steps:
+            if flag in cls.flags:
+                options[cls.flags[flag]] = value
     for flag in given:
-        readers = OVERRIDES[flag]
-        if not any(name in readers and _READ_WHEN.get((name, readers[name]), lambda o: True)(options)
-                   for name, options in steps):
+        if not any(flag in cls.flags and cls.reads(cls.flags[flag], options) for cls, options in steps):
+            readers = [get_pass(name) for name in known[flag]]
+            when = "".join(f"; {cls.name} reads {cls.flags[flag]} only {cls.read_when[cls.flags[flag]]}"
+                           for cls in readers if cls.flags[flag] in cls.read_when)
             raise InputError(f"--{flag.replace('_', '-')}: no pass of recipe {recipe.name!r} reads it (it feeds "
-                             f"{', '.join(readers)}; the budget data needs --max-accuracy-drop, calibration data "
-                             "static INT8); drop the flag or pick a recipe that uses it (`xformopt recipes list`)")
+                             f"{', '.join(known[flag])}{when}); drop the flag or pick a recipe that uses it "
+                             "(`xformopt recipes list`)")
     return validate(raw, origin)

@@ -26,6 +26,8 @@ def list_passes(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
             "produces": p.produces,
             "needs": list(p.needs),
             "must_not_follow": p.must_not_follow,
+            "flags": {f"--{flag.replace('_', '-')}": option for flag, option in p.flags.items()},
+            "data_options": list(p.data_options),
             "summary": p.summary,
             "options": sorted(p.Options.model_fields),
         }

@@ -78,12 +78,8 @@ def fuse(
 def quantize(
     stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX stage directory (the -o of `xformopt export` or `fuse`).")],
     out: opt.StageOut,
-    mode: Literal["dynamic", "static", "int4"] = typer.Option("dynamic", "--mode", help="dynamic (activations "
-        "quantized at run time), static (calibrated) or int4 (4-bit weight-only decoders)."),
-    algorithm: str = typer.Option(None, "--algorithm", help="int4: rtn, hqq or gptq [default: rtn]."),
-    block_size: int = typer.Option(None, "--block-size", help="int4: weights per scale [default: 32]."),
-    keep_8bit: str = typer.Option(None, "--keep-8bit", help="int4: roles at 8 bits, comma-separated: lm_head, attention_output, down_proj, qkv, mlp_in."),
-    max_perplexity_increase: str = typer.Option(None, "--max-perplexity-increase", help="int4: perplexity budget vs float, e.g. '3%'."),
+    mode: Literal["dynamic", "static"] = typer.Option("dynamic", "--mode", help="dynamic (activations "
+        "quantized at run time) or static (calibrated); 4-bit weight-only decoders: `xformopt int4`."),
     calibration_data: Path = typer.Option(
         None, "--calibration-data", metavar="FILE", help="Calibration texts, same formats as --data [default: a sample of the vendored train split]."),
     calibration_method: Literal["minmax", "entropy", "percentile"] = typer.Option("minmax", "--calibration-method", help="Static ranges: "
@@ -101,8 +97,6 @@ def quantize(
 
     Example: xformopt quantize f/ -o q/ --mode static --calibration-method percentile --max-accuracy-drop 0.5
 
-    Example: xformopt quantize e/ -o q4/ --mode int4 --algorithm hqq --max-perplexity-increase 3%
-
     Exits 1 when the accuracy budget or the agreement floor cannot be met (the best attempt is still
     written, with a failing verdict, and the command that accepts it is printed).
     """
@@ -113,10 +107,42 @@ def quantize(
         options["max_accuracy_drop"] = max_accuracy_drop
     if min_agreement is not None:
         options["min_agreement"] = min_agreement
-    int4 = {"algorithm": algorithm, "block_size": block_size, "max_perplexity_increase": max_perplexity_increase,
-            "keep_8bit": [r.strip() for r in keep_8bit.split(",") if r.strip()] if keep_8bit else None}
-    options.update({k: v for k, v in int4.items() if v is not None})
     _run("quantize", stage, out, options, as_json, target=target, data=data, force=force, wait=wait)
+
+
+def int4(
+    stage: Annotated[Path, typer.Argument(metavar="DIR", help="An ONNX decoder stage (the -o of `xformopt export` or `fuse`).")],
+    out: opt.StageOut,
+    algorithm: Literal["rtn", "hqq", "gptq"] = typer.Option("rtn", "--algorithm", help="rtn, hqq (data-free) or gptq (calibrated)."),
+    block_size: int = typer.Option(32, "--block-size", help="Weights per scale: 16, 32, 64, 128 or 256."),
+    keep_8bit: str = typer.Option(None, "--keep-8bit", help="Roles at 8 bits, comma-separated: lm_head, attention_output, down_proj, qkv, mlp_in."),
+    max_perplexity_increase: str = typer.Option(None, "--max-perplexity-increase", help="Perplexity budget vs float, e.g. '3%'."),
+    calibration_data: Path = typer.Option(
+        None, "--calibration-data", metavar="FILE", help="gptq: calibration texts, same formats as --data [default: the vendored train split]."),
+    min_agreement: opt.MinAgreement = None,
+    target: opt.Target = "auto",
+    data: opt.PassData = None,
+    force: opt.Force = False,
+    wait: opt.Wait = False,
+    as_json: opt.Json = False,
+    quiet: opt.Quiet = False,
+) -> None:
+    """Quantize a decoder's weights to 4 bits (MatMulNBits), optionally within a perplexity budget.
+
+    Example: xformopt int4 e/ -o q4/ --algorithm hqq --keep-8bit lm_head --max-perplexity-increase 3%
+
+    Exits 1 when the perplexity budget cannot be met (the best candidate is still written).
+    """
+    options: dict = {"algorithm": algorithm, "block_size": block_size}
+    if keep_8bit:
+        options["keep_8bit"] = [r.strip() for r in keep_8bit.split(",") if r.strip()]
+    if max_perplexity_increase is not None:
+        options["max_perplexity_increase"] = max_perplexity_increase
+    if calibration_data:
+        options["calibration_data"] = str(calibration_data)
+    if min_agreement is not None:
+        options["min_agreement"] = min_agreement
+    _run("int4", stage, out, options, as_json, target=target, data=data, force=force, wait=wait)
 
 
 def prune(
@@ -203,5 +229,5 @@ def distill(
 
 
 def register(app: typer.Typer) -> None:
-    for command in (prune, distill, export, fuse, quantize):
+    for command in (prune, distill, export, fuse, quantize, int4):
         app.command(command.__name__)(command)

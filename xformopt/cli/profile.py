@@ -15,9 +15,8 @@ from xformopt.artifact import atomic_dir, check_output
 from xformopt.bench import measure
 from xformopt.cli import options as opt
 from xformopt.cli import output
-from xformopt.decoder.bench import is_decoder_dir
-from xformopt.errors import InputError
 from xformopt.measure.host import host_fingerprint, host_info
+from xformopt.models import artifact_task
 from xformopt.profiling import render
 from xformopt.profiling.measure import Settings, add_peak, profile_stage
 from xformopt.profiling.render import gemm_lines, headline
@@ -63,9 +62,8 @@ def profile(
     end-to-end median (they must come within 10%).
     """
 
-    if is_decoder_dir(artifact):
-        raise InputError(f"{artifact} is a text-generation artifact; `xformopt profile` profiles encoder graphs only: "
-                         f"use `xformopt bench {artifact}` for time to first token and per-token latency")
+    if (task := artifact_task(artifact)) is not None:
+        task.refuse("profile", f"{artifact} is a {task.name} artifact")
     protected = (artifact, data)
     if out is not None:
         check_output(out, force, protected)

@@ -10,7 +10,7 @@ from xformopt import recipe, targets
 from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError
-from xformopt.passes.quantize import QuantizeOptions, resolved_formats
+from xformopt.passes import get_pass
 
 app = typer.Typer(help="List and show the shipped recipes.\n\nExample: xformopt recipes show default", no_args_is_help=True)
 
@@ -35,26 +35,16 @@ def list_recipes(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
 
 
 def resolved_yaml(r, target_name: str | None) -> str:
-    """The recipe with every option filled in, and the quantize formats the target decides (what
-    `null` would become at run time), read from the target profile through quantize.resolved_formats."""
-    from types import SimpleNamespace
-
+    """The recipe with every option filled in, and what the target decides where an option is null
+    (what it becomes at run time): each pass resolves its own options (``Pass.resolve``)."""
     import yaml
 
     asked = target_name or r.target
     target = targets.resolve(asked)
     data = r.to_dict()
     data["target"] = target.name
-    for step in data["passes"]:
-        (pass_name, options), = step.items()
-        if pass_name != "quantize" or options.get("mode") == "int4":  # int4 reads none of the INT8 formats
-            continue
-        # resolved_formats reads only ctx.target: no model is needed to say what the target decides
-        formats = resolved_formats(SimpleNamespace(target=target), QuantizeOptions.model_validate(options))
-        options.update({"weight_type": formats["weight_type"], "per_channel": formats["per_channel"],
-                        "reduce_range": formats["reduce_range"], "op_types": formats["op_types"], "quant_format": formats["format"],
-                        "activation_type": formats["activation_type"],
-                        "activation_symmetric": formats["activation_symmetric"]})
+    data["passes"] = [{name: get_pass(name).resolve(options, target)}
+                      for name, options in (next(iter(step.items())) for step in data["passes"])]
     origin = f"target {asked} resolves to {target.name} on this host" if asked == "auto" else f"target {target.name}"
     header = f"# resolved: {origin}; quantize formats as {target.name} decides them (weights {target.quant.weight_type})\n"
     return header + yaml.safe_dump(data, sort_keys=False)

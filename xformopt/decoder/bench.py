@@ -14,7 +14,6 @@ ignored, so every run does the same work) from a prompt of real held-out text cu
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -27,7 +26,6 @@ from xformopt.artifact import read_manifest
 from xformopt.data import load_text_dataset
 from xformopt.decoder.generate import Sampling, context_window, generate
 from xformopt.errors import InputError
-from xformopt.families import DECODERS
 from xformopt.measure import host as host_facts
 from xformopt.measure.host import host_fingerprint, host_info
 from xformopt.models import load_tokenizer
@@ -144,15 +142,6 @@ def rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 GENERATION_BENCH_SCHEMA = "xformopt.generation-bench/1"
 
 
-def is_decoder_dir(path) -> bool:
-    """True for a directory whose config.json names a decoder family (without loading anything)."""
-    config = Path(path) / "config.json"
-    try:
-        return Path(path).is_dir() and json.loads(config.read_text()).get("model_type") in DECODERS
-    except (OSError, ValueError):
-        return False
-
-
 def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str], None] = lambda m: None):
     """What to time: the PyTorch model the manifest names, earlier stages still in the pass cache,
     ``compare`` directories, then the artifact. Returns ({name: (kind, path)}, notes)."""
@@ -175,7 +164,7 @@ def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str],
         hit = cache.lookup(entry["cache_key"]) if entry.get("cache_key") else None
         if hit and (hit[0] / "model.onnx").is_file():
             stages[entry["pass"]] = ("onnx", hit[0])
-        elif entry.get("pass") != "prune":
+        else:  # a decoder's chain has ONNX stages only (its task takes no torch pass)
             notes.append(f"stage {entry.get('pass')!r} not timed: not in the pass cache (pass it with --compare DIR)")
     for directory in compare:
         directory = Path(directory)

@@ -175,7 +175,7 @@ def export_optimum(src: Path, dst: Path, opset: int, trust_remote_code: bool = F
 
 def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
     """onnxruntime-genai's model builder as a library, fp32 for CPU: GroupQueryAttention (rotary
-    inside) with the split KV cache, fused RMSNorms. ``quantize --mode int4`` does the 4-bit step
+    inside) with the split KV cache, fused RMSNorms. the ``int4`` pass does the 4-bit step
     itself (the builder's int4 is what benchmarks/int4.py compares against)."""
     from onnxruntime_genai.models import builder
 

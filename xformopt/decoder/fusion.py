@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from xformopt.families import FAMILIES
 from xformopt.measure.latency import run_interleaved
 from xformopt.models import load_tokenizer
 from xformopt.runtime.decoder import OrtDecoder
@@ -31,17 +30,6 @@ ATTENTION_NOT_FUSED = (
 )
 
 TIMING_PROMPT_TOKENS = 32
-
-
-def expectation(spec, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
-    """Fused ops every layer must reach (family table): the builder's set when the input graph came
-    from onnxruntime-genai's builder (it has GroupQueryAttention), optimum's fallback set otherwise."""
-    family = FAMILIES.get(spec.model_type)
-    if family is None:
-        return {}
-    built = family.exporter != "genai" or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
-    per_layer = family.fused_per_layer if built else family.fallback_per_layer
-    return {op: n * spec.num_layers for op, n in per_layer.items()}
 
 
 def attention_record(spec, counts: dict[str, int], log) -> dict:

@@ -19,7 +19,6 @@ from xformopt.decoder.generate import (
 )
 from xformopt.decoder.generate import generate as run_generation
 from xformopt.errors import InputError
-from xformopt.families import DECODERS
 from xformopt.measure.host import usable_cpus
 from xformopt.models import load_tokenizer
 from xformopt.runtime.decoder import OrtDecoder
@@ -37,9 +36,7 @@ def open_decoder(artifact: Path):
     if not (path / "model.onnx").is_file():
         raise InputError(f"{path} has no model.onnx; export the decoder first: xformopt export MODEL -o NEW_DIR, then generate from NEW_DIR")
     spec = models.resolve(str(path))
-    if not spec.is_decoder:
-        raise InputError(f"{path} is a {spec.model_type} {spec.task} artifact; generate needs a decoder "
-                         f"({', '.join(DECODERS)}) exported for text-generation")
+    spec.task_def.refuse("generate", f"{path} is a {spec.model_type} {spec.task} artifact")
     return spec
 
 

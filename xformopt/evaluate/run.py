@@ -39,9 +39,15 @@ def quality(task, outputs: dict[str, np.ndarray], baseline_name: str, heldout, s
 
 
 def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None], progress=None) -> dict:
-    """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing."""
-    if spec.task_def.decoder:  # perplexity, cached-step latency, generation grid: xformopt/decoder/evaluate.py
-        return evaluate_decoder_stages(stages, spec, heldout, settings, threads, log, progress)
+    """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing.
+    How depends on the task's graph (``EVALUATIONS``): decoders are scored on perplexity and timed per
+    cached step, with a generation grid (xformopt/decoder/evaluate.py)."""
+    return EVALUATIONS[spec.task_def.graph](stages, spec, heldout, settings, threads, log, progress)
+
+
+def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
+                            progress=None) -> dict:
+    """Every stage scored by the task on the held-out rows and timed interleaved per request."""
     report = progress or progress_events.report  # (label, done, total): a live bar or periodic lines
 
     def bar(label):
@@ -98,3 +104,6 @@ def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable
         "reference_outputs": outputs[stages[0].name],
         **extra,
     }
+
+
+EVALUATIONS = {"encoder": evaluate_encoder_stages, "decoder": evaluate_decoder_stages}

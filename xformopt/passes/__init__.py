@@ -12,6 +12,7 @@ REGISTRY: dict[str, str] = {
     "export": "xformopt.passes.export:ExportPass",
     "fuse": "xformopt.passes.fuse:FusePass",
     "quantize": "xformopt.passes.quantize:QuantizePass",
+    "int4": "xformopt.passes.quantize_int4:Int4Pass",
 }
 
 

@@ -16,7 +16,9 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict
 
 from xformopt.data import TextDataset
+from xformopt.errors import InputError
 from xformopt.models import ModelSpec
+from xformopt.resources.defaults import VADER_LABELS, labels_cover_vendored
 from xformopt.targets import Target, host_supports
 
 Kind = Literal["hf", "onnx"]
@@ -59,7 +61,14 @@ class PassContext:
 
 
 class Pass:
-    """A pass declares its name, its stage, what it consumes and produces, and what it needs."""
+    """A pass declares its name, its stage, what it consumes and produces, and what it needs.
+
+    It also owns what the layers above ask about it (hooks, read by the recipe, the pipeline and the
+    CLI, which know no pass by name): the command-line flags it reads (``flags``), the options that name
+    data files (``data_options``), the vendored splits it would read with labels (``labelled_fallbacks``),
+    when it reads an option at all (``reads``), what it refuses for a model before any work (``check``)
+    and the defaults a target decides (``resolve``).
+    """
 
     name: ClassVar[str]
     stage: ClassVar[Literal["torch", "onnx"]]
@@ -73,6 +82,59 @@ class Pass:
     # it verifies on), "reported" (the rows the report scores), "timing" (threads and CPU: it keeps
     # the faster of measured candidates). A pass that times nothing must not be re-run on a new host.
     depends_on: ClassVar[tuple[str, ...]] = ("texts", "timing")
+    # Settings of `xformopt optimize` / ``xformopt.optimize()`` this pass reads -> the option each sets.
+    # One flag feeds every pass that declares it: ``--train-data`` reaches prune's ``data`` and distill's
+    # ``train_data``, and the manifest's resolved recipe shows where each one went.
+    flags: ClassVar[dict[str, str]] = {}
+    # Options naming a data file: checked to exist before any work; -o may never overwrite them.
+    data_options: ClassVar[tuple[str, ...]] = ()
+    # Data options whose default is a vendored split read *with labels* when the model is a classifier:
+    # option -> (the split, what reads it). Refused before any work when those labels are not the model's.
+    labelled_fallbacks: ClassVar[dict[str, tuple[str, str]]] = {}
+    # Options the pass reads only in some configurations: option -> when, in words, for the line that
+    # refuses a flag nothing reads (``reads`` decides).
+    read_when: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def reads(cls, option: str, options: dict) -> bool:
+        """Whether the pass reads ``option`` (its value, or its default data when unset) with ``options``:
+        a flag that no pass of a recipe reads is refused, and so is a labelled fallback nobody reads."""
+        return True
+
+    @classmethod
+    def check(cls, spec: ModelSpec, options: dict) -> None:
+        """Refuse, before any work, what this pass cannot do for ``spec`` with ``options`` (one InputError
+        naming the fix). The base checks that the model's task takes the pass and that no default data is
+        read with labels that are not the model's; a pass adds its own rules and calls ``super().check``."""
+        task = spec.task_def
+        if cls.name not in task.passes:
+            raise InputError(f"unsupported architecture {spec.model_type!r} for pass {cls.name!r}: {task.name} models "
+                             f"support {', '.join(task.passes)}")
+        cls.check_labelled_fallbacks(spec, options)
+
+    @classmethod
+    def check_labelled_fallbacks(cls, spec: ModelSpec, options: dict) -> None:
+        """The vendored movie-review splits can feed any model as plain text, but their labels (negative,
+        positive) only score a classifier with exactly those classes: refuse to prune, distill or budget a
+        3-class or LABEL_0/LABEL_1 classifier against them (xformopt/resources/defaults.py)."""
+        if not spec.task_def.labels_from_config or labels_cover_vendored(spec.label2id):
+            return
+        for option, (split, what) in cls.labelled_fallbacks.items():
+            if not options.get(option) and cls.reads(option, options):
+                # No names in config.json: transformers calls the classes LABEL_0, LABEL_1, ...
+                labels = ", ".join(sorted(spec.label2id)) or "unnamed: LABEL_0, LABEL_1, ..."
+                flag = next((f"--{f.replace('_', '-')} FILE on `xformopt optimize`, " for f, o in cls.flags.items()
+                             if o == option), "")
+                raise InputError(
+                    f"{what} would fall back to the vendored movie-review {split} split, whose labels "
+                    f"({', '.join(VADER_LABELS)}) are not this model's ({labels}); give rows labelled for your "
+                    f"model: {flag}`{option}` in the recipe's {cls.name} step")
+
+    @classmethod
+    def resolve(cls, options: dict, target: Target) -> dict:
+        """``options`` with what ``target`` decides filled in where they say null (what a run will use:
+        `xformopt recipes show --resolved`). Default: nothing is decided by the target."""
+        return dict(options)
 
     @staticmethod
     def summarize(record: dict) -> str:

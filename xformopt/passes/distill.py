@@ -201,6 +201,16 @@ class DistillPass(Pass):
     needs = ("training texts, labels optional (default: vendored train split)",
              "evaluation rows for early stopping (default: vendored validation split)",
              "the teacher (the run's input model, or --teacher)")
+    flags = {"train_data": "train_data", "validation_data": "eval_data"}
+    data_options = ("train_data", "eval_data")
+    labelled_fallbacks = {"train_data": ("train", "distill's training rows"),
+                          "eval_data": ("validation", "distill's evaluation rows")}
+
+    @classmethod
+    def reads(cls, option: str, options: dict) -> bool:
+        if option == "eval_data":  # with train_data and no eval_data, evaluation rows are split from train_data
+            return bool(options.get("eval_data")) or not options.get("train_data")
+        return True
 
     @staticmethod
     def summarize(rec: dict) -> str:

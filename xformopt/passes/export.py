@@ -111,31 +111,32 @@ class ExportPass(Pass):
                 f"at lengths {p['sequence_lengths']}{pairs}")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
-        from optimum.exporters.onnx import main_export
+        # The family's exporter (families.py): optimum's TorchScript route or torch's dynamo exporter for
+        # encoders (a recipe's ``exporter`` picks), a KV-cache exporter for decoders (parity at every step).
+        return EXPORTERS[ctx.spec.family.export_route(options.exporter)](ctx, src, dst, options)
 
-        if ctx.spec.is_decoder:  # with past key/values, parity at every decode step: xformopt/decoder/export.py
-            return export_decoder(ctx, src, dst, options)
-        exporter = options.exporter or ("dynamo" if ctx.spec.family.exporter == "dynamo" else "torchscript")
-        if exporter == "dynamo":
-            return _export_with_dynamo(ctx, src, dst, options)
-        ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) at opset {options.opset}")
-        with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx"):
-            warnings.simplefilter("ignore")
-            main_export(
-                str(src),
-                output=dst,
-                task=ctx.spec.task_def.export_task,
-                opset=options.opset,
-                library_name="transformers",
-                do_validation=False,  # parity is checked below, on real texts, with recipe thresholds
-                no_post_process=True,
-                trust_remote_code=ctx.spec.trust_remote_code,
-            )
-        _keep_only_config_files(src, dst)
-        memory.release()  # the traced model optimum loaded, before parity loads one again
-        ctx.log("checking parity against PyTorch")
-        parity = check_parity(ctx, src, dst, options)
-        return _record("optimum.exporters.onnx (TorchScript tracer, dynamo=False)", options.opset, dst, parity)
+
+def _export_with_optimum(ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
+    from optimum.exporters.onnx import main_export
+
+    ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) at opset {options.opset}")
+    with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx"):
+        warnings.simplefilter("ignore")
+        main_export(
+            str(src),
+            output=dst,
+            task=ctx.spec.task_def.export_task,
+            opset=options.opset,
+            library_name="transformers",
+            do_validation=False,  # parity is checked below, on real texts, with recipe thresholds
+            no_post_process=True,
+            trust_remote_code=ctx.spec.trust_remote_code,
+        )
+    _keep_only_config_files(src, dst)
+    memory.release()  # the traced model optimum loaded, before parity loads one again
+    ctx.log("checking parity against PyTorch")
+    parity = check_parity(ctx, src, dst, options)
+    return _record("optimum.exporters.onnx (TorchScript tracer, dynamo=False)", options.opset, dst, parity)
 
 
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset: lower ones are converted down after export
@@ -158,6 +159,11 @@ def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportO
     parity = check_parity(ctx, src, dst, options)
     return _record("torch.onnx.export (dynamo=True); attention fuses in `fuse` (onnxscript ort_fusions)",
                    opset, dst, parity)
+
+
+# Family exporter route (``Family.export_route``) -> the function that writes and verifies the graph.
+EXPORTERS = {"torchscript": _export_with_optimum, "dynamo": _export_with_dynamo,
+             "gpt2": export_decoder, "genai": export_decoder}
 
 
 def _record(exporter: str, opset: int, dst: Path, parity: dict) -> dict:

@@ -10,10 +10,12 @@ a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from contextlib import contextmanager
 from importlib import import_module
@@ -24,7 +26,6 @@ from pydantic import Field
 
 from xformopt import models
 from xformopt.artifact import copy_stage
-from xformopt.decoder.fusion import attention_record, expectation, time_decoder_dirs
 from xformopt.errors import PassFailed
 from xformopt.measure import memory
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
@@ -34,7 +35,8 @@ from xformopt.passes.export_dynamo import (
     is_dynamo_graph,
     onnxscript_fusions,
 )
-from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
+from xformopt.passes.stage_runs import stage_runs
+from xformopt.passes.timing import preferred_within_tolerance
 
 Candidate = Literal["all", "no_attention", "none"]
 
@@ -66,15 +68,56 @@ class FuseOptions(PassOptions):
 WEIGHTS_ON_DISK_BYTES = 1024
 
 
+_thread_weights = threading.local()  # the weights directory of the fusion running in this thread
+_wrap_lock = threading.Lock()
+
+
+def _resolving_in_weights_dir(to_array):
+    """onnx's ``numpy_helper.to_array`` reading external data from the calling thread's weights directory
+    when the caller names none (ORT's fusions never do: their base is the process's working directory)."""
+
+    @functools.wraps(to_array)
+    def resolved(tensor, base_dir: str = ""):
+        return to_array(tensor, base_dir or getattr(_thread_weights, "path", ""))
+
+    resolved.reads_thread_weights_dir = True  # type: ignore[attr-defined]
+    return resolved
+
+
 @contextmanager
-def working_directory(path):
-    """cd for the block (contextlib.chdir needs Python 3.11). Process-wide: fusion runs in one thread."""
-    previous = os.getcwd()
-    os.chdir(path)
+def weights_dir(path: Path):
+    """Where the fusions running in this thread find the weights left on disk (``with_weights_on_disk``).
+
+    ORT's fusions read a weight's values with ``numpy_helper.to_array(tensor)``, which resolves an
+    external tensor against the working directory. Changing directory would move every thread of the
+    process (a server, a notebook); instead onnx's function is wrapped once to default ``base_dir`` to
+    the calling thread's directory, set here for this block only: other threads, and this one outside
+    the block, get onnx's own behaviour."""
+    from onnx import numpy_helper
+
+    with _wrap_lock:
+        if not getattr(numpy_helper.to_array, "reads_thread_weights_dir", False):
+            numpy_helper.to_array = _resolving_in_weights_dir(numpy_helper.to_array)
+    previous = getattr(_thread_weights, "path", "")
+    _thread_weights.path = str(path)
     try:
         yield
     finally:
-        os.chdir(previous)
+        _thread_weights.path = previous
+
+
+
+@contextmanager
+def quiet_shape_inference():
+    """ORT's symbolic shape inference warns once per Slice it cannot bound (a decoder's past/total
+    lengths): harmless for fusion, silenced for the block only (the logger's level is given back)."""
+    logger = logging.getLogger("symbolic_shape_infer")
+    previous = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
 
 
 def with_weights_on_disk(graph, scratch: Path, threshold: int = WEIGHTS_ON_DISK_BYTES):
@@ -83,8 +126,8 @@ def with_weights_on_disk(graph, scratch: Path, threshold: int = WEIGHTS_ON_DISK_
     ORT's optimizer copies the whole ModelProto for every symbolic shape inference and keeps the
     copies, and serializes it to save: a candidate's peak was several times the weights' size (README,
     "Memory"). With the weights on disk those copies hold names and shapes only.
-    The fusions that read a weight's values (numpy_helper.to_array) load it from the file relative to
-    the working directory, hence ``working_directory(scratch)`` around them."""
+    The fusions that read a weight's values (numpy_helper.to_array) find the file through
+    ``weights_dir(scratch)`` around them."""
     import onnx
 
     model = onnx.load(str(graph)) if isinstance(graph, (str, Path)) else graph
@@ -113,17 +156,15 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     from onnxruntime.transformers.optimizer import optimize_model
 
     fusion = FusionOptions(ctx.spec.ort_model_type)
-    if ctx.spec.is_decoder:  # shape inference cannot bound past/total lengths: one harmless warning per Slice
-        logging.getLogger("symbolic_shape_infer").setLevel(logging.ERROR)
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)
     graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled)
     out_model = Path(os.path.abspath(out_model))
     with tempfile.TemporaryDirectory(prefix=".weights-", dir=out_model.parent) as scratch, \
-            warnings.catch_warnings():
+            warnings.catch_warnings(), quiet_shape_inference():
         warnings.simplefilter("ignore")
         graph = with_weights_on_disk(graph, Path(scratch), weights_threshold)
-        with working_directory(scratch):  # where ORT's fusions find the weights they read (see above)
+        with weights_dir(Path(scratch)):  # where ORT's fusions find the weights they read (see above)
             model = optimize_model(
                 graph,
                 model_type=ctx.spec.ort_model_type,
@@ -188,10 +229,7 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
 
 def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
     """What every layer must reach (the family's ``fused_per_layer``: BERT's one Attention and two SkipLayerNorms)."""
-    if ctx.spec.is_decoder:  # per family: xformopt/decoder/fusion.py
-        return expectation(ctx.spec, before)
-    layers = ctx.spec.num_layers
-    return {op: n * layers for op, n in ctx.spec.family.fused_per_layer.items()}
+    return ctx.spec.family.expected_fusions(ctx.spec.num_layers, before)
 
 
 class FusePass(Pass):
@@ -200,7 +238,8 @@ class FusePass(Pass):
     consumes = "onnx"
     produces = "onnx"
     Options = FuseOptions
-    must_not_follow = {"quantize": "fusions match float subgraphs; put fuse before quantize"}
+    must_not_follow = {"quantize": "fusions match float subgraphs; put fuse before quantize",
+                       "int4": "fusions match float subgraphs; put fuse before int4"}
     summary = "ONNX Runtime transformer fusions (Attention, SkipLayerNorm, ...), counted and timed"
     needs = ("held-out texts (timing candidates)",)
 
@@ -244,10 +283,7 @@ class FusePass(Pass):
             timed = {name: candidates[name] for name in wanted}
             if ctx.host_runs_target:
                 ctx.log(f"timing {', '.join(timed)} interleaved ({options.timing_rounds} rounds)")
-                timer = time_stage_dirs
-                if ctx.spec.is_decoder:  # one cached decode step, not a whole-text forward
-                    timer = time_decoder_dirs
-                timings = timer(ctx, timed, options.timing_rounds)
+                timings = stage_runs(ctx.spec).time_candidates(ctx, timed, options.timing_rounds)
                 chosen, reason = choose(timings, options.tolerance)
             else:
                 chosen, reason = "all", f"host lacks target {ctx.target.name}: not timed here, kept full fusion"
@@ -255,9 +291,7 @@ class FusePass(Pass):
             chosen = wanted[0]
             reason = f"select={options.select}"
 
-        decoder = {}
-        if ctx.spec.is_decoder:  # whether attention fused: loud when it did not (xformopt/decoder/fusion.py)
-            decoder = {"decoder": attention_record(ctx.spec, counts["all"], ctx.log)}
+        graph_facts = stage_runs(ctx.spec).fusion_record(ctx.spec, counts["all"], ctx.log)  # decoders: attention fused?
         at_load = runtime_fusions(src / "model.onnx", work)
         for item in candidates[chosen].iterdir():
             shutil.move(str(item), dst / item.name)
@@ -274,7 +308,7 @@ class FusePass(Pass):
             "kept": chosen,
             "reason": reason,
             "timings_ms": {name: {k: t[k] for k in ("median_ms", "p90_ms", "n")} for name, t in timings.items()},
-            **decoder,
+            **graph_facts,
         }
 
 

@@ -305,6 +305,9 @@ class PrunePass(Pass):
     Options = PruneOptions
     summary = "structured pruning (heads, FFN neurons, layers) from data-driven importance; a stock HF checkpoint"
     needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
+    flags = {"train_data": "data"}
+    data_options = ("data",)
+    labelled_fallbacks = {"data": ("train/test", "prune's importance and held-out rows")}
 
     @staticmethod
     def summarize(rec: dict) -> str:

@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from xformopt import accuracy_budget
 from xformopt.artifact import copy_stage
-from xformopt.decoder.fusion import logits_agreement
 from xformopt.errors import InputError, PassFailed
+from xformopt.models import ModelSpec
 from xformopt.onnx_graph import (
     int8_coverage,
     load_graph,
@@ -65,9 +66,8 @@ from xformopt.passes.int8_formats import (
     float_gemm_bound,
     format_ladder,
 )
-from xformopt.passes.quantize_int4 import Int4Options, run_int4, summarize_int4
-from xformopt.runtime.encoder import OrtPredictor
-from xformopt.targets import u8s8_saturates
+from xformopt.passes.stage_runs import stage_runs
+from xformopt.targets import Target, u8s8_saturates
 
 
 @contextmanager
@@ -81,9 +81,9 @@ def _root_log_level(level: int):
         root.setLevel(previous)
 
 
-class QuantizeOptions(PassOptions, Int4Options):
-    mode: Literal["dynamic", "static", "int4"] = Field(
-        "dynamic", description="dynamic (activations per batch), static (calibrated), or int4 (4-bit weight-only decoders)")
+class QuantizeOptions(PassOptions):
+    mode: Literal["dynamic", "static"] = Field(
+        "dynamic", description="dynamic (activations per batch) or static (calibrated); 4-bit weight-only: the int4 pass")
     per_channel: bool | None = Field(None, description="per-channel weight scales; default: the target's")
     reduce_range: bool | None = Field(None, description="7-bit weights; default: the target's")
     weight_type: Literal["int8", "uint8"] | None = Field(None, description="weight type; default: the target's")
@@ -116,6 +116,16 @@ class QuantizeOptions(PassOptions, Int4Options):
     def _budget(cls, value):
         return None if value is None else accuracy_budget.parse(value)
 
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _int4_moved(cls, value):
+        # Recipes written before int4 became its own pass: refused with the fix (CHANGELOG), not translated.
+        if value == "int4":
+            raise PydanticCustomError("int4_moved", "quantize mode int4 is its own pass now: write the step as "
+                                                    "`int4: {...}` with the same options and no mode (`xformopt int4` on "
+                                                    "the command line)")
+        return value
+
 
 def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
     """The family's outlier rules applied to a copy of the float stage (xformopt/passes/outliers.py):
@@ -137,8 +147,9 @@ def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOpt
     return treated, record
 
 
-def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
-    q = ctx.target.quant
+def resolved_formats(target: Target, options: QuantizeOptions) -> dict:
+    """The INT8 formats a run uses: each option, or where it is null the target profile's choice."""
+    q = target.quant
 
     def pick(option, default):
         return default if option is None else option
@@ -156,32 +167,49 @@ def resolved_formats(ctx: PassContext, options: QuantizeOptions) -> dict:
     }
 
 
-def output_agreement(ctx: PassContext, float_dir: Path, int8_dir: Path) -> dict:
-    """The task's per-row agreement (cosine of logits or embeddings, span or tag agreement) of INT8
-    outputs with float outputs on real rows: catches saturation and broken scales."""
-    rows = ctx.sample_data.subset(range(min(32, len(ctx.sample_data))))
-    ref = OrtPredictor(ctx.spec, float_dir, threads=ctx.threads).predict_data(rows)
-    got = OrtPredictor(ctx.spec, int8_dir, threads=ctx.threads, tokenizer_dir=float_dir).predict_data(rows)
-    agree = ctx.spec.task_def.agreement(got, ref)
-    return {"measure": ctx.spec.task_def.agreement_measure, "mean_agreement": float(agree.mean()),
-            "min_agreement": float(agree.min()), "texts": len(rows)}
-
-
 class QuantizePass(Pass):
     name = "quantize"
     stage = "onnx"
     consumes = "onnx"
     produces = "onnx"
     Options = QuantizeOptions
-    must_not_follow = {"quantize": "the graph is already quantized"}
+    must_not_follow = {"quantize": "the graph is already quantized", "int4": "the graph is already 4-bit"}
     summary = "INT8 quantization (dynamic or calibrated static), formats from the target, optional accuracy budget"
     needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
+    flags = {"validation_data": "budget_data", "calibration_data": "calibration_data",
+             "max_accuracy_drop": "max_accuracy_drop", "per_channel": "per_channel", "min_agreement": "min_agreement"}
+    data_options = ("calibration_data", "budget_data")
+    labelled_fallbacks = {"budget_data": ("validation", "the INT8 accuracy budget")}
+    read_when = {"calibration_data": "in static mode (mode: static)",
+                 "budget_data": "with an accuracy budget (max_accuracy_drop)"}
+
+    @classmethod
+    def reads(cls, option: str, options: dict) -> bool:
+        if option == "calibration_data":
+            return options.get("mode") == "static"
+        if option == "budget_data":
+            return options.get("max_accuracy_drop") is not None
+        return True
+
+    @classmethod
+    def check(cls, spec: ModelSpec, options: dict) -> None:
+        super().check(spec, options)
+        if not spec.task_def.int8_calibration and (
+                options.get("mode") == "static" or options.get("max_accuracy_drop") is not None):
+            raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
+                             "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
+
+    @classmethod
+    def resolve(cls, options: dict, target: Target) -> dict:
+        """The INT8 formats ``target`` decides where the options say null (what the run will use)."""
+        formats = resolved_formats(target, QuantizeOptions.model_validate(options))
+        return {**options, "weight_type": formats["weight_type"], "per_channel": formats["per_channel"],
+                "reduce_range": formats["reduce_range"], "op_types": formats["op_types"],
+                "quant_format": formats["format"], "activation_type": formats["activation_type"],
+                "activation_symmetric": formats["activation_symmetric"]}
 
     @staticmethod
     def report_facts(record: dict) -> dict:
-        if "matmulnbits" in record:  # --mode int4
-            return {"matmulnbits": record["matmulnbits"], "weighted_gemms": record["weighted_matmuls"],
-                    "float_gemms": [g["name"] for g in record["kept_float"]]}
         cov = record["coverage"]
         return {"int8_gemms": cov["int8"], "weighted_gemms": cov["weighted_gemms"],
                 "float_gemms": [g["name"] for g in cov["kept_float"]]}
@@ -197,10 +225,6 @@ class QuantizePass(Pass):
 
     @staticmethod
     def _budget_line(b: dict, out: Path) -> str:
-        if "max_perplexity_increase" in b:  # --mode int4
-            return (f"perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
-                    f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
-                    f"the best candidate was written to {out} (raise max_8bit_nodes, keep more roles at 8 bits, or loosen the budget)")
         return (f"accuracy budget not met: {b.get('metric')} drop {b.get('drop')} points > allowed "
                 f"{b.get('allowed_drop_points')} with up to {b.get('max_float_nodes')} node(s) in float; the best "
                 f"candidate was written to {out} (raise max_float_nodes, loosen the budget, or try another calibration)")
@@ -208,8 +232,6 @@ class QuantizePass(Pass):
     @staticmethod
     def summarize(rec: dict) -> str:
         """One line: what the pass changed and how it was verified."""
-        if rec.get("mode") == "int4":
-            return summarize_int4(rec)
         c = rec["coverage"]
         mode = rec.get("mode", "dynamic")
         if mode == "static":
@@ -233,12 +255,7 @@ class QuantizePass(Pass):
         return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
-        if options.mode == "int4":  # 4-bit weight-only MatMulNBits: xformopt/passes/quantize_int4.py
-            return run_int4(ctx, src, dst, options)
-        if ctx.spec.is_decoder and (options.mode == "static" or options.max_accuracy_drop is not None):
-            raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
-                             "budget feed encoder inputs; use --mode dynamic without --max-accuracy-drop")
-        formats = resolved_formats(ctx, options)
+        formats = resolved_formats(ctx.target, options)
         record: dict = {"mode": options.mode}
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"
@@ -274,7 +291,7 @@ class QuantizePass(Pass):
                 f"quantize changed nothing: none of {coverage['weighted_gemms']} weighted MatMul/Gemm nodes "
                 f"became INT8 (op types {formats['op_types']})"
             )
-        agreement = _agreement(ctx)(ctx, float_src, dst)
+        agreement = stage_runs(ctx.spec).agreement(ctx, float_src, dst)
         floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
         record["verdict"] = verdict(record, agreement, floor,
                                     failure_hint(formats, _fixed(options), floor, len(record["format_search"]["exclude_nodes"])))
@@ -422,12 +439,6 @@ def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, forma
 # --------------------------------------------------------------------------- format ladder
 
 
-def _agreement(ctx: PassContext):
-    if ctx.spec.is_decoder:  # logits at every position vs the float graph (xformopt/decoder/fusion.py)
-        return logits_agreement
-    return output_agreement
-
-
 def _fixed(options: QuantizeOptions) -> dict:
     return {"per_channel": options.per_channel, "reduce_range": options.reduce_range, "weight_type": options.weight_type}
 
@@ -440,7 +451,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     Returns the chosen formats, their builder, the built directory, every attempt and the reason.
     """
     floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
-    agree = _agreement(ctx)
+    agree = stage_runs(ctx.spec).agreement
     saturating = ctx.target.quant.reduce_range or u8s8_saturates(ctx.host_flags)
     ladder = format_ladder(formats, _fixed(options), saturating)
     attempts: list[dict] = []
@@ -473,7 +484,7 @@ def choose_formats(ctx: PassContext, options: QuantizeOptions, formats: dict, sr
     fmt, out, row = best
     ladder_record = None
     candidates = [g for g in weighted_gemms(load_graph(src / "model.onnx")) if g["has_weight"] and g["name"] not in exclude]
-    if not row["passes"] and not ctx.spec.is_decoder and candidates:
+    if not row["passes"] and ctx.spec.task_def.int8_calibration and candidates:  # harm ranking feeds model inputs
         most = float_gemm_bound(len(candidates))
         reader = harm_reader or _sample_reader(ctx, src)
         scores = cal.harm_scores(prepared, candidates, reader, fmt, ranges, work)

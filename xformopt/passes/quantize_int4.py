@@ -1,5 +1,6 @@
-"""quantize --mode int4: 4-bit weight-only decoders (ONNX Runtime's ``MatMulNBits``), with a mixed
-plan and a perplexity budget.
+"""int4: 4-bit weight-only decoders (ONNX Runtime's ``MatMulNBits``), with a mixed plan and a
+perplexity budget. Its own pass (``- int4: {...}`` in a recipe, `xformopt int4` on the command line):
+it shares no option with INT8 ``quantize``, so neither records the other's.
 
 Decoding at batch 1 reads every weight once per token, so the weight bytes set the speed. ORT's
 ``MatMulNBitsQuantizer`` packs each weighted MatMul's weights into blocks of ``block_size`` 4-bit
@@ -31,19 +32,21 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from xformopt.artifact import copy_stage
-from xformopt.decoder.fusion import logits_agreement
 from xformopt.decoder.generate import context_window
 from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
 from xformopt.gguf_source import read_source, sha256_of
 from xformopt.models import load_tokenizer
 from xformopt.passes import calibration as cal
+from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.int8_formats import agreement_floor
+from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
@@ -55,25 +58,36 @@ ROLES = {
     "mlp_in": r"(gate_up_proj|gate_proj|up_proj|fc1)",
 }
 Role = Literal["lm_head", "attention_output", "down_proj", "qkv", "mlp_in"]
-INT4_FIELDS = ("block_size", "symmetric", "accuracy_level", "algorithm", "keep_8bit", "max_perplexity_increase",
-               "perplexity_texts", "max_8bit_nodes", "carry_gguf")
 HARM_TEXTS = 8
 
 
-class Int4Options(BaseModel):
-    """The int4 fields of QuantizeOptions (used only with ``mode: int4``)."""
-
-    block_size: int = Field(32, description="int4: weights per scale (16, 32, 64, 128 or 256)")
-    symmetric: bool = Field(True, description="int4: symmetric blocks (no zero points)")
-    accuracy_level: int = Field(4, ge=0, le=4, description="int4: MatMulNBits compute type; 4 = int8 dot products on CPU")
-    algorithm: Literal["rtn", "hqq", "gptq"] = Field("rtn", description="int4: rtn, hqq (data-free) or gptq (calibrated)")
-    keep_8bit: list[Role] = Field(default_factory=list, description="int4: roles packed at 8 bits (lm_head, attention_output, down_proj, qkv, mlp_in)")
+class Int4Options(PassOptions):
+    block_size: int = Field(32, description="weights per scale (16, 32, 64, 128 or 256)")
+    symmetric: bool = Field(True, description="symmetric blocks (no zero points)")
+    accuracy_level: int = Field(4, ge=0, le=4, description="MatMulNBits compute type; 4 = int8 dot products on CPU")
+    algorithm: Literal["rtn", "hqq", "gptq"] = Field("rtn", description="rtn, hqq (data-free) or gptq (calibrated)")
+    keep_8bit: list[Role] = Field(default_factory=list, description="roles packed at 8 bits (lm_head, attention_output, down_proj, qkv, mlp_in)")
     max_perplexity_increase: float | str | None = Field(
-        None, description="int4: budget vs the float graph, relative ('3%' or 0.03); over it, harmful MatMuls go to 8 bits")
-    perplexity_texts: int = Field(64, ge=4, description="int4: held-out texts the budget scores (vendored validation split)")
-    max_8bit_nodes: int | None = Field(None, ge=0, description="int4: most MatMuls the budget may move to 8 bits; default: half")
-    carry_gguf: bool = Field(True, description="int4: a model converted from GGUF keeps the file's own Q4_0/Q4_1/Q8_0 "
+        None, description="budget vs the float graph, relative ('3%' or 0.03); over it, harmful MatMuls go to 8 bits")
+    perplexity_texts: int = Field(64, ge=4, description="held-out texts the budget scores (vendored validation split)")
+    max_8bit_nodes: int | None = Field(None, ge=0, description="most MatMuls the budget may move to 8 bits; default: half")
+    carry_gguf: bool = Field(True, description="a model converted from GGUF keeps the file's own Q4_0/Q4_1/Q8_0 "
                                                "blocks (exact) instead of being quantized again")
+    exclude_nodes: list[str] = Field(default_factory=list, description="MatMul node names kept in float")
+    min_agreement: float | None = Field(
+        None, ge=0, le=1, description="floor on the logits' cosine to the float graph; default: the task's (0.9)")
+    calibration_data: str | None = Field(None, description="gptq: calibration texts (same formats as --data); "
+                                                           "default: vendored train split")
+    calibration_limit: int | None = Field(256, ge=1, description="gptq: calibrate on at most this many rows (seeded sample)")
+    budget_data: str | None = Field(None, description="perplexity budget texts; default: vendored validation split")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_accuracy_drop(cls, values):
+        if isinstance(values, dict) and values.get("max_accuracy_drop") is not None:
+            raise PydanticCustomError("int4_budget", "int4 takes a perplexity budget (max_perplexity_increase, e.g. "
+                                                     "'3%'), not max_accuracy_drop")
+        return values
 
     @field_validator("block_size")
     @classmethod
@@ -95,14 +109,6 @@ class Int4Options(BaseModel):
         if isinstance(value, bool) or not 0 <= fraction < 10:
             raise ValueError(f"max_perplexity_increase must be a relative increase like '3%' or 0.03, got {value!r}")
         return text if text.endswith("%") else fraction
-
-    @model_validator(mode="after")
-    def _only_with_int4(self):
-        # Non-default values, not fields_set: a resolved recipe re-validates with every field filled in.
-        used = [f for f in INT4_FIELDS if getattr(self, f) != Int4Options.model_fields[f].get_default(call_default_factory=True)]
-        if used and getattr(self, "mode", "int4") != "int4":
-            raise ValueError(f"{', '.join(used)} apply to mode int4 only (mode is {getattr(self, 'mode')!r})")
-        return self
 
 
 def allowed_increase(budget: float | str) -> float:
@@ -293,13 +299,51 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
 # --------------------------------------------------------------------------- the pass
 
 
-def run_int4(ctx, src: Path, dst: Path, options) -> dict:
+class Int4Pass(Pass):
+    name = "int4"
+    stage = "onnx"
+    consumes = "onnx"
+    produces = "onnx"
+    Options = Int4Options
+    must_not_follow = {"quantize": "the graph is already quantized (INT8)", "int4": "the graph is already 4-bit"}
+    summary = "4-bit weight-only MatMulNBits for decoders (rtn, hqq, gptq), mixed 4/8-bit plan, optional perplexity budget"
+    needs = ("calibration texts (gptq; default: vendored train split)",
+             "perplexity texts (with max_perplexity_increase; default: vendored validation split)")
+    flags = {"calibration_data": "calibration_data", "validation_data": "budget_data", "min_agreement": "min_agreement"}
+    data_options = ("calibration_data", "budget_data")
+    read_when = {"calibration_data": "with algorithm gptq", "budget_data": "with a perplexity budget (max_perplexity_increase)"}
+
+    @classmethod
+    def reads(cls, option: str, options: dict) -> bool:
+        if option == "calibration_data":
+            return options.get("algorithm") == "gptq"
+        if option == "budget_data":
+            return options.get("max_perplexity_increase") is not None
+        return True
+
+    @staticmethod
+    def report_facts(record: dict) -> dict:
+        return {"matmulnbits": record["matmulnbits"], "weighted_gemms": record["weighted_matmuls"],
+                "float_gemms": [g["name"] for g in record["kept_float"]]}
+
+    @staticmethod
+    def budget_failure(record: dict, out: Path) -> str:
+        b = record.get("budget", {})
+        return (f"perplexity budget not met: {b['float_perplexity']:.3f} -> {b['perplexity_after']:.3f} "
+                f"({b['increase']:+.2%} > {b['allowed_increase']:.2%}) with up to {b['max_extra_8bit']} MatMul(s) at 8 bits; "
+                f"the best candidate was written to {out} (raise max_8bit_nodes, keep more roles at 8 bits, or loosen the budget)")
+
+    @staticmethod
+    def summarize(rec: dict) -> str:
+        return summarize_int4(rec)
+
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: Int4Options) -> dict:
+        return run_int4(ctx, src, dst, options)
+
+
+def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
     import onnx
 
-    if not ctx.spec.is_decoder:
-        raise InputError("quantize --mode int4 is for decoders (text-generation); encoders take --mode dynamic or static")
-    if options.max_accuracy_drop is not None:
-        raise InputError("int4 takes a perplexity budget (max_perplexity_increase, e.g. '3%'), not max_accuracy_drop")
     graph = onnx.load(src / "model.onnx", load_external_data=False)
     if any(n.op_type == "MatMulNBits" for n in graph.graph.node):
         raise InputError(f"{src} is already 4-bit (it has MatMulNBits); quantize its float input instead")
@@ -361,7 +405,7 @@ def run_int4(ctx, src: Path, dst: Path, options) -> dict:
     record["size_bytes"] = {"before": _size(src), "after": _size(dst)}
     ctx.log(f"int4: {nbits['4bit']} MatMulNBits at 4 bits, {nbits['8bit']} at 8 bits, {len(left)} weighted MatMul(s) "
             f"float; {record['size_bytes']['before'] / 1e6:.1f} -> {record['size_bytes']['after'] / 1e6:.1f} MB")
-    agreement = logits_agreement(ctx, src, dst)
+    agreement = stage_runs(ctx.spec).agreement(ctx, src, dst)
     record["agreement"] = agreement
     floor = agreement_floor(ctx.spec.task_def, options.min_agreement)
     if agreement["mean_agreement"] < floor and record.get("budget_met", True):

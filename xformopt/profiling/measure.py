@@ -261,7 +261,7 @@ def profile_for_report(stage, heldout, threads: int, seed: int, log: Log = lambd
     recorded as ``{"error": ...}``: it informs, it never fails the run."""
     import tempfile
 
-    if stage.kind != "onnx" or stage.spec.task_def.decoder:
+    if stage.kind != "onnx" or "profile" in stage.spec.task_def.refuses:
         return None
     texts, pairs = stage.spec.task_def.timing_inputs(heldout)
     settings = Settings(runs=REPORT_RUNS, warmup=REPORT_WARMUP, threads=threads, seed=seed)

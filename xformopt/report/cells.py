@@ -148,7 +148,7 @@ def fused_text(fused: dict | None, abbreviate: bool = True, sep: str = " \u00b7 
 
 
 def int8_text(graph: dict) -> str:
-    if "matmulnbits" in graph:  # quantize --mode int4: weight-only MatMulNBits
+    if "matmulnbits" in graph:  # the int4 pass: weight-only MatMulNBits
         n = graph["matmulnbits"]
         return f"{n['4bit']}/{graph['weighted_gemms']} 4-bit" + (f", {n['8bit']} 8-bit" if n.get("8bit") else "")
     if "int8_gemms" not in graph:

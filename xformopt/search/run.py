@@ -130,9 +130,7 @@ def search(s: Settings) -> dict:
     """Run (or continue) the search; returns the search.json document (also written to DIR)."""
     optuna = samplers.require_optuna()
     spec = models.resolve(s.model, s.space.base.task, trust_remote_code=s.trust_remote_code)
-    if spec.is_decoder:
-        raise InputError(f"{s.model} is a decoder ({spec.model_type}); xformopt search covers encoders "
-                         "(text-classification, feature-extraction)")
+    spec.task_def.refuse("search", f"{s.model} is a {spec.task} model ({spec.model_type})")
     config = config_of(s, spec)
     prepare_output(s, config)
     cpus = host_facts.usable_cpus()

@@ -38,18 +38,10 @@ def decoder_spec(artifact: str | Path):
     """The artifact's spec when its task (its manifest's, else detected from its config) is text
     generation, else None: the encoder routes serve it (and refuse what they cannot)."""
     path = Path(artifact)
-    if not (path / "config.json").is_file() or not (path / "model.onnx").is_file():
+    if not (path / "model.onnx").is_file():
         return None
-    try:
-        manifest = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
-        task = (manifest.get("input") or {}).get("task")
-    except (OSError, ValueError, AttributeError):
-        task = None
-    try:
-        spec = models.resolve(str(path), task if isinstance(task, str) else None)
-    except InputError:
-        return None
-    return open_decoder(path) if spec.task_def.decoder else None
+    task = models.artifact_task(path)
+    return open_decoder(path) if task is not None and task.decoder else None
 
 
 @dataclass

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 from xformopt.data import load_text_dataset
+from xformopt.errors import InputError
+from xformopt.families import DECODERS
 from xformopt.resources import vader_split_path
 from xformopt.scoring.metrics import row_cosine
 
@@ -51,7 +53,11 @@ class Task:
     headline: ClassVar[str] = "accuracy"  # the metric the report leads with
     # Every metric ``score`` can return, the headline first, then the secondary columns in report order.
     metrics: ClassVar[dict[str, Metric]] = {}
-    decoder: ClassVar[bool] = False  # decoder families (KV cache) vs encoders
+    # What the task's graph is to the code that runs and measures it: "encoder" (one forward per request)
+    # or "decoder" (a prompt step, then one cached step per new token: a KV cache). Code that runs a stage
+    # differently keys a table by it (export route, candidate timing, INT8 agreement, evaluation, bench,
+    # ``xformopt.load``); none tests it in an if.
+    graph: ClassVar[str] = "encoder"
     labels_from_config: ClassVar[bool] = False  # label2id comes from the config (classifier heads)
     needs_labels: ClassVar[bool] = False  # held-out rows must be labelled (else the metric is meaningless)
     # The task's head may be absent from the checkpoint and start at random (a classifier on a base model);
@@ -61,9 +67,28 @@ class Task:
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.
     agreement_floor: ClassVar[float] = 0.9
     agreement_measure: ClassVar[str] = "cosine"  # what ``agreement`` computes, in words (for records)
+    # quantize's helpers that feed the graph rows of model inputs work for this task: static calibration,
+    # the accuracy budget and the harm ranking of the float-GEMM ladder. False where the graph also takes
+    # a KV cache (decoders): dynamic INT8 only, agreement measured on logits.
+    int8_calibration: ClassVar[bool] = True
     # What prune and distill optimise the student towards: "logits" (the head's output, labels where
     # given) or "embedding" (mean-pooled token states); None: those passes do not take this task.
     torch_objective: ClassVar[str | None] = None
+
+    # Commands that do not take this task's models or artifacts -> why, and what to use instead.
+    refuses: ClassVar[dict[str, str]] = {
+        "generate": f"generate needs a decoder ({', '.join(DECODERS)}) exported for text-generation"}
+
+    @property
+    def decoder(self) -> bool:
+        """Decoder families (KV cache) vs encoders: what ``tasks.detect`` matches against the family."""
+        return self.graph == "decoder"
+
+    def refuse(self, command: str, subject: str) -> None:
+        """Raise the task's one-line refusal of ``command`` (``refuses``), after ``subject`` (what was
+        given, e.g. "out/ is a text-generation artifact"); nothing when the task takes the command."""
+        if command in self.refuses:
+            raise InputError(f"{subject}; {self.refuses[command]}")
 
     # ------------------------------------------------------------------ data
 

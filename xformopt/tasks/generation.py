@@ -18,8 +18,16 @@ class TextGeneration(Task):
     headline = "perplexity"
     metrics = {"perplexity": Metric("Perplexity", lower_is_better=True, bounds=(1.0, float("inf"))),
                "next_token_agreement": Metric("Next-token agr.", percent=True, relative=True)}
-    decoder = True
-    passes = ("export", "fuse", "quantize")  # prune and distill reach encoder modules only
+    graph = "decoder"
+    refuses = {
+        "profile": "`xformopt profile` profiles encoder graphs only: use `xformopt bench` for time to first token and "
+                   "per-token latency",
+        "search": "xformopt search covers encoders (text-classification, feature-extraction)",
+        "gate": "the regression gate is not available for text-generation artifacts yet; run `xformopt bench` without "
+                "it (the generation benchmark)",
+    }
+    int8_calibration = False  # the graph takes past key/values: calibration readers and the budget feed none
+    passes = ("export", "fuse", "quantize", "int4")  # prune and distill reach encoder modules only
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None):
         return load_text_dataset(path, text_column=(columns or {}).get("text"), label_column="", limit=limit, seed=seed)
