@@ -209,7 +209,8 @@ def test_a_floor_miss_walks_the_float_ladder_to_its_bound_and_writes_a_failing_v
     steps = [s["float_gemms"] for s in ladder["steps"]]
     assert steps[0] == 1 and steps[-1] == ladder["bound"]  # 1, 2, 4 ... up to the bound, none passing
     assert steps == sorted(steps) and all(b <= 2 * a for a, b in zip(steps, steps[1:]))
-    assert all(not s["passes"] and 0 < s["mean_agreement"] < 1.0 for s in ladder["steps"])
+    # The record rounds to 6 places: on exact 8-bit kernels (VNNI) a step can read 1.0 and still miss the floor.
+    assert all(not s["passes"] and 0 < s["mean_agreement"] <= 1.0 for s in ladder["steps"])
     attempts = record["format_search"]["attempts"]
     assert [len(a["float_nodes"]) for a in attempts if a["float_nodes"]] == steps  # each step really built
     verdict = record["verdict"]
