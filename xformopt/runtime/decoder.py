@@ -157,6 +157,7 @@ class OrtDecoder:
     tokens_processed: int = 0
     session: Any = field(init=False, repr=False)
     layout: CacheLayout = field(init=False)
+    vocab: int | None = field(init=False, default=None)  # the logits' last axis, when the graph fixes it
 
     def __post_init__(self):
         self.model_dir = Path(self.model_dir)
@@ -170,6 +171,8 @@ class OrtDecoder:
         if self.share_buffer and (gqa_positions is None or not self.io_binding):
             raise InputError(f"{self.model_dir}: a shared KV buffer needs a GroupQueryAttention graph and io_binding")
         self.max_positions = gqa_positions
+        vocab = next(o.shape[-1] for o in self.session.get_outputs() if o.name == "logits")
+        self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else None  # None: symbolic in the graph
 
     padding_note = ("GroupQueryAttention takes the rotary positions from the sequence lengths (no position_ids): "
                     "left-padded batches are not supported, batch rows must be unpadded")
@@ -243,10 +246,18 @@ class OrtDecoder:
                 binding.bind_ortvalue_output(present_name, cache.values[past_name])
         for name, value in feed.items():  # ``feed`` keeps these arrays alive through the run
             binding.bind_cpu_input(name, value)
-        binding.bind_output("logits", "cpu")  # a fresh logits tensor: this step's shape
+        ids = feed["input_ids"]
+        if self.vocab:  # ORT writes the logits straight into a new array of ours: no get_outputs(),
+            # which wraps all 1 + 2 x num_layers outputs in Python objects every step
+            logits = np.empty((*ids.shape, self.vocab), dtype=np.float32)
+            binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        else:
+            binding.bind_output("logits", "cpu")  # a fresh logits tensor: this step's shape
         self.session.run_with_iobinding(binding)
         cache.writes.append(past_len)
-        return binding.get_outputs()[0].numpy(), State(cache, mask, len(cache.writes))
+        if not self.vocab:
+            logits = binding.get_outputs()[0].numpy()
+        return logits, State(cache, mask, len(cache.writes))
 
     def _grown(self, old: SharedCache | None, keep: int, batch: int, total: int) -> SharedCache:
         # Headroom (at least one quantum, doubling) so a growing sequence reallocates
