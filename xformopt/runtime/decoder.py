@@ -154,6 +154,7 @@ class OrtDecoder:
     io_binding: bool = True
     share_buffer: bool | None = None  # None: on for GroupQueryAttention graphs (needs io_binding)
     growth_quantum: int = 256  # positions a shared buffer is sized and grown by
+    spinning: bool = False  # intra-op workers spin between ops (runtime/session.py says when that pays)
     tokens_processed: int = 0
     session: Any = field(init=False, repr=False)
     layout: CacheLayout = field(init=False)
@@ -161,7 +162,7 @@ class OrtDecoder:
 
     def __post_init__(self):
         self.model_dir = Path(self.model_dir)
-        self.session = ort_session(self.model_dir / "model.onnx", self.threads)
+        self.session = ort_session(self.model_dir / "model.onnx", self.threads, spinning=self.spinning)
         self.layout = CacheLayout.from_session(self.session)
         self.output_names = ["logits", *self.layout.present_names]
         gqa_positions = _gqa_max_positions(self.model_dir / "model.onnx")

@@ -25,13 +25,13 @@ def thread_pool_setting() -> str:
 
 
 def ort_session(model_path: Path, threads: int | None = None, level: str = "all", disabled_optimizers=(), *,
-                profile_prefix: str | None = None, optimized_path: str | None = None):
+                profile_prefix: str | None = None, optimized_path: str | None = None, spinning: bool = False):
     """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible).
 
     ``disabled_optimizers``: ORT graph transformers to leave out, by name; ``profile_prefix``: ORT's
     profiler on, its trace written to ``<prefix>_<time>.json`` at ``end_profiling()``;
     ``optimized_path``: the graph as ORT runs it (after its own fusions) is saved there, so the trace's
-    node names can be looked up."""
+    node names can be looked up; ``spinning``: let idle intra-op workers spin (off by default, below)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -48,7 +48,10 @@ def ort_session(model_path: Path, threads: int | None = None, level: str = "all"
     # Idle workers sleep instead of spin-waiting: spinning pools steal the cores that the other
     # variants of an interleaved comparison (and the tokenizer) need. Measured on a 2-core host:
     # MiniLM at batch 1 took 6.1 ms with spinning and 2.6 ms without.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # ``spinning``: intra-op workers spin between parallel sections instead, for a process that owns
+    # its cores: a decode step is ~350 small ops per token, and waking a sleeping worker for each cost
+    # more than the second thread gave (SmolLM2 int4, 2 threads: 91 tokens/s sleeping, 128 spinning).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads
