@@ -30,7 +30,7 @@ def build_served_decoder(root: Path, texts: list[str]) -> Path:
     model = build_decoder(root / "model", "llama", make_config=config, context=CONTEXT, train_steps=60, train_batch=8)
     ctx = make_ctx(model, texts)
     run_pass("export", ctx, model, root / "e")
-    run_pass("quantize", ctx, root / "e", root / "q", mode="int4")
+    run_pass("int4", ctx, root / "e", root / "q")
     (root / "q" / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return root / "q"
 

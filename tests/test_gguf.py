@@ -130,8 +130,9 @@ def test_two_gguf_files_in_a_folder_is_bad_input(tiny, tmp_path):
         locate(str(tmp_path))
 
 
-def _graph_over(folder: Path, names: list[str], out: Path, shift: dict | None = None) -> Path:
-    """An ONNX graph of one MatMul per HF Linear in ``names`` (weights as MatMul's [K, N] B)."""
+def _graph_over(folder: Path, names: list[str], out: Path, shift: dict | None = None, declared: bool = True) -> Path:
+    """An ONNX graph of one MatMul per HF Linear in ``names`` (weights as MatMul's [K, N] B); the
+    input's rank is declared unless ``declared`` is false."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from safetensors.numpy import load_file
@@ -143,8 +144,8 @@ def _graph_over(folder: Path, names: list[str], out: Path, shift: dict | None = 
         inits.append(numpy_helper.from_array(np.ascontiguousarray(w), f"W{i}"))
         nodes.append(helper.make_node("MatMul", ["X", f"W{i}"], [f"Y{i}"], name=f"/{name}/MatMul"))
         outputs.append(helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, None))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, None, HIDDEN])],
-                              outputs, inits)
+    shape = [None, None, HIDDEN] if declared else None
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, shape)], outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out / "model.onnx")
@@ -168,19 +169,26 @@ def _raw_in_hf_order(gguf_path: Path, gguf_name: str) -> tuple[np.ndarray, str]:
     return processor.process(weights=np.array(tensor.data), name=gguf_name).weights, tensor.tensor_type.name
 
 
-def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
+@pytest.mark.parametrize("form", ["symmetric", "explicit_zero_points", "undeclared_rank"])
+def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path, monkeypatch, form):
+    """Q4_1 in each of its forms: the default zero point 8 with ``m + 8d`` (when float32 holds it
+    exactly), explicit zero points 0 with ``m`` (when it does not), and block sums by an indicator
+    MatMul where the input's rank is not declared (a Reshape + ReduceSum where it is)."""
     import onnx
     import onnxruntime as ort
     from gguf.quants import dequantize as gguf_dequantize
     from onnx import numpy_helper
 
+    from xformopt.passes import gguf_blocks
     from xformopt.passes.gguf_blocks import LAYOUTS, unpack
     from xformopt.passes.quantize_int4 import Int4Options, build_candidate
 
+    if form == "explicit_zero_points":
+        monkeypatch.setattr(gguf_blocks, "symmetric_minimums", lambda blocks: None)
     src, folder = tiny
     names = list(LINEARS)
     shifted = "model.layers.0.mlp.gate_proj.weight"  # weights changed after conversion: must not be carried
-    graph = _graph_over(folder, names, tmp_path / "float", shift={shifted: 1e-3})
+    graph = _graph_over(folder, names, tmp_path / "float", shift={shifted: 1e-3}, declared=form != "undeclared_rank")
     options = Int4Options(accuracy_level=0)
     counts = build_candidate(graph, tmp_path / "q" / "model.onnx", options, [], gguf=src)
     carried = {row["name"]: row for row in counts["gguf_carried"]}
@@ -191,6 +199,13 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
     model = onnx.load(tmp_path / "q" / "model.onnx")
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     nbits = {n.name: n for n in model.graph.node if n.op_type == "MatMulNBits"}
+    q4_1 = [nbits[f"/{n}/MatMul_Q4"] for n in names if carried.get(f"/{n}/MatMul", {}).get("type") == "Q4_1"]
+    ops = {n.op_type for n in model.graph.node}
+    assert q4_1 and all(len(n.input) == (4 if form == "explicit_zero_points" else 3) for n in q4_1)
+    assert {carried[n.name.rsplit("_Q", 1)[0]]["zero_point"] for n in q4_1} == {
+        "explicit 0" if form == "explicit_zero_points" else "default 8 (minimum + 8d)"}
+    indicators = [n for n in inits if n.endswith(".gguf_block_indicator")]
+    assert bool(indicators) == (form == "undeclared_rank") and ("ReduceSum" in ops) == (form != "undeclared_rank")
     for hf_name in names:
         if hf_name == shifted:
             continue
@@ -210,6 +225,17 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path):
         i = names.index(hf_name)
         got = session.run([f"Y{i}"], {"X": eye})[0][0].T
         assert np.array_equal(got, reference), hf_name
+
+
+def test_symmetric_minimums_only_where_float32_holds_m_plus_8d():
+    from xformopt.passes.gguf_blocks import Blocks, symmetric_minimums
+
+    q = np.zeros((1, 2, 32), dtype=np.uint8)
+    d = np.array([[0.25, 2.0 ** -24]], dtype=np.float32)  # the second: fp16's smallest subnormal
+    fine = Blocks("Q4_1", q, d, np.array([[-1.5, -0.75]], dtype=np.float32))
+    np.testing.assert_array_equal(symmetric_minimums(fine), [[0.5, -0.75 + 8 * 2.0 ** -24]])
+    far = Blocks("Q4_1", q, d, np.array([[-1.5, 1024.0]], dtype=np.float32))  # 1024 + 2^-21 needs 31 bits
+    assert symmetric_minimums(far) is None
 
 
 @pytest.mark.integration

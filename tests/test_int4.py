@@ -124,6 +124,17 @@ def test_gqa_decode_writes_into_one_shared_kv_buffer_with_the_copying_paths_logi
     assert last.writes[-1] == got[-1][1].length - 1
 
 
+def test_decoder_workers_sleep_unless_asked_to_spin(family_stages):
+    from xformopt.runtime.decoder import OrtDecoder
+
+    directory, entry = family_stages["qwen2"]["int4"][0], "session.intra_op.allow_spinning"
+    asleep, spinning = OrtDecoder(directory, threads=2), OrtDecoder(directory, threads=2, spinning=True)
+    assert asleep.session.get_session_options().get_session_config_entry(entry) == "0"
+    assert spinning.session.get_session_options().get_session_config_entry(entry) == "1"
+    ids = np.array([[5, 6, 7, 8]])
+    np.testing.assert_array_equal(asleep.forward(ids)[0], spinning.forward(ids)[0])  # the same numbers either way
+
+
 def test_a_shared_buffer_state_reruns_but_a_superseded_one_refuses(family_stages):
     from xformopt.runtime.decoder import OrtDecoder, StaleStateError
 

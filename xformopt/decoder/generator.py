@@ -85,7 +85,7 @@ class TextGenerator:
     task = "text-generation"
 
     def __init__(self, artifact: Path, *, threads: int | None = None, io_binding: bool = True,
-                 log: Callable[[str], None] = lambda m: None):
+                 spinning: bool = False, log: Callable[[str], None] = lambda m: None):
 
         check_threads(threads)
         self.spec = open_decoder(artifact)
@@ -93,7 +93,7 @@ class TextGenerator:
         self.tokenizer = load_tokenizer(self.spec.path, self.spec.trust_remote_code)
         self.threads = threads or usable_cpus()
         self.io_binding = io_binding
-        self.runner = OrtDecoder(self.spec.path, threads=self.threads, io_binding=io_binding)
+        self.runner = OrtDecoder(self.spec.path, threads=self.threads, io_binding=io_binding, spinning=spinning)
         self.log = log
 
     def generate(self, prompt: str | None = None, max_new_tokens: int = 32, *, chat: str | None = None,

@@ -5,12 +5,16 @@ The GGUF types that map onto MatMulNBits (blocks of 32 along K, one fp16 scale e
 
 - ``Q4_0``: ``d * (q - 8)``, q in 0..15 -> 4-bit, scale d, no zero points (the op's default is 8);
 - ``Q8_0``: ``d * q``, q int8 -> 8-bit, stored ``q + 128``, no zero points (the default is 128);
-- ``Q4_1``: ``d * q + m`` -> 4-bit, scale d, zero points 0, plus the per-block minimum as a separate
-  term ``Σ_b m[n, b] · Σ_{k in b} x_k`` (a ReduceSum over each block of the input and a small
-  ``[K/32, N]`` MatMul, added to the op's output). MatMulNBits can also take float zero points, which
-  would say ``d * (q - zp)`` in one op, but ORT 1.32's CPU kernel runs them by dequantizing the whole
-  weight on every call (25x slower than uint8 zero points, measured on a 576x1536 weight), and
-  ``-m/d`` as a zero point is not exact in float arithmetic.
+- ``Q4_1``: ``d * q + m`` -> 4-bit, scale d, plus the per-block minimum as a separate term
+  ``Σ_b m'[n, b] · Σ_{k in b} x_k`` (a ReduceSum over each 32-block of the input, shared by every
+  MatMul on that input, and a small ``[K/32, N]`` MatMul, added to the op's output). The 4-bit part
+  keeps the op's default zero point 8 (``d * (q - 8)``, the kernels' symmetric path, no zero-point
+  tensor) and the minimum absorbs the difference, ``m' = m + 8d``, which is exact in float32 for
+  fp16 ``d`` and ``m`` unless their exponents lie far apart; it is checked per tensor, and a tensor
+  where it is not exact gets explicit zero points 0 and ``m`` itself. MatMulNBits can also take
+  float zero points, which would say ``d * (q - zp)`` in one op, but ORT 1.32's CPU kernel runs them
+  by dequantizing the whole weight on every call (25x slower than uint8 zero points, measured on a
+  576x1536 weight), and ``-m/d`` as a zero point is not exact in float arithmetic.
 
 Rows are found by content, not by name: every row of every carried GGUF tensor is dequantized (with
 the gguf package's own ``dequantize``) and hashed; a weighted MatMul's ``[K, N]`` initializer is
@@ -166,17 +170,22 @@ def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, onl
         model.graph.initializer.extend([numpy_helper.from_array(pack_b(blocks.q, bits), b_name),
                                         numpy_helper.from_array(blocks.d.reshape(-1), s_name)])
         inputs, out = [node.input[0], b_name, s_name], node.output[0]
+        record = {"name": node.name, "type": blocks.qtype, "bits": bits, "K": k, "N": n}
         if blocks.qtype == "Q4_1":
-            zp_name, out = f"{base}.gguf_zero_points", f"{base}.gguf_scaled"
-            model.graph.initializer.append(numpy_helper.from_array(
-                np.zeros(n * ((k // BLOCK + 1) // 2), dtype=np.uint8), zp_name))
-            inputs.append(zp_name)
+            out = f"{base}.gguf_scaled"
+            minimums = symmetric_minimums(blocks)
+            if minimums is None:  # m + 8d not exact somewhere: zero points 0 and m as it is
+                zp_name, minimums = f"{base}.gguf_zero_points", blocks.m
+                model.graph.initializer.append(numpy_helper.from_array(
+                    np.zeros(n * ((k // BLOCK + 1) // 2), dtype=np.uint8), zp_name))
+                inputs.append(zp_name)
+            record["zero_point"] = "explicit 0" if len(inputs) > 3 else "default 8 (minimum + 8d)"
         new_nodes.append(helper.make_node("MatMulNBits", inputs, [out], name=f"{base}_Q{bits}", domain="com.microsoft",
                                           K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=accuracy_level))
         if blocks.qtype == "Q4_1":
-            new_nodes.extend(_minimum_term(node, base, blocks, k, block_sums, model))
+            new_nodes.extend(_minimum_term(node, base, minimums, k, block_sums, model))
         replaced.add(init.name)
-        carried.append({"name": node.name, "type": blocks.qtype, "bits": bits, "K": k, "N": n})
+        carried.append(record)
     del model.graph.node[:]
     model.graph.node.extend(new_nodes)
     still_read = {name for node in model.graph.node for name in node.input}
@@ -187,22 +196,59 @@ def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, onl
     return carried, skipped
 
 
-def _minimum_term(node, base: str, blocks: Blocks, k: int, block_sums: dict, model) -> list:
-    """Q4_1's ``m`` term: each 32-block of the input summed (``x @ S``, S the [K, K/32] 0/1 block
-    indicator, any input rank; shared by every MatMul on that input), times ``m`` as a [K/32, N]
-    float MatMul, added to the MatMulNBits output."""
+def symmetric_minimums(blocks: Blocks) -> np.ndarray | None:
+    """``m + 8d`` per block, the minimum that goes with the default zero point 8 (``d * (q - 8) + m +
+    8d = d * q + m``), when float32 holds every sum exactly; else None."""
+    shifted = blocks.m + np.float32(8) * blocks.d
+    exact = shifted.astype(np.float64) == blocks.m.astype(np.float64) + 8 * blocks.d.astype(np.float64)
+    return shifted if bool(exact.all()) else None
+
+
+def _rank(model, name: str) -> int | None:
+    """The rank ``name`` is declared with (graph input, output or value_info), if any."""
+    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        if value.name == name and value.type.tensor_type.HasField("shape"):
+            return len(value.type.tensor_type.shape.dim)
+    return None
+
+
+def _block_sums(x: str, base: str, k: int, model) -> tuple[list, str]:
+    """Nodes summing each 32-block of ``x`` along its last axis, and their output. A Reshape to
+    ``[..., K/32, 32]`` and a ReduceSum when the rank of ``x`` is declared; else (any rank) a MatMul
+    with the [K, K/32] 0/1 block indicator, which reads K²/32 more floats per row."""
+    from onnx import helper, numpy_helper
+
+    sums = f"{base}.gguf_block_sums"
+    rank = _rank(model, x)
+    if rank is None:
+        indicator = np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, axis=0)
+        model.graph.initializer.append(numpy_helper.from_array(indicator, f"{base}.gguf_block_indicator"))
+        return [helper.make_node("MatMul", [x, f"{base}.gguf_block_indicator"], [sums], name=f"{base}{AUX}block_sum")], sums
+    shape, blocks = f"{base}.gguf_block_shape", f"{base}.gguf_blocks"
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0] * (rank - 1) + [k // BLOCK, BLOCK], dtype=np.int64), shape))
+    nodes = [helper.make_node("Reshape", [x, shape], [blocks], name=f"{base}{AUX}block_reshape")]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    if opset >= 13:  # axes became an input in opset 13
+        axes = f"{base}.gguf_block_axes"
+        model.graph.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), axes))
+        nodes.append(helper.make_node("ReduceSum", [blocks, axes], [sums], name=f"{base}{AUX}block_sum", keepdims=0))
+    else:
+        nodes.append(helper.make_node("ReduceSum", [blocks], [sums], name=f"{base}{AUX}block_sum", axes=[-1], keepdims=0))
+    return nodes, sums
+
+
+def _minimum_term(node, base: str, minimums: np.ndarray, k: int, block_sums: dict, model) -> list:
+    """Q4_1's minimum term: the block sums of the MatMul's input (shared by every MatMul on that
+    input) times ``minimums`` [N, K/32] as a [K/32, N] float MatMul, added to the MatMulNBits output."""
     from onnx import helper, numpy_helper
 
     nodes = []
     x = node.input[0]
     if x not in block_sums:
-        indicator = np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, axis=0)
-        s_name, sums = f"{base}.gguf_block_indicator", f"{base}.gguf_block_sums"
-        model.graph.initializer.append(numpy_helper.from_array(indicator, s_name))
-        nodes.append(helper.make_node("MatMul", [x, s_name], [sums], name=f"{base}{AUX}block_sum"))
-        block_sums[x] = sums
+        made, block_sums[x] = _block_sums(x, base, k, model)
+        nodes.extend(made)
     m_name = f"{base}.gguf_minimums"
-    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(blocks.m.T), m_name))
+    model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(minimums.T), m_name))
     nodes += [helper.make_node("MatMul", [block_sums[x], m_name], [f"{base}.gguf_min_term"], name=f"{base}{AUX}matmul"),
               helper.make_node("Add", [f"{base}.gguf_scaled", f"{base}.gguf_min_term"], [node.output[0]],
                                name=f"{base}{AUX}add")]

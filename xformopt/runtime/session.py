@@ -26,14 +26,15 @@ def thread_pool_setting() -> str:
 
 def ort_session(model_path: Path | bytes, threads: int | None = None, level: str = "all", disabled_optimizers=(), *,
                 profile_prefix: str | None = None, optimized_path: str | None = None,
-                external_data_dir: Path | None = None):
+                external_data_dir: Path | None = None, spinning: bool = False):
     """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible).
 
     ``disabled_optimizers``: ORT graph transformers to leave out, by name; ``profile_prefix``: ORT's
     profiler on, its trace written to ``<prefix>_<time>.json`` at ``end_profiling()``;
     ``optimized_path``: the graph as ORT runs it (after its own fusions) is saved there, so the trace's
     node names can be looked up. ``model_path`` may be a serialized graph (bytes) whose external weights
-    lie in ``external_data_dir`` (a graph rewritten in memory over the artifact's own weights)."""
+    lie in ``external_data_dir`` (a graph rewritten in memory over the artifact's own weights);
+    ``spinning``: let idle intra-op workers spin (off by default, below)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -47,12 +48,15 @@ def ort_session(model_path: Path | bytes, threads: int | None = None, level: str
                                          Path(optimized_path).name + ".data")
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         options.log_severity_level = 3  # not the "hardware-specific optimizations" warning: the file is ours, for names
+    if external_data_dir is not None:
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(external_data_dir))
     # Idle workers sleep instead of spin-waiting: spinning pools steal the cores that the other
     # variants of an interleaved comparison (and the tokenizer) need. Measured on a 2-core host:
     # MiniLM at batch 1 took 6.1 ms with spinning and 2.6 ms without.
-    if external_data_dir is not None:
-        options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(external_data_dir))
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # ``spinning``: intra-op workers spin between parallel sections instead, for a process that owns
+    # its cores: a decode step is ~350 small ops per token, and waking a sleeping worker for each cost
+    # more than the second thread gave (SmolLM2 int4, 2 threads: 91 tokens/s sleeping, 128 spinning).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads
