@@ -17,7 +17,7 @@ from xformopt.data import load_text_dataset
 from xformopt.errors import InputError
 from xformopt.loadtest import report, stream_report
 from xformopt.loadtest.run import LocalServer, Options, Target, run
-from xformopt.loadtest.stream_ladder import StreamOptions, is_decoder_target, run_streams
+from xformopt.loadtest.stream_ladder import StreamOptions, serves_text_generation, run_streams
 from xformopt.resources import vader_split_path
 
 EXAMPLES = """
@@ -125,7 +125,7 @@ def register(app: typer.Typer) -> None:
             if len(targets) == 2:
                 targets[1].route, targets[1].field_name = compare_route, compare_field
                 targets[1].as_list = compare_as_list
-            decoder = is_decoder_target(targets[0].url, route, key)
+            decoder = serves_text_generation(targets[0].url, route, key)
             if decoder:
                 stream_options = StreamOptions(levels, duration or 30.0, warmup, max_tokens, prompt_chars,
                                                not stop_at_eos, route=route, model=model, api_key=key, seed=seed)

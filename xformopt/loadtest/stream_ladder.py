@@ -46,7 +46,7 @@ class StreamOptions:
     seed: int = 0
 
 
-def is_decoder_target(url: str, route: str | None, api_key: str | None) -> bool:
+def serves_text_generation(url: str, route: str | None, api_key: str | None) -> bool:
     """A decoder server: its /info says text-generation, or the route given is a completions route."""
     if route in DECODER_ROUTES:
         return True
