@@ -17,7 +17,7 @@ from xformopt.data import load_text_dataset
 from xformopt.errors import InputError
 from xformopt.loadtest import report, stream_report
 from xformopt.loadtest.run import LocalServer, Options, Target, run
-from xformopt.loadtest.stream_ladder import StreamOptions, serves_text_generation, run_streams
+from xformopt.loadtest.stream_ladder import StreamOptions, run_streams, serves_text_generation
 from xformopt.resources import vader_split_path
 
 EXAMPLES = """
