@@ -79,7 +79,8 @@ class DistillOptions(PassOptions):
     attention_weight: float = Field(0.0, ge=0, description="weight of the head-averaged attention-map MSE")
     relation_weight: float = Field(0.0, ge=0, description="weight of MiniLM's query/key/value relation KL between "
                                                           "the last student layer and its mapped teacher layer")
-    unlabeled_data: str | None = Field(None, description="more texts for the teacher to label (soft targets only)")
+    unlabeled_data: str | None = Field(None, description="more texts for the teacher to label (soft targets only): "
+                                                         "a .txt file (one per line) or any data file's text column")
     augment: int = Field(0, ge=0, le=16, description="without unlabeled_data: teacher-labelled augmented copies "
                                                      "of each training text (xformopt/distill/augment.py)")
     layer_map: list[int] | None = Field(None, description="teacher hidden-state index (1-based) per student layer; "
@@ -538,7 +539,13 @@ def extra_training_texts(options: DistillOptions, train_set) -> tuple[list[str],
     from xformopt.distill.augment import augmented
 
     if options.unlabeled_data:
-        texts = load_text_dataset(Path(options.unlabeled_data), text_column=options.text_column, label_column="").texts
+        path = Path(options.unlabeled_data)
+        if path.suffix.lower() == ".txt":  # one text per line
+            texts = [t.strip() for t in path.read_text(encoding="utf-8", errors="replace").splitlines() if t.strip()]
+        else:
+            texts = load_text_dataset(path, text_column=options.text_column, label_column="").texts
+        if not texts:
+            raise InputError(f"unlabeled_data {path} has no texts")
         source = options.unlabeled_data
     elif options.augment:
         texts = augmented(train_set.texts, options.augment, options.seed)
