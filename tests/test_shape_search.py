@@ -91,3 +91,38 @@ def test_shape_search_needs_a_prune_pass(heldout_file):
     raw["passes"] = raw["passes"][2:]
     with pytest.raises(InputError, match="no prune pass"):
         recipes.validate(raw)
+
+
+def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, heldout_file, tmp_path, monkeypatch):
+    """The fewest-FLOPs shape misses the budget on the validation rows, the next one meets it: the second
+    is kept, the record lists both with their drops and says why; a shape that would not fit the time left
+    is not started."""
+    baseline = {}
+
+    def fake_trial(job):
+        layers = next(iter(job.recipe["passes"][0].values()))["layers"]
+        import numpy as np
+
+        from xformopt import models
+        from xformopt.search.trial import score_outputs, validation_set
+
+        spec = models.resolve(job.model)
+        data = validation_set(spec, job.validation)
+        outputs = np.load(job.validation["baseline"])
+        baseline["metric"] = score_outputs(spec, outputs, data, outputs)
+        metric = baseline["metric"] - (0.5 if layers == 1 else 0.0)
+        return {"status": "complete", "metric": metric, "seconds": 1.0, "budget_met": True}
+
+    monkeypatch.setattr(shapes, "run_trial", fake_trial)
+    raw = tiny_recipe(heldout_file, shapes=[{"layers": 2, "ffn_dim": 32}, {"layers": 1, "ffn_dim": 32},
+                                            {"layers": 1, "ffn_dim": 48, "distill_minutes": 10_000}])
+    result = api.optimize(tiny_classifier, recipe=raw, output=tmp_path / "out", max_accuracy_drop=1.0,
+                          validation_data=str(heldout_file))
+    tried = result.report["shape_search"]["tried"]
+    assert [(t["shape"]["layers"], t["shape"]["ffn_dim"]) for t in tried] == [(1, 32), (1, 48), (2, 32)]
+    assert tried[0]["drop_points"] == pytest.approx(50.0) and not tried[0]["within_budget"]
+    assert tried[1]["status"] == "skipped" and "would not fit" in tried[1]["why"]
+    assert tried[2]["kept"] and tried[2]["within_budget"]
+    assert "2 cheaper shape(s) missed" in result.report["shape_search"]["why"]
+    prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
+    assert prune["options"]["layers"] == 2

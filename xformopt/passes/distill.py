@@ -214,7 +214,7 @@ class DistillPass(Pass):
     needs = ("training texts, labels optional (default: vendored train split)",
              "evaluation rows for early stopping (default: vendored validation split)",
              "the teacher (the run's input model, or --teacher)")
-    flags = {"train_data": "train_data", "validation_data": "eval_data"}
+    flags = {"train_data": "train_data", "validation_data": "eval_data", "unlabeled_data": "unlabeled_data"}
     data_options = ("train_data", "eval_data", "unlabeled_data")
     labelled_fallbacks = {"train_data": ("train", "distill's training rows"),
                           "eval_data": ("validation", "distill's evaluation rows")}

@@ -169,7 +169,8 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
     else:
         cheaper = [t for t in tried if t is not kept]
         why = (f"the fewest-FLOPs shape within {allowed:.2f} points on the validation rows ({kept['drop_points']:+.2f})"
-               + (f"; {len(cheaper)} cheaper shape(s) missed the budget" if cheaper else "; the cheapest shape listed"))
+               + (f"; {len(cheaper)} cheaper shape(s) missed the budget or did not fit the time" if cheaper
+                  else "; the cheapest shape listed"))
     for t in tried:
         t["kept"] = t is kept
     latency = _time_tried(spec, work, tried, vdata, threads, recipe.evaluation.seed, log)
