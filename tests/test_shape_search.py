@@ -47,6 +47,7 @@ def test_budget_keeps_the_cheapest_shape_within_it(tiny_classifier, heldout_file
     assert "fewest-FLOPs shape within" in searched["why"] and searched["validation"]["rows"] == 24
     prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
     assert prune["options"]["layers"] == 1 and prune["reused"]
+    assert result.report["settings"]["rounds"] == 3  # the run's timing, not the tried shapes' short one
     assert "shape_search" not in (result.manifest.get("recipe") or {})
     assert "Prune shape chosen for this task" in (tmp_path / "out" / "report.md").read_text()
     assert not (tmp_path / "out.shape-search").exists()

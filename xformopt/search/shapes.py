@@ -144,6 +144,7 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
                                     trust_remote_code))
         entry.update({k: result[k] for k in ("status", "metric", "seconds", "budget_met", "error") if k in result})
         entry["recipe"] = r.to_dict()
+        entry["params"] = params
         if result["status"] == "complete":
             drop = round((baseline - result["metric"]) * 100, 4)
             entry["drop_points"] = drop
@@ -179,13 +180,12 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
         "validation": {"source": vdata.source, "rows": len(vdata), "fp32_metric": round(baseline, 6)},
         "order": "fewest encoder FLOPs first; stop at the first within the budget",
         "max_minutes": search.max_minutes, "seconds": round(time.monotonic() - started, 1),
-        "tried": [{k: v for k, v in t.items() if k != "recipe"} for t in tried],
+        "tried": [{k: v for k, v in t.items() if k not in ("recipe", "params")} for t in tried],
         "latency": latency, "kept": kept["shape"], "why": why,
     }
     if not search.keep_trials:
         shutil.rmtree(work, ignore_errors=True)
-    chosen = recipes.validate(kept["recipe"], recipe.name)
-    chosen.name = recipe.name
+    chosen = space.recipe_for(kept["params"], name=recipe.name)  # the run's own evaluation settings
     return chosen, record
 
 
