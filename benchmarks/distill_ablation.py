@@ -75,7 +75,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     spec = models.resolve(str(args.teacher))
     task = spec.task_def
-    test = task.load(str(args.test), label2id=spec.label2id or None)
+    test = task.load(str(args.test), label2id=spec.label2id or None, limit=None, seed=0)
     gold = np.asarray(test.labels)
     threads = usable_cpus()
     teacher_pred = TorchPredictor(spec, threads=threads).predict_data(test).argmax(-1)
