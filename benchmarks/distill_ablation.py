@@ -3,14 +3,15 @@ each scored on held-out rows with 95% bootstrap CIs, and the difference to the p
 row by row (same rows, same student before distillation).
 
     python benchmarks/distill_ablation.py TEACHER --train train.jsonl --validation validation.jsonl \\
-        --test test.jsonl --shape 3,8,512 --minutes 4 -o ablation/
+        --test test.jsonl --shape 3,8,512 --epochs 3 -o ablation/
 
 Variants (``--variants``, comma-separated): ``base`` (KL + cross-entropy, the shipped recipe's terms
 without QAT), ``hidden`` (+ hidden-state MSE, weight 1), ``relation`` (+ MiniLM relation KL, weight 1),
 ``attention`` (+ attention-map MSE, weight 1), ``augment`` (+ one teacher-labelled augmented copy of
-each training text), ``qat`` (the last epoch quantization-aware). Every variant's student is also
+each training text), ``qat`` (one quantization-aware epoch after the same epochs as ``base``: with no time budget the
+runs are deterministic, so qat's student before its QAT epoch is base's student, bit for bit). Every variant's student is also
 exported and quantized (dynamic INT8, the target's formats, no budget) and scored in ONNX Runtime:
-``base`` INT8 is post-training quantization, ``qat`` INT8 is quantization-aware, same budget. Writes
+``base`` INT8 is post-training quantization of the student that ``qat`` then trains quantization-aware. Writes
 ``ablation.json`` and ``ablation.md`` into -o. Never run as a test: it trains for minutes per variant.
 """
 
@@ -33,7 +34,7 @@ VARIANTS = {
     "augment": {"augment": 1},
     "qat": {"qat": True, "qat_epochs": 1.0},
 }
-BASE = dict(temperature=2.0, alpha=0.5, lr=1e-4, batch_size=32, epochs=4)
+BASE = dict(temperature=2.0, alpha=0.5, lr=1e-4, batch_size=32)
 
 
 def bootstrap(correct, base, n: int = 2000, seed: int = 0):
@@ -55,7 +56,10 @@ def main() -> None:
     parser.add_argument("--validation", type=Path, required=True)
     parser.add_argument("--test", type=Path, required=True)
     parser.add_argument("--shape", default="3,8,512", help="layers,heads_per_layer,ffn_dim")
-    parser.add_argument("--minutes", type=float, default=4.0, help="distill budget per variant")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="distill time budget per variant (default: none, --epochs decide: deterministic, "
+                             "so base and qat train the very same student before qat's QAT epoch)")
+    parser.add_argument("--epochs", type=float, default=3.0, help="distillation epochs per variant (qat: then 1 more, QAT)")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("-o", "--out", type=Path, required=True)
     args = parser.parse_args()
@@ -90,7 +94,7 @@ def main() -> None:
             print(f"distilling: {name}", file=sys.stderr)
             api.run_pass("distill", pruned, student, target=target, data=str(args.test), teacher=str(args.teacher),
                          train_data=str(args.train), eval_data=str(args.validation), max_minutes=args.minutes,
-                         checkpoint_every=0, resume=False, **BASE, **VARIANTS[name])
+                         epochs=args.epochs, patience=0, checkpoint_every=0, resume=False, **BASE, **VARIANTS[name])
         onnx_dir, int8_dir = args.out / f"{name}-onnx", args.out / f"{name}-int8"
         if not int8_dir.exists():
             api.run_pass("export", student, onnx_dir, target=target, data=str(args.test))
@@ -111,13 +115,14 @@ def main() -> None:
                                    "vs_base_pt": round(diff, 2), "vs_base_ci95": [round(c, 2) for c in dci]}
     host = host_info()
     doc = {"teacher": str(args.teacher), "test": str(args.test), "rows": len(test), "shape": [layers, heads, ffn],
-           "minutes_per_variant": args.minutes, "target": target,
+           "minutes_per_variant": args.minutes, "epochs": args.epochs, "target": target,
            "teacher_accuracy_pt": round(float((teacher_pred == gold).mean() * 100), 2),
            "host": {k: host.get(k) for k in ("cpu_model", "cores_usable")}, "load": os.getloadavg()[0],
            "variants": results}
     (args.out / "ablation.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [f"PyTorch fp32 teacher {doc['teacher_accuracy_pt']:.2f}% on {len(test)} rows; student "
-             f"{layers}x{heads}x{ffn}, {args.minutes:g} min each; 95% bootstrap CIs, differences paired per row", "",
+             f"{layers}x{heads}x{ffn}, {args.epochs:g} epochs each" + (f" within {args.minutes:g} min" if args.minutes else "")
+             + " (qat: then 1 QAT epoch); 95% bootstrap CIs, differences paired per row", "",
              "| variant | steps | float acc (CI) | vs base | INT8 acc (CI) | vs base |", "|---|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         f, q = r["float"], r["int8"]

@@ -50,6 +50,13 @@ def test_budget_keeps_the_cheapest_shape_within_it(tiny_classifier, heldout_file
     assert result.report["settings"]["rounds"] == 3  # the run's timing, not the tried shapes' short one
     assert "shape_search" not in (result.manifest.get("recipe") or {})
     assert "Prune shape chosen for this task" in (tmp_path / "out" / "report.md").read_text()
+    from rich.console import Console
+
+    from xformopt.report.console import console_table
+
+    console = Console(width=200, record=True)
+    console.print(console_table(result.report))
+    assert "Prune shape 1 x all x 32" in console.export_text()
     assert not (tmp_path / "out.shape-search").exists()
 
 
