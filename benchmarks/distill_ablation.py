@@ -99,9 +99,9 @@ def main() -> None:
         if not int8_dir.exists():
             api.run_pass("export", student, onnx_dir, target=target, data=str(args.test))
             api.run_pass("quantize", onnx_dir, int8_dir, target=target, data=str(args.test), mode="dynamic")
-        sspec = models.stage_spec(spec, student)
+        sspec = models.resolve(str(student))  # the student itself (stage_spec keeps the teacher's path)
         float_pred = TorchPredictor(sspec, threads=threads).predict_data(test).argmax(-1)
-        int8_pred = OrtPredictor(spec, int8_dir, threads=threads).predict_data(test).argmax(-1)
+        int8_pred = OrtPredictor(spec, Path(int8_dir), threads=threads).predict_data(test).argmax(-1)
         correct[name] = {"float": (float_pred == gold).astype(float), "int8": (int8_pred == gold).astype(float)}
         record = json.loads((student / "manifest.json").read_text())["passes"][-1]["record"]
         results[name] = {"options": VARIANTS[name], "steps": record["training"]["steps"],
