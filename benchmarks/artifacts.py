@@ -28,6 +28,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="held-out rows scored (default: all)")
     parser.add_argument("--split", choices=("test", "validation"), default="test",
                         help="vendored split scored (validation: the rows `xformopt search` scores its front on)")
+    parser.add_argument("--data", type=Path, default=None, metavar="FILE",
+                        help="held-out rows of another task (CSV/TSV/JSONL) instead of a vendored split")
     parser.add_argument("--timing-rows", type=int, default=500, help="held-out texts cycled through when timing")
     parser.add_argument("--rounds", type=int, default=600, help="interleaved batch-1 rounds")
     parser.add_argument("--threads", type=int, default=None)
@@ -52,7 +54,8 @@ def main() -> None:
         print(f"optimum's dynamic INT8 ({target}) in {args.optimum}", file=sys.stderr)
         args.artifacts.insert(0, optimum_dynamic_int8(Path(args.model), args.optimum, task, target))
     threads = args.threads or usable_cpus()
-    heldout = task.load(task.default_data(args.split), label2id=spec.label2id or None, limit=args.limit, seed=0)
+    source = args.data or task.default_data(args.split)
+    heldout = task.load(source, label2id=spec.label2id or None, limit=args.limit, seed=0)
     predictors = {"pytorch": TorchPredictor(spec, threads=threads)}
     for path in args.artifacts:
         name = path.name
@@ -60,7 +63,7 @@ def main() -> None:
             name += "'"
         predictors[name] = OrtPredictor(spec, path, threads=threads)
 
-    print(f"scoring {len(heldout)} rows of the {args.split} split", file=sys.stderr)
+    print(f"scoring {len(heldout)} rows of {source}", file=sys.stderr)
     baseline = predictors["pytorch"].predict_data(heldout)
     metric = task.report_headline(task.score(baseline, baseline, heldout))
     scores = {name: task.score(baseline if name == "pytorch" else p.predict_data(heldout), baseline, heldout)[metric]["value"]
@@ -76,7 +79,7 @@ def main() -> None:
     host = host_info()
     first = args.artifacts[0].name
     print(f"{spec.source} ({spec.task}) on {host['cpu_model']} (target {targets.detect(effective_cpu_flags()).name}, "
-          f"load {os.getloadavg()[0]:.1f}), {threads} threads; {len(heldout)} {args.split} rows scored; "
+          f"load {os.getloadavg()[0]:.1f}), {threads} threads; {len(heldout)} rows of {source} scored; "
           f"batch 1, {len(texts)} real held-out texts cycled, {args.rounds} interleaved rounds")
     print(f"{'variant':<28} {metric:>10} {'p50 ms':>8} {'p90 ms':>8} {f'speed-up vs {first}':>24}")
     for name, value in scores.items():

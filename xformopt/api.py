@@ -29,6 +29,7 @@ from xformopt.passes.record import PassRecord
 from xformopt.runtime.predictor import load_predictor
 from xformopt.search import run as runner
 from xformopt.search import sampler as samplers
+from xformopt.search import shapes
 from xformopt.search import space as spaces
 
 if TYPE_CHECKING:  # the recipe module loads pydantic and the pass registry: only when a run needs it
@@ -184,9 +185,16 @@ def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None
 
     r = resolve_recipe(recipe, target=target, data=data, **overrides)
     out = Path(output) if output is not None else default_output(str(model))
+    extra = None
+    if shapes.wanted(r, overrides.get("max_accuracy_drop")):  # the prune shape chosen for this task
+        r, searched = shapes.choose(str(model), r, overrides["max_accuracy_drop"], out, force=force,
+                                    trust_remote_code=trust_remote_code, log=log)
+        extra = {"shape_search": searched}
+    elif r.shape_search is not None:
+        r = recipes.validate({**r.to_dict(), "shape_search": None}, r.name)  # no budget: the recipe's own shape
     try:
         run = pipeline.run(str(model), r, out, force=force, use_cache=use_cache, trust_remote_code=trust_remote_code,
-                           log=log, progress=progress, wait=wait)
+                           log=log, progress=progress, wait=wait, extra_report=extra)
         return Result(run.out, run.manifest, run.report)
     except BudgetMissed as exc:
         run = exc.result

@@ -49,6 +49,12 @@ class Layout:
     hidden_key: str  # config: hidden size
     layer_count_attr: str | None = None  # a module attribute that caches the layer count too
     head_pruning: bool = True  # False: heads stay whole (prune cuts FFN width and layers only)
+    attn_query: str = ""  # the query and key projections (distill's MiniLM relation loss reads their outputs)
+    attn_key: str = ""
+    # distill's intermediate-layer losses this family supports (xformopt/distill/losses.py): hidden_mse
+    # (token states through the layer map, projected when widths differ), attention_mse (head-averaged
+    # attention maps), relation_kl (MiniLM's query/key/value relations of the last layer pair)
+    distill_terms: tuple[str, ...] = ("hidden_mse", "attention_mse", "relation_kl")
 
     @staticmethod
     def get(obj: Any, path: str) -> Any:
@@ -69,14 +75,18 @@ BERT_LAYOUT = Layout(
     head_dim="attention.self.attention_head_size", attn_value="attention.self.value",
     attn_out="attention.output.dense", ffn_in="intermediate.dense", ffn_out="output.dense",
     layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size",
+    attn_query="attention.self.query", attn_key="attention.self.key",
 )
 DISTILBERT_LAYOUT = Layout(
     layers="transformer.layer", heads="attention.n_heads", head_dim="attention.attention_head_size",
     attn_value="attention.v_lin", attn_out="attention.out_lin", ffn_in="ffn.lin1", ffn_out="ffn.lin2",
     layers_key="n_layers", ffn_key="hidden_dim", hidden_key="dim", layer_count_attr="transformer.n_layers",
+    attn_query="attention.q_lin", attn_key="attention.k_lin",
 )
 # MPNet keeps q/k/v/o side by side in ``attention.attn`` (o is the output projection, its LayerNorm
-# sits one level up in ``attention``). Heads are not pruned: the encoder computes one relative-position
+# sits one level up in ``attention``). Its attention probabilities include the relative-position bias,
+# which a student shares with the teacher: attention_mse is not offered (the relations and hidden states
+# carry what differs). Heads are not pruned: the encoder computes one relative-position
 # bias for all heads and adds it in every layer, and transformers' MPNet ``prune_heads`` leaves that
 # bias at full width (the forward then fails on the shape); FFN width and whole layers prune as BERT's.
 MPNET_LAYOUT = Layout(
@@ -84,6 +94,7 @@ MPNET_LAYOUT = Layout(
     head_dim="attention.attn.attention_head_size", attn_value="attention.attn.v",
     attn_out="attention.attn.o", ffn_in="intermediate.dense", ffn_out="output.dense",
     layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size", head_pruning=False,
+    attn_query="attention.attn.q", attn_key="attention.attn.k", distill_terms=("hidden_mse", "relation_kl"),
 )
 
 

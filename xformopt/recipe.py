@@ -55,6 +55,30 @@ class PassStep(BaseModel):
         return {self.name: self.options}
 
 
+class ShapeChoice(BaseModel):
+    """One prune shape the shape search may try (the prune pass's explicit-shape options)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int | None = Field(None, ge=1, description="encoder layers kept")
+    heads_per_layer: int | None = Field(None, ge=1, description="attention heads kept per layer")
+    ffn_dim: int | None = Field(None, ge=1, description="FFN width kept per layer")
+    distill_minutes: float | None = Field(None, gt=0, description="distill's max_minutes for this shape "
+                                                                  "[default: the recipe's]")
+
+
+class ShapeSearch(BaseModel):
+    """With an accuracy budget (``--max-accuracy-drop``), the prune shape is chosen per task: the
+    shapes are tried from the fewest FLOPs up and the fastest one within the budget on the validation
+    rows is kept (xformopt/search/shapes.py). Without a budget the recipe's own prune shape runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    shapes: list[ShapeChoice] = Field(min_length=1, max_length=16)
+    max_minutes: float = Field(60.0, gt=0, le=24 * 60, description="time budget of the whole search")
+    keep_trials: bool = Field(False, description="keep each shape's artifact beside -o (DIR.shape-search/)")
+
+
 class Recipe(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -64,6 +88,7 @@ class Recipe(BaseModel):
     task: str | None = None
     passes: list[PassStep] = Field(min_length=1)
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    shape_search: ShapeSearch | None = Field(None, description="per-task prune shape under --max-accuracy-drop")
 
     @field_validator("passes", mode="before")
     @classmethod
@@ -85,6 +110,8 @@ class Recipe(BaseModel):
     def to_dict(self) -> dict:
         data = self.model_dump()
         data["passes"] = [step.to_yaml_obj() for step in self.passes]
+        if data.get("shape_search") is None:  # recipes without one dump (and fingerprint) as before
+            data.pop("shape_search", None)
         return data
 
     def to_yaml(self) -> str:
@@ -155,6 +182,8 @@ def validate(raw: Any, origin: str = "<recipe>", text: str = "") -> Recipe:
             )
         step.options = validate_options(step.name, step.options, origin, lines, path).model_dump()
     check_order(recipe, lines, origin)
+    if recipe.shape_search is not None:
+        check_shape_search(recipe, lines, origin)
     names = [step.name for step in recipe.passes]
     for i, name in enumerate(names):
         if name in names[:i]:  # after check_order, which gives the specific reason where there is one
@@ -163,6 +192,26 @@ def validate(raw: Any, origin: str = "<recipe>", text: str = "") -> Recipe:
                 "per recipe (the report has one stage per pass): merge the two steps"
             )
     return recipe
+
+
+def check_shape_search(recipe: Recipe, lines: dict, origin: str) -> None:
+    """Each shape is a valid explicit prune shape for this recipe's prune step (which must exist)."""
+    steps = {step.name: step.options for step in recipe.passes}
+    if "prune" not in steps:
+        raise InputError(f"{_where(lines, ('shape_search',), origin)}: shape_search: chooses prune's shape, and the "
+                         "recipe has no prune pass; add one or drop shape_search")
+    for i, shape in enumerate(recipe.shape_search.shapes):
+        given = {k: v for k, v in shape.model_dump().items() if v is not None and k != "distill_minutes"}
+        path = ("shape_search", "shapes", i)
+        if not given:
+            raise InputError(f"{_where(lines, path, origin)}: shape_search.shapes.{i}: give layers, heads_per_layer "
+                             "and/or ffn_dim")
+        if shape.distill_minutes is not None and "distill" not in steps:
+            raise InputError(f"{_where(lines, path, origin)}: shape_search.shapes.{i}.distill_minutes: the recipe has "
+                             "no distill pass")
+        explicit = {k: v for k, v in steps["prune"].items() if k not in ("sparsity", "flops", "layers",
+                                                                         "heads_per_layer", "ffn_dim")}
+        validate_options("prune", {**explicit, **given}, origin, lines, path)
 
 
 def validate_options(name: str, options: Any, origin: str, lines: dict | None = None, path: tuple = ()):

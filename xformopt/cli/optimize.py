@@ -77,6 +77,8 @@ def optimize(
     train_data: Path = typer.Option(None, "--train-data", metavar="FILE", help="Your training rows for prune and distill [default: vendored train split]."),
     validation_data: Path = typer.Option(None, "--validation-data", metavar="FILE", help="Your validation rows for "
         "distill's evaluation and the INT8 accuracy budget [default: vendored validation split]."),
+    unlabeled_data: Path = typer.Option(None, "--unlabeled-data", metavar="FILE", help="More texts (no labels) for "
+        "distill: the teacher labels them [default: the recipe's, e.g. augmented copies of the training texts]."),
     calibration_data: Path = typer.Option(None, "--calibration-data", metavar="FILE", help="Your texts for static "
         "INT8 calibration [default: vendored train split]."),
     max_accuracy_drop: opt.MaxAccuracyDrop = None,
@@ -101,7 +103,7 @@ def optimize(
     settings = dict(task=task, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
                     limit=limit, threads=threads, seed=seed, latency_modes=csv_list(latency_mode, "--latency-mode"),
                     batch=csv_ints(batch, "--batch"), seq=csv_ints(seq, "--seq"), train_data=train_data,
-                    validation_data=validation_data, calibration_data=calibration_data,
+                    validation_data=validation_data, calibration_data=calibration_data, unlabeled_data=unlabeled_data,
                     max_accuracy_drop=max_accuracy_drop, per_channel=per_channel, min_agreement=min_agreement)
     with output.progress_bars() as progress:
         result = api.optimize(model, recipe=recipe_name, target=target, data=data, output=out, force=force,

@@ -198,6 +198,15 @@ def distill(
     eval_every: int = typer.Option(None, "--eval-every", help="Steps between held-out evaluations [default: twice per epoch]."),
     patience: int = typer.Option(4, "--patience", help="Stop after this many evaluations without improvement (0: never)."),
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Keep the word embeddings fixed (about 30% faster steps on MiniLM)."),
+    relation_weight: float = typer.Option(0.0, "--relation-weight", help="Weight of the MiniLM self-attention relation "
+        "loss (query-query, key-key, value-value), from the family table's last-layer map."),
+    unlabeled_data: Path = typer.Option(None, "--unlabeled-data", metavar="FILE", help="More texts, labelled by the "
+        "teacher (soft targets only) [default: with --augment, augmented copies of the training texts]."),
+    augment: int = typer.Option(0, "--augment", min=0, help="Teacher-labelled augmented copies of each training text "
+        "when no --unlabeled-data is given (0: none)."),
+    qat: bool = typer.Option(False, "--qat/--no-qat", help="Quantization-aware last epoch(s): the target's dynamic INT8 "
+        "simulated on every Linear."),
+    qat_epochs: float = typer.Option(1.0, "--qat-epochs", help="Epochs of the quantization-aware phase."),
     seed: int = typer.Option(0, "--seed", help="Seed for data order, dropout and sampling."),
     device: Literal["auto", "cpu", "cuda"] = typer.Option("auto", "--device", help="auto (CUDA when present), cpu or cuda."),
     checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", metavar="DIR", help="Where resumable checkpoints go [default: under the xformopt cache]."),
@@ -223,7 +232,9 @@ def distill(
                "text_column": text_column, "label_column": label_column, "temperature": temperature, "alpha": alpha,
                "hidden_weight": hidden_weight, "epochs": epochs, "max_steps": max_steps, "max_minutes": max_minutes,
                "lr": lr, "batch_size": batch_size, "eval_every": eval_every, "patience": patience,
-               "freeze_embeddings": freeze_embeddings, "seed": seed,
+               "freeze_embeddings": freeze_embeddings, "seed": seed, "relation_weight": relation_weight,
+               "unlabeled_data": str(unlabeled_data) if unlabeled_data else None, "augment": augment,
+               "qat": qat, "qat_epochs": qat_epochs,
                "device": device, "checkpoint_dir": str(checkpoint_dir) if checkpoint_dir else None, "resume": resume}
     _run("distill", model, out, options, as_json, target=target, task=task, data=data, force=force, wait=wait)
 

@@ -14,9 +14,16 @@ Notation: ``s`` student, ``t`` teacher, ``T`` temperature, ``B`` batch, ``mask``
   with pruned heads still compares), mean squared difference over real (query, key) positions;
   averaged over pairs.
 
+- ``relation_kl``: MiniLM(v2)'s self-attention relations (Wang et al. 2020/2021): for the query, key and
+  value vectors of one student layer and one teacher layer, each split into R relation heads,
+  softmax(A A^T / sqrt(d_r)) over the real keys; KL(teacher || student) per real query position, averaged
+  over positions, relation heads and the three kinds. The relation matrices are L x L whatever the widths,
+  so a student with pruned heads or a narrower hidden size still compares (R divides both widths).
+
 ``combine`` mixes them: classification ``alpha * soft_kl + (1 - alpha) * hard_ce`` (only ``soft_kl``
 when there are no labels), feature extraction ``mse_weight * embedding_mse + cosine_weight *
-embedding_cosine``, plus ``hidden_weight * hidden_mse + attention_weight * attention_mse`` for both.
+embedding_cosine``, plus ``hidden_weight * hidden_mse + attention_weight * attention_mse + relation_weight *
+relation_kl`` for both.
 """
 
 from __future__ import annotations
@@ -34,9 +41,12 @@ def soft_kl(student_logits, teacher_logits, temperature: float):
 
 
 def hard_ce(student_logits, labels):
+    """Mean over the labelled rows; rows labelled -100 (teacher-labelled text) are left out."""
     import torch.nn.functional as F
 
-    return F.cross_entropy(student_logits, labels)
+    if not bool((labels != -100).any()):
+        return student_logits.sum() * 0.0
+    return F.cross_entropy(student_logits, labels, ignore_index=-100)
 
 
 def embedding_mse(student, teacher):
@@ -72,6 +82,28 @@ def attention_mse(student_attn: Sequence, teacher_attn: Sequence, mask):
     return total / max(len(student_attn), 1)
 
 
+def relation_kl(student_qkv: Sequence, teacher_qkv: Sequence, mask, relation_heads: int):
+    """MiniLM relation loss over the (query, key, value) outputs [B, L, width] of one layer pair."""
+    import torch.nn.functional as F
+
+    keys = mask[:, None, None, :].bool()  # [B, 1, 1, L]: padding keys get no probability
+    queries = mask.to(student_qkv[0].dtype)  # [B, L]
+    denominator = (queries.sum() * relation_heads).clamp(min=1.0)
+
+    def log_relations(a):
+        b, length, width = a.shape
+        heads = a.view(b, length, relation_heads, width // relation_heads).transpose(1, 2)  # [B, R, L, dr]
+        scores = heads @ heads.transpose(-1, -2) / (width // relation_heads) ** 0.5
+        return F.log_softmax(scores.masked_fill(~keys, float("-inf")), dim=-1)
+
+    total = 0.0
+    for s, t in zip(student_qkv, teacher_qkv, strict=True):
+        log_s, log_t = log_relations(s), log_relations(t.to(s.dtype))
+        kl = (log_t.exp() * (log_t - log_s)).masked_fill(~keys, 0.0).sum(-1)  # [B, R, L]
+        total = total + (kl * queries[:, None, :]).sum() / denominator
+    return total / max(len(student_qkv), 1)
+
+
 def combine(terms: dict, weights: dict):
     """Weighted sum of the terms present (a term absent from ``terms`` contributes nothing)."""
     total = 0.0
@@ -83,11 +115,11 @@ def combine(terms: dict, weights: dict):
 
 
 def weights_for(objective: str, has_labels: bool, *, alpha: float, mse_weight: float, cosine_weight: float,
-                hidden_weight: float, attention_weight: float) -> dict[str, float]:
+                hidden_weight: float, attention_weight: float, relation_weight: float = 0.0) -> dict[str, float]:
     """The weight of each term for this objective; terms with weight 0 are not computed."""
     if objective == "logits":
         w = {"soft_kl": alpha if has_labels else 1.0, "hard_ce": (1 - alpha) if has_labels else 0.0}
     else:
         w = {"embedding_mse": mse_weight, "embedding_cosine": cosine_weight}
-    w.update({"hidden_mse": hidden_weight, "attention_mse": attention_weight})
+    w.update({"hidden_mse": hidden_weight, "attention_mse": attention_weight, "relation_kl": relation_weight})
     return {k: float(v) for k, v in w.items() if v}

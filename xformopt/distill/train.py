@@ -77,6 +77,8 @@ class Settings:
     checkpoint_every: int
     seed: int
     log_every_seconds: float = 30.0
+    # relation loss: (student layer, teacher layer) 0-based, relation heads, and the family's Arch
+    relations: tuple | None = None
 
 
 @dataclass
@@ -161,6 +163,11 @@ class Trainer:
         self.heldout_batches = sorted_batches(heldout.lengths, 64)
         self.need_hidden = "hidden_mse" in settings.weights
         self.need_attn = "attention_mse" in settings.weights
+        self.need_rel = "relation_kl" in settings.weights and settings.relations is not None
+        # hidden states through a learned projection when the widths differ (an attribute of the student,
+        # so the optimizer, the checkpoints and the best state carry it; the pass removes it before saving)
+        self.projection = getattr(student, "distill_projection", None)
+        self.captures = None
 
     # ------------------------------------------------------------------ evaluation
 
@@ -228,7 +235,13 @@ class Trainer:
                 terms["embedding_cosine"] = L.embedding_cosine(s_main, t_main)
         mask = enc["attention_mask"]
         if self.need_hidden:
-            terms["hidden_mse"] = L.hidden_mse(list(s_hid[1:]), t_states, mask)
+            states = list(s_hid[1:])
+            if self.projection is not None:
+                states = [self.projection(h) for h in states]
+            terms["hidden_mse"] = L.hidden_mse(states, t_states, mask)
+        if self.need_rel:
+            s_qkv, t_qkv = self.captures[0].take(), self.captures[1].take()
+            terms["relation_kl"] = L.relation_kl(s_qkv, t_qkv, mask, self.s.relations[2])
         if self.need_attn:
             terms["attention_mse"] = L.attention_mse(list(s_att), [t_att[j - 1] for j in self.s.layer_map], mask)
         return terms
@@ -267,6 +280,11 @@ class Trainer:
             "replans": [], "resumed_from": [], "last_eval_step": None, "last_eval_duration": 0.0,
         }
         optimizer = self._optimizer()
+        if self.need_rel:
+            from xformopt.distill.relations import QKV
+
+            s_layer, t_layer, _, arch = self.s.relations
+            self.captures = (QKV(self.student, arch, s_layer), QKV(self.teacher, arch, t_layer))
         best_state = None
         resumed_from = None
         loaded = ckpt.load(self.root, self.identity) if self.resume else None
@@ -417,6 +435,8 @@ class Trainer:
                 meter.update(step, state["horizon"], float(loss.detach()), lr, rate, eta, CLOCK())
         finally:
             meter.close()
+            for capture in self.captures or ():
+                capture.remove()
             if handler_installed:
                 signal.signal(signal.SIGINT, previous_handler)
         if state["last_eval_step"] != state["step"]:

@@ -48,6 +48,7 @@ from xformopt.data import load_text_dataset
 from xformopt.distill import checkpoint as ckpt
 from xformopt.distill import data as D
 from xformopt.distill import losses as L
+from xformopt.distill import qat as Q
 from xformopt.distill import student as S
 from xformopt.distill import train as T
 from xformopt.distill.curve import plot_training_curve
@@ -76,6 +77,12 @@ class DistillOptions(PassOptions):
     cosine_weight: float = Field(1.0, ge=0, description="feature extraction: weight of 1 - cosine")
     hidden_weight: float = Field(0.0, ge=0, description="weight of the hidden-state MSE through the layer map")
     attention_weight: float = Field(0.0, ge=0, description="weight of the head-averaged attention-map MSE")
+    relation_weight: float = Field(0.0, ge=0, description="weight of MiniLM's query/key/value relation KL between "
+                                                          "the last student layer and its mapped teacher layer")
+    unlabeled_data: str | None = Field(None, description="more texts for the teacher to label (soft targets only): "
+                                                         "a .txt file (one per line) or any data file's text column")
+    augment: int = Field(0, ge=0, le=16, description="without unlabeled_data: teacher-labelled augmented copies "
+                                                     "of each training text (xformopt/distill/augment.py)")
     layer_map: list[int] | None = Field(None, description="teacher hidden-state index (1-based) per student layer; "
                                                           "default: the layers the student came from")
     train_data: str | None = Field(None, description="training texts (labels optional); default: vendored train split")
@@ -111,6 +118,12 @@ class DistillOptions(PassOptions):
     checkpoint_every: int = Field(200, ge=0, description="steps between checkpoints (0: only on Ctrl-C)")
     resume: bool = Field(True, description="continue from a checkpoint of the same run when one exists")
     log_every_seconds: float = Field(30.0, gt=0, description="progress line interval when stderr is not a terminal")
+    qat: bool = Field(False, description="quantization-aware training in the last qat_epochs: the student's Linear "
+                                         "layers see the target's dynamic INT8 (xformopt/distill/qat.py)")
+    qat_epochs: float = Field(1.0, gt=0, description="epochs of the quantization-aware phase (after the others)")
+    qat_lr: float | None = Field(None, gt=0, description="peak learning rate of the QAT phase; default: lr / 2")
+    qat_per_channel: bool | None = Field(None, description="QAT weight scales per channel; default: the target's")
+    qat_reduce_range: bool | None = Field(None, description="QAT 7-bit weights; default: the target's")
 
     @model_validator(mode="after")
     def _exclusive(self):
@@ -201,8 +214,8 @@ class DistillPass(Pass):
     needs = ("training texts, labels optional (default: vendored train split)",
              "evaluation rows for early stopping (default: vendored validation split)",
              "the teacher (the run's input model, or --teacher)")
-    flags = {"train_data": "train_data", "validation_data": "eval_data"}
-    data_options = ("train_data", "eval_data")
+    flags = {"train_data": "train_data", "validation_data": "eval_data", "unlabeled_data": "unlabeled_data"}
+    data_options = ("train_data", "eval_data", "unlabeled_data")
     labelled_fallbacks = {"train_data": ("train", "distill's training rows"),
                           "eval_data": ("validation", "distill's evaluation rows")}
 
@@ -224,6 +237,10 @@ class DistillPass(Pass):
                 f"held-out {metric} {q['before'].get(metric, float('nan')):.4f} -> {q['after'].get(metric, float('nan')):.4f}"
                 f"{f' (teacher {teacher:.4f})' if teacher is not None and metric != 'cosine' else ''}, "
                 f"best at step {rec['selection']['best_step']}")
+        if rec.get("qat"):
+            qat = rec["qat"]
+            line += (f"; QAT {qat['steps']} steps: held-out {metric} under INT8 {qat['ptq_on_eval_rows'].get(metric, float('nan')):.4f} "
+                     f"(post-training) -> {qat['qat_on_eval_rows'].get(metric, float('nan')):.4f} (QAT)")
         if rec.get("curve"):
             line += f"; curve {rec['curve']}"
         return line
@@ -248,11 +265,18 @@ class DistillPass(Pass):
             teacher_tok = load_tokenizer(choice.path, ctx.spec.trust_remote_code)
         except Exception:  # noqa: BLE001 - no (fast) tokenizer files: the vocabulary size is still compared
             teacher_tok = None
+        # hidden states go through a projection when the widths differ; attention maps and relations are L x L
         S.check_compatible(objective, teacher_cfg, student_cfg, teacher_tok, student_tok, choice.path, src,
-                           need_same_hidden=options.hidden_weight > 0)
+                           need_same_hidden=False)
+        offered = arch.layout.distill_terms
+        for term, weight in (("hidden_mse", options.hidden_weight), ("attention_mse", options.attention_weight),
+                             ("relation_kl", options.relation_weight)):
+            if weight > 0 and term not in offered:
+                raise InputError(f"{term} is not offered for {ctx.spec.model_type} (its family row offers "
+                                 f"{', '.join(offered) or 'none'}); set {term.split('_')[0]}_weight to 0")
         weights = L.weights_for(objective, True, alpha=options.alpha, mse_weight=options.mse_weight,
                                 cosine_weight=options.cosine_weight, hidden_weight=options.hidden_weight,
-                                attention_weight=options.attention_weight)
+                                attention_weight=options.attention_weight, relation_weight=options.relation_weight)
         if not weights:
             raise InputError("every loss weight is 0: nothing to train on; raise alpha, mse_weight or cosine_weight")
         if options.select == "cosine" and labelled or options.select in ("accuracy", "agreement", "kl_to_teacher") \
@@ -263,7 +287,8 @@ class DistillPass(Pass):
         has_labels = labelled and train_set.labels is not None
         weights = L.weights_for(objective, has_labels, alpha=options.alpha, mse_weight=options.mse_weight,
                                 cosine_weight=options.cosine_weight, hidden_weight=options.hidden_weight,
-                                attention_weight=options.attention_weight)
+                                attention_weight=options.attention_weight, relation_weight=options.relation_weight)
+        extra_texts, notes["extra_texts"] = extra_training_texts(options, train_set)
         ctx.log(f"distill: teacher {choice.path} ({choice.how}); {len(train_set)} training rows "
                 f"({'labelled' if has_labels else 'no labels'}), {len(heldout_set)} evaluation rows")
 
@@ -271,12 +296,13 @@ class DistillPass(Pass):
         torch.set_num_threads(max(1, ctx.threads))
         try:
             return self._train(ctx, src, dst, options, choice, train_set, heldout_set, notes, weights, has_labels,
-                               student_tok, arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape)
+                               student_tok, arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape,
+                               extra_texts)
         finally:
             torch.set_num_threads(previous_threads)
 
     def _train(self, ctx, src, dst, options, choice, train_set, heldout_set, notes, weights, has_labels, tokenizer,
-               arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape) -> dict:
+               arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape, extra_texts=()) -> dict:
         import torch
 
         objective = ctx.spec.task_def.torch_objective
@@ -320,7 +346,7 @@ class DistillPass(Pass):
             layer_map = list(options.layer_map)
         else:
             layer_map = S.default_layer_map(origins, n_student, teacher_layers)
-        if options.attention_weight > 0 and 0 in layer_map:
+        if (options.attention_weight > 0 or options.relation_weight > 0) and 0 in layer_map:
             raise InputError("layer_map index 0 (the embeddings) has no attention map; map every student layer to a "
                              "teacher layer 1.. for attention transfer")
         teacher.to(device)
@@ -329,13 +355,32 @@ class DistillPass(Pass):
         accepts = set(inspect.signature(student.forward).parameters)
         train_enc = D.encode(tokenizer, train_set.texts, train_set.text_pairs,
                              train_set.labels if has_labels else None, options.max_length)
+        if extra_texts:  # teacher-labelled rows: soft targets only (label -100, skipped by the cross-entropy)
+            extra = D.encode(tokenizer, extra_texts, None, None, options.max_length)
+            train_enc.ids += extra.ids
+            if train_enc.types is not None:
+                train_enc.types += extra.types or [np.zeros_like(i) for i in extra.ids]
+            if train_enc.labels is not None:
+                train_enc.labels = np.concatenate([train_enc.labels, np.full(len(extra), -100, dtype=np.int64)])
         heldout_enc = D.encode(tokenizer, heldout_set.texts, heldout_set.text_pairs,
                                heldout_set.labels if objective == "logits" else None, options.max_length)
 
         need_hidden = options.hidden_weight > 0
         hidden_size = arch.hidden(teacher.config)
         cache_mb = D.hidden_cache_mb(train_enc.lengths, hidden_size, len(set(layer_map))) if need_hidden else 0.0
-        online = options.attention_weight > 0 or (need_hidden and cache_mb > options.teacher_cache_mb)
+        relations = None
+        if options.relation_weight > 0:  # the last student layer against its mapped teacher layer (MiniLM)
+            from xformopt.distill.relations import relation_heads
+
+            s_width = arch.heads(arch.layers(student)[-1]) * arch.head_dim(arch.layers(student)[-1])
+            t_last = arch.layers(teacher)[layer_map[-1] - 1]
+            relations = (n_student - 1, layer_map[-1] - 1,
+                         relation_heads(s_width, arch.heads(t_last) * arch.head_dim(t_last), arch.head_dim(t_last)), arch)
+        if need_hidden:
+            s_hidden, t_hidden = arch.hidden(student.config), arch.hidden(teacher.config)
+            if s_hidden != t_hidden:
+                student.distill_projection = torch.nn.Linear(s_hidden, t_hidden).to(device)
+        online = options.attention_weight > 0 or relations is not None or (need_hidden and cache_mb > options.teacher_cache_mb)
         cached_layers = sorted(set(layer_map)) if need_hidden and not online else []
         student_hash = hash_dir(src)
         teacher_hash = student_hash if choice.student_from_teacher else hash_dir(choice.path)
@@ -364,25 +409,43 @@ class DistillPass(Pass):
         if not online:
             del teacher  # its outputs are all in the cache now
 
+        budget = options.max_minutes * 60 if options.max_minutes else None
+        if budget and options.qat:  # the QAT phase's share of the budget is kept for it
+            budget_first = budget * (1 - Q.budget_share(options.epochs, options.qat_epochs))
+        else:
+            budget_first = budget
         settings = T.Settings(
             objective=objective, weights=weights, temperature=options.temperature, layer_map=layer_map, lr=options.lr,
             weight_decay=options.weight_decay, warmup=options.warmup, epochs=options.epochs,
-            max_steps=options.max_steps, max_seconds=options.max_minutes * 60 if options.max_minutes else None,
+            max_steps=options.max_steps, max_seconds=budget_first,
             batch_size=options.batch_size, eval_every=options.eval_every, patience=options.patience,
             min_delta=options.min_delta, stop_at=options.stop_at, select=options.select, grad_clip=options.grad_clip,
-            checkpoint_every=options.checkpoint_every, seed=options.seed, log_every_seconds=options.log_every_seconds)
+            checkpoint_every=options.checkpoint_every, seed=options.seed, log_every_seconds=options.log_every_seconds,
+            relations=relations)
         identity = hashlib.sha256(json.dumps({
             "student": student_hash, "teacher": teacher_hash if not choice.student_from_teacher else "input",
             "objective": objective, "data": _texts_digest(train_set, heldout_set),
             "options": {k: v for k, v in options.model_dump().items() if k not in NOT_IN_IDENTITY},
         }, sort_keys=True, default=str).encode()).hexdigest()
         root = Path(options.checkpoint_dir) if options.checkpoint_dir else ckpt.default_root(identity)
-        trainer = T.Trainer(student=student, teacher=teacher_for_training, settings=settings, train=train_enc,
-                            heldout=heldout_enc, cache=cache, heldout_teacher=heldout_teacher, accepts=accepts,
-                            device=device, log=ctx.log, started=started, checkpoint_root=root, identity=identity,
-                            resume=options.resume, online_teacher=online)
-        result = trainer.run()
+        trainer_kwargs = dict(student=student, teacher=teacher_for_training, settings=settings, train=train_enc,
+                              heldout=heldout_enc, cache=cache, heldout_teacher=heldout_teacher, accepts=accepts,
+                              device=device, log=ctx.log, started=started, checkpoint_root=root, identity=identity,
+                              resume=options.resume, online_teacher=online)
+        result = T.Trainer(**trainer_kwargs).run()
+        qat_record = None
+        if options.qat:
+            quant = ctx.target.quant
+            qat_record = Q.run_phase(
+                trainer_cls=T.Trainer, trainer_kwargs=trainer_kwargs, settings=settings, qat_epochs=options.qat_epochs,
+                lr=options.qat_lr or options.lr / 2,
+                per_channel=quant.per_channel if options.qat_per_channel is None else options.qat_per_channel,
+                reduce_range=quant.reduce_range if options.qat_reduce_range is None else options.qat_reduce_range,
+                max_seconds=budget, log=ctx.log)
 
+        projected = hasattr(student, "distill_projection")
+        if projected:  # a training aid, not part of the student
+            del student.distill_projection
         student.to("cpu").eval()
         student.save_pretrained(dst)
         copy_side_files(src, dst)
@@ -400,7 +463,10 @@ class DistillPass(Pass):
                         "origins": origins, "dropped_here": keep is not None},
             "losses": {
                 "weights": weights, "temperature": options.temperature, "layer_map": layer_map if (
-                    options.hidden_weight or options.attention_weight) else None,
+                    options.hidden_weight or options.attention_weight or options.relation_weight) else None,
+                "hidden_projection": projected, "relation_layers": [relations[0], relations[1]] if relations else None,
+                "relation_heads": relations[2] if relations else None,
+                "family_terms": list(arch.layout.distill_terms),
                 "definitions": LOSS_DEFINITIONS[objective],
             },
             "data": {
@@ -426,6 +492,7 @@ class DistillPass(Pass):
             "selection": {"metric": result.extra["metric"], "best_step": result.best_step},
             "quality": {"teacher": teacher_metrics, "before": _metrics_only(result.before),
                         "after": _metrics_only(result.best), "eval_rows": len(heldout_set)},
+            "qat": qat_record,
             "reload_check": reload,
             "weights_sha256": weights_sha256(student),
             "pass_seconds": round(time.perf_counter() - wall_start, 2),
@@ -466,6 +533,30 @@ class DistillPass(Pass):
         return {"rows": len(idx), "max_abs_diff": diff}
 
 
+def extra_training_texts(options: DistillOptions, train_set) -> tuple[list[str], dict]:
+    """Texts for the teacher to label beside the training rows: unlabeled_data, else ``augment`` augmented
+    copies of the training texts; rows also in the training set are not repeated."""
+    from xformopt.distill.augment import augmented
+
+    if options.unlabeled_data:
+        path = Path(options.unlabeled_data)
+        if path.suffix.lower() == ".txt":  # one text per line
+            texts = [t.strip() for t in path.read_text(encoding="utf-8", errors="replace").splitlines() if t.strip()]
+        else:
+            texts = load_text_dataset(path, text_column=options.text_column, label_column="").texts
+        if not texts:
+            raise InputError(f"unlabeled_data {path} has no texts")
+        source = options.unlabeled_data
+    elif options.augment:
+        texts = augmented(train_set.texts, options.augment, options.seed)
+        source = f"{options.augment} augmented cop{'y' if options.augment == 1 else 'ies'} of each training text"
+    else:
+        return [], None
+    seen = set(train_set.texts)
+    kept = list(dict.fromkeys(t for t in texts if t not in seen))
+    return kept, {"source": source, "rows": len(kept), "labels": "the teacher's (soft targets only)"}
+
+
 def _metrics_only(entry: dict) -> dict:
     keep = ("accuracy", "agreement", "kl_to_teacher", "cosine", "min_cosine", "mse")
     return {"step": entry["step"], **{k: entry[k] for k in keep if k in entry}}
@@ -477,8 +568,10 @@ LOSS_DEFINITIONS = {
         "hard_ce": "cross-entropy of the student's logits on the gold labels, mean over the batch",
         "hidden_mse": "MSE of student layer i vs teacher layer layer_map[i] token states over real tokens, mean over layers",
         "attention_mse": "MSE of head-averaged attention maps over real (query, key) pairs, mean over mapped layers",
+        "relation_kl": "MiniLM: KL(teacher || student) of softmax(A A^T / sqrt(d_r)) for A in query, key, value of "
+                       "the last student layer and its mapped teacher layer, R relation heads, over real positions",
         "total": "alpha * soft_kl + (1 - alpha) * hard_ce (soft_kl alone without labels) "
-                 "+ hidden_weight * hidden_mse + attention_weight * attention_mse",
+                 "+ hidden_weight * hidden_mse + attention_weight * attention_mse + relation_weight * relation_kl",
     },
     "embedding": {
         "embedding_mse": "mean over batch and dimensions of (student - teacher)^2, mean-pooled embeddings",

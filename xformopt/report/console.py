@@ -237,6 +237,11 @@ class ReportView:
 
             grid.add_row(Text(f"Where the time goes ({profile.get('stage', 'final stage')}): {headline(profile)}; "
                               "`xformopt profile DIR` for the full profile.", style="dim"))
+        searched = report.get("shape_search")
+        if searched:
+            shape = " x ".join(str(searched["kept"].get(k) or "all") for k in ("layers", "heads_per_layer", "ffn_dim"))
+            grid.add_row(Text(f"Prune shape {shape} (layers x heads x FFN): {searched['why']}; "
+                              f"{len(searched['tried'])} shape(s) considered, see report.md.", style="dim"))
         return grid
 
     def fusion_note(self) -> Text | None:

@@ -50,6 +50,26 @@ def _profile_lines(profile: dict | None) -> list[str]:
     return [title, "", *summary_lines(profile), ""]
 
 
+def _shape_search_lines(searched: dict | None) -> list[str]:
+    """What the shape search tried (report["shape_search"], xformopt/search/shapes.py) and why it kept one."""
+    if not searched:
+        return []
+    v = searched["validation"]
+    lines = [f"#### Prune shape chosen for this task (budget {searched['allowed_points']:.2f} points on "
+             f"{v['rows']} validation rows, fp32 {v['fp32_metric']:.4f})", ""]
+    body = []
+    for t in searched["tried"]:
+        shape = " × ".join(str(t["shape"].get(k) or "all") for k in ("layers", "heads_per_layer", "ffn_dim"))
+        body.append([shape, f"{t['distill_minutes']:g}" if t.get("distill_minutes") else "-",
+                     f"{t['metric']:.4f}" if "metric" in t else "-",
+                     f"{t['drop_points']:+.2f}" if "drop_points" in t else "-",
+                     f"{t['latency_ms']:.2f}" if "latency_ms" in t else "-",
+                     "kept" if t.get("kept") else (t.get("why") or t.get("error") or t.get("status", ""))[:80]])
+    lines += _md_table(["layers × heads × FFN", "distill min", "validation", "drop (pt)", "ms (b=1)", ""],
+                       body, left=(0, 5))
+    return [*lines, "", f"- kept: {searched['why']} ({searched['seconds'] / 60:.1f} min)", ""]
+
+
 def markdown(report: dict, images: Iterable[str] = ()) -> str:
     """GitHub-flavoured Markdown for a pull-request comment.
 
@@ -85,6 +105,7 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
         lines += [f"![{metric_label(metric)} vs latency per stage](accuracy_latency.png)", ""]
 
     lines += _profile_lines(report.get("profile"))
+    lines += _shape_search_lines(report.get("shape_search"))
     details: list[str] = []
     rows = graph_rows(report)
     if rows and any(r["graph"] for r in rows):

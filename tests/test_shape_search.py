@@ -1,0 +1,136 @@
+"""The prune shape chosen per task: with --max-accuracy-drop a recipe's shape_search tries its shapes from
+the fewest FLOPs up and keeps the first within the budget on the validation rows; the report lists what
+was tried and why; without the flag the recipe's own shape runs; bad shape_search input exits 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli
+
+from xformopt import api
+from xformopt import recipe as recipes
+from xformopt.errors import InputError
+from xformopt.search import shapes
+
+PRUNE = {"layers": 1, "ffn_dim": 32, "measure_latency": False, "samples": 16, "eval_samples": 16}
+DISTILL = {"train_samples": 64, "eval_samples": 16, "max_length": 32, "batch_size": 16, "patience": 0,
+           "checkpoint_every": 0, "max_steps": 2, "eval_every": 2, "label_column": "", "select": "agreement"}
+
+
+def tiny_recipe(heldout_file, **search) -> dict:
+    return {
+        "name": "tiny-shapes", "target": "avx512_vnni",
+        "passes": [{"prune": PRUNE}, {"distill": DISTILL}, "export", {"quantize": {"mode": "dynamic"}}],
+        "evaluation": {"data": str(heldout_file), "limit": 8, "latency_rounds": 3, "warmup": 1, "repeats": 1},
+        "shape_search": {"max_minutes": 30, "shapes": [{"layers": 2, "ffn_dim": 64}, {"layers": 1, "ffn_dim": 32}],
+                         **search},
+    }
+
+
+def test_flops_order():
+    config = {"num_hidden_layers": 6, "num_attention_heads": 12, "hidden_size": 384, "intermediate_size": 1536}
+    small = shapes.shape_flops(config, {"prune.layers": 2, "prune.heads_per_layer": 8, "prune.ffn_dim": 512})
+    big = shapes.shape_flops(config, {"prune.layers": 3, "prune.heads_per_layer": 12, "prune.ffn_dim": 768})
+    assert small < big < shapes.shape_flops(config, {})
+
+
+def test_budget_keeps_the_cheapest_shape_within_it(tiny_classifier, heldout_file, tmp_path):
+    """A budget every shape meets: the fewest-FLOPs shape is tried first and kept, the others are not run;
+    the final artifact is that shape (its passes from the cache) and the report says why."""
+    result = api.optimize(tiny_classifier, recipe=tiny_recipe(heldout_file), output=tmp_path / "out",
+                          max_accuracy_drop=100, validation_data=str(heldout_file))
+    searched = result.report["shape_search"]
+    assert [t["shape"]["layers"] for t in searched["tried"]] == [1]
+    assert searched["tried"][0]["kept"] and searched["kept"]["layers"] == 1
+    assert "fewest-FLOPs shape within" in searched["why"] and searched["validation"]["rows"] == 24
+    prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
+    assert prune["options"]["layers"] == 1 and prune["reused"]
+    assert result.report["settings"]["rounds"] == 3  # the run's timing, not the tried shapes' short one
+    assert "shape_search" not in (result.manifest.get("recipe") or {})
+    assert "Prune shape chosen for this task" in (tmp_path / "out" / "report.md").read_text()
+    from rich.console import Console
+
+    from xformopt.report.console import console_table
+
+    console = Console(width=200, record=True)
+    console.print(console_table(result.report))
+    assert "Prune shape 1 x all x 32" in console.export_text()
+    assert not (tmp_path / "out.shape-search").exists()
+
+
+def test_no_budget_runs_the_recipes_own_shape(tiny_classifier, heldout_file, tmp_path):
+    result = api.optimize(tiny_classifier, recipe=tiny_recipe(heldout_file), output=tmp_path / "out")
+    assert "shape_search" not in result.report
+    prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
+    assert prune["options"]["layers"] == 1 and prune["options"]["ffn_dim"] == 32
+
+
+def test_shipped_recipe_has_a_shape_search_with_its_fixed_shape():
+    r = recipes.load("prune-distill-int8")
+    prune = r.passes[0].options
+    fixed = {"layers": prune["layers"], "heads_per_layer": prune["heads_per_layer"], "ffn_dim": prune["ffn_dim"]}
+    listed = [{k: v for k, v in s.model_dump().items() if k != "distill_minutes"} for s in r.shape_search.shapes]
+    assert fixed in listed and r.shape_search.max_minutes <= 60
+
+
+@pytest.mark.parametrize("change,fragment", [
+    ({"shapes": []}, "shape_search.shapes"),
+    ({"shapes": [{}]}, "give layers, heads_per_layer"),
+    ({"shapes": [{"layers": 0}]}, "layers"),
+    ({"max_minutes": 0}, "max_minutes"),
+    ({"colour": "red"}, "colour"),
+])
+def test_bad_shape_search_exits_2(tiny_classifier, heldout_file, tmp_path, capsys, change, fragment):
+    path = tmp_path / "r.yaml"
+    raw = tiny_recipe(heldout_file)
+    raw["shape_search"] = {**raw["shape_search"], **change}
+    path.write_text(json.dumps(raw))
+    code, _, err = run_cli(["optimize", tiny_classifier, "--recipe", path, "-o", tmp_path / "o",
+                            "--max-accuracy-drop", "0.5"], capsys)
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and fragment in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_shape_search_needs_a_prune_pass(heldout_file):
+    raw = tiny_recipe(heldout_file)
+    raw["passes"] = raw["passes"][2:]
+    with pytest.raises(InputError, match="no prune pass"):
+        recipes.validate(raw)
+
+
+def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, heldout_file, tmp_path, monkeypatch):
+    """The fewest-FLOPs shape misses the budget on the validation rows, the next one meets it: the second
+    is kept, the record lists both with their drops and says why; a shape that would not fit the time left
+    is not started."""
+    baseline = {}
+
+    def fake_trial(job):
+        layers = next(iter(job.recipe["passes"][0].values()))["layers"]
+        import numpy as np
+
+        from xformopt import models
+        from xformopt.search.trial import score_outputs, validation_set
+
+        spec = models.resolve(job.model)
+        data = validation_set(spec, job.validation)
+        outputs = np.load(job.validation["baseline"])
+        baseline["metric"] = score_outputs(spec, outputs, data, outputs)
+        metric = baseline["metric"] - (0.5 if layers == 1 else 0.0)
+        return {"status": "complete", "metric": metric, "seconds": 1.0, "budget_met": True}
+
+    monkeypatch.setattr(shapes, "run_trial", fake_trial)
+    raw = tiny_recipe(heldout_file, shapes=[{"layers": 2, "ffn_dim": 32}, {"layers": 1, "ffn_dim": 32},
+                                            {"layers": 1, "ffn_dim": 48, "distill_minutes": 10_000}])
+    result = api.optimize(tiny_classifier, recipe=raw, output=tmp_path / "out", max_accuracy_drop=1.0,
+                          validation_data=str(heldout_file))
+    tried = result.report["shape_search"]["tried"]
+    assert [(t["shape"]["layers"], t["shape"]["ffn_dim"]) for t in tried] == [(1, 32), (1, 48), (2, 32)]
+    assert tried[0]["drop_points"] == pytest.approx(50.0) and not tried[0]["within_budget"]
+    assert tried[1]["status"] == "skipped" and "would not fit" in tried[1]["why"]
+    assert tried[2]["kept"] and tried[2]["within_budget"]
+    assert "2 cheaper shape(s) missed" in result.report["shape_search"]["why"]
+    prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
+    assert prune["options"]["layers"] == 2

@@ -1,0 +1,209 @@
+"""The shape chosen per task: with ``--max-accuracy-drop P``, a compressing recipe (prune -> distill ->
+... with a ``shape_search`` section) tries its listed prune shapes and keeps the fastest artifact
+within P of the PyTorch fp32 model on the validation rows.
+
+Order and stop rule. Latency at batch 1 follows the encoder's FLOPs (the layers' GEMMs are the bulk of
+the time once attention is fused), so the shapes are tried from the fewest FLOPs up and the first one
+within P is kept: every cheaper shape was tried and missed. A shape whose run would not fit in what is
+left of ``shape_search.max_minutes`` (estimated from the runs so far) is not started. When no shape
+meets P the most accurate one tried is kept and the record says so (the quantize pass's own budget
+still applies to it).
+
+Machinery: the search's own parts (xformopt/search): each shape is a recipe made by
+:class:`~xformopt.search.space.SearchSpace` from the run's recipe, run by
+:func:`~xformopt.search.trial.run_trial` into ``DIR.shape-search/NNN`` (the shared pass cache keeps its
+prune/distill/export/fuse/quantize stages), scored on the validation rows by
+:func:`~xformopt.search.trial.score_artifact` against the fp32 baseline; the tried artifacts are then timed
+interleaved (:func:`~xformopt.search.remeasure.remeasure`) for the record. The final artifact is the
+kept shape's recipe run again by the pipeline: every pass comes from the cache, the report's evaluation
+runs as for any recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from xformopt import pipeline
+from xformopt import recipe as recipes
+from xformopt.accuracy_budget import points
+from xformopt.errors import InputError
+from xformopt.measure.host import usable_cpus
+from xformopt.passes.prune_flops import Shape, encoder_flops
+from xformopt.search.remeasure import remeasure
+from xformopt.search.space import SearchSpace
+from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation_set
+
+SHAPE_KEYS = ("layers", "heads_per_layer", "ffn_dim")
+TRIAL_TIMING = {"latency_rounds": 10, "warmup": 2, "repeats": 1, "modes": ["real"]}
+FIRST_RUN_OVERHEAD_S = 180.0  # prune, export, fuse, quantize and scoring beside distill (2-core CPU, MiniLM)
+
+
+def wanted(recipe: recipes.Recipe, max_accuracy_drop) -> bool:
+    return max_accuracy_drop is not None and recipe.shape_search is not None
+
+
+def validation_spec(recipe: recipes.Recipe) -> dict:
+    """The validation rows: the run's --validation-data (distill's eval_data / quantize's budget_data),
+    else the task's validation split."""
+    steps = {s.name: s.options for s in recipe.passes}
+    data = (steps.get("distill", {}).get("eval_data") or steps.get("quantize", {}).get("budget_data"))
+    ev = recipe.evaluation
+    return {"data": data, "text_column": ev.text_column, "label_column": ev.label_column, "seed": ev.seed}
+
+
+def candidate_params(recipe: recipes.Recipe) -> list[dict]:
+    out = []
+    for choice in recipe.shape_search.shapes:
+        params = {f"prune.{k}": getattr(choice, k) for k in SHAPE_KEYS}
+        params["prune.sparsity"] = None
+        if choice.distill_minutes is not None:
+            params["distill.max_minutes"] = choice.distill_minutes
+        out.append(params)
+    return out
+
+
+def shape_flops(config: dict, params: dict, length: float = 32.0) -> float:
+    """Encoder FLOPs of a shape at ``length`` tokens (xformopt/passes/prune_flops.py's model)."""
+    layers = params.get("prune.layers") or int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
+    heads = params.get("prune.heads_per_layer") or int(config.get("num_attention_heads") or config.get("n_heads") or 1)
+    hidden = int(config.get("hidden_size") or config.get("dim") or 1)
+    head_dim = hidden // max(1, int(config.get("num_attention_heads") or config.get("n_heads") or 1))
+    ffn = params.get("prune.ffn_dim") or int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
+    return encoder_flops(Shape(hidden, head_dim, [heads] * layers, [ffn] * layers), length)["total"]
+
+
+def label(params: dict) -> str:
+    parts = [f"{params.get('prune.layers') or 'all'} layers", f"{params.get('prune.heads_per_layer') or 'all'} heads",
+             f"FFN {params.get('prune.ffn_dim') or 'all'}"]
+    if params.get("distill.max_minutes"):
+        parts.append(f"distill {params['distill.max_minutes']:g} min")
+    return " x ".join(parts[:3]) + (f", {parts[3]}" if len(parts) > 3 else "")
+
+
+def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, force: bool, trust_remote_code: bool,
+           log=lambda m: None) -> tuple[recipes.Recipe, dict]:
+    """Run the shape search; returns the kept shape's recipe (shape_search dropped) and the record."""
+    import numpy as np
+
+    from xformopt.runtime.encoder import TorchPredictor
+
+    search = recipe.shape_search
+    steps = [(s.name, s.options) for s in recipe.passes]
+    ready = pipeline.prepare(model, steps, out, force=force, target=recipe.target, task=recipe.task,
+                             data=recipe.evaluation.data, trust_remote_code=trust_remote_code)  # all input checks first
+    spec = ready.spec
+    base = recipes.validate({**recipe.to_dict(), "shape_search": None}, recipe.name)
+    space = SearchSpace(f"{recipe.name}-shapes", recipe.name, base, {})
+    config = json.loads((Path(spec.path) / "config.json").read_text())
+    candidates = sorted(candidate_params(recipe), key=lambda p: shape_flops(config, p))
+    work = Path(str(out).rstrip("/") + ".shape-search")
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    started = time.monotonic()
+    budget_s = search.max_minutes * 60
+    threads = recipe.evaluation.threads or usable_cpus()
+
+    validation = validation_spec(recipe)
+    vdata = validation_set(spec, validation)
+    log(f"shape search: scoring the PyTorch fp32 model on {len(vdata)} validation rows ({vdata.source})")
+    base_out = TorchPredictor(spec, threads=threads).predict_data(vdata)
+    np.save(work / "baseline_outputs.npy", base_out.astype(np.float32), allow_pickle=False)
+    validation["baseline"] = str((work / "baseline_outputs.npy").resolve())
+    baseline = score_outputs(spec, base_out, vdata, base_out)
+    allowed = points(max_accuracy_drop, baseline * 100)
+    log(f"shape search: fp32 validation metric {baseline:.4f}; budget {allowed:.2f} points; {len(candidates)} shapes, "
+        f"fewest FLOPs first, within {search.max_minutes:g} min")
+
+    tried, kept = [], None
+    default_distill = next((s.options.get("max_minutes") for s in base.passes if s.name == "distill"), None)
+    for n, params in enumerate(candidates):
+        entry = {"shape": {k: params.get(f"prune.{k}") for k in SHAPE_KEYS},
+                 "distill_minutes": params.get("distill.max_minutes") or default_distill,
+                 "flops_at_32_tokens": round(shape_flops(config, params))}
+        elapsed = time.monotonic() - started
+        done = [t for t in tried if "seconds" in t]
+        overhead = (float(np.mean([t["seconds"] - (t["distill_minutes"] or 0) * 60 for t in done])) if done
+                    else FIRST_RUN_OVERHEAD_S)
+        estimate = max(60.0, overhead) + (entry["distill_minutes"] or 0.0) * 60
+        if elapsed + estimate > budget_s:
+            tried.append({**entry, "status": "skipped",
+                          "why": f"would not fit: about {estimate / 60:.1f} min left to run, "
+                                 f"{(budget_s - elapsed) / 60:.1f} min left of the budget"})
+            log(f"shape search: {label(params)}: skipped (would not fit in the time left)")
+            continue
+        r = space.recipe_for(params, name=f"{recipe.name}-shape-{n:02d}")
+        # the report's own timing of each tried artifact is not used (they are timed together below):
+        # a short one; the evaluation rows stay the run's, so the final run reuses every pass from the cache
+        r = recipes.validate({**r.to_dict(), "evaluation": {**r.evaluation.model_dump(), **TRIAL_TIMING}}, r.name)
+        log(f"shape search [{n + 1}/{len(candidates)}]: {label(params)}")
+        result = run_trial(TrialJob(n, model, r.to_dict(), str((work / f"{n:03d}").resolve()), None, validation,
+                                    trust_remote_code))
+        entry.update({k: result[k] for k in ("status", "metric", "seconds", "budget_met", "error") if k in result})
+        entry["recipe"] = r.to_dict()
+        entry["params"] = params
+        if result["status"] == "complete":
+            drop = round((baseline - result["metric"]) * 100, 4)
+            entry["drop_points"] = drop
+            entry["within_budget"] = drop <= allowed + 1e-9
+            log(f"shape search: {label(params)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
+                f"{'within' if entry['within_budget'] else 'outside'} the budget) in {result['seconds'] / 60:.1f} min")
+        else:
+            log(f"shape search: {label(params)}: failed: {result.get('error')}")
+        tried.append(entry)
+        if entry.get("within_budget"):
+            kept = entry
+            break
+
+    complete = [t for t in tried if t.get("status") == "complete"]
+    if not complete:
+        shutil.rmtree(work, ignore_errors=True)
+        raise InputError("shape search: no shape could be run (" + "; ".join(
+            t.get("error") or t.get("why", "?") for t in tried) + "); see the log")
+    if kept is None:
+        kept = max(complete, key=lambda t: t["metric"])
+        why = (f"no shape was within {allowed:.2f} points on the validation rows; kept the most accurate one tried "
+               f"({kept['drop_points']:+.2f} points)")
+    else:
+        cheaper = [t for t in tried if t is not kept]
+        why = (f"the fewest-FLOPs shape within {allowed:.2f} points on the validation rows ({kept['drop_points']:+.2f})"
+               + (f"; {len(cheaper)} cheaper shape(s) missed the budget or did not fit the time" if cheaper
+                  else "; the cheapest shape listed"))
+    for t in tried:
+        t["kept"] = t is kept
+    latency = _time_tried(spec, work, tried, vdata, threads, recipe.evaluation.seed, log)
+    record = {
+        "max_accuracy_drop": max_accuracy_drop, "allowed_points": round(allowed, 4),
+        "validation": {"source": vdata.source, "rows": len(vdata), "fp32_metric": round(baseline, 6)},
+        "order": "fewest encoder FLOPs first; stop at the first within the budget",
+        "max_minutes": search.max_minutes, "seconds": round(time.monotonic() - started, 1),
+        "tried": [{k: v for k, v in t.items() if k not in ("recipe", "params")} for t in tried],
+        "latency": latency, "kept": kept["shape"], "why": why,
+    }
+    if not search.keep_trials:
+        shutil.rmtree(work, ignore_errors=True)
+    chosen = space.recipe_for(kept["params"], name=recipe.name)  # the run's own evaluation settings
+    return chosen, record
+
+
+def _time_tried(spec, work: Path, tried: list[dict], vdata, threads: int, seed: int, log) -> dict | None:
+    """The tried artifacts timed interleaved at batch 1 on validation texts (the record's latency column)."""
+    paths = {f"shape-{i:03d}": work / f"{i:03d}" for i, t in enumerate(tried)
+             if t.get("status") == "complete" and (work / f"{i:03d}" / "model.onnx").is_file()}
+    if not paths:
+        return None
+    rows = min(100, len(vdata))
+    try:
+        measured = remeasure(spec, paths, vdata.texts[:rows], vdata.text_pairs[:rows] if vdata.text_pairs else None,
+                             rounds=30, warmup=5, threads=threads, seed=seed, include_pytorch=False)
+    except Exception as exc:  # noqa: BLE001 - the timings inform the record; the choice is made already
+        log(f"shape search: tried artifacts not timed ({type(exc).__name__}: {exc})")
+        return None
+    for i, t in enumerate(tried):
+        stats = measured["latency"].get(f"shape-{i:03d}")
+        if stats:
+            t["latency_ms"] = round(stats["median_ms"], 3)
+    return {k: measured[k] for k in ("mode", "batch", "rounds", "rows", "threads")}
