@@ -51,16 +51,21 @@ def pytest_addoption(parser):
 RAY_MODULES = ("test_search.py", "test_serve_ray.py")
 
 
+def torch_threads_share() -> int | None:
+    """Under pytest-xdist, each worker's share of the cores for torch's own ops in tests (reference
+    forward passes, export tracing), so that the workers do not oversubscribe the host; None otherwise.
+    Code under test that sets torch's threads (the PyTorch baseline's predictor) still sets them; ONNX
+    Runtime sessions take the thread counts the code under test gives them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // workers) if workers > 1 else None
+
+
 def pytest_configure(config):
     host_facts.state_host(config)
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
-        # Each xdist worker gets its share of the cores for torch's own ops (reference forward passes,
-        # export tracing), so that the workers do not oversubscribe the host. ONNX Runtime sessions take
-        # the thread counts the code under test gives them.
+    if (share := torch_threads_share()) is not None:
         import torch
 
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        torch.set_num_threads(share)
     gc.collect()
     gc.freeze()  # what is imported by now (see settled_heap)
 
@@ -89,7 +94,12 @@ def settled_module_heap():
 
 @pytest.fixture(autouse=True)
 def settled_heap(settled_module_heap):
-    """After each test: its garbage collected, what survives frozen."""
+    """After each test: its garbage collected, what survives frozen. Before each: torch's threads back
+    to the worker's share (an earlier test's baseline predictor may have set them)."""
+    if (share := torch_threads_share()) is not None:
+        import torch
+
+        torch.set_num_threads(share)
     yield
     gc.collect()
     gc.freeze()
