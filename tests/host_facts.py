@@ -48,6 +48,14 @@ def state_host(config) -> None:
     os.environ[FORCED_SATURATES_ENV] = "1" if u8s8_saturates(flags) else "0"
 
 
+def check_stated(config) -> None:
+    """The facts of --host-profile are what this process states (each pytest-xdist worker states them
+    in its own pytest_configure; subprocesses inherit them)."""
+    flags = profile_flags(config.getoption("--host-profile"))
+    assert os.environ.get(FORCED_FLAGS_ENV) == " ".join(sorted(flags)), (os.environ.get(FORCED_FLAGS_ENV), flags)
+    assert os.environ.get(FORCED_SATURATES_ENV) == ("1" if u8s8_saturates(flags) else "0")
+
+
 def unstate_host(monkeypatch) -> None:
     """For a ``real_host`` test: read this machine's flags and probe."""
     monkeypatch.delenv(FORCED_FLAGS_ENV, raising=False)

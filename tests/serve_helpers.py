@@ -19,13 +19,16 @@ def free_port() -> int:
 
 
 class ServerThread:
-    def __init__(self, app, port: int | None = None):
+    def __init__(self, app, port: int | None = None, graceful_s: float | None = None):
+        """``graceful_s``: at exit, how long requests in flight may take before they are cancelled (None:
+        as long as they need, up to the 60 s join; an app whose requests can hang passes a few seconds)."""
         import uvicorn
 
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    access_log=False, lifespan="on", timeout_keep_alive=60))
+                                                    access_log=False, lifespan="on", timeout_keep_alive=60,
+                                                    timeout_graceful_shutdown=graceful_s))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ServerThread:

@@ -143,7 +143,8 @@ def bounded_app(serial_s: float, max_waiting: int, idle_mb: float, busy_mb: floa
 
 def test_overload_counts_every_fate_memory_against_idle_and_the_recovery():
     texts = ["a", "b", "c", "d", "e", "f", "g", "hang h"]
-    with ServerThread(bounded_app(serial_s=0.01, max_waiting=4, idle_mb=100, busy_mb=180)) as server:
+    # its hung requests never finish: at exit they are cancelled after 1 s (else the 60 s join runs out)
+    with ServerThread(bounded_app(serial_s=0.01, max_waiting=4, idle_mb=100, busy_mb=180), graceful_s=1) as server:
         options = Options(rates=[20.0], duration_s=1.0, warmup_s=0.0, p99_ms=2000, seed=5, timeout_s=1.0,
                           overload_rps=300.0, overload_s=2.0, recovery_s=4.0)
         document = run([Target(server.url, "bounded")], texts, options, log=lambda m: None)

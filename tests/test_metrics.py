@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xformopt.scoring.metrics import macro_f1, macro_f1_value
+from xformopt.scoring.metrics import macro_f1, macro_f1_resampled, macro_f1_value
 from xformopt.scoring.pooling import mean_pool
 
 
@@ -31,6 +31,21 @@ def test_macro_f1_interval_is_seeded_and_brackets_the_value():
     assert result["n"] == 120 and result == macro_f1(pred, labels, seed=1)
     assert result["ci95"][0] < result["value"] < result["ci95"][1]
     assert macro_f1(pred, labels, seed=2)["ci95"] != result["ci95"]
+
+
+@pytest.mark.parametrize("names", [False, True])
+def test_macro_f1_bootstrap_at_once_equals_one_resample_at_a_time(names):
+    """The bootstrap's vectorised macro-F1 is scikit-learn's on every resample (classes absent from a
+    resample, a class only predicted, string labels)."""
+    rng = np.random.default_rng(5)
+    for n in (1, 2, 7, 60):
+        labels = rng.integers(0, 3, n)
+        pred = np.where(rng.random(n) < 0.6, labels, rng.integers(0, 4, n))
+        if names:
+            labels, pred = np.array(["neg", "neu", "pos"])[labels], np.array(["neg", "neu", "pos", "other"])[pred]
+        picks = np.array([rng.integers(0, n, n) for _ in range(50)])
+        want = [macro_f1_value(pred[idx], labels[idx]) for idx in picks]
+        np.testing.assert_allclose(macro_f1_resampled(pred, labels, picks), want, rtol=0, atol=1e-12)
 
 
 def test_mean_pool_matches_sentence_transformers_pooling():

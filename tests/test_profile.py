@@ -203,9 +203,17 @@ def test_layers_from_names_weights_and_neighbours():
 # --------------------------------------------------------------------------- GEMM peak cache
 
 
-def test_gemm_peak_cached_per_host_fingerprint(monkeypatch):
+@pytest.fixture
+def own_peak_cache(tmp_path, monkeypatch) -> Path:
+    """A cache folder of this test's own: the suite shares one GEMM-peak folder among all other tests."""
+    monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_gemm_peak_cached_per_host_fingerprint(monkeypatch, own_peak_cache):
     from xformopt.profiling import peak
 
+    assert peak.peak_dir() == own_peak_cache / "gemm-peak" and not peak.peak_dir().exists()
     measured = []
     monkeypatch.setattr(peak, "measure_gflops", lambda kind, threads: measured.append(kind) or {"fp32": 50.0, "int8": 65.0}[kind])
     fingerprint = {"value": "aaaa000011112222"}
@@ -236,7 +244,7 @@ def test_gemm_peak_cached_per_host_fingerprint(monkeypatch):
     assert peak.gemm_peak(2, remeasure=True)["cached"] is False and len(measured) == 10
 
 
-def test_a_peak_is_never_lowered_and_a_beaten_peak_is_remeasured(monkeypatch):
+def test_a_peak_is_never_lowered_and_a_beaten_peak_is_remeasured(monkeypatch, own_peak_cache):
     from xformopt.profiling import measure, peak
 
     speeds = {"fp32": 50.0, "int8": 65.0}
