@@ -146,3 +146,23 @@ def test_kills_at_random_points_never_leave_a_partial_artifact(tiny_classifier, 
     assert not [p for p in tmp.iterdir() if p.name.startswith("xformopt-")]
     passes = tmp_path / "cache" / "passes"
     assert not [p for p in passes.iterdir() if p.name.startswith(".")]
+
+
+class _SignalsItselfWhenCollected:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)  # the handler runs inside this finalizer, where Python cannot raise
+
+
+def test_a_signal_landing_in_a_finalizer_still_interrupts_the_block(capfd):
+    from xformopt.signals import Interrupted, interruptible
+
+    with pytest.raises(Interrupted) as caught:
+        with interruptible():
+            victim = _SignalsItselfWhenCollected()
+            del victim
+            for _ in range(200):
+                time.sleep(0.01)
+    assert caught.value.signum == signal.SIGTERM
+    err = capfd.readouterr().err
+    assert "Exception ignored" not in err and "Traceback" not in err, err

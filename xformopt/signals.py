@@ -6,6 +6,7 @@ folders, cache builds and output locks are cleaned up, and the CLI prints one li
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,9 +56,27 @@ def interruptible() -> Iterator[None]:
         _received.append(signum)
         raise Interrupted(signum)
 
+    # A signal can land while a finalizer runs (``__del__``, a weakref callback, often inside the garbage
+    # collector): Python cannot raise from there, so it prints "Exception ignored" with a traceback and the
+    # run went on to exit 0. Such an Interrupted is delivered again instead, at the next bytecode outside
+    # the finalizer, where it unwinds the run as any other signal does.
+    unraisable = sys.unraisablehook
+
+    def redeliver(info):
+        if not isinstance(info.exc_value, Interrupted):
+            unraisable(info)
+            return
+        # Sent from another thread a moment later: raising it here (or signalling this thread, which
+        # Python checks at once) would raise inside this hook, which is as unraisable as the finalizer.
+        _received.clear()
+        main = threading.main_thread().ident
+        threading.Timer(0.05, signal.pthread_kill, (main, info.exc_value.signum)).start()
+
     previous = {sig: signal.signal(sig, handler) for sig in HANDLED}
+    sys.unraisablehook = redeliver
     try:
         yield
     finally:
+        sys.unraisablehook = unraisable
         for sig, old in previous.items():
             signal.signal(sig, old)
