@@ -61,11 +61,20 @@ class PoolExecutor:
             return
         # No public way to stop a ProcessPoolExecutor's workers before Python 3.14's terminate_workers().
         processes = list((getattr(self._pool, "_processes", None) or {}).values())
+        manager = getattr(self._pool, "_executor_manager_thread", None)
         self._pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
+        # The pool's manager thread reaps its workers too, and only one waiter gets a child's exit status: a
+        # join of ours that loses that race sees the process as still alive. Waiting for the manager first
+        # leaves every worker reaped through the same Process objects.
+        if manager is not None:
+            manager.join(timeout=30)
         for process in processes:
-            process.join(timeout=30)
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
 
 
 def make(workers: int):
