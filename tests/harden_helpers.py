@@ -6,7 +6,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from conftest import error_lines
+from conftest import error_lines, run_cli
 
 
 def quick_recipe(tmp_path: Path, heldout_file: Path, passes: str = "- export", name: str = "quick.yaml") -> Path:
@@ -28,6 +28,17 @@ def one_error(code: int, stderr: str, *fragments: str, exit_code: int = 2) -> st
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+def assert_distill_refuses(student, cases, tmp_path: Path, capsys) -> None:
+    """Each (extra args, fragment): `xformopt distill STUDENT` exits 2 with one error line naming FRAGMENT,
+    before any training, and writes nothing."""
+    for args, fragment in cases:
+        out = tmp_path / "d"
+        code, _, err = run_cli(["distill", student, "-o", out, "--max-steps", "2", *args], capsys)
+        lines = [line for line in err.splitlines() if line.startswith("error:")]
+        assert code == 2 and fragment in err, (args, err)
+        assert len(lines) == 1 and not out.exists()
 
 
 def tree(directory: Path) -> dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import make_ctx, run_cli, run_pass
+from harden_helpers import assert_distill_refuses
 
 from xformopt.distill import data as D
 from xformopt.distill import losses as L
@@ -419,12 +420,7 @@ def test_bad_input_exits_2(tiny_classifier, other_vocab_teacher, tiny_encoder, t
         (["--train-data", tmp_path / "missing.jsonl"], "data file not found"),
         (["--student-layers", "2"], "keep all 2 layers"),
     ]
-    for args, fragment in cases:
-        out = tmp_path / "d"
-        code, _, err = run_cli(["distill", tiny_classifier, "-o", out, "--max-steps", "2", *args], capsys)
-        lines = [line for line in err.splitlines() if line.startswith("error:")]
-        assert code == 2 and fragment in err, (args, err)
-        assert len(lines) == 1 and not out.exists()
+    assert_distill_refuses(tiny_classifier, cases, tmp_path, capsys)
 
 
 def test_unlabelled_text_file_trains_a_classifier_on_soft_targets(teacher_classifier, sample_texts, tmp_path):

@@ -8,7 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_ctx, run_cli, run_pass
+from conftest import make_ctx, run_pass
+from harden_helpers import assert_distill_refuses
 
 from xformopt.distill import qat as Q
 
@@ -84,9 +85,4 @@ def test_bad_new_options_exit_2(tiny_classifier, tmp_path, capsys):
         (["--augment", "99"], "augment"),
         (["--relation-weight", "-1"], "relation_weight"),
     ]
-    for args, fragment in cases:
-        out = tmp_path / "d"
-        code, _, err = run_cli(["distill", tiny_classifier, "-o", out, "--max-steps", "2", *args], capsys)
-        lines = [line for line in err.splitlines() if line.startswith("error:")]
-        assert code == 2 and fragment in err, (args, err)
-        assert len(lines) == 1 and not out.exists()
+    assert_distill_refuses(tiny_classifier, cases, tmp_path, capsys)
