@@ -31,8 +31,8 @@ def tiny_recipe(heldout_file, **search) -> dict:
 
 def test_flops_order():
     config = {"num_hidden_layers": 6, "num_attention_heads": 12, "hidden_size": 384, "intermediate_size": 1536}
-    small = shapes.shape_flops(config, {"prune.layers": 2, "prune.heads_per_layer": 8, "prune.ffn_dim": 512})
-    big = shapes.shape_flops(config, {"prune.layers": 3, "prune.heads_per_layer": 12, "prune.ffn_dim": 768})
+    small = shapes.shape_flops(config, {"layers": 2, "heads_per_layer": 8, "ffn_dim": 512})
+    big = shapes.shape_flops(config, {"layers": 3, "heads_per_layer": 12, "ffn_dim": 768})
     assert small < big < shapes.shape_flops(config, {})
 
 

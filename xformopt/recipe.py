@@ -194,24 +194,35 @@ def validate(raw: Any, origin: str = "<recipe>", text: str = "") -> Recipe:
     return recipe
 
 
+def shaped_step(recipe: Recipe) -> PassStep | None:
+    """The step whose options set the model's shape (the pass declares ``shape_options``)."""
+    return next((step for step in recipe.passes if get_pass(step.name).shape_options), None)
+
+
+def timed_step(recipe: Recipe) -> PassStep | None:
+    """The step whose run time a shape search sets per shape (the pass declares ``minutes_option``)."""
+    return next((step for step in recipe.passes if get_pass(step.name).minutes_option), None)
+
+
 def check_shape_search(recipe: Recipe, lines: dict, origin: str) -> None:
-    """Each shape is a valid explicit prune shape for this recipe's prune step (which must exist)."""
-    steps = {step.name: step.options for step in recipe.passes}
-    if "prune" not in steps:
-        raise InputError(f"{_where(lines, ('shape_search',), origin)}: shape_search: chooses prune's shape, and the "
-                         "recipe has no prune pass; add one or drop shape_search")
+    """Each shape is a valid explicit shape for this recipe's shaping step (which must exist)."""
+    shaped, timed = shaped_step(recipe), timed_step(recipe)
+    if shaped is None:
+        shapers = " or ".join(p.name for p in all_passes() if p.shape_options)
+        raise InputError(f"{_where(lines, ('shape_search',), origin)}: shape_search: chooses the model's shape, and "
+                         f"the recipe has no {shapers} pass; add one or drop shape_search")
+    owner = get_pass(shaped.name)
     for i, shape in enumerate(recipe.shape_search.shapes):
         given = {k: v for k, v in shape.model_dump().items() if v is not None and k != "distill_minutes"}
         path = ("shape_search", "shapes", i)
         if not given:
-            raise InputError(f"{_where(lines, path, origin)}: shape_search.shapes.{i}: give layers, heads_per_layer "
-                             "and/or ffn_dim")
-        if shape.distill_minutes is not None and "distill" not in steps:
+            raise InputError(f"{_where(lines, path, origin)}: shape_search.shapes.{i}: give "
+                             f"{', '.join(owner.shape_options[:-1])} and/or {owner.shape_options[-1]}")
+        if shape.distill_minutes is not None and timed is None:
             raise InputError(f"{_where(lines, path, origin)}: shape_search.shapes.{i}.distill_minutes: the recipe has "
                              "no distill pass")
-        explicit = {k: v for k, v in steps["prune"].items() if k not in ("sparsity", "flops", "layers",
-                                                                         "heads_per_layer", "ffn_dim")}
-        validate_options("prune", {**explicit, **given}, origin, lines, path)
+        explicit = {k: v for k, v in shaped.options.items() if k not in owner.shape_options + owner.shape_replaces}
+        validate_options(shaped.name, {**explicit, **given}, origin, lines, path)
 
 
 def validate_options(name: str, options: Any, origin: str, lines: dict | None = None, path: tuple = ()):

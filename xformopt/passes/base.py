@@ -94,6 +94,12 @@ class Pass:
     # Options the pass reads only in some configurations: option -> when, in words, for the line that
     # refuses a flag nothing reads (``reads`` decides).
     read_when: ClassVar[dict[str, str]] = {}
+    # The options that set a model's shape, for a recipe's ``shape_search`` (xformopt/search/shapes.py): the
+    # search sets these and drops the pass's ``shape_replaces`` (other ways of asking for a shape).
+    shape_options: ClassVar[tuple[str, ...]] = ()
+    shape_replaces: ClassVar[tuple[str, ...]] = ()
+    # The option bounding the pass's own run time in minutes (a shape search gives each shape its own).
+    minutes_option: ClassVar[str | None] = None
 
     @classmethod
     def reads(cls, option: str, options: dict) -> bool:

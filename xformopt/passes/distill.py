@@ -216,6 +216,7 @@ class DistillPass(Pass):
              "the teacher (the run's input model, or --teacher)")
     flags = {"train_data": "train_data", "validation_data": "eval_data", "unlabeled_data": "unlabeled_data"}
     data_options = ("train_data", "eval_data", "unlabeled_data")
+    minutes_option = "max_minutes"
     labelled_fallbacks = {"train_data": ("train", "distill's training rows"),
                           "eval_data": ("validation", "distill's evaluation rows")}
 

@@ -307,6 +307,8 @@ class PrunePass(Pass):
     needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
     flags = {"train_data": "data"}
     data_options = ("data",)
+    shape_options = ("layers", "heads_per_layer", "ffn_dim")
+    shape_replaces = ("sparsity",)
     labelled_fallbacks = {"data": ("train/test", "prune's importance and held-out rows")}
 
     @staticmethod

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from xformopt import pipeline
@@ -31,6 +32,7 @@ from xformopt import recipe as recipes
 from xformopt.accuracy_budget import points
 from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
+from xformopt.passes import get_pass
 from xformopt.passes.prune_flops import Shape, encoder_flops
 from xformopt.search.remeasure import remeasure
 from xformopt.search.space import SearchSpace
@@ -46,41 +48,54 @@ def wanted(recipe: recipes.Recipe, max_accuracy_drop) -> bool:
 
 
 def validation_spec(recipe: recipes.Recipe) -> dict:
-    """The validation rows: the run's --validation-data (distill's eval_data / quantize's budget_data),
-    else the task's validation split."""
-    steps = {s.name: s.options for s in recipe.passes}
-    data = (steps.get("distill", {}).get("eval_data") or steps.get("quantize", {}).get("budget_data"))
+    """The validation rows: the run's --validation-data (the first pass option it set: distill's eval_data,
+    quantize's budget_data), else the task's validation split."""
+    options = (s.options.get(get_pass(s.name).flags.get("validation_data")) for s in recipe.passes)
+    data = next((value for value in options if value), None)
     ev = recipe.evaluation
     return {"data": data, "text_column": ev.text_column, "label_column": ev.label_column, "seed": ev.seed}
 
 
-def candidate_params(recipe: recipes.Recipe) -> list[dict]:
+@dataclass
+class Candidate:
+    """One shape to try: the shape itself, the minutes of the timed step (None: the recipe's), and both as
+    the search's ``PASS.OPTION`` parameters of the recipe's shaping and timed steps."""
+
+    shape: dict
+    minutes: float | None
+    params: dict
+
+
+def candidates(recipe: recipes.Recipe) -> list[Candidate]:
+    shaped, timed = recipes.shaped_step(recipe), recipes.timed_step(recipe)
+    owner = get_pass(shaped.name)
     out = []
     for choice in recipe.shape_search.shapes:
-        params = {f"prune.{k}": getattr(choice, k) for k in SHAPE_KEYS}
-        params["prune.sparsity"] = None
+        shape = {k: getattr(choice, k) for k in SHAPE_KEYS}
+        params = {f"{shaped.name}.{k}": v for k, v in shape.items()}
+        params.update({f"{shaped.name}.{k}": None for k in owner.shape_replaces})
         if choice.distill_minutes is not None:
-            params["distill.max_minutes"] = choice.distill_minutes
-        out.append(params)
+            params[f"{timed.name}.{get_pass(timed.name).minutes_option}"] = choice.distill_minutes
+        out.append(Candidate(shape, choice.distill_minutes, params))
     return out
 
 
-def shape_flops(config: dict, params: dict, length: float = 32.0) -> float:
-    """Encoder FLOPs of a shape at ``length`` tokens (xformopt/passes/prune_flops.py's model)."""
-    layers = params.get("prune.layers") or int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
-    heads = params.get("prune.heads_per_layer") or int(config.get("num_attention_heads") or config.get("n_heads") or 1)
+def shape_flops(config: dict, shape: dict, length: float = 32.0) -> float:
+    """Encoder FLOPs of a shape (``layers``, ``heads_per_layer``, ``ffn_dim``; None: the model's) at ``length``
+    tokens (xformopt/passes/prune_flops.py's model)."""
+    full_heads = int(config.get("num_attention_heads") or config.get("n_heads") or 1)
     hidden = int(config.get("hidden_size") or config.get("dim") or 1)
-    head_dim = hidden // max(1, int(config.get("num_attention_heads") or config.get("n_heads") or 1))
-    ffn = params.get("prune.ffn_dim") or int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
-    return encoder_flops(Shape(hidden, head_dim, [heads] * layers, [ffn] * layers), length)["total"]
+    layers = shape.get("layers") or int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
+    heads = shape.get("heads_per_layer") or full_heads
+    ffn = shape.get("ffn_dim") or int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
+    return encoder_flops(Shape(hidden, hidden // full_heads, [heads] * layers, [ffn] * layers), length)["total"]
 
 
-def label(params: dict) -> str:
-    parts = [f"{params.get('prune.layers') or 'all'} layers", f"{params.get('prune.heads_per_layer') or 'all'} heads",
-             f"FFN {params.get('prune.ffn_dim') or 'all'}"]
-    if params.get("distill.max_minutes"):
-        parts.append(f"distill {params['distill.max_minutes']:g} min")
-    return " x ".join(parts[:3]) + (f", {parts[3]}" if len(parts) > 3 else "")
+def label(candidate: Candidate) -> str:
+    shape = candidate.shape
+    text = (f"{shape.get('layers') or 'all'} layers x {shape.get('heads_per_layer') or 'all'} heads x "
+            f"FFN {shape.get('ffn_dim') or 'all'}")
+    return text + (f", distill {candidate.minutes:g} min" if candidate.minutes else "")
 
 
 def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, force: bool, trust_remote_code: bool,
@@ -98,7 +113,7 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
     base = recipes.validate({**recipe.to_dict(), "shape_search": None}, recipe.name)
     space = SearchSpace(f"{recipe.name}-shapes", recipe.name, base, {})
     config = json.loads((Path(spec.path) / "config.json").read_text())
-    candidates = sorted(candidate_params(recipe), key=lambda p: shape_flops(config, p))
+    tries = sorted(candidates(recipe), key=lambda c: shape_flops(config, c.shape))
     work = Path(str(out).rstrip("/") + ".shape-search")
     if work.exists():
         shutil.rmtree(work)
@@ -115,15 +130,16 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
     validation["baseline"] = str((work / "baseline_outputs.npy").resolve())
     baseline = score_outputs(spec, base_out, vdata, base_out)
     allowed = points(max_accuracy_drop, baseline * 100)
-    log(f"shape search: fp32 validation metric {baseline:.4f}; budget {allowed:.2f} points; {len(candidates)} shapes, "
+    log(f"shape search: fp32 validation metric {baseline:.4f}; budget {allowed:.2f} points; {len(tries)} shapes, "
         f"fewest FLOPs first, within {search.max_minutes:g} min")
 
     tried, kept = [], None
-    default_distill = next((s.options.get("max_minutes") for s in base.passes if s.name == "distill"), None)
-    for n, params in enumerate(candidates):
-        entry = {"shape": {k: params.get(f"prune.{k}") for k in SHAPE_KEYS},
-                 "distill_minutes": params.get("distill.max_minutes") or default_distill,
-                 "flops_at_32_tokens": round(shape_flops(config, params))}
+    timed = recipes.timed_step(base)
+    default_minutes = timed.options.get(get_pass(timed.name).minutes_option) if timed else None
+    for n, candidate in enumerate(tries):
+        params = candidate.params
+        entry = {"shape": candidate.shape, "distill_minutes": candidate.minutes or default_minutes,
+                 "flops_at_32_tokens": round(shape_flops(config, candidate.shape))}
         elapsed = time.monotonic() - started
         done = [t for t in tried if "seconds" in t]
         overhead = (float(np.mean([t["seconds"] - (t["distill_minutes"] or 0) * 60 for t in done])) if done
@@ -133,13 +149,13 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
             tried.append({**entry, "status": "skipped",
                           "why": f"would not fit: about {estimate / 60:.1f} min left to run, "
                                  f"{(budget_s - elapsed) / 60:.1f} min left of the budget"})
-            log(f"shape search: {label(params)}: skipped (would not fit in the time left)")
+            log(f"shape search: {label(candidate)}: skipped (would not fit in the time left)")
             continue
         r = space.recipe_for(params, name=f"{recipe.name}-shape-{n:02d}")
         # the report's own timing of each tried artifact is not used (they are timed together below):
         # a short one; the evaluation rows stay the run's, so the final run reuses every pass from the cache
         r = recipes.validate({**r.to_dict(), "evaluation": {**r.evaluation.model_dump(), **TRIAL_TIMING}}, r.name)
-        log(f"shape search [{n + 1}/{len(candidates)}]: {label(params)}")
+        log(f"shape search [{n + 1}/{len(tries)}]: {label(candidate)}")
         result = run_trial(TrialJob(n, model, r.to_dict(), str((work / f"{n:03d}").resolve()), None, validation,
                                     trust_remote_code))
         entry.update({k: result[k] for k in ("status", "metric", "seconds", "budget_met", "error") if k in result})
@@ -149,10 +165,10 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
             drop = round((baseline - result["metric"]) * 100, 4)
             entry["drop_points"] = drop
             entry["within_budget"] = drop <= allowed + 1e-9
-            log(f"shape search: {label(params)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
+            log(f"shape search: {label(candidate)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
                 f"{'within' if entry['within_budget'] else 'outside'} the budget) in {result['seconds'] / 60:.1f} min")
         else:
-            log(f"shape search: {label(params)}: failed: {result.get('error')}")
+            log(f"shape search: {label(candidate)}: failed: {result.get('error')}")
         tried.append(entry)
         if entry.get("within_budget"):
             kept = entry
