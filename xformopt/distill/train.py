@@ -45,6 +45,7 @@ from xformopt.distill.data import (
     sorted_batches,
     steps_per_epoch,
 )
+from xformopt.distill.relations import QKV
 from xformopt.errors import PassFailed
 
 CLOCK: Callable[[], float] = time.monotonic
@@ -281,8 +282,6 @@ class Trainer:
         }
         optimizer = self._optimizer()
         if self.need_rel:
-            from xformopt.distill.relations import QKV
-
             s_layer, t_layer, _, arch = self.s.relations
             self.captures = (QKV(self.student, arch, s_layer), QKV(self.teacher, arch, t_layer))
         best_state = None

@@ -51,8 +51,10 @@ from xformopt.distill import losses as L
 from xformopt.distill import qat as Q
 from xformopt.distill import student as S
 from xformopt.distill import train as T
+from xformopt.distill.augment import augmented
 from xformopt.distill.curve import plot_training_curve
 from xformopt.distill.data import collate, forward
+from xformopt.distill.relations import relation_heads
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -371,8 +373,6 @@ class DistillPass(Pass):
         cache_mb = D.hidden_cache_mb(train_enc.lengths, hidden_size, len(set(layer_map))) if need_hidden else 0.0
         relations = None
         if options.relation_weight > 0:  # the last student layer against its mapped teacher layer (MiniLM)
-            from xformopt.distill.relations import relation_heads
-
             s_width = arch.heads(arch.layers(student)[-1]) * arch.head_dim(arch.layers(student)[-1])
             t_last = arch.layers(teacher)[layer_map[-1] - 1]
             relations = (n_student - 1, layer_map[-1] - 1,
@@ -537,8 +537,6 @@ class DistillPass(Pass):
 def extra_training_texts(options: DistillOptions, train_set) -> tuple[list[str], dict]:
     """Texts for the teacher to label beside the training rows: unlabeled_data, else ``augment`` augmented
     copies of the training texts; rows also in the training set are not repeated."""
-    from xformopt.distill.augment import augmented
-
     if options.unlabeled_data:
         path = Path(options.unlabeled_data)
         if path.suffix.lower() == ".txt":  # one text per line

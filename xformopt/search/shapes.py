@@ -34,6 +34,7 @@ from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
 from xformopt.passes.prune_flops import Shape, encoder_flops
+from xformopt.runtime.encoder import TorchPredictor
 from xformopt.search.remeasure import remeasure
 from xformopt.search.space import SearchSpace
 from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation_set
@@ -102,8 +103,6 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
            log=lambda m: None) -> tuple[recipes.Recipe, dict]:
     """Run the shape search; returns the kept shape's recipe (shape_search dropped) and the record."""
     import numpy as np
-
-    from xformopt.runtime.encoder import TorchPredictor
 
     search = recipe.shape_search
     steps = [(s.name, s.options) for s in recipe.passes]
