@@ -118,8 +118,7 @@ def pytest_collection_modifyitems(config, items):
     xdist = config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
     if xdist:
         # The Ray group first (addopts has --no-loadscope-reorder): it starts on a fresh worker, as in a run
-        # of its modules alone (in full runs started later, the local search's interrupted pool once left a
-        # SIGTERMed worker alive past its 30 s join).
+        # of its modules alone, and its long cluster start-up overlaps the other worker's many short modules.
         items.sort(key=lambda item: item.path.name not in RAY_MODULES)
     for item in items:
         if "integration" in item.keywords and not HAS_MINILM:
