@@ -35,10 +35,28 @@ def _ort_dynamic_matmul(tmp_path, weight: np.ndarray, x: np.ndarray, per_channel
     return InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
 
 
+def _int8_reference(weight: np.ndarray, x: np.ndarray, per_channel: bool, reduce_range: bool) -> np.ndarray:
+    """ORT's dynamic INT8 arithmetic in numpy, exact in 32 bits (what a kernel that never saturates computes):
+    u8 activations from the tensor's own range (0 included), s8 symmetric weights, per channel or per tensor."""
+    rmin, rmax = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    scale = (rmax - rmin) / 255
+    zero = np.clip(np.round(-rmin / scale), 0, 255)
+    qx = np.clip(np.round(x / scale) + zero, 0, 255)
+    bound = 64 if reduce_range else 127
+    w_scale = (np.abs(weight).max(axis=1, keepdims=True) if per_channel else np.abs(weight).max()) / bound
+    qw = np.clip(np.round(weight / w_scale), -bound, bound)
+    return ((qx - zero) @ qw.T) * scale * np.reshape(w_scale, (1, -1))
+
+
+@pytest.mark.real_host
 @pytest.mark.parametrize("per_channel,reduce_range", [(True, False), (True, True), (False, False)])
 def test_fake_quant_linear_matches_ort_dynamic_int8(tmp_path, per_channel, reduce_range):
-    """The simulated INT8 is ORT's: far closer to ORT's INT8 MatMul than float is."""
+    """The simulated INT8 is ORT's dynamic INT8 arithmetic: far closer to its exact 32-bit form than float is on
+    every host, and to ORT's own INT8 MatMul wherever ORT's kernel computes that form (7-bit weights on every
+    kernel; 8-bit weights where the u8 x s8 kernel does not saturate, i.e. with VNNI: the real probe decides)."""
     import torch
+
+    from xformopt.measure import kernel_probe
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 48, bias=False)
@@ -52,10 +70,14 @@ def test_fake_quant_linear_matches_ort_dynamic_int8(tmp_path, per_channel, reduc
         faked = model(x).numpy()
         assert Q.detach(model) == 1 and type(model[0]) is torch.nn.Linear
         assert np.array_equal(model(x).numpy(), exact)  # detach restores the float layer, same parameters
-    ort = _ort_dynamic_matmul(tmp_path, lin.weight.detach().numpy(), x.numpy(), per_channel, reduce_range)
-    err_fake = np.abs(ort - faked).max()
-    err_float = np.abs(ort - exact).max()
-    assert err_fake < 0.1 * err_float, (err_fake, err_float)
+    reference = _int8_reference(lin.weight.detach().numpy().astype(np.float64), x.numpy().astype(np.float64),
+                                per_channel, reduce_range)
+    assert np.abs(reference - faked).max() < 0.1 * np.abs(reference - exact).max()
+    if reduce_range or kernel_probe.int8_gemm_saturates() is False:
+        ort = _ort_dynamic_matmul(tmp_path, lin.weight.detach().numpy(), x.numpy(), per_channel, reduce_range)
+        err_fake = np.abs(ort - faked).max()
+        err_float = np.abs(ort - exact).max()
+        assert err_fake < 0.1 * err_float, (err_fake, err_float)
 
 
 def test_qat_phase_record_and_float_student(tiny_classifier, sample_texts, tmp_path):
