@@ -60,6 +60,18 @@ def test_budget_keeps_the_cheapest_shape_within_it(tiny_classifier, heldout_file
     assert not (tmp_path / "out.shape-search").exists()
 
 
+def test_a_folder_in_the_trials_place_that_the_search_did_not_write_is_refused(tiny_classifier, heldout_file,
+                                                                              tmp_path):
+    theirs = tmp_path / "out.shape-search"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="is not a shape search's trial folder"):
+        api.optimize(tiny_classifier, recipe=tiny_recipe(heldout_file), output=tmp_path / "out", max_accuracy_drop=100,
+                     validation_data=str(heldout_file))
+    assert (theirs / "notes.txt").read_text() == "mine" and sorted(p.name for p in theirs.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_no_budget_runs_the_recipes_own_shape(tiny_classifier, heldout_file, tmp_path):
     result = api.optimize(tiny_classifier, recipe=tiny_recipe(heldout_file), output=tmp_path / "out")
     assert "shape_search" not in result.report

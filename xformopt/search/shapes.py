@@ -41,6 +41,7 @@ from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation
 
 SHAPE_KEYS = ("layers", "heads_per_layer", "ffn_dim")
 TRIAL_TIMING = {"latency_rounds": 10, "warmup": 2, "repeats": 1, "modes": ["real"]}
+WORK_MARKER = ".xformopt-shape-search"
 FIRST_RUN_OVERHEAD_S = 180.0  # prune, export, fuse, quantize and scoring beside distill (2-core CPU, MiniLM)
 
 
@@ -115,8 +116,12 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
     tries = sorted(candidates(recipe), key=lambda c: shape_flops(config, c.shape))
     work = Path(str(out).rstrip("/") + ".shape-search")
     if work.exists():
+        if not (work / WORK_MARKER).is_file():  # never remove a folder this search did not write
+            raise InputError(f"{work} exists and is not a shape search's trial folder (the search writes its trials "
+                             "there): move it, or choose another -o")
         shutil.rmtree(work)
     work.mkdir(parents=True)
+    (work / WORK_MARKER).write_text(f"the trials of xformopt's shape search for {out}\n")
     started = time.monotonic()
     budget_s = search.max_minutes * 60
     threads = recipe.evaluation.threads or usable_cpus()
