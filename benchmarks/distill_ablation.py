@@ -8,11 +8,15 @@ row by row (same rows, same student before distillation).
 Variants (``--variants``, comma-separated): ``base`` (KL + cross-entropy, the shipped recipe's terms
 without QAT), ``hidden`` (+ hidden-state MSE, weight 1), ``relation`` (+ MiniLM relation KL, weight 1),
 ``attention`` (+ attention-map MSE, weight 1), ``augment`` (+ one teacher-labelled augmented copy of
-each training text), ``qat`` (one quantization-aware epoch after the same epochs as ``base``: with no time budget the
-runs are deterministic, so qat's student before its QAT epoch is base's student, bit for bit). Every variant's student is also
-exported and quantized (dynamic INT8, the target's formats, no budget) and scored in ONNX Runtime:
-``base`` INT8 is post-training quantization of the student that ``qat`` then trains quantization-aware. Writes
-``ablation.json`` and ``ablation.md`` into -o. Never run as a test: it trains for minutes per variant.
+each training text), ``augment4`` (+ four), ``unlabeled`` (+ the texts of ``--unlabeled FILE``,
+teacher-labelled), ``select_kl`` (best checkpoint by KL to the teacher, not accuracy), ``patience4``
+(early stopping after 4 evaluations without improvement; every other variant trains all planned steps),
+``qat`` (one quantization-aware epoch after the same epochs as ``base``: with no time budget the runs are
+deterministic, so qat's student before its QAT epoch is base's student, bit for bit). Every variant's
+student is also exported and quantized (dynamic INT8, the target's formats, no budget) and scored in ONNX
+Runtime: ``base`` INT8 is post-training quantization of the student that ``qat`` then trains
+quantization-aware. Writes ``ablation.json`` and ``ablation.md`` into -o. Never run as a test: it trains
+for minutes per variant.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ VARIANTS = {
     "relation": {"relation_weight": 1.0},
     "attention": {"attention_weight": 1.0},
     "augment": {"augment": 1},
+    "augment4": {"augment": 4},
+    "unlabeled": {},  # unlabeled_data: --unlabeled FILE
+    "select_kl": {"select": "kl_to_teacher"},
+    "patience4": {"patience": 4},
     "qat": {"qat": True, "qat_epochs": 1.0},
 }
 BASE = dict(temperature=2.0, alpha=0.5, lr=1e-4, batch_size=32)
@@ -60,7 +68,8 @@ def main() -> None:
                         help="distill time budget per variant (default: none, --epochs decide: deterministic, "
                              "so base and qat train the very same student before qat's QAT epoch)")
     parser.add_argument("--epochs", type=float, default=3.0, help="distillation epochs per variant (qat: then 1 more, QAT)")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default="base,hidden,relation,attention,augment,qat")
+    parser.add_argument("--unlabeled", type=Path, default=None, help="texts for the unlabeled variant (one per line)")
     parser.add_argument("-o", "--out", type=Path, required=True)
     args = parser.parse_args()
 
@@ -74,6 +83,9 @@ def main() -> None:
     bad = [v for v in variants if v not in VARIANTS]
     if bad or "base" not in variants:
         sys.exit(f"error: --variants takes {', '.join(VARIANTS)} and must include base (got {args.variants})")
+    if "unlabeled" in variants and args.unlabeled is None:
+        sys.exit("error: the unlabeled variant needs --unlabeled FILE")
+    VARIANTS["unlabeled"] = {"unlabeled_data": str(args.unlabeled)} if args.unlabeled else {}
     layers, heads, ffn = (int(x) for x in args.shape.split(","))
     target = targets.detect(effective_cpu_flags()).name
     args.out.mkdir(parents=True, exist_ok=True)
@@ -92,9 +104,10 @@ def main() -> None:
         student = args.out / name
         if not student.exists():
             print(f"distilling: {name}", file=sys.stderr)
+            options = {"max_minutes": args.minutes, "epochs": args.epochs, "patience": 0, "checkpoint_every": 0,
+                       "resume": False, **BASE, **VARIANTS[name]}
             api.run_pass("distill", pruned, student, target=target, data=str(args.test), teacher=str(args.teacher),
-                         train_data=str(args.train), eval_data=str(args.validation), max_minutes=args.minutes,
-                         epochs=args.epochs, patience=0, checkpoint_every=0, resume=False, **BASE, **VARIANTS[name])
+                         train_data=str(args.train), eval_data=str(args.validation), **options)
         onnx_dir, int8_dir = args.out / f"{name}-onnx", args.out / f"{name}-int8"
         if not int8_dir.exists():
             api.run_pass("export", student, onnx_dir, target=target, data=str(args.test))

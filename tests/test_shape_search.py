@@ -45,6 +45,9 @@ def test_budget_keeps_the_cheapest_shape_within_it(tiny_classifier, heldout_file
     assert [t["shape"]["layers"] for t in searched["tried"]] == [1]
     assert searched["tried"][0]["kept"] and searched["kept"]["layers"] == 1
     assert "fewest-FLOPs shape within" in searched["why"] and searched["validation"]["rows"] == 24
+    lo, hi = searched["tried"][0]["drop_ci95"]  # paired over the 24 labelled rows, from the trial's own outputs
+    assert lo <= searched["tried"][0]["drop_points"] <= hi
+    assert "wider than the budget" not in searched["why"]  # a 100-point budget is resolved by any rows
     prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
     assert prune["options"]["layers"] == 1 and prune["reused"]
     assert result.report["settings"]["rounds"] == 3  # the run's timing, not the tried shapes' short one
@@ -134,6 +137,8 @@ def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, h
         return {"status": "complete", "metric": metric, "seconds": 1.0, "budget_met": True}
 
     monkeypatch.setattr(shapes, "run_trial", fake_trial)
+    # the fake trials write no artifact; the kept one's interval is as 24 rows would leave a real one
+    monkeypatch.setattr(shapes, "drop_interval", lambda *a: {"drop_ci95": [-3.0, 4.0]})
     raw = tiny_recipe(heldout_file, shapes=[{"layers": 2, "ffn_dim": 32}, {"layers": 1, "ffn_dim": 32},
                                             {"layers": 1, "ffn_dim": 48, "distill_minutes": 10_000}])
     result = api.optimize(tiny_classifier, recipe=raw, output=tmp_path / "out", max_accuracy_drop=1.0,
@@ -144,5 +149,8 @@ def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, h
     assert tried[1]["status"] == "skipped" and "would not fit" in tried[1]["why"]
     assert tried[2]["kept"] and tried[2]["within_budget"]
     assert "2 cheaper shape(s) missed" in result.report["shape_search"]["why"]
+    # the budget holds on the point estimate; the record says the rows cannot resolve it
+    assert "95% interval is -3.00 to +4.00 points, wider than the budget" in result.report["shape_search"]["why"]
+    assert "+4.00" in (tmp_path / "out" / "report.md").read_text()
     prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
     assert prune["options"]["layers"] == 2

@@ -107,17 +107,33 @@ def weights_dir(path: Path):
 
 
 
+class _NarrowAttentionNote(logging.Filter):
+    """Pruned heads leave a layer's attention narrower than the hidden size (8 heads x 32 = 256 of 384):
+    ORT's attention fusion warns on each such layer that the widths differ, which is what pruning meant."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Input hidden size")
+
+
 @contextmanager
-def quiet_shape_inference():
+def quiet_fusion_logs(pruned: bool = False):
     """ORT's symbolic shape inference warns once per Slice it cannot bound (a decoder's past/total
-    lengths): harmless for fusion, silenced for the block only (the logger's level is given back)."""
+    lengths): harmless for fusion, silenced for the block only (the logger's level is given back).
+    On a head-pruned model the attention-width warning goes too (:class:`_NarrowAttentionNote`)."""
     logger = logging.getLogger("symbolic_shape_infer")
+    # ORT's optimizer imports its fusions as top-level modules: the logger is "fusion_attention"
+    attention = [logging.getLogger(n) for n in ("fusion_attention", "onnxruntime.transformers.fusion_attention")]
+    note = _NarrowAttentionNote()
     previous = logger.level
     logger.setLevel(logging.ERROR)
+    for log in attention if pruned else ():
+        log.addFilter(note)
     try:
         yield
     finally:
         logger.setLevel(previous)
+        for log in attention:
+            log.removeFilter(note)
 
 
 def with_weights_on_disk(graph, scratch: Path, threshold: int = WEIGHTS_ON_DISK_BYTES):
@@ -161,7 +177,7 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled)
     out_model = Path(os.path.abspath(out_model))
     with tempfile.TemporaryDirectory(prefix=".weights-", dir=out_model.parent) as scratch, \
-            warnings.catch_warnings(), quiet_shape_inference():
+            warnings.catch_warnings(), quiet_fusion_logs(bool(ctx.spec.pruned)):
         warnings.simplefilter("ignore")
         graph = with_weights_on_disk(graph, Path(scratch), weights_threshold)
         with weights_dir(Path(scratch)):  # where ORT's fusions find the weights they read (see above)

@@ -63,10 +63,11 @@ def _shape_search_lines(searched: dict | None) -> list[str]:
         body.append([shape, f"{t['distill_minutes']:g}" if t.get("distill_minutes") else "-",
                      f"{t['metric']:.4f}" if "metric" in t else "-",
                      f"{t['drop_points']:+.2f}" if "drop_points" in t else "-",
+                     "{:+.2f} to {:+.2f}".format(*t["drop_ci95"]) if t.get("drop_ci95") else "-",
                      f"{t['latency_ms']:.2f}" if "latency_ms" in t else "-",
                      "kept" if t.get("kept") else (t.get("why") or t.get("error") or t.get("status", ""))[:80]])
-    lines += _md_table(["layers × heads × FFN", "distill min", "validation", "drop (pt)", "ms (b=1)", ""],
-                       body, left=(0, 5))
+    lines += _md_table(["layers × heads × FFN", "distill min", "validation", "drop (pt)", "95% interval",
+                        "ms (b=1)", ""], body, left=(0, 6))
     return [*lines, "", f"- kept: {searched['why']} ({searched['seconds'] / 60:.1f} min)", ""]
 
 

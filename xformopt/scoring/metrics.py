@@ -28,6 +28,20 @@ def proportion(hits: np.ndarray) -> dict:
     return {"value": k / n if n else float("nan"), "n": n, "ci95": [lo, hi]}
 
 
+def mean_with_bootstrap(values: np.ndarray, seed: int, resamples: int = 1000) -> dict:
+    """Mean with a seeded percentile-bootstrap 95% interval (per-row F1 or a paired
+    difference of per-row correctness is far from normal: mostly 0 or ±1)."""
+    values = np.asarray(values, dtype=np.float64)
+    n = len(values)
+    if n == 0:
+        return {"value": float("nan"), "n": 0, "ci95": [float("nan"), float("nan")]}
+    rng = np.random.default_rng(seed)
+    means = np.concatenate([values[rng.integers(0, n, (min(100, resamples - k), n))].mean(1)
+                            for k in range(0, resamples, 100)])
+    return {"value": float(values.mean()), "n": n,
+            "ci95": [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]}
+
+
 def accuracy(pred: np.ndarray, labels: np.ndarray) -> dict:
     return proportion(np.asarray(pred) == np.asarray(labels))
 

@@ -34,7 +34,8 @@ from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
 from xformopt.passes.prune_flops import Shape, encoder_flops
-from xformopt.runtime.encoder import TorchPredictor
+from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+from xformopt.scoring.metrics import mean_with_bootstrap
 from xformopt.search.remeasure import remeasure
 from xformopt.search.space import SearchSpace
 from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation_set
@@ -133,6 +134,7 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
     np.save(work / "baseline_outputs.npy", base_out.astype(np.float32), allow_pickle=False)
     validation["baseline"] = str((work / "baseline_outputs.npy").resolve())
     baseline = score_outputs(spec, base_out, vdata, base_out)
+    base_rows = spec.task_def.row_scores(base_out, vdata)
     allowed = points(max_accuracy_drop, baseline * 100)
     log(f"shape search: fp32 validation metric {baseline:.4f}; budget {allowed:.2f} points; {len(tries)} shapes, "
         f"fewest FLOPs first, within {search.max_minutes:g} min")
@@ -169,6 +171,7 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
             drop = round((baseline - result["metric"]) * 100, 4)
             entry["drop_points"] = drop
             entry["within_budget"] = drop <= allowed + 1e-9
+            entry.update(drop_interval(spec, work / f"{n:03d}", vdata, base_rows, threads, recipe.evaluation.seed))
             log(f"shape search: {label(candidate)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
                 f"{'within' if entry['within_budget'] else 'outside'} the budget) in {result['seconds'] / 60:.1f} min")
         else:
@@ -192,6 +195,13 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
         why = (f"the fewest-FLOPs shape within {allowed:.2f} points on the validation rows ({kept['drop_points']:+.2f})"
                + (f"; {len(cheaper)} cheaper shape(s) missed the budget or did not fit the time" if cheaper
                   else "; the cheapest shape listed"))
+    unresolved = kept.get("drop_ci95") and kept["drop_ci95"][1] > allowed
+    if unresolved:  # the choice stands (the budget is on the point estimate); the record says how sure it is
+        lo, hi = kept["drop_ci95"]
+        why += (f"; on these {len(vdata)} rows the drop's 95% interval is {lo:+.2f} to {hi:+.2f} points, wider than the "
+                "budget: more validation rows would narrow it")
+        log(f"shape search: warning: {len(vdata)} validation rows cannot resolve a {allowed:.2f}-point budget (the kept "
+            f"shape's drop: 95% interval {lo:+.2f} to {hi:+.2f} points); pass more rows with --validation-data")
     for t in tried:
         t["kept"] = t is kept
     latency = _time_tried(spec, work, tried, vdata, threads, recipe.evaluation.seed, log)
@@ -207,6 +217,16 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
         shutil.rmtree(work, ignore_errors=True)
     chosen = space.recipe_for(kept["params"], name=recipe.name)  # the run's own evaluation settings
     return chosen, record
+
+
+def drop_interval(spec, artifact: Path, vdata, base_rows, threads: int, seed: int) -> dict:
+    """The paired 95% interval of a tried artifact's drop below fp32 on the validation rows (a bootstrap over
+    the rows both models scored), in points; {} where the task's headline is not a mean over rows."""
+    if base_rows is None or not (artifact / "model.onnx").is_file():
+        return {}
+    rows = spec.task_def.row_scores(OrtPredictor(spec, artifact, threads=threads).predict_data(vdata), vdata)
+    lo, hi = mean_with_bootstrap(base_rows - rows, seed)["ci95"]
+    return {"drop_ci95": [round(100 * lo, 2), round(100 * hi, 2)]}
 
 
 def _time_tried(spec, work: Path, tried: list[dict], vdata, threads: int, seed: int, log) -> dict | None:

@@ -146,6 +146,12 @@ class Task:
         Each metric is ``{"value", "n", "ci95", ...}`` (xformopt.scoring.metrics)."""
         raise NotImplementedError
 
+    def row_scores(self, outputs: np.ndarray, data: TextDataset) -> np.ndarray | None:
+        """Per-row values whose mean is the headline metric on labelled ``data`` (1.0/0.0 per row for
+        accuracy), for paired intervals between two models on the same rows; None where the headline is
+        not a mean over rows (macro-F1, entity F1) or ``data`` has no labels."""
+        return None
+
     def report_headline(self, metrics: dict) -> str:
         """The headline a report of these metrics leads with: the task's, else (rows without labels) the
         first of its metrics present."""

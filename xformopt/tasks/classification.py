@@ -32,6 +32,11 @@ class TextClassification(Task):
             metrics = {"accuracy": accuracy(pred, y), "macro_f1": macro_f1(pred, y), **metrics}
         return metrics
 
+    def row_scores(self, outputs, data):
+        if data.labels is None:
+            return None
+        return (np.asarray(outputs).argmax(-1) == np.asarray(data.labels)).astype(np.float64)
+
     def budget_points(self, outputs, reference, data):
         return argmax_budget_points(outputs, reference, data.labels)
 

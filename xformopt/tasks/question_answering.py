@@ -21,7 +21,7 @@ import string
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.scoring.metrics import proportion, row_cosine
+from xformopt.scoring.metrics import mean_with_bootstrap, proportion, row_cosine
 from xformopt.tasks.base import AGREEMENT, Metric, Task, pad_rows
 from xformopt.tasks.qa_data import load_squad
 
@@ -79,19 +79,6 @@ def span_overlap_f1(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def same_span(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (np.asarray(a)[:, 0] == np.asarray(b)[:, 0]) & (np.asarray(a)[:, 1] == np.asarray(b)[:, 1])
-
-
-def mean_with_bootstrap(values: np.ndarray, seed: int, resamples: int = 1000) -> dict:
-    """Mean with a seeded percentile-bootstrap 95% interval (per-row F1 is far from normal: mostly 0 or 1)."""
-    values = np.asarray(values, dtype=np.float64)
-    n = len(values)
-    if n == 0:
-        return {"value": float("nan"), "n": 0, "ci95": [float("nan"), float("nan")]}
-    rng = np.random.default_rng(seed)
-    means = np.concatenate([values[rng.integers(0, n, (min(100, resamples - k), n))].mean(1)
-                            for k in range(0, resamples, 100)])
-    return {"value": float(values.mean()), "n": n,
-            "ci95": [float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))]}
 
 
 def answer_texts(outputs: np.ndarray, contexts: list[str]) -> list[str]:
