@@ -7,7 +7,9 @@ the time once attention is fused), so the shapes are tried from the fewest FLOPs
 within P is kept: every cheaper shape was tried and missed. A shape whose run would not fit in what is
 left of ``shape_search.max_minutes`` (estimated from the runs so far) is not started. When no shape
 meets P the most accurate one tried is kept and the record says so (the quantize pass's own budget
-still applies to it).
+still applies to it). Each drop carries its paired 95% bootstrap interval over the validation rows
+(where the task's headline is a mean over rows): the budget is held on the point estimate, and the
+record warns when the kept shape's interval reaches past it, i.e. when the rows cannot resolve P.
 
 Machinery: the search's own parts (xformopt/search): each shape is a recipe made by
 :class:`~xformopt.search.space.SearchSpace` from the run's recipe, run by
