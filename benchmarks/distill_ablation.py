@@ -45,16 +45,12 @@ VARIANTS = {
 BASE = dict(temperature=2.0, alpha=0.5, lr=1e-4, batch_size=32)
 
 
-def bootstrap(correct, base, n: int = 2000, seed: int = 0):
+def bootstrap(correct, base, resamples: int = 2000, seed: int = 0):
     """(accuracy, its 95% CI, difference to base, its paired 95% CI), in points."""
-    import numpy as np
+    from xformopt.scoring.metrics import mean_with_bootstrap
 
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(correct), size=(n, len(correct)))
-    acc = correct[idx].mean(1) * 100
-    diff = (correct[idx] - base[idx]).mean(1) * 100
-    return (float(correct.mean() * 100), [float(np.percentile(acc, 2.5)), float(np.percentile(acc, 97.5))],
-            float((correct - base).mean() * 100), [float(np.percentile(diff, 2.5)), float(np.percentile(diff, 97.5))])
+    acc, diff = (mean_with_bootstrap(v, seed, resamples) for v in (correct, correct - base))
+    return (100 * acc["value"], [100 * c for c in acc["ci95"]], 100 * diff["value"], [100 * c for c in diff["ci95"]])
 
 
 def main() -> None:
@@ -85,7 +81,7 @@ def main() -> None:
         sys.exit(f"error: --variants takes {', '.join(VARIANTS)} and must include base (got {args.variants})")
     if "unlabeled" in variants and args.unlabeled is None:
         sys.exit("error: the unlabeled variant needs --unlabeled FILE")
-    VARIANTS["unlabeled"] = {"unlabeled_data": str(args.unlabeled)} if args.unlabeled else {}
+    options_of = {**VARIANTS, "unlabeled": {"unlabeled_data": str(args.unlabeled)} if args.unlabeled else {}}
     layers, heads, ffn = (int(x) for x in args.shape.split(","))
     target = targets.detect(effective_cpu_flags()).name
     args.out.mkdir(parents=True, exist_ok=True)
@@ -105,7 +101,7 @@ def main() -> None:
         if not student.exists():
             print(f"distilling: {name}", file=sys.stderr)
             options = {"max_minutes": args.minutes, "epochs": args.epochs, "patience": 0, "checkpoint_every": 0,
-                       "resume": False, **BASE, **VARIANTS[name]}
+                       "resume": False, **BASE, **options_of[name]}
             api.run_pass("distill", pruned, student, target=target, data=str(args.test), teacher=str(args.teacher),
                          train_data=str(args.train), eval_data=str(args.validation), **options)
         onnx_dir, int8_dir = args.out / f"{name}-onnx", args.out / f"{name}-int8"
@@ -117,7 +113,7 @@ def main() -> None:
         int8_pred = OrtPredictor(spec, Path(int8_dir), threads=threads).predict_data(test).argmax(-1)
         correct[name] = {"float": (float_pred == gold).astype(float), "int8": (int8_pred == gold).astype(float)}
         record = json.loads((student / "manifest.json").read_text())["passes"][-1]["record"]
-        results[name] = {"options": VARIANTS[name], "steps": record["training"]["steps"],
+        results[name] = {"options": options_of[name], "steps": record["training"]["steps"],
                          "epochs": record["training"]["epochs"], "seconds": record["pass_seconds"],
                          "qat": {k: record["qat"][k] for k in ("ptq_on_eval_rows", "qat_on_eval_rows")}
                          if record.get("qat") else None}

@@ -201,13 +201,16 @@ def test_trial_metric_is_the_validation_split_not_the_test_rows(local_search, ti
     from xformopt.data import load_text_dataset
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor
+    from xformopt.search.trial import outputs_path
 
     out, doc = local_search
     spec = models.resolve(str(tiny_classifier))
     data = load_text_dataset(vader_split_path("validation"), label2id=spec.label2id, require_labels=True, limit=64, seed=0)
     for point in doc["front"]:
-        pred = OrtPredictor(spec, out / point["artifact"]).predict(data.texts).argmax(-1)
-        assert abs(float(np.mean(pred == np.asarray(data.labels))) - point["metric"]) < 1e-9
+        outputs = OrtPredictor(spec, out / point["artifact"]).predict(data.texts)
+        assert abs(float(np.mean(outputs.argmax(-1) == np.asarray(data.labels))) - point["metric"]) < 1e-9
+        # the trial keeps those outputs beside its artifact (the shape search's intervals read them)
+        np.testing.assert_allclose(np.load(outputs_path(out / point["artifact"])), outputs, rtol=1e-5, atol=1e-6)
 
 
 def test_best_recipe_is_accepted_by_optimize(local_search, tiny_classifier, tmp_path, capsys, monkeypatch, shared_cache):

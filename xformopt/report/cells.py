@@ -138,6 +138,11 @@ def metric_label(name: str) -> str:
 # --------------------------------------------------------------------------- graph facts
 
 
+def prune_shape_text(shape: dict, sep: str = " x ") -> str:
+    """A prune shape (the shape search's record) as layers x heads x FFN; "all" where the model's own."""
+    return sep.join(str(shape.get(k) or "all") for k in ("layers", "heads_per_layer", "ffn_dim"))
+
+
 def fused_text(fused: dict | None, abbreviate: bool = True, sep: str = " \u00b7 ", space: str = " ") -> str:
     """``Attn 6 · SkipLN 12 · EmbLN 1 · BiasGelu 6`` (counts of zero left out)."""
     items = [

@@ -36,6 +36,7 @@ from xformopt.report.cells import (
     metric_label,
     metric_notes,
     metric_text,
+    prune_shape_text,
     settings_text,
     target_warning,
     throughput_rows,
@@ -239,8 +240,7 @@ class ReportView:
                               "`xformopt profile DIR` for the full profile.", style="dim"))
         searched = report.get("shape_search")
         if searched:
-            shape = " x ".join(str(searched["kept"].get(k) or "all") for k in ("layers", "heads_per_layer", "ffn_dim"))
-            grid.add_row(Text(f"Prune shape {shape} (layers x heads x FFN): {searched['why']}; "
+            grid.add_row(Text(f"Prune shape {prune_shape_text(searched['kept'])} (layers x heads x FFN): {searched['why']}; "
                               f"{len(searched['tried'])} shape(s) considered, see report.md.", style="dim"))
         return grid
 

@@ -18,6 +18,7 @@ from xformopt.report.cells import (
     memory_text,
     metric_label,
     metric_notes,
+    prune_shape_text,
     rows_for_display,
     settings_text,
     target_warning,
@@ -59,8 +60,7 @@ def _shape_search_lines(searched: dict | None) -> list[str]:
              f"{v['rows']} validation rows, fp32 {v['fp32_metric']:.4f})", ""]
     body = []
     for t in searched["tried"]:
-        shape = " × ".join(str(t["shape"].get(k) or "all") for k in ("layers", "heads_per_layer", "ffn_dim"))
-        body.append([shape, f"{t['distill_minutes']:g}" if t.get("distill_minutes") else "-",
+        body.append([prune_shape_text(t["shape"], " × "), f"{t['distill_minutes']:g}" if t.get("distill_minutes") else "-",
                      f"{t['metric']:.4f}" if "metric" in t else "-",
                      f"{t['drop_points']:+.2f}" if "drop_points" in t else "-",
                      "{:+.2f} to {:+.2f}".format(*t["drop_ci95"]) if t.get("drop_ci95") else "-",

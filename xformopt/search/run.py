@@ -229,7 +229,7 @@ def optimum_int8(s: Settings, spec, validation: dict, threads: int) -> dict:
     result = {"artifact": OPTIMUM, "target": target, "config": "AutoQuantizationConfig(is_static=False, per_channel=False)"}
     try:
         optimum_dynamic_int8(spec.path, s.out / OPTIMUM, spec.task_def, target)
-        metric, rows = score_artifact(spec, s.out / OPTIMUM, validation, threads)
+        metric, rows, _ = score_artifact(spec, s.out / OPTIMUM, validation, threads)
         result.update(status="complete", metric=metric, validation_rows=rows)
         s.log(f"optimum INT8: metric {metric:.4f}")
     except Exception as exc:  # the comparison is missing, the search is not: say so and go on

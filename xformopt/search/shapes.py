@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from xformopt import pipeline
 from xformopt import recipe as recipes
 from xformopt.accuracy_budget import points
@@ -36,7 +38,7 @@ from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
 from xformopt.passes.prune_flops import Shape, encoder_flops
-from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+from xformopt.runtime.encoder import TorchPredictor
 from xformopt.scoring.metrics import mean_with_bootstrap
 from xformopt.search.remeasure import remeasure
 from xformopt.search.space import SearchSpace
@@ -106,8 +108,6 @@ def label(candidate: Candidate) -> str:
 def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, force: bool, trust_remote_code: bool,
            log=lambda m: None) -> tuple[recipes.Recipe, dict]:
     """Run the shape search; returns the kept shape's recipe (shape_search dropped) and the record."""
-    import numpy as np
-
     search = recipe.shape_search
     steps = [(s.name, s.options) for s in recipe.passes]
     ready = pipeline.prepare(model, steps, out, force=force, target=recipe.target, task=recipe.task,
@@ -173,7 +173,7 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
             drop = round((baseline - result["metric"]) * 100, 4)
             entry["drop_points"] = drop
             entry["within_budget"] = drop <= allowed + 1e-9
-            entry.update(drop_interval(spec, work / f"{n:03d}", vdata, base_rows, threads, recipe.evaluation.seed))
+            entry.update(drop_interval(spec, result.get("validation_outputs"), vdata, base_rows, recipe.evaluation.seed))
             log(f"shape search: {label(candidate)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
                 f"{'within' if entry['within_budget'] else 'outside'} the budget) in {result['seconds'] / 60:.1f} min")
         else:
@@ -221,12 +221,13 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
     return chosen, record
 
 
-def drop_interval(spec, artifact: Path, vdata, base_rows, threads: int, seed: int) -> dict:
+def drop_interval(spec, outputs: str | None, vdata, base_rows, seed: int) -> dict:
     """The paired 95% interval of a tried artifact's drop below fp32 on the validation rows (a bootstrap over
-    the rows both models scored), in points; {} where the task's headline is not a mean over rows."""
-    if base_rows is None or not (artifact / "model.onnx").is_file():
+    the rows both models scored; ``outputs``: the trial's saved outputs on them), in points; {} where the
+    task's headline is not a mean over rows."""
+    if base_rows is None or not outputs:
         return {}
-    rows = spec.task_def.row_scores(OrtPredictor(spec, artifact, threads=threads).predict_data(vdata), vdata)
+    rows = spec.task_def.row_scores(np.load(outputs, allow_pickle=False), vdata)
     lo, hi = mean_with_bootstrap(base_rows - rows, seed)["ci95"]
     return {"drop_ci95": [round(100 * lo, 2), round(100 * hi, 2)]}
 

@@ -53,11 +53,18 @@ def score_outputs(spec, outputs: np.ndarray, data, baseline: np.ndarray | None) 
     return float(metrics[task.report_headline(metrics)]["value"])
 
 
-def score_artifact(spec, artifact: Path, validation: dict, threads: int) -> tuple[float, int]:
+def score_artifact(spec, artifact: Path, validation: dict, threads: int) -> tuple[float, int, np.ndarray]:
+    """(headline metric, rows, the artifact's outputs on the validation rows)."""
     data = validation_set(spec, validation)
     outputs = OrtPredictor(spec, artifact, threads=threads).predict_data(data)
     baseline = np.load(validation["baseline"], allow_pickle=False)
-    return score_outputs(spec, outputs, data, baseline), len(data)
+    return score_outputs(spec, outputs, data, baseline), len(data), outputs
+
+
+def outputs_path(out: Path) -> Path:
+    """Where a trial keeps its artifact's validation outputs: beside the artifact, so the folder stays the
+    artifact alone (the shape search reads them for its paired intervals instead of predicting again)."""
+    return out.with_name(out.name + ".validation.npy")
 
 
 def run_trial(job: TrialJob | dict) -> dict:
@@ -75,6 +82,7 @@ def run_trial(job: TrialJob | dict) -> dict:
     write_text(attempts_file, str(attempts))  # a torn count would crash the retry
     if out.exists():  # a previous attempt on a lost worker: start the directory afresh
         shutil.rmtree(out)
+    outputs_path(out).unlink(missing_ok=True)
     for leftover in out.parent.glob(f".{out.name}.*"):
         shutil.rmtree(leftover, ignore_errors=True)
     where = {"host": socket.gethostname(), "pid": os.getpid()}
@@ -94,9 +102,11 @@ def run_trial(job: TrialJob | dict) -> dict:
             report = json.loads((out / "report.json").read_text())
         spec = models.resolve(job.model, r.task, trust_remote_code=job.trust_remote_code)
         threads = r.evaluation.threads
-        metric, rows = score_artifact(spec, out, job.validation, threads)
+        metric, rows, outputs = score_artifact(spec, out, job.validation, threads)
+        np.save(outputs_path(out), outputs, allow_pickle=False)
         result.update(
             status="complete", metric=metric, validation_rows=rows, budget_met=budget_met,
+            validation_outputs=str(outputs_path(out)),
             latency_ms=float(report["artifact"]["latency"]["median_ms"]),
             test_metric=float(report["artifact"]["metrics"][report["headline_metric"]]["value"]),
             passes=[s["name"] for s in report["stages"][1:]],
