@@ -11,6 +11,7 @@ without QAT), ``hidden`` (+ hidden-state MSE, weight 1), ``relation`` (+ MiniLM 
 each training text), ``augment4`` (+ four), ``unlabeled`` (+ the texts of ``--unlabeled FILE``,
 teacher-labelled), ``select_kl`` (best checkpoint by KL to the teacher, not accuracy), ``patience4``
 (early stopping after 4 evaluations without improvement; every other variant trains all planned steps),
+``last`` (the last step's weights, not the best evaluation's: the validation rows then choose nothing),
 ``qat`` (one quantization-aware epoch after the same epochs as ``base``: with no time budget the runs are
 deterministic, so qat's student before its QAT epoch is base's student, bit for bit). Every variant's
 student is also exported and quantized (dynamic INT8, the target's formats, no budget) and scored in ONNX
@@ -40,6 +41,7 @@ VARIANTS = {
     "unlabeled": {},  # unlabeled_data: --unlabeled FILE
     "select_kl": {"select": "kl_to_teacher"},
     "patience4": {"patience": 4},
+    "last": {"keep": "last"},
     "qat": {"qat": True, "qat_epochs": 1.0},
 }
 BASE = dict(temperature=2.0, alpha=0.5, lr=1e-4, batch_size=32)
@@ -114,6 +116,7 @@ def main() -> None:
         correct[name] = {"float": (float_pred == gold).astype(float), "int8": (int8_pred == gold).astype(float)}
         record = json.loads((student / "manifest.json").read_text())["passes"][-1]["record"]
         results[name] = {"options": options_of[name], "steps": record["training"]["steps"],
+                         "validation_float_pt": round(100 * record["quality"]["after"]["accuracy"], 2),
                          "epochs": record["training"]["epochs"], "seconds": record["pass_seconds"],
                          "qat": {k: record["qat"][k] for k in ("ptq_on_eval_rows", "qat_on_eval_rows")}
                          if record.get("qat") else None}
@@ -132,10 +135,11 @@ def main() -> None:
     lines = [f"PyTorch fp32 teacher {doc['teacher_accuracy_pt']:.2f}% on {len(test)} rows; student "
              f"{layers}x{heads}x{ffn}, {args.epochs:g} epochs each" + (f" within {args.minutes:g} min" if args.minutes else "")
              + " (qat: then 1 QAT epoch); 95% bootstrap CIs, differences paired per row", "",
-             "| variant | steps | float acc (CI) | vs base | INT8 acc (CI) | vs base |", "|---|---:|---:|---:|---:|---:|"]
+             "| variant | steps | validation float | float acc (CI) | vs base | INT8 acc (CI) | vs base |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         f, q = r["float"], r["int8"]
-        lines.append(f"| {name} | {r['steps']} | {f['accuracy_pt']:.2f} ({f['ci95'][0]:.2f}–{f['ci95'][1]:.2f}) | "
+        lines.append(f"| {name} | {r['steps']} | {r['validation_float_pt']:.2f} | {f['accuracy_pt']:.2f} ({f['ci95'][0]:.2f}–{f['ci95'][1]:.2f}) | "
                      f"{f['vs_base_pt']:+.2f} ({f['vs_base_ci95'][0]:+.2f}, {f['vs_base_ci95'][1]:+.2f}) | "
                      f"{q['accuracy_pt']:.2f} ({q['ci95'][0]:.2f}–{q['ci95'][1]:.2f}) | "
                      f"{q['vs_base_pt']:+.2f} ({q['vs_base_ci95'][0]:+.2f}, {q['vs_base_ci95'][1]:+.2f}) |")

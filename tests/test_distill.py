@@ -293,6 +293,25 @@ def test_time_budget_stops_and_fits_the_schedule(teacher_classifier, sample_text
     assert tr["seconds"]["total_with_teacher_pass"] <= 60.0
 
 
+def test_keep_last_returns_the_last_steps_weights_not_the_best(teacher_classifier, sample_texts, tmp_path):
+    """A learning rate far too high makes the student worse than where it started: keep: best returns the
+    step-0 student, keep: last the final one; each record's "after" is the evaluation of the weights saved."""
+    ctx = make_ctx(teacher_classifier, sample_texts)
+    opts = dict(max_steps=8, eval_every=4, select="kl_to_teacher", lr=0.5, label_column="")
+    best = distill(ctx, teacher_classifier, tmp_path / "best", **opts)
+    last = distill(ctx, teacher_classifier, tmp_path / "last", **opts, keep="last")
+    assert [e["step"] for e in last["evaluations"]] == [0, 4, 8]
+    assert best["selection"]["best_step"] == last["selection"]["best_step"] == 0  # the diverged steps are worse
+    assert best["selection"]["kept_step"] == 0 and last["selection"]["kept_step"] == 8
+    for rec in (best, last):
+        kept = next(e for e in rec["evaluations"] if e["step"] == rec["selection"]["kept_step"])
+        assert rec["quality"]["after"]["kl_to_teacher"] == kept["kl_to_teacher"]
+        assert rec["reload_check"]["max_abs_diff"] < 1e-4  # the saved weights are the ones evaluated
+    assert last["quality"]["after"]["kl_to_teacher"] > best["quality"]["after"]["kl_to_teacher"]
+    assert weights_bytes(tmp_path / "best") != weights_bytes(tmp_path / "last")
+    assert "kept the last step's weights" in get_pass("distill").summarize(last)
+
+
 def test_early_stop_and_converged(teacher_classifier, sample_texts, tmp_path):
     ctx = make_ctx(teacher_classifier, sample_texts)
     common = dict(max_steps=12, eval_every=2, select="kl_to_teacher")

@@ -78,6 +78,7 @@ class Settings:
     checkpoint_every: int
     seed: int
     log_every_seconds: float = 30.0
+    keep: str = "best"  # the weights returned: the best evaluation's ("best") or the last step's ("last")
     # relation loss: (student layer, teacher layer) 0-based, relation heads, and the family's Arch
     relations: tuple | None = None
 
@@ -86,7 +87,8 @@ class Settings:
 class Result:
     history: list[dict]
     best_step: int
-    best: dict
+    kept_step: int
+    kept: dict  # the evaluation of the weights returned (the best one's, or the last one's)
     before: dict
     steps: int
     epochs: float
@@ -440,11 +442,12 @@ class Trainer:
                 signal.signal(signal.SIGINT, previous_handler)
         if state["last_eval_step"] != state["step"]:
             do_eval()
-        if best_state is not None:
+        kept_step = state["best_step"] if s.keep == "best" else state["step"]
+        if kept_step != state["step"] and best_state is not None:
             self.student.load_state_dict(best_state)
-        best = next(h for h in state["history"] if h["step"] == state["best_step"])
+        kept = next(h for h in state["history"] if h["step"] == kept_step)
         return Result(
-            history=state["history"], best_step=state["best_step"], best=best, before=before,
+            history=state["history"], best_step=state["best_step"], kept_step=kept_step, kept=kept, before=before,
             steps=state["step"], epochs=round(state["step"] / self.spe, 3), stopped_because=stopped,
             horizon={"planned": state["planned"], "final": state["horizon"], "warmup_steps": state["warm"],
                      "steps_per_epoch": self.spe, "replans": state["replans"]},

@@ -110,6 +110,9 @@ class DistillOptions(PassOptions):
     select: Literal["auto", "accuracy", "agreement", "cosine", "kl_to_teacher"] = Field(
         "auto", description="metric for early stopping and the best checkpoint; auto: accuracy (labels), "
                             "agreement (no labels), cosine (embeddings)")
+    keep: Literal["best", "last"] = Field(
+        "best", description="the student saved: the best evaluation's weights, or the last step's (the evaluation "
+                            "rows then choose nothing, so they stay an unbiased estimate of the student)")
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm (0: no clipping)")
     freeze_embeddings: bool = Field(False, description="do not train the word embeddings (faster steps)")
     seed: int = 0
@@ -239,7 +242,8 @@ class DistillPass(Pass):
                 f"{tr['seconds']['total_with_teacher_pass'] / 60:.1f} min (stopped: {tr['stopped_because']}); "
                 f"held-out {metric} {q['before'].get(metric, float('nan')):.4f} -> {q['after'].get(metric, float('nan')):.4f}"
                 f"{f' (teacher {teacher:.4f})' if teacher is not None and metric != 'cosine' else ''}, "
-                f"best at step {rec['selection']['best_step']}")
+                f"best at step {rec['selection']['best_step']}"
+                + ("; kept the last step's weights" if rec["selection"].get("keep") == "last" else ""))
         if rec.get("qat"):
             qat = rec["qat"]
             line += (f"; QAT {qat['steps']} steps: held-out {metric} under INT8 {qat['ptq_on_eval_rows'].get(metric, float('nan')):.4f} "
@@ -420,7 +424,8 @@ class DistillPass(Pass):
             weight_decay=options.weight_decay, warmup=options.warmup, epochs=options.epochs,
             max_steps=options.max_steps, max_seconds=budget_first,
             batch_size=options.batch_size, eval_every=options.eval_every, patience=options.patience,
-            min_delta=options.min_delta, stop_at=options.stop_at, select=options.select, grad_clip=options.grad_clip,
+            min_delta=options.min_delta, stop_at=options.stop_at, select=options.select, keep=options.keep,
+            grad_clip=options.grad_clip,
             checkpoint_every=options.checkpoint_every, seed=options.seed, log_every_seconds=options.log_every_seconds,
             relations=relations)
         identity = hashlib.sha256(json.dumps({
@@ -490,9 +495,10 @@ class DistillPass(Pass):
                 "max_minutes": options.max_minutes,
             },
             "evaluations": result.history,
-            "selection": {"metric": result.extra["metric"], "best_step": result.best_step},
+            "selection": {"metric": result.extra["metric"], "best_step": result.best_step, "keep": options.keep,
+                          "kept_step": result.kept_step},
             "quality": {"teacher": teacher_metrics, "before": _metrics_only(result.before),
-                        "after": _metrics_only(result.best), "eval_rows": len(heldout_set)},
+                        "after": _metrics_only(result.kept), "eval_rows": len(heldout_set)},
             "qat": qat_record,
             "reload_check": reload,
             "weights_sha256": weights_sha256(student),
