@@ -45,7 +45,9 @@ def plot_training_curve(record: dict, path: Path, title: str = "distill") -> Pat
             ax.axvline(best_step, color="#999999", linestyle=":", linewidth=0.9)
             if best is not None and metric in best:
                 right.plot([best_step], [best[metric]], marker="*", markersize=12, color=PALETTE[1], linestyle="none",
-                           label=f"best: step {best_step}")
+                           label=f"best: step {best_step}" + (
+                               "" if (record.get("selection") or {}).get("keep", "best") == "best"
+                               else " (saved: the last step)"))
         right.set_ylabel("held-out metric")
         handles = ax.get_legend_handles_labels()
         more = right.get_legend_handles_labels()
