@@ -109,7 +109,7 @@ def run_phase(*, trainer_cls, trainer_kwargs: dict, settings, qat_epochs: float,
     """The last epoch(s) with fake quantization: a second training run of the (already distilled)
     student, same data, teacher outputs and loss, learning rate ``lr`` decaying linearly to 0, held-out
     evaluation under fake quantization; its step 0 is post-training INT8 of the same student (so the
-    record compares the two on the same rows, and the best checkpoint is never worse than PTQ there).
+    record compares the two on the same rows, and with keep: best the kept checkpoint is never worse than PTQ there).
     Not resumable: an interrupted QAT phase starts over (the distilled student before it is kept)."""
     import dataclasses
 
