@@ -1,5 +1,5 @@
 """Several finished artifacts against each other: accuracy on the held-out rows, batch-1 latency in one
-interleaved run on real held-out texts (tokenization included); ratios against the first artifact.
+interleaved run on real held-out texts (tokenization included; ``--model-only``: the model call alone); ratios against the first artifact.
 
     python benchmarks/artifacts.py examples/sentiment/model out/int8 out/prune-distill-int8 --rounds 600
 
@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--timing-rows", type=int, default=500, help="held-out texts cycled through when timing")
     parser.add_argument("--rounds", type=int, default=600, help="interleaved batch-1 rounds")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--model-only", action="store_true",
+                        help="time the model call alone (texts tokenized beforehand), not tokenization + model")
     parser.add_argument("--no-pytorch", action="store_true", help="leave the PyTorch baseline out of the timing")
     parser.add_argument("--optimum", type=Path, default=None, metavar="DIR",
                         help="build (or reuse) optimum's dynamic-INT8 artifact in DIR and compare against it")
@@ -42,7 +44,7 @@ def main() -> None:
 
     from xformopt import models, targets
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
-    from xformopt.measure.modes import real
+    from xformopt.measure.modes import model_call, real
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     spec = models.resolve(args.model)
@@ -74,13 +76,14 @@ def main() -> None:
     rows = rng.choice(len(heldout), size=min(args.timing_rows, len(heldout)), replace=False)
     texts, pairs = task.timing_inputs(heldout.subset(rows))
     print(f"timing {len(timed)} variants, {args.rounds} interleaved rounds", file=sys.stderr)
-    stats = real(timed, texts, pairs, rounds=args.rounds, warmup=20)
+    stats = (model_call if args.model_only else real)(timed, texts, pairs, rounds=args.rounds, warmup=20)
 
     host = host_info()
     first = args.artifacts[0].name
     print(f"{spec.source} ({spec.task}) on {host['cpu_model']} (target {targets.detect(effective_cpu_flags()).name}, "
           f"load {os.getloadavg()[0]:.1f}), {threads} threads; {len(heldout)} rows of {source} scored; "
-          f"batch 1, {len(texts)} real held-out texts cycled, {args.rounds} interleaved rounds")
+          f"batch 1, {len(texts)} real held-out texts cycled, {args.rounds} interleaved rounds, "
+          f"{'model call only' if args.model_only else 'tokenization included'}")
     print(f"{'variant':<28} {metric:>10} {'p50 ms':>8} {'p90 ms':>8} {f'speed-up vs {first}':>24}")
     for name, value in scores.items():
         lat = stats.get(name)

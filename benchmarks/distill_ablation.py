@@ -12,6 +12,7 @@ each training text), ``augment4`` (+ four), ``unlabeled`` (+ the texts of ``--un
 teacher-labelled), ``select_kl`` (best checkpoint by KL to the teacher, not accuracy), ``patience4``
 (early stopping after 4 evaluations without improvement; every other variant trains all planned steps),
 ``last`` (the last step's weights, not the best evaluation's: the validation rows then choose nothing),
+``lr3e-4`` and ``kd_only`` (``last`` with a 3x learning rate, or with the soft-target term alone: alpha 1),
 ``qat`` (one quantization-aware epoch after the same epochs as ``base``: with no time budget the runs are
 deterministic, so qat's student before its QAT epoch is base's student, bit for bit). Every variant's
 student is also exported and quantized (dynamic INT8, the target's formats, no budget) and scored in ONNX
@@ -42,6 +43,8 @@ VARIANTS = {
     "select_kl": {"select": "kl_to_teacher"},
     "patience4": {"patience": 4},
     "last": {"keep": "last"},
+    "lr3e-4": {"keep": "last", "lr": 3e-4},
+    "kd_only": {"keep": "last", "alpha": 1.0},
     "qat": {"qat": True, "qat_epochs": 1.0},
 }
 BASE = dict(temperature=2.0, alpha=0.5, lr=1e-4, batch_size=32)

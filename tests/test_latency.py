@@ -261,3 +261,28 @@ def test_compare_speedup():
 def test_compare_unknown_baseline():
     with pytest.raises(KeyError):
         compare({"a": summarize([0.001])}, baseline="b")
+
+
+def test_model_call_mode_tokenizes_beforehand_and_times_only_the_model_call():
+    from xformopt.measure.modes import model_call
+
+    class Recorder:
+        def __init__(self):
+            self.tokenized, self.ran = [], []
+
+        def tokenize(self, texts, pairs=None):
+            self.tokenized.append((tuple(texts), pairs))
+            return {"text": texts[0]}
+
+        def run_encoded(self, encoded):
+            assert len(self.tokenized) == 3, "every text is tokenized before the first timed call"
+            self.ran.append(encoded["text"])
+            return np.zeros(1)
+
+    a, b = Recorder(), Recorder()
+    stats = model_call({"a": a, "b": b}, ["x", "y", "z"], None, rounds=6, warmup=2)
+    assert set(stats) == {"a", "b"} and all(s.n == 6 for s in stats.values())
+    for r in (a, b):
+        assert r.tokenized == [(("x",), None), (("y",), None), (("z",), None)]
+        assert len(r.ran) == 8 and set(r.ran) <= {"x", "y", "z"}
+    assert a.ran == b.ran  # interleaved: both variants see the same text in each round
