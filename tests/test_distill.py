@@ -343,12 +343,15 @@ def test_cli_prune_then_distill_finds_teacher_in_manifest(tiny_classifier, tmp_p
     code, _, err = run_cli(["prune", tiny_classifier, "-o", p, "--layers", "1", "--ffn-dim", "64", "--no-latency",
                             "--samples", "16", "--target", "avx2"], capsys)
     assert code == 0, err
-    code, out, err = run_cli(["distill", p, "-o", d, "--max-steps", "4", "--eval-every", "2", "--patience", "0"], capsys)
+    code, out, err = run_cli(["distill", p, "-o", d, "--max-steps", "4", "--eval-every", "2", "--patience", "0",
+                              "--keep", "last", "--select", "agreement"], capsys)
     assert code == 0, err
     assert out.startswith("distill: student 1 layers") and f"wrote {d}" in out
     manifest = json.loads((d / "manifest.json").read_text())
     assert [e["pass"] for e in manifest["passes"]] == ["prune", "distill"]
     rec = manifest["passes"][-1]["record"]
+    assert rec["selection"]["keep"] == "last" and rec["selection"]["kept_step"] == 4
+    assert manifest["passes"][-1]["options"]["select"] == "agreement"
     assert rec["teacher"]["path"] == str(tiny_classifier.resolve()) and "manifest.json" in rec["teacher"]["how"]
     kept = manifest["passes"][0]["record"]["kept_layers"]
     assert rec["student"]["origins"] == kept and rec["student"]["ffn_per_layer"] == [64]

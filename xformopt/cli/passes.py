@@ -197,6 +197,11 @@ def distill(
     batch_size: int = typer.Option(32, "--batch-size", help="Rows per training batch."),
     eval_every: int = typer.Option(None, "--eval-every", help="Steps between held-out evaluations [default: twice per epoch]."),
     patience: int = typer.Option(4, "--patience", help="Stop after this many evaluations without improvement (0: never)."),
+    select: Literal["auto", "accuracy", "agreement", "cosine", "kl_to_teacher"] = typer.Option(
+        "auto", "--select", help="Metric for early stopping and the best checkpoint [auto: accuracy with labels, "
+        "agreement without, cosine for embeddings]."),
+    keep: Literal["best", "last"] = typer.Option("best", "--keep", help="Student saved: the best evaluation's weights, "
+        "or the last step's (the evaluation rows then choose nothing and stay an unbiased estimate)."),
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Keep the word embeddings fixed (about 30% faster steps on MiniLM)."),
     relation_weight: float = typer.Option(0.0, "--relation-weight", help="Weight of the MiniLM self-attention relation "
         "loss (query-query, key-key, value-value), from the family table's last-layer map."),
@@ -232,6 +237,7 @@ def distill(
                "text_column": text_column, "label_column": label_column, "temperature": temperature, "alpha": alpha,
                "hidden_weight": hidden_weight, "epochs": epochs, "max_steps": max_steps, "max_minutes": max_minutes,
                "lr": lr, "batch_size": batch_size, "eval_every": eval_every, "patience": patience,
+               "select": select, "keep": keep,
                "freeze_embeddings": freeze_embeddings, "seed": seed, "relation_weight": relation_weight,
                "unlabeled_data": str(unlabeled_data) if unlabeled_data else None, "augment": augment,
                "qat": qat, "qat_epochs": qat_epochs,
