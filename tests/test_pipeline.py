@@ -243,6 +243,24 @@ def test_second_identical_run_reuses_every_pass(first_run, tiny_classifier, held
     assert (result.out / "model.onnx").read_bytes() == (first_run[0].out / "model.onnx").read_bytes()
 
 
+def test_model_call_latency_mode(first_run, tiny_classifier, heldout_file, tmp_path, monkeypatch):
+    """latency mode ``model``: every stage is also timed on texts tokenized beforehand, interleaved, and the
+    report (JSON, markdown) carries it beside the end-to-end timing."""
+    _, _, cache_dir = first_run
+    monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(cache_dir))
+    messages: list[str] = []
+    result = pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file, modes=["real", "model"]), tmp_path / "m",
+                          log=messages.append)
+    timed = result.report["model_call"]
+    assert list(timed) == ["pytorch", "export", "fuse", "quantize"]
+    assert all(t["n"] == ROUNDS and t["median_ms"] > 0 for t in timed.values())
+    assert any(m.startswith("timing the model call alone") for m in messages)
+    assert json.loads((result.out / "report.json").read_text())["model_call"] == timed
+    md = (result.out / "report.md").read_text()
+    assert "#### The model call alone" in md and "| Outside the model ms |" in md
+    assert "model_call" not in first_run[0].report  # only when asked
+
+
 def test_changed_option_misses_cache_from_there_on(first_run, tiny_classifier, heldout_file, tmp_path, monkeypatch):
     _, _, cache_dir = first_run
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(cache_dir))

@@ -34,7 +34,7 @@ def _proportion(value: float, n: int = 500) -> dict:
 
 
 def make_report(task: str = "text-classification", fixed: bool = False, throughput: bool = False,
-                names: list[str] = STAGES) -> dict:
+                names: list[str] = STAGES, model_call: bool = False) -> dict:
     """A complete xformopt.report/1 document as build_report writes it (values made up)."""
     medians = [19.9, 10.2, 9.8, 4.5]
     sizes = [90_868_376, 90_362_391, 90_277_088, 23_559_228]
@@ -103,6 +103,8 @@ def make_report(task: str = "text-classification", fixed: bool = False, throughp
             {"stage": name, "batch": b, "seq": s, **_latency(m * b * s / 32)}
             for b in (1, 8) for s in (32, 128, 512) for name, m in zip(names, medians)
         ]
+    if model_call:  # the model call alone: 1 ms less than end to end (tokenization)
+        report["model_call"] = {name: _latency(m - 1.0) for name, m in zip(names, medians)}
     if throughput:
         report["throughput"] = {
             name: {"samples_per_s": 1000 / m * 1.5, "best_batch": 8, "by_batch": {"1": 1000 / m, "8": 1000 / m * 1.5}}
@@ -138,6 +140,20 @@ def test_markdown_headline_table_and_stages(task):
         assert "90.8% \u00b12.5 (\u22120.4 pt)" in text  # value, CI half-width, delta
     else:
         assert "0.9921 (p1 0.9858)" in text
+
+
+def test_model_call_section_in_markdown_and_console():
+    report = make_report(model_call=True)
+    text = markdown(report)
+    section = text.split("#### The model call alone (texts tokenized beforehand)")[1].split("####")[0]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ") and not line.startswith("| Stage")}
+    assert list(rows) == STAGES
+    assert rows["pytorch"][:4] == ["18.90", "30.24", "1.00×", "19.90"]  # p50, p90, speedup, end to end
+    assert rows[STAGES[-1]][2] == "5.40×" and rows[STAGES[-1]][4] == "1.00"  # 18.9 / 3.5; 4.5 - 3.5 ms
+    console = render_text(report, 100)
+    assert "Model call alone" in console and max(len(line.rstrip()) for line in console.splitlines()) <= 100
+    assert "Model call alone" not in render_text(make_report(), 100)
 
 
 def test_markdown_default_report_has_one_table():

@@ -39,7 +39,7 @@ class EvaluationSettings(BaseModel):
     latency_rounds: int = Field(100, ge=3, le=100_000, description="interleaved timing rounds at batch 1")
     warmup: int = Field(10, ge=0, le=10_000)
     repeats: int = Field(5, ge=1, le=1000, description="solo timing repeats of the artifact (their spread is the noise)")
-    modes: list[Literal["real", "fixed", "throughput"]] = Field(["real"], min_length=1)
+    modes: list[Literal["real", "fixed", "throughput", "model"]] = Field(["real"], min_length=1)
     batch: list[BatchSize] = Field([1, 8, 32], min_length=1, max_length=64, description="batch sizes for fixed/throughput modes")
     seq: list[SeqLength] = Field([32, 128, 512], min_length=1, max_length=64, description="sequence lengths for fixed mode")
     fixed_rounds: int = Field(20, ge=3, le=100_000, description="interleaved rounds per fixed (batch, seq) cell")

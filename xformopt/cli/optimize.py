@@ -70,7 +70,8 @@ def optimize(
     limit: int = typer.Option(None, "--limit", min=1, help="Evaluate on at most N held-out rows (seeded sample)."),
     threads: opt.Threads = None,
     seed: int = typer.Option(None, "--seed", help="Seed for held-out sub-sampling and timing order [default: 0]."),
-    latency_mode: str = typer.Option(None, "--latency-mode", help="Latency modes, comma-separated: real, fixed, throughput [default: real]."),
+    latency_mode: str = typer.Option(None, "--latency-mode", help="Latency modes, comma-separated: real, fixed, "
+                                    "throughput, model (the model call alone, texts tokenized beforehand) [default: real]."),
     mode: str = typer.Option(None, "--mode", hidden=True, help="Deprecated alias of --latency-mode."),
     batch: str = typer.Option(None, "--batch", help="Batch sizes for fixed/throughput, e.g. 1,8,32."),
     seq: str = typer.Option(None, "--seq", help="Sequence lengths for fixed mode, e.g. 32,128,512."),

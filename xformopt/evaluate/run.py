@@ -88,6 +88,11 @@ def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int, log: 
         log(f"measuring throughput at batch sizes {settings.batch}")
         extra["throughput"] = modes.throughput(predictors, texts, pairs, settings.batch, seed=settings.seed,
                                                progress=bar("throughput (passes)"))
+    if "model" in settings.modes:
+        log(f"timing the model call alone, every text tokenized beforehand ({settings.latency_rounds} rounds)")
+        model_only = modes.model_call(predictors, texts, pairs, rounds=settings.latency_rounds, warmup=settings.warmup,
+                                      seed=settings.seed, progress=bar("latency (model call, interleaved)"))
+        extra["model_call"] = {name: stats.to_dict() for name, stats in model_only.items()}
     per_stage = {
         name: {
             "metrics": metrics[name],

@@ -127,4 +127,4 @@ def throughput(predictors: Mapping, texts: Sequence[str], pairs, batch_sizes: Se
     }
 
 
-__all__ = ["real", "solo_repeats", "fixed", "throughput", "exact_length_inputs", "summarize"]
+__all__ = ["real", "model_call", "solo_repeats", "fixed", "throughput", "exact_length_inputs", "summarize"]

@@ -60,7 +60,7 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
         "stages": rows,
         "artifact": evaluation["artifact"],
         "memory": memory_summary(stages, evaluation),
-        **{k: evaluation[k] for k in ("fixed", "throughput", "generation") if k in evaluation},
+        **{k: evaluation[k] for k in ("fixed", "throughput", "model_call", "generation") if k in evaluation},
     }
 
 

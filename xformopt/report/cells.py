@@ -337,6 +337,21 @@ def generation_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return rows(report["generation"])
 
 
+def model_call_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    """The model call alone (``--latency-mode model``) beside the end-to-end median: what tokenization and
+    the Python around the call cost each stage."""
+    timed = report.get("model_call") or {}
+    order = [row for row in report["stages"] if row["name"] in timed]
+    header = ["Stage", "p50 ms", "p90 ms", "Speedup", "End to end p50 ms", "Outside the model ms"]
+    body, base = [], timed[order[0]["name"]]["median_ms"] if order else None
+    for row in order:
+        lat, total = timed[row["name"]], (row.get("latency") or {}).get("median_ms")
+        body.append([row["name"], fmt_ms(lat["median_ms"]), fmt_ms(lat.get("p90_ms")),
+                     fmt_speedup(base / lat["median_ms"]) if base and lat["median_ms"] > 0 else DASH,
+                     fmt_ms(total), fmt_ms(total - lat["median_ms"]) if total is not None else DASH])
+    return header, body
+
+
 def throughput_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     tp = report.get("throughput") or {}
     order = [row["name"] for row in report["stages"] if row["name"] in tp]

@@ -36,6 +36,7 @@ from xformopt.report.cells import (
     metric_label,
     metric_notes,
     metric_text,
+    model_call_rows,
     prune_shape_text,
     settings_text,
     target_warning,
@@ -199,6 +200,17 @@ class ReportView:
             table.add_row(*row)
         return table
 
+    def model_call_table(self) -> Table | None:
+        if not self.report.get("model_call"):
+            return None
+        header, body = model_call_rows(self.report)
+        table = _table(title="Model call alone \u00b7 batch 1, texts tokenized beforehand, interleaved")
+        for i, name in enumerate(header):
+            table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
+        for row in body:
+            table.add_row(*row)
+        return table
+
     def throughput_table(self) -> Table | None:
         if not self.report.get("throughput"):
             return None
@@ -276,7 +288,7 @@ class ReportView:
                 grid.add_column(overflow="fold")
                 grid.add_row(note)
                 parts.append(grid)
-        for extra in (self.fixed_table(), self.throughput_table(), self.generation_table()):
+        for extra in (self.model_call_table(), self.fixed_table(), self.throughput_table(), self.generation_table()):
             if extra is not None:
                 parts += [Text(), extra]
         parts += [Text(), self.caption()]

@@ -18,6 +18,7 @@ from xformopt.report.cells import (
     memory_text,
     metric_label,
     metric_notes,
+    model_call_rows,
     prune_shape_text,
     rows_for_display,
     settings_text,
@@ -124,6 +125,9 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
         if choice:
             details.append(f"- fusion kept `{choice[0]}`: {choice[1]}")
         details.append("")
+    if report.get("model_call"):
+        h, b = model_call_rows(report)
+        details += ["#### The model call alone (texts tokenized beforehand)", "", *_md_table(h, b, left=(0,)), ""]
     if report.get("fixed"):
         h, b = fixed_rows(report, speedup_label=None)
         details += ["#### Fixed shapes: median latency (ms)", "", *_md_table(h, b, left=()), ""]
@@ -173,5 +177,6 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
         details.append("")
     if details:
         lines += ["<details>", "<summary>Graph, memory, host, settings" + (", fixed shapes" if report.get("fixed") else "")
+                  + (", model call" if report.get("model_call") else "")
                   + (", throughput" if report.get("throughput") else "") + "</summary>", "", *details, "</details>"]
     return "\n".join(lines).rstrip("\n") + "\n"
