@@ -68,6 +68,16 @@ class Items:
         yield Text("\n".join(lines), no_wrap=True, overflow="fold")
 
 
+def _rows_table(title: str, header: list[str], body: list[list[str]], left: tuple[int, ...]) -> Table:
+    """A titled table of text rows: the columns in ``left`` left-aligned, the first never wrapped."""
+    table = _table(title=title)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i in left else "right", no_wrap=i == 0)
+    for row in body:
+        table.add_row(*row)
+    return table
+
+
 def _table(title: str | None = None, **kwargs) -> Table:
     return Table(
         title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, show_edge=False,
@@ -203,24 +213,14 @@ class ReportView:
     def model_call_table(self) -> Table | None:
         if not self.report.get("model_call"):
             return None
-        header, body = model_call_rows(self.report)
-        table = _table(title="Model call alone \u00b7 batch 1, texts tokenized beforehand, interleaved")
-        for i, name in enumerate(header):
-            table.add_column(name, justify="left" if i == 0 else "right", no_wrap=i == 0)
-        for row in body:
-            table.add_row(*row)
-        return table
+        return _rows_table("Model call alone \u00b7 batch 1, texts tokenized beforehand, interleaved",
+                           *model_call_rows(self.report), left=(0,))
 
     def throughput_table(self) -> Table | None:
         if not self.report.get("throughput"):
             return None
-        header, body = throughput_rows(self.report)
-        table = _table(title="Throughput \u00b7 length-bucketed batches over the held-out set")
-        for i, name in enumerate(header):
-            table.add_column(name, justify="left" if i in (0, 4) else "right", no_wrap=i == 0)
-        for row in body:
-            table.add_row(*row)
-        return table
+        return _rows_table("Throughput \u00b7 length-bucketed batches over the held-out set",
+                           *throughput_rows(self.report), left=(0, 4))
 
     def generation_table(self) -> Table | None:
         if not self.report.get("generation"):
