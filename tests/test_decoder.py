@@ -457,10 +457,13 @@ def test_cli_optimize_decoder_end_to_end(tiny_gpt2, tmp_path, capsys):
         "evaluation: {limit: 24, latency_rounds: 10, warmup: 2, repeats: 2}\n"
     )
     out = tmp_path / "gen"
-    code, stdout, err = run_cli(["optimize", tiny_gpt2, "-o", out, "--recipe", recipe, "--no-cache"], capsys)
+    code, stdout, err = run_cli(["optimize", tiny_gpt2, "-o", out, "--recipe", recipe, "--no-cache",
+                                 "--latency-mode", "real,model"], capsys)
     assert code == 0, err
+    assert "latency modes model time encoders; this decoder's report times one cached decode step" in err
     report = json.loads((out / "report.json").read_text())
     assert report["headline_metric"] == "perplexity" and report["model"]["task"] == "text-generation"
+    assert "model_call" not in report
     names = [row["name"] for row in report["stages"]]
     assert names == ["pytorch", "export", "fuse", "quantize"]
     base, final = report["stages"][0]["metrics"]["perplexity"], report["stages"][-1]["metrics"]["perplexity"]

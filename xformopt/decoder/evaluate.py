@@ -74,6 +74,10 @@ def solo_steps(call, n: int, rounds: int, warmup: int, repeats: int) -> dict:
 
 def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
                             progress=None) -> dict:
+    encoder_only = [m for m in settings.modes if m != "real"]
+    if encoder_only:  # said, not silently dropped: a decoder's timing is its decode step and generation
+        log(f"latency modes {', '.join(encoder_only)} time encoders; this decoder's report times one cached "
+            "decode step (no tokenization) and greedy generation")
     runners = runners_for(stages, spec, threads)
     tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
     limit = min(PPL_WINDOW, context_window(spec.path) or PPL_WINDOW)  # one forward per text, no cache

@@ -36,7 +36,7 @@ def real(predictors: Mapping, texts: Sequence[str], pairs, *, rounds: int, warmu
 def model_call(predictors: Mapping, texts: Sequence[str], pairs, *, rounds: int, warmup: int, seed: int = 0,
                 progress: Progress = None) -> dict[str, LatencyStats]:
     """``real`` without tokenization: every text is tokenized once per predictor beforehand and only the
-    model call is timed (how the issue figures that say "model call only" were taken)."""
+    model call is timed, as benchmarks that quote "model call only" figures time it."""
     encoded = {name: [p.tokenize([texts[i]], [pairs[i]] if pairs else None) for i in range(len(texts))]
                for name, p in predictors.items()}
     calls = {name: (lambda i, p=p, e=encoded[name]: p.run_encoded(e[i])) for name, p in predictors.items()}
