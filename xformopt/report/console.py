@@ -68,11 +68,12 @@ class Items:
         yield Text("\n".join(lines), no_wrap=True, overflow="fold")
 
 
-def _rows_table(title: str, header: list[str], body: list[list[str]], left: tuple[int, ...]) -> Table:
-    """A titled table of text rows: the columns in ``left`` left-aligned, the first never wrapped."""
+def _rows_table(title: str, header: list[str], body: list[list[str]], left: tuple[int, ...],
+                no_wrap: tuple[int, ...] = (0,)) -> Table:
+    """A titled table of text rows: the columns in ``left`` left-aligned, those in ``no_wrap`` never wrapped."""
     table = _table(title=title)
     for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i in left else "right", no_wrap=i == 0)
+        table.add_column(name, justify="left" if i in left else "right", no_wrap=i in no_wrap)
     for row in body:
         table.add_row(*row)
     return table
@@ -225,13 +226,8 @@ class ReportView:
     def generation_table(self) -> Table | None:
         if not self.report.get("generation"):
             return None
-        header, body = generation_rows(self.report)
-        table = _table(title="Generation \u00b7 greedy, batch 1, ms, with and without the KV cache (interleaved)")
-        for i, name in enumerate(header):
-            table.add_column(name, justify="left" if i in (2, 3) else "right", no_wrap=i in (2, 5))
-        for row in body:
-            table.add_row(*row)
-        return table
+        return _rows_table("Generation \u00b7 greedy, batch 1, ms, with and without the KV cache (interleaved)",
+                           *generation_rows(self.report), left=(2, 3), no_wrap=(2, 5))
 
     def notes(self) -> Table:
         """Wrapped lines (a grid wraps even on a soft-wrapping console)."""
