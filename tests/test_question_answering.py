@@ -1,5 +1,5 @@
 """question-answering: SQuAD data in every format, windowed span prediction as the pipeline does it,
-SQuAD v1.1 scoring, the end-to-end optimize run and the artifact in optimum and transformers."""
+SQuAD v1.1 scoring, the end-to-end optimize run and the artifact in a transformers pipeline."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def test_registered_and_detected(tiny_qa):
     spec = models.resolve(str(tiny_qa))
     assert spec.task == "question-answering" and spec.task_def is tasks.get("question-answering")
     task = spec.task_def
-    assert (task.auto_model, task.ort_model, task.export_task, task.headline) == (
-        "AutoModelForQuestionAnswering", "ORTModelForQuestionAnswering", "question-answering", "f1")
+    assert (task.auto_model, task.export_outputs, task.input_axes, task.headline) == (
+        "AutoModelForQuestionAnswering", ("start_logits", "end_logits"), ("batch_size", "sequence_length"), "f1")
     start, end = np.zeros((2, 5)), np.ones((2, 5))
     assert task.combine([start, end]).shape == (2, 5, 2)
     assert (task.combine([start, end])[..., 1] == 1).all()
@@ -294,10 +294,11 @@ def test_optimize_int8_artifact_with_squad_metrics(tmp_path, capsys, tiny_qa, qa
 
 
 def check_artifact_loads(qa_artifact, qa_rows):
-    from optimum.onnxruntime import ORTModelForQuestionAnswering
     from transformers import AutoTokenizer, pipeline
 
-    model = ORTModelForQuestionAnswering.from_pretrained(qa_artifact)
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
+
+    model = OnnxPipelineModel(qa_artifact)
     tokenizer = AutoTokenizer.from_pretrained(qa_artifact)
     pipe = pipeline("question-answering", model=model, tokenizer=tokenizer)
     row = qa_rows[0]

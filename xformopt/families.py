@@ -12,12 +12,17 @@ do it (an exporter, a fusion).
   ``Attention`` fusion in ``fuse``;
 - ``genai``: onnxruntime-genai's model builder used as a library (optional extra ``genai``): every
   layer's attention and rotary embedding as one ``GroupQueryAttention`` plus fused RMSNorms. Without
-  the extra these families fall back to optimum's exporter, where attention stays unfused and the fuse
-  record says so (``fallback_per_layer``).
+  the extra these families fall back to the generic exporter, where attention may stay unfused and the
+  fuse record says so (``fallback_per_layer``).
 
-Encoders are exported by optimum (``optimum``), or by torch's dynamo exporter (``dynamo``), whose
-graphs go through onnxscript's ORT fusion rewriter in ``fuse``: the only route that fuses ModernBERT's
-attention (ORT's optimizer matches none of it). A recipe's ``export: {exporter: ...}`` wins over the row.
+Encoders are exported by torch's dynamo exporter (``dynamo``, every row's default), whose graphs go
+through onnxscript's ORT fusion rewriter and then ORT's optimizer in ``fuse``; ``torchscript`` (torch's
+TorchScript tracer over eager attention) is kept for a model torch.export cannot trace. A recipe's
+``export: {exporter: ...}`` wins over the row.
+
+A model type the table does not know still runs (:func:`family_of` builds a generic row from
+transformers' own auto-class tables): the table only adds speed (fusions each layer must reach, a
+family's own fusion, INT8 outlier rules) and the module layout prune and distill need.
 """
 
 from __future__ import annotations
@@ -104,7 +109,7 @@ class Family:
     decoder: bool
     ort_model_type: str  # ONNX Runtime transformer-optimizer model type used by `fuse`
     fused_per_layer: dict[str, int]  # fused ops each layer must reach after export (genai) or fuse
-    exporter: str = "optimum"  # "optimum" | "dynamo" (encoders) | "gpt2" | "genai" (decoders)
+    exporter: str = "dynamo"  # "dynamo" | "torchscript" (encoders) | "gpt2" | "genai" | "dynamo" (decoders)
     layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     heads_keys: tuple[str, ...] = ("num_attention_heads",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
@@ -120,6 +125,7 @@ class Family:
     # full match on the exported ONNX node names, treatment "smooth", "split" or "float"
     # (xformopt/passes/outliers.py); quantize applies them unless told not to (outlier_rules: false).
     int8_outliers: tuple[tuple[str, str], ...] = ()
+    generic: bool = False  # built by family_of for a model type the table does not know (no row of facts)
 
     def config_value(self, config: dict, keys: tuple[str, ...]) -> Any:
         return next((config[k] for k in keys if config.get(k) is not None), None)
@@ -143,7 +149,7 @@ class Family:
         ``dynamo``), else the row's."""
         if self.decoder:
             return self.exporter
-        return asked or ("dynamo" if self.exporter == "dynamo" else "torchscript")
+        return asked or self.exporter
 
     def positions(self, config: dict) -> int | None:
         """How many tokens the model can embed, less the family's reserved positions."""
@@ -213,19 +219,60 @@ ENCODERS = tuple(name for name, f in FAMILIES.items() if not f.decoder)
 DECODERS = tuple(name for name, f in FAMILIES.items() if f.decoder)
 
 
+# Config keys of the shape under the names transformers' configs use (first present wins): a generic
+# row reads these, as the table's rows read their own.
+_GENERIC_KEYS = {"layers_keys": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+                 "heads_keys": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+                 "hidden_keys": ("hidden_size", "n_embd", "dim", "d_model"),
+                 "positions_keys": ("max_position_embeddings", "n_positions", "n_ctx")}
+
+
 def family_of(model_type: str | None) -> Family:
-    """The family row for ``model_type``, or a one-line InputError naming the supported ones."""
-    family = FAMILIES.get(model_type or "")
-    if family is None:
-        raise InputError(f"unsupported architecture {model_type!r}; supported encoders: {', '.join(ENCODERS)}; "
-                         f"decoders (text-generation): {', '.join(DECODERS)}")
-    return family
+    """The family row for ``model_type``: the table's, else a generic row for any text model type
+    transformers itself knows (decoder when transformers has a causal-LM class and no masked-LM class
+    for it), else a one-line InputError."""
+    family = FAMILIES.get(model_type or "") or _GENERIC_ROWS.get(model_type or "")
+    if family is not None:
+        return family
+    decoder = _generic_kind(model_type or "")
+    if decoder is None:
+        raise InputError(f"unsupported architecture {model_type!r}: transformers has no model type of that name "
+                         "(custom code needs --trust-remote-code and a model type transformers registers); "
+                         f"families with tuned fusions: encoders {', '.join(ENCODERS)}; decoders {', '.join(DECODERS)}")
+    return _generic_row(model_type, decoder)
+
+
+def _generic_kind(model_type: str) -> bool | None:
+    """True (decoder), False (encoder) or None (transformers does not know ``model_type``)."""
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return None
+    causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return causal and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+_GENERIC_ROWS: dict[str, Family] = {}
+
+
+def custom_code_family(model_type: str, auto_map: dict) -> Family:
+    """A generic row for a model type only its own (trusted) code defines: decoder when its auto_map
+    names a causal-LM class and no masked-LM class."""
+    return _generic_row(model_type, "AutoModelForCausalLM" in auto_map and "AutoModelForMaskedLM" not in auto_map)
+
+
+def _generic_row(model_type: str, decoder: bool) -> Family:
+    if model_type not in _GENERIC_ROWS:
+        _GENERIC_ROWS[model_type] = Family(model_type, decoder, "gpt2" if decoder else "bert", {}, generic=True,
+                                           **_GENERIC_KEYS)
+    return _GENERIC_ROWS[model_type]
 
 
 def layout_of(model_type: str, pass_name: str) -> Layout:
     """Where ``model_type``'s prunable/distillable modules live, or an InputError naming the families that have them."""
     family = FAMILIES.get(model_type)
-    if family is None or family.layout is None:
+    if family is None or family.layout is None:  # a generic row has no layout either
         supported = ", ".join(name for name, f in FAMILIES.items() if f.layout is not None)
         raise InputError(f"unsupported architecture {model_type!r} for pass {pass_name!r}: it takes encoders "
                          f"whose modules it knows ({supported})")

@@ -49,7 +49,7 @@ multiply-adds. So every candidate is scored twice:
 
 - loss: on the importance sample, with masks on the unpruned model (one forward pass each);
 - latency, measured (``time_plans``): each candidate is pruned for real on a copy, exported in
-  memory (optimum, no parity check) and fully fused, and all of them and the unpruned model are
+  memory (no parity check) and fully fused, and all of them and the unpruned model are
   timed interleaved at batch 1 on up to 64 real held-out texts (``passes.timing.time_stage_dirs``,
   the ORT session settings of ``xformopt.runtime.session``). About 3 s per candidate on MiniLM-L6.
 
@@ -242,7 +242,7 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
 
 
 def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer_dir: Path, rounds: int) -> dict:
-    """Export (optimum, in memory, no parity check) and fully fuse the unpruned model and every candidate
+    """Export (in memory, no parity check) and fully fuse the unpruned model and every candidate
     (masks are numerically the same, but only a really smaller model is faster), then time them interleaved
     at batch 1 on up to 64 real held-out texts (``passes.timing.time_stage_dirs``: the same ORT session
     settings as every other timing). Sets each plan's ``median_ms``, ``p90_ms`` and ``fused_attention``;
@@ -270,7 +270,7 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
         plan.fused_attention = fused[f"candidate{i}"]
     host = host_info()
     return {
-        "what": "ONNX fp32 (optimum export in memory, no parity check; ORT fusions select=all), batch 1, "
+        "what": "ONNX fp32 (export in memory, no parity check; ORT fusions select=all), batch 1, "
                 f"up to {TIMED_TEXTS} real held-out texts pre-tokenized, all candidates and the unpruned model "
                 "interleaved in shuffled order every round",
         "measured_on": f"measured on {host.get('cpu_model', 'this host')} ({ctx.threads} threads)",

@@ -104,8 +104,7 @@ class QuestionAnswering(Task):
     name = "question-answering"
     summary = "extractive QA: the span of a context that answers a question (SQuAD)"
     auto_model = "AutoModelForQuestionAnswering"
-    ort_model = "ORTModelForQuestionAnswering"
-    export_task = "question-answering"
+    export_outputs = ("start_logits", "end_logits")
     architectures = ("ForQuestionAnswering",)
     headline = "f1"
     metrics = {"f1": Metric("F1", percent=True), "exact_match": Metric("Exact match", percent=True),
