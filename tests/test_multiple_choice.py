@@ -245,7 +245,6 @@ def test_optimize_writes_an_int8_artifact_with_multiple_choice_metrics(tiny_mc, 
     from transformers import AutoTokenizer
 
     from xformopt.clients.transformers_pipeline import OnnxPipelineModel
-
     from xformopt.runtime.encoder import OrtPredictor
 
     # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
