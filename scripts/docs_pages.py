@@ -1,7 +1,8 @@
 """The docs site's generated reference pages, written at build time by the mkdocs-gen-files plugin.
 
-Nothing here is committed as Markdown: every page is rendered from the code on each `mkdocs build`, so
-it cannot go stale. The CLI from the Typer app (each command's own `--help`, option by option), the
+Nothing generated is committed: docs/ holds a short placeholder at each page's path (so links resolve
+in the repository too), and every build replaces it with the page rendered from the code, so the
+site's page cannot go stale. The CLI from the Typer app (each command's own `--help`, option by option), the
 recipe schema from the pydantic models (the recipe's and each pass's options), the exit codes from the
 error classes and the signal handler. The Python API page is mkdocstrings' (docs/reference/python-api.md).
 
