@@ -1,4 +1,4 @@
-"""The README stays a front door: short, its commands true to the CLI, its links live.
+"""The README stays a front door: short, its commands true to the CLI, its links live; the docs' commands too.
 
 The quick start's main job (`xformopt optimize minilm`) is run for real by
 tests/test_integration_minilm.py::test_optimize_minilm; here every `xformopt ...` line of the README's
@@ -25,14 +25,18 @@ MAX_BYTES = 12_000
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
 
 
-def _blocks(language: str) -> list[str]:
-    return [body for lang, body in _BLOCK.findall(README.read_text(encoding="utf-8")) if lang == language]
+# The guides' and results' shell blocks are held to the same rule: instructions true to the current CLI.
+DOCS = sorted(p for p in (ROOT / "docs").rglob("*.md") if "reference" not in p.parts)
 
 
-def _commands() -> list[list[str]]:
+def _blocks(language: str, page: Path = README) -> list[str]:
+    return [body for lang, body in _BLOCK.findall(page.read_text(encoding="utf-8")) if lang == language]
+
+
+def _commands(pages=(README,)) -> list[list[str]]:
     """Each `xformopt ...` invocation in the bash blocks, as words (comments, pipes and && split off)."""
     found = []
-    for body in _blocks("bash"):
+    for body in (body for page in pages for body in _blocks("bash", page)):
         for line in body.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             current: list[str] = []
@@ -55,8 +59,8 @@ def test_readme_has_commands_to_check():
     assert {"xformopt optimize", "xformopt bench", "xformopt serve"} <= paths
 
 
-@pytest.mark.parametrize("words", _commands(), ids=lambda words: " ".join(words))
-def test_readme_command_parses(words, capsys):
+@pytest.mark.parametrize("words", _commands() + _commands(DOCS), ids=lambda words: " ".join(words))
+def test_documented_command_parses(words, capsys):
     command = typer.main.get_command(app)
     path = ["xformopt"]
     rest = words[1:]
