@@ -116,3 +116,28 @@ def test_changelog_release_matches_the_version():
     assert "## [Unreleased]" in text  # every branch adds its entries under this heading
     released = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", text, re.M)
     assert released and released[0] == xformopt.__version__
+
+
+def test_report_schema_page_documents_every_key_of_a_real_report():
+    """docs/report-schema.md is hand-written (the report has no pydantic model to render): every key of
+    the reports `xformopt optimize` wrote for benchmarks/results/ must have its row there, and the build
+    appends what the code defines (schemas, metrics per task, their bounds)."""
+    import json
+    import re
+
+    doc = (ROOT / "docs" / "report-schema.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^\| `([^`]+)` \|", doc, re.M))
+    reports = sorted((ROOT / "benchmarks" / "results").glob("where-to-run-*/*report.json"))
+    assert reports
+    for path in reports:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        sections = {"(top)": report, "stages[]": report["stages"][-1], "artifact": report["artifact"],
+                    "settings": report["settings"], "host": report["host"], "memory": report["memory"]}
+        for where, section in sections.items():
+            assert set(section) <= documented, f"{path.name} {where}: {sorted(set(section) - documented)} undocumented"
+
+    from xformopt import tasks
+
+    appendix = _pages().report_appendix()
+    for name in tasks.names():
+        assert f"| `{name}` |" in appendix
