@@ -140,7 +140,7 @@ def with_weights_on_disk(graph, scratch: Path, threshold: int = WEIGHTS_ON_DISK_
     """The graph (a path or a ModelProto) with its weights moved to ``scratch/weights.bin``.
 
     ORT's optimizer copies the whole ModelProto for every symbolic shape inference and keeps the
-    copies, and serializes it to save: a candidate's peak was several times the weights' size (README,
+    copies, and serializes it to save: a candidate's peak was several times the weights' size (docs/results/profile.md,
     "Memory"). With the weights on disk those copies hold names and shapes only.
     The fusions that read a weight's values (numpy_helper.to_array) find the file through
     ``weights_dir(scratch)`` around them."""
