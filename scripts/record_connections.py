@@ -27,6 +27,15 @@ import time
 # Every spelling the common clients read (libcurl reads lowercase http_proxy only; most read both).
 PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 NO_PROXY_VARIABLES = ("NO_PROXY", "no_proxy")
+# What already switches telemetry off, left out by --bare so that only what the command sets itself counts.
+# ONNX Runtime also stays quiet where it sees a CI variable (its list: onnxruntime/core/platform/
+# telemetry_environment.h), so a check run in CI shows nothing either way unless they are left out.
+QUIETING = ("ORT_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY", "DO_NOT_TRACK", "DISABLE_TELEMETRY",
+            "RAY_USAGE_STATS_ENABLED", "ORT_RUNNING_UNIT_TESTS", "CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI",
+            "CIRCLECI", "TRAVIS", "JENKINS_URL", "CODEBUILD_BUILD_ID", "BUILDKITE", "TEAMCITY_VERSION", "APPVEYOR",
+            "BITBUCKET_BUILD_NUMBER", "SYSTEM_TEAMFOUNDATIONCOLLECTIONURI")
+# Where ONNX Runtime's uploader keeps its device id and event cache, under HOME (XDG_CACHE_HOME if set).
+ORT_STATE = ".cache/Microsoft/DeveloperTools/.onnxruntime"
 
 
 class Recorder:
@@ -43,9 +52,11 @@ class Recorder:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """``base`` (os.environ) with every proxy variable at this listener and no proxy exceptions."""
-        env = {k: v for k, v in (os.environ if base is None else base).items() if k not in NO_PROXY_VARIABLES}
+    def environ(self, base: dict[str, str] | None = None, bare: bool = False) -> dict[str, str]:
+        """``base`` (os.environ) with every proxy variable at this listener and no proxy exceptions;
+        ``bare``: without the QUIETING variables either."""
+        dropped = NO_PROXY_VARIABLES + (QUIETING if bare else ())
+        env = {k: v for k, v in (os.environ if base is None else base).items() if k not in dropped}
         env.update(dict.fromkeys(PROXY_VARIABLES, self.url))
         return env
 
@@ -84,6 +95,8 @@ class Recorder:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--linger", type=float, default=0.0, help="seconds to keep listening after the command exits")
+    parser.add_argument("--bare", action="store_true", help="leave out every variable that already switches "
+                        "telemetry off (ORT_DISABLE_TELEMETRY, CI, ...): only what the command sets itself counts")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -91,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command to run after --")
     with Recorder() as recorder:
         print(f"recording connections on {recorder.url}", file=sys.stderr)
-        code = subprocess.call(command, env=recorder.environ())
+        code = subprocess.call(command, env=recorder.environ(bare=args.bare))
         time.sleep(args.linger)
     for line in recorder.lines:
         print(f"connection: {line}", file=sys.stderr)

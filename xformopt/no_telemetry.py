@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import NamedTuple
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,11 @@ SWITCHES = (
 )
 
 
-def switch_off(environ: MutableMapping[str, str] | None = None, loaded: Callable[[str], bool] | None = None) -> list[str]:
+def switch_off(environ: MutableMapping[str, str] | None = None, modules: Mapping[str, object] | None = None) -> list[str]:
     """Set every telemetry switch to off in ``environ`` (``os.environ``); returns the names whose value
-    was replaced. ``loaded(module)`` says whether a module is already imported (``sys.modules``)."""
+    was replaced. ``modules``: what is imported already (``sys.modules``)."""
     environ = os.environ if environ is None else environ
-    loaded = loaded or sys.modules.__contains__
+    modules = sys.modules if modules is None else modules
     replaced = []
     for switch in SWITCHES:
         given = environ.get(switch.name)
@@ -62,7 +62,7 @@ def switch_off(environ: MutableMapping[str, str] | None = None, loaded: Callable
                         "docs/privacy.md)", switch.name, given, switch.library, switch.name, switch.value)
             replaced.append(switch.name)
         environ[switch.name] = switch.value
-        if switch.name == "ORT_DISABLE_TELEMETRY" and loaded("onnxruntime") and _uploads(sys.modules["onnxruntime"]):
+        if switch.name == "ORT_DISABLE_TELEMETRY" and _uploads(modules.get("onnxruntime")):
             # Only a caller of the Python API can get here (the CLI imports xformopt first): too late to help.
             log.warning("onnxruntime was imported before xformopt, without ORT_DISABLE_TELEMETRY=1: its telemetry "
                         "uploader is already running in this process. Import xformopt first, or set "
@@ -71,7 +71,9 @@ def switch_off(environ: MutableMapping[str, str] | None = None, loaded: Callable
 
 
 def _uploads(onnxruntime) -> bool:
-    """Whether this ONNX Runtime has the uploader (1.29 added it; the version is read, not imported anew)."""
+    """Whether an ONNX Runtime already loaded has the uploader running (1.29 added it)."""
+    if onnxruntime is None:
+        return False
     try:
         return tuple(int(part) for part in str(onnxruntime.__version__).split(".")[:2]) >= (1, 29)
     except (AttributeError, ValueError):
