@@ -204,7 +204,7 @@ def test_optimize_bench_and_serve_connect_nowhere_where_a_plain_session_does(tmp
     out = tmp_path / "out"
     children = [Child("plain-session", [[sys.executable, "-c", PLAIN_SESSION, "30"]], tmp_path),
                 Child("optimize+bench", [[*cli, "optimize", str(tiny_classifier), "-r", str(recipe), "-o", str(out)],
-                                         [*cli, "bench", str(out)]], tmp_path),
+                                         [*cli, "bench", str(out), "--rounds", "3", "--repeats", "1", "--limit", "12"]], tmp_path),
                 Server(served_classifier, 35, tmp_path)]
     for child in children:
         child.start()
