@@ -30,7 +30,7 @@ NO_PROXY_VARIABLES = ("NO_PROXY", "no_proxy")
 # What already switches telemetry off, left out by --bare so that only what the command sets itself counts.
 # ONNX Runtime also stays quiet where it sees a CI variable (its list: onnxruntime/core/platform/
 # telemetry_environment.h), so a check run in CI shows nothing either way unless they are left out.
-QUIETING = ("ORT_DISABLE_TELEMETRY", "HF_HUB_DISABLE_TELEMETRY", "DO_NOT_TRACK", "DISABLE_TELEMETRY",
+QUIETING = ("ORT_DISABLE_TELEMETRY", "ORT_TELEMETRY_DISABLED", "HF_HUB_DISABLE_TELEMETRY", "DO_NOT_TRACK", "DISABLE_TELEMETRY",
             "RAY_USAGE_STATS_ENABLED", "ORT_RUNNING_UNIT_TESTS", "CI", "TF_BUILD", "GITHUB_ACTIONS", "GITLAB_CI",
             "CIRCLECI", "TRAVIS", "JENKINS_URL", "CODEBUILD_BUILD_ID", "BUILDKITE", "TEAMCITY_VERSION", "APPVEYOR",
             "BITBUCKET_BUILD_NUMBER", "SYSTEM_TEAMFOUNDATIONCOLLECTIONURI")

@@ -71,12 +71,14 @@ def ort_state(home: Path) -> list[str]:
 def test_every_switch_is_set_when_the_user_set_none():
     environ: dict[str, str] = {}
     assert no_telemetry.switch_off(environ, modules={}) == []
-    assert environ == {"ORT_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    assert environ == {"ORT_DISABLE_TELEMETRY": "1", "ORT_TELEMETRY_DISABLED": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+                       "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def test_a_users_off_value_is_kept_as_given(caplog):
     # Spelled as each library reads it: ORT trims and lowers, huggingface_hub upper-cases, Ray wants "0".
-    environ = {"ORT_DISABLE_TELEMETRY": " Yes", "HF_HUB_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0"}
+    environ = {"ORT_DISABLE_TELEMETRY": " Yes", "ORT_TELEMETRY_DISABLED": "on", "HF_HUB_DISABLE_TELEMETRY": "true",
+               "RAY_USAGE_STATS_ENABLED": "0"}
     given = dict(environ)
     with caplog.at_level(logging.WARNING):
         assert no_telemetry.switch_off(environ, modules={}) == []
@@ -114,7 +116,7 @@ def test_the_package_sets_them_before_any_of_its_modules_can_load_onnxruntime(tm
         done = subprocess.run([sys.executable, "-c", code], env=child_env(recorder, tmp_path), capture_output=True,
                               text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["1", "1", "0"]
+    assert done.stdout.split() == [s.value for s in no_telemetry.SWITCHES]
 
 
 def test_onnxruntimes_uploader_starts_without_xformopt_and_never_with_it(tmp_path):

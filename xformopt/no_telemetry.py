@@ -36,10 +36,16 @@ class Switch(NamedTuple):
     library: str
 
 
-SWITCHES = (
+def _ort_off(value: str) -> bool:
     # onnxruntime/core/platform/telemetry_environment.h, IsTelemetryDisabledByEnvironment: trimmed, lowered.
-    Switch("ORT_DISABLE_TELEMETRY", "1", lambda v: v.strip().lower() in {"1", "true", "yes", "on", "y"},
-           "ONNX Runtime"),
+    return value.strip().lower() in {"1", "true", "yes", "on", "y"}
+
+
+SWITCHES = (
+    Switch("ORT_DISABLE_TELEMETRY", "1", _ort_off, "ONNX Runtime"),
+    # The name ONNX Runtime's sources used for a while (microsoft/onnxruntime#29843); no release 1.29-1.32
+    # reads it, set too in case a later one does again.
+    Switch("ORT_TELEMETRY_DISABLED", "1", _ort_off, "ONNX Runtime"),
     # huggingface_hub/constants.py, _is_true: upper-cased, not trimmed.
     Switch("HF_HUB_DISABLE_TELEMETRY", "1", lambda v: v.upper() in {"1", "ON", "YES", "TRUE"}, "huggingface_hub"),
     # ray/_common/usage/usage_lib.py: exactly "0" disables; anything but "0" or "1" is an error there.
