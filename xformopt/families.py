@@ -167,6 +167,7 @@ _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
 # window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
 _MODERNBERT_FUSED = {"MultiHeadAttention": 1, "RotaryEmbedding": 2, "SkipLayerNormalization": 2}
+_ROTARY_ENCODER_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 
 
 def _bert_like(model_type: str, offset: int = 0) -> Family:
@@ -209,6 +210,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            layout=MPNET_LAYOUT, own_fusion="xformopt.fusions.mpnet:fuse",
            int8_outliers=((r"/encoder/layer\.\d+/intermediate/dense/MatMul", "smooth"),
                           (r"/encoder/layer\.\d+/output/dense/MatMul", "split"))),
+    # Encoders transformers 5 added (rotary positions, so no position offset). onnxscript fuses their
+    # attention into MultiHeadAttention with the rotary inside; EuroBERT's RMSNorms into
+    # SkipSimplifiedLayerNormalization. No layout: prune and distill do not reach their modules yet.
+    Family("eurobert", False, "bert", {"MultiHeadAttention": 1, "SkipSimplifiedLayerNormalization": 2}),
+    Family("gte", False, "bert", _ROTARY_ENCODER_FUSED),
+    Family("nomic_bert", False, "bert", _ROTARY_ENCODER_FUSED),
+    Family("jina_embeddings_v3", False, "bert", _ROTARY_ENCODER_FUSED),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
            layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions", "n_ctx")),
     _genai("llama"),
