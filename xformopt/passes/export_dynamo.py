@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import threading
 import warnings
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from xformopt.errors import InputError
 EXPORTER_KEY = "xformopt.exporter"  # metadata_props entry the fuse pass reads
 DYNAMO = "dynamo"
 TORCHSCRIPT = "torchscript"
+_REWRITER_LOCK = threading.Lock()
 WEIGHT_FOLD_LIMIT = 1 << 28  # elements: any packed weight of an encoder that fits in one protobuf
 # torch.export specialises a dimension of size 0 or 1 to a constant: trace with 2 rows and a length
 # that is neither (parity then checks batch 1 and padded batches, xformopt/passes/export.py).
@@ -158,7 +160,8 @@ def onnxscript_fusions(src_model: Path, out_model: Path) -> dict[str, int]:
 
     require_onnxscript()
     model = ir.load(str(src_model))
-    model, counts = optimize_for_ort(model)
+    with _REWRITER_LOCK:  # onnxscript's rewriter keeps module-level state: two fusions at once break it
+        model, counts = optimize_for_ort(model)
     # The Attention fusion packs q, k and v weights with a Concat that its folder leaves unfolded past
     # 8192 elements (every real model): folded here, or the packed weight is rebuilt, and quantized
     # dynamically, at every call (MiniLM INT8 at batch 1: 1.3x slower than the TorchScript path).
