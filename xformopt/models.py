@@ -286,11 +286,7 @@ def load_torch_model(spec: ModelSpec, path: Path | None = None, **kwargs):
     is built and loaded by xformopt.pruned_heads: transformers 5 no longer re-applies the pruning."""
     import transformers
 
-    path = Path(path or spec.path)
     cls = getattr(transformers, spec.task_def.auto_model)
-    if read_config(path).get("pruned_heads"):
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=spec.trust_remote_code)
-        model = pruned_heads.load_pruned(cls, path, config, trust_remote_code=spec.trust_remote_code, **kwargs)
-    else:
-        model = cls.from_pretrained(path, trust_remote_code=spec.trust_remote_code, **kwargs)
+    model = pruned_heads.from_pretrained(cls, Path(path or spec.path), trust_remote_code=spec.trust_remote_code,
+                                         **kwargs)
     return model.eval()

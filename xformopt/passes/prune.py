@@ -111,7 +111,7 @@ from xformopt.artifact import copy_side_files
 from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
 from xformopt.measure.host import host_info
-from xformopt.models import load_tokenizer, load_torch_model
+from xformopt.models import ModelSpec, load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.candidates import CandidateGraphs
 from xformopt.passes.prune_flops import Shape, encoder_flops
@@ -304,13 +304,19 @@ class PrunePass(Pass):
     consumes = "hf"
     produces = "hf"
     Options = PruneOptions
-    summary = "structured pruning (heads, FFN neurons, layers) from data-driven importance; a stock HF checkpoint"
+    summary = ("structured pruning (heads, FFN neurons, layers) from data-driven importance; an HF checkpoint "
+               "(pruned heads in config.pruned_heads)")
     needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
     flags = {"train_data": "data"}
     data_options = ("data",)
     shape_options = ("layers", "heads_per_layer", "ffn_dim")
     shape_replaces = ("sparsity",)
     labelled_fallbacks = {"data": ("train/test", "prune's importance and held-out rows")}
+
+    @classmethod
+    def check(cls, spec: ModelSpec, options: dict) -> None:
+        super().check(spec, options)
+        arch_for(spec.model_type)  # a family whose modules prune does not know: refused before any work
 
     @staticmethod
     def summarize(rec: dict) -> str:
