@@ -73,15 +73,17 @@ def prune_heads(model, heads: dict[int, list[int]]) -> None:
 
     layout = _layout(model)
     layers = Layout.get(model.base_model, layout.layers)
-    done = recorded(model.config)
+    plan = {}  # checked for every layer before any is cut: nothing half-pruned on a refusal
     for index, ids in sorted((int(k), v) for k, v in heads.items()):
-        layer = layers[index]
         present = current_head_ids(model, index)
         drop = set(int(h) for h in ids) & set(present)
-        if not drop:
-            continue
         if len(drop) == len(present):
             raise InputError(f"layer {index}: pruning heads {sorted(drop)} would leave no attention head; keep at least one")
+        if drop:
+            plan[index] = (present, drop)
+    done = recorded(model.config)
+    for index, (present, drop) in plan.items():
+        layer = layers[index]
         size = Layout.get(layer, layout.head_dim)
         weight = Layout.get(layer, layout.attn_out).weight
         keep = torch.tensor([p * size + d for p, h in enumerate(present) if h not in drop for d in range(size)],
