@@ -14,6 +14,7 @@ output (the attention forward reshapes with ``-1`` heads, so it reads no head co
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from xformopt import weight_coverage
@@ -139,7 +140,9 @@ def load_pruned(cls, path: Path, config, **kwargs):
     names = weight_coverage.name_map(model, state)
     own = {names[k]: v for k, v in state.items() if k in names}
     expected = model.state_dict()
-    unexpected = sorted(set(own) - set(expected))
+    ignored = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []  # from_pretrained skips these too
+    unexpected = sorted(n for n in set(own) - set(expected) if not any(re.search(p, n) for p in ignored))
+    own = {n: t for n, t in own.items() if n in expected}
     wrong = [f"{n} {list(t.shape)} (model {list(expected[n].shape)})" for n, t in own.items()
              if n in expected and t.shape != expected[n].shape]
     if unexpected or wrong:
@@ -148,6 +151,8 @@ def load_pruned(cls, path: Path, config, **kwargs):
         raise InputError(f"{path} does not match its config.json (pruned_heads {heads}): {what}; "
                          "use the config saved with these weights")
     lacking = set(weight_coverage.missing(model, list(state)))
+    # a task head from_pretrained would start afresh, as it does; whether the task allows one is
+    # validate.check_complete's call, before any pass
     lacking -= weight_coverage.fresh_head(model, list(state), head_may_be_fresh=True)
     if lacking:
         raise InputError(f"{path} lacks {len(lacking)} tensor(s) the pruned model needs: "
@@ -155,7 +160,7 @@ def load_pruned(cls, path: Path, config, **kwargs):
     with torch.no_grad():
         model.load_state_dict(own, strict=False)  # strictness checked above, with from_pretrained's exceptions
     model.tie_weights()
-    return model
+    return model.eval()  # as from_pretrained returns it
 
 
 def read_tensors(path: Path) -> dict:
