@@ -21,7 +21,7 @@ LAYERS = [
     ("measurement", {"measure"}),
     ("data, models, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks", "validate",
                                        "hub", "split_wheels", "models", "targets", "onnx_graph", "exporting",
-                                       "fusions", "weight_coverage", "gguf_source"}),
+                                       "fusions", "weight_coverage", "gguf_source", "pruned_heads"}),
     ("runtime", {"runtime"}),
     ("pass libraries", {"decoder", "distill"}),
     ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import hub, split_wheels, tasks
+from xformopt import hub, pruned_heads, split_wheels, tasks
 from xformopt.errors import InputError
 from xformopt.families import Family, custom_code_family, family_of
 from xformopt.gguf_source import locate_gguf
@@ -282,9 +282,11 @@ def position_limit(path: Path) -> int | None:
 
 def load_torch_model(spec: ModelSpec, path: Path | None = None, **kwargs):
     """The PyTorch model for the task, in eval mode (offline, safetensors preferred); ``kwargs`` go to
-    ``from_pretrained`` (e.g. ``attn_implementation``)."""
+    ``from_pretrained`` (e.g. ``attn_implementation``). A head-pruned checkpoint (config.pruned_heads)
+    is built and loaded by xformopt.pruned_heads: transformers 5 no longer re-applies the pruning."""
     import transformers
 
     cls = getattr(transformers, spec.task_def.auto_model)
-    model = cls.from_pretrained(path or spec.path, trust_remote_code=spec.trust_remote_code, **kwargs)
+    model = pruned_heads.from_pretrained(cls, Path(path or spec.path), trust_remote_code=spec.trust_remote_code,
+                                         **kwargs)
     return model.eval()

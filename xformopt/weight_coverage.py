@@ -25,20 +25,26 @@ def _rename(model, name: str) -> str:
     return fix(name)[0] if fix is not None else name
 
 
+def name_map(model, checkpoint_names) -> dict[str, str]:
+    """Checkpoint tensor name -> the model's own name, as from_pretrained maps them (a task checkpoint's
+    head tensors are left out under the base model)."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    names = {n: _rename(model, n) for n in checkpoint_names}
+    has_prefix = bool(prefix) and any(n.startswith(prefix) for n in names.values())
+    expects_prefix = bool(prefix) and hasattr(model, prefix)
+    if expects_prefix and not has_prefix:  # a base checkpoint under a task model
+        return {k: f"{prefix}.{n}" for k, n in names.items()}
+    if has_prefix and not expects_prefix:  # a task checkpoint under the base model: its head is dropped
+        return {k: n[len(prefix) + 1:] for k, n in names.items() if n.startswith(f"{prefix}.")}
+    return names
+
+
 def loaded_names(model, checkpoint_names) -> set[str]:
     """The model's own names of the checkpoint's tensors, as from_pretrained maps them."""
     converted = _converted_names(model, checkpoint_names)
     if converted is not None:
         return converted
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    names = [_rename(model, n) for n in checkpoint_names]
-    has_prefix = bool(prefix) and any(n.startswith(prefix) for n in names)
-    expects_prefix = bool(prefix) and hasattr(model, prefix)
-    if expects_prefix and not has_prefix:  # a base checkpoint under a task model
-        return {f"{prefix}.{n}" for n in names}
-    if has_prefix and not expects_prefix:  # a task checkpoint under the base model: its head is dropped
-        return {n[len(prefix) + 1:] for n in names if n.startswith(f"{prefix}.")}
-    return set(names)
+    return set(name_map(model, checkpoint_names).values())
 
 
 def _converted_names(model, checkpoint_names) -> set[str] | None:
