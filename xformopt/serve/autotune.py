@@ -52,11 +52,11 @@ PROBE_TOKENS = 32
 WARM_CALLS = 2
 ROUNDS = 15  # rounds wanted (one pair per size each) ...
 MIN_KEPT = 8  # ... with at least this many undisturbed pairs per size, else more rounds
-MAX_ROUNDS = 30  # ... up to this many
+MAX_ROUNDS = 24  # ... up to this many
 PRUNE_AFTER = 3  # rounds before sizes clearly over budget stop being timed
 BLOCK = 5  # batch-1 timings per block (min of block medians: the quiet call)
 DISTURBED = 3.0  # a pair whose batch-1 call took over this x the quiet (or recorded) call is dropped
-START_LIMIT_S = 15.0  # the start-up measurement stops here, whatever it has
+START_LIMIT_S = 10.0  # the start-up measurement stops here, whatever it has
 WAIT_BOUNDS_MS = (0.5, 5.0)
 PROBE_TEXT = ("a quiet, patient film about two brothers who run a small bakery, with warm performances, "
               "a few slow stretches and an ending that earns its tears; worth seeing on a big screen")
