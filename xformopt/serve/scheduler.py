@@ -166,7 +166,8 @@ class Scheduler:
         self.settings = replace(self.settings, max_batch=choice.max_batch, max_wait_ms=choice.max_wait_ms)
         if not choice.call_ms:
             return
-        self._rate = choice.rows_per_s() or self._rate  # the rate batches run at, until they have run
+        if choice.reason == "start-up":  # the rate batches run at, until they have run (then: as they ran)
+            self._rate = choice.rows_per_s() or self._rate
         self._tuned_at = time.monotonic()
         self._canaries.clear()
         self._next_canary = time.monotonic() + CANARY_S
