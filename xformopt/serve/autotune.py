@@ -244,9 +244,10 @@ class Measurement:
         for size in self.sizes:
             pairs = self.pairs[size]
             kept = [p for p in pairs if p[0] <= bound]
+            if len(kept) < min(MIN_KEPT, len(pairs)):  # mostly disturbed: the medians of all (CPU ratios hold)
+                kept = pairs
             total += len(pairs)
             dropped += len(pairs) - len(kept)
-            kept = kept or pairs  # all disturbed: the medians of what there is
             ratio[size] = self._ratio(kept)
             call_ms[size] = quiet * ratio[size]
             typical[size] = statistics.median(p[1] for p in kept)
