@@ -22,6 +22,16 @@ def test_max_batch_is_the_smallest_size_near_the_best_rate_within_the_call_budge
     assert autotune.choose(flat)[0] == 1
 
 
+def test_a_size_near_the_line_must_reach_it_by_a_margin_of_its_measurement_error():
+    # batch 2 runs at 0.91 of batch 4's rows/s: within 0.9 exactly, not by two standard errors of 3 %
+    ratio = {1: 1.0, 2: 1.6, 4: 2.912}
+    call_ms = {b: 4.0 * r for b, r in ratio.items()}
+    assert autotune.choose(call_ms)[0] == 2
+    assert autotune.choose(call_ms, ratio=ratio, ratio_se={1: 0.0, 2: 0.048, 4: 0.087})[0] == 4
+    assert autotune.choose(call_ms, ratio=ratio, ratio_se={1: 0.0, 2: 0.001, 4: 0.001})[0] == 2  # measured tightly
+    assert autotune.median_se([1.0] * 9) == 0.0 and autotune.median_se([1.0, 2.0, 3.0, 4.0]) > 0
+
+
 class FakeSession:
     """A session on a fake clock: a call costs ``fixed + per_row`` ms of CPU per row, and takes that times
     ``slowdown(wall clock s)`` in wall time (a neighbour taking the cores away adds waiting, not CPU)."""
@@ -169,8 +179,8 @@ def test_a_drifting_session_is_measured_again_while_idle(served_classifier, monk
         while time.monotonic() < deadline:
             assert httpx.post(f"{server.url}/predict", json={"inputs": ["served meanwhile"]}).status_code == 200
             batching = httpx.get(f"{server.url}/info").json()["batching"]
-            if batching["remeasured"]:
-                break
+            if batching["remeasured"] and batching["measured"]["typical_call_ms"]["1"] >= 25:
+                break  # (a loaded host may have measured once more before the slowdown: that one does not count)
             time.sleep(0.2)
     assert batching["remeasured"] >= 1 and batching["measured"]["reason"].startswith("drift")
     assert batching["measured"]["at"] >= first["measured"]["at"]

@@ -6,7 +6,11 @@ The rule (its reasons in docs/serving.md):
 - ``max_batch``: among the batch sizes whose session call takes at most ``CALL_BUDGET_MS`` (a
   request that arrives while a batch runs waits for it and then for its own, so two calls must fit
   inside a p99 target of tens of milliseconds), the smallest one that reaches ``NEAR_BEST`` of the
-  best rows/s measured. Past it, larger batches add latency for little throughput.
+  best rows/s measured, by a margin of ``MARGIN_SE`` standard errors of the measurement. Past it,
+  larger batches add latency for little throughput. The margin keeps a near-tie from being decided
+  by noise: on the 2-core test host MiniLM's batch 2 ran at 0.83-0.93 of batch 4's rows/s from one
+  start to the next, across the 0.9 line; a size that close to the line counts as not reaching it, so
+  starts agree on the larger size (whose call is within the budget all the same).
 - ``max_wait_ms``: one batch-1 call. Under load, batches fill while the previous one runs, without
   waiting; at light load, waiting longer than a lone request's own service time would more than
   double its latency for a batch mate that is unlikely to come.
@@ -37,8 +41,10 @@ re-measurement between batches while it serves.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import random
 import statistics
 import time
 from collections import deque
@@ -57,6 +63,8 @@ PRUNE_AFTER = 3  # rounds before sizes clearly over budget stop being timed
 BLOCK = 5  # batch-1 timings per block (min of block medians: the quiet call)
 DISTURBED = 3.0  # a pair whose batch-1 call took over this x the quiet (or recorded) call is dropped
 START_LIMIT_S = 10.0  # the start-up measurement stops here, whatever it has
+MARGIN_SE = 2.0  # a size reaches NEAR_BEST only by this many standard errors of its rate ratio
+BOOTSTRAP = 200  # resamples of the pairs for those standard errors (a fixed seed: the same data, the same choice)
 WAIT_BOUNDS_MS = (0.5, 5.0)
 PROBE_TEXT = ("a quiet, patient film about two brothers who run a small bakery, with warm performances, "
               "a few slow stretches and an ending that earns its tears; worth seeing on a big screen")
@@ -71,6 +79,7 @@ class Choice:
     source: dict[str, str] = field(default_factory=dict)  # setting -> "measured" | "flag"
     typical_ms: dict[int, float] = field(default_factory=dict)  # batch size -> median call as measured (ms)
     ratio: dict[int, float] = field(default_factory=dict)  # batch size -> median call / batch-1 call
+    ratio_se: dict[int, float] = field(default_factory=dict)  # ... its standard error (bootstrap)
     pairs: int = 0
     dropped: int = 0
     reference_ms: float | None = None  # the artifact's recorded batch-1 latency on this kind of host
@@ -94,8 +103,9 @@ class Choice:
                "probe_tokens": self.probe_tokens,
                "session_call_ms": {str(b): round(t, 3) for b, t in self.call_ms.items()},
                "rows_per_s": {str(b): round(b / t * 1000, 1) for b, t in self.call_ms.items() if t > 0},
-               "rule": f"max_batch: smallest size within {NEAR_BEST:g} of the best rows/s among calls <= "
-                       f"{CALL_BUDGET_MS:g} ms; max_wait_ms: one batch-1 call, within {WAIT_BOUNDS_MS}"}
+               "rule": f"max_batch: smallest size within {NEAR_BEST:g} of the best rows/s (by {MARGIN_SE:g} standard "
+                       f"errors) among calls <= {CALL_BUDGET_MS:g} ms; max_wait_ms: one batch-1 call, within "
+                       f"{WAIT_BOUNDS_MS}"}
         if self.call_ms:
             out["measured"] = {
                 "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.measured_at)),
@@ -103,6 +113,7 @@ class Choice:
                 "load_average": [round(x, 2) for x in self.load_average] if self.load_average else None,
                 "pairs": self.pairs, "pairs_dropped": self.dropped,
                 "call_ratio": {str(b): round(r, 3) for b, r in self.ratio.items()},
+                "call_ratio_se": {str(b): round(r, 4) for b, r in self.ratio_se.items()},
                 "typical_call_ms": {str(b): round(t, 3) for b, t in self.typical_ms.items()},
                 "recorded_batch1_ms": round(self.reference_ms, 3) if self.reference_ms else None,
                 "busy": self.busy,
@@ -207,10 +218,13 @@ class Measurement:
         sessions run on ONNX Runtime's CPU provider, so a call is CPU-bound: its CPU time is its cost."""
         return min(self.t1_cpu, default=0.0) > 0
 
-    def _ratio(self, pairs) -> float:
+    def _ratios(self, pairs) -> list[float]:
         if self._cpu_clock_usable() and all(p[2] > 0 for p in pairs):
-            return statistics.median(p[3] / p[2] for p in pairs)
-        return statistics.median(p[1] / p[0] for p in pairs)
+            return [p[3] / p[2] for p in pairs]
+        return [p[1] / p[0] for p in pairs]
+
+    def _ratio(self, pairs) -> float:
+        return statistics.median(self._ratios(pairs))
 
     def _estimate_ms(self, size: int, pairs) -> float:
         return self._quiet_ms() * self._ratio(pairs)
@@ -240,6 +254,7 @@ class Measurement:
         bound = self._bound()
         call_ms, typical, ratio = {1: quiet}, {1: statistics.median(t for t in self.t1 if t <= bound)
                                                if any(t <= bound for t in self.t1) else statistics.median(self.t1)}, {1: 1.0}
+        ratio_se = {1: 0.0}  # batch 1 against itself
         dropped = total = 0
         for size in self.sizes:
             pairs = self.pairs[size]
@@ -249,19 +264,39 @@ class Measurement:
             total += len(pairs)
             dropped += len(pairs) - len(kept)
             ratio[size] = self._ratio(kept)
+            ratio_se[size] = median_se(self._ratios(kept))
             call_ms[size] = quiet * ratio[size]
             typical[size] = statistics.median(p[1] for p in kept)
         busy = self.reference_ms is not None and quiet > DISTURBED * self.reference_ms
-        return {"call_ms": call_ms, "typical_ms": typical, "ratio": ratio, "pairs": total, "dropped": dropped,
+        return {"call_ms": call_ms, "typical_ms": typical, "ratio": ratio, "ratio_se": ratio_se, "pairs": total,
+                "dropped": dropped,
                 "busy": busy, "seconds": time.perf_counter() - self.started}
 
 
-def choose(call_ms: dict[int, float], budget_ms: float = CALL_BUDGET_MS) -> tuple[int, float]:
-    """(max_batch, max_wait_ms) from the timings, by the rule in the module docstring."""
+def median_se(samples: list[float], resamples: int = BOOTSTRAP) -> float:
+    """Standard error of the median, by bootstrap with a fixed seed."""
+    if len(samples) < 2:
+        return 0.0
+    rng = random.Random(0)
+    return statistics.stdev(statistics.median(rng.choices(samples, k=len(samples))) for _ in range(resamples))
+
+
+def choose(call_ms: dict[int, float], budget_ms: float = CALL_BUDGET_MS,
+           ratio: dict[int, float] | None = None, ratio_se: dict[int, float] | None = None) -> tuple[int, float]:
+    """(max_batch, max_wait_ms) from the timings, by the rule in the module docstring (``ratio`` and
+    ``ratio_se``: each size's call against batch 1's and its standard error, for the margin)."""
     eligible = {b: t for b, t in call_ms.items() if t <= budget_ms} or {min(call_ms): call_ms[min(call_ms)]}
     rate = {b: b / t for b, t in eligible.items()}
-    best = max(rate.values())
-    max_batch = min(b for b, r in rate.items() if r >= NEAR_BEST * best)
+    best_size = max(rate, key=rate.get)
+    best = rate[best_size]
+
+    def rel_se(b):  # relative standard error of rate[b] / best (two medians' errors, independent)
+        if not ratio or not ratio_se or b == best_size:
+            return 0.0
+        return math.hypot(ratio_se.get(b, 0.0) / ratio[b], ratio_se.get(best_size, 0.0) / ratio[best_size])
+
+    max_batch = min((b for b, r in rate.items() if r >= NEAR_BEST * best * (1 + MARGIN_SE * rel_se(b))),
+                    default=best_size)
     low, high = WAIT_BOUNDS_MS
     return max_batch, round(min(max(call_ms[min(call_ms)], low), high), 2)
 
@@ -299,13 +334,13 @@ def settle(measurement: Measurement, probe_tokens: int, max_batch: int | None, m
            reason: str = "start-up") -> Choice:
     """The Choice a finished measurement gives, flags kept where given."""
     found = measurement.result()
-    measured_batch, measured_wait = choose(found["call_ms"])
+    measured_batch, measured_wait = choose(found["call_ms"], ratio=found["ratio"], ratio_se=found["ratio_se"])
     source = {"max_batch": "flag" if max_batch is not None else "measured",
               "max_wait_ms": "flag" if max_wait_ms is not None else "measured"}
     return Choice(max_batch if max_batch is not None else measured_batch,
                   max_wait_ms if max_wait_ms is not None else measured_wait, found["call_ms"], probe_tokens, source,
-                  found["typical_ms"], found["ratio"], found["pairs"], found["dropped"], measurement.reference_ms,
-                  found["busy"], reason, time.time(), found["seconds"], _load_average())
+                  found["typical_ms"], found["ratio"], found["ratio_se"], found["pairs"], found["dropped"],
+                  measurement.reference_ms, found["busy"], reason, time.time(), found["seconds"], _load_average())
 
 
 def tuned_sizes(max_batch: int | None) -> tuple[int, ...]:
