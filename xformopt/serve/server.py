@@ -71,6 +71,7 @@ def draining_server(config, app, drain_s: float):
     class Server(uvicorn.Server):
         drain_started: float | None = None  # monotonic time of the SIGTERM that began the grace period
         listener_closed = False
+        announced = False
 
         def handle_exit(self, sig, frame):
             tell_app()
@@ -83,11 +84,17 @@ def draining_server(config, app, drain_s: float):
         async def on_tick(self, counter: int) -> bool:  # uvicorn's main loop calls it every 0.1 s
             if self.drain_started is not None and not self.should_exit:
                 waited = time.monotonic() - self.drain_started
+                if not self.announced:  # logged here, not in the signal handler (logging takes locks)
+                    self.announced = True
+                    logging.getLogger("uvicorn.error").info(
+                        f"SIGTERM: /health says 503; still answering for {drain_s:g} s (a second SIGTERM or Ctrl-C "
+                        "stops sooner)")
                 if waited >= drain_s and not self.listener_closed:
                     for listener in self.servers:
                         listener.close()  # new connections are refused from here; uvicorn closes the rest
                     self.listener_closed = True
-                    logging.getLogger("uvicorn.error").info(f"drained for {drain_s:g} s: listener closed")
+                    logging.getLogger("uvicorn.error").info(f"drained for {drain_s:g} s: listener closed, answering "
+                                                            "the requests in flight")
                 if waited >= drain_s + LINGER_S:
                     self.should_exit = True
             return await super().on_tick(counter)
