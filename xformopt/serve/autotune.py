@@ -30,8 +30,9 @@ fastest of 7 back-to-back calls per size chose batch 1 on a loaded host where ba
   (on an idle host a call is not slower than the CPU it uses). Each size's call is that times its
   median ratio.
 - **Disturbed pairs are dropped**: a pair whose batch-1 call took over ``DISTURBED`` x the quiet call,
-  or over ``DISTURBED`` x the latency the artifact's report.json recorded on this kind of host.
-  When the quiet call itself is that far over the recorded latency, the measurement is marked busy
+  or over ``DISTURBED`` x the latency the artifact's report.json recorded on this kind of host
+  (unless fewer than ``MIN_KEPT`` would be left: then all count, the CPU-time ratios hold). When the
+  quiet call itself is that far over the recorded latency, the measurement is marked busy
   and the server measures again in the background (xformopt.serve.scheduler).
 
 A :class:`Measurement` advances one pair per :meth:`~Measurement.step`, so the scheduler can run a
