@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xformopt import hub, split_wheels, tasks
 from xformopt.errors import InputError
-from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
+from xformopt.families import DECODERS, ENCODERS, FAMILIES, SEQ2SEQS, Family, family_of
 from xformopt.gguf_source import locate_gguf
 from xformopt.tasks.base import Task
 from xformopt.validate import check_config, read_config
@@ -149,7 +149,7 @@ def artifact_task(path: str | Path) -> Task | None:
         return None
     named = ((manifest.get("input") or {}) if isinstance(manifest, dict) else {}).get("task")
     task = tasks.TASKS.get(named) if isinstance(named, str) else None
-    if task is None or task.decoder != FAMILIES[model_type].decoder:
+    if task is None or task.graph != FAMILIES[model_type].graph:
         task = tasks.detect(config, FAMILIES[model_type].decoder, sentence_transformers=(path / "modules.json").is_file())
     return task
 
@@ -164,15 +164,17 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
                          "re-save the config with save_pretrained()")
     if model_type not in FAMILIES:
         raise InputError(f"unsupported architecture {model_type!r} in {model}; supported encoders: "
-                         f"{', '.join(ENCODERS)}; decoders (text-generation): {', '.join(DECODERS)}")
+                         f"{', '.join(ENCODERS)}; decoders (text-generation): {', '.join(DECODERS)}; "
+                         f"encoder-decoders (translation, summarization): {', '.join(SEQ2SEQS)}")
     family = family_of(model_type)
     check_config(config, path / "config.json", family)  # the keys below, with sane types
     chosen = tasks.get(task) if task is not None else tasks.detect(
         config, family.decoder, sentence_transformers=(path / "modules.json").is_file())
-    if chosen.decoder != family.decoder:
-        kind = "a decoder" if family.decoder else "an encoder"
-        raise InputError(f"{model} is {kind} ({model_type}); task {chosen.name!r} needs "
-                         f"{', '.join(tasks.names(decoder=family.decoder))}")
+    if chosen.graph != family.graph:
+        kind = {"decoder": "a decoder", "seq2seq": "an encoder-decoder"}.get(family.graph, "an encoder")
+        fits = [name for name, t in tasks.TASKS.items() if t.graph == family.graph]
+        raise InputError(f"{model} is {kind} ({model_type}); task {chosen.name!r} needs another kind of model; "
+                         f"tasks for this one: {', '.join(fits)}")
     layers, heads, hidden = family.shape(config)
     label2id = {str(k): int(v) for k, v in (config.get("label2id") or {}).items()}
     if chosen.labels_from_config and not label2id:

@@ -27,6 +27,7 @@ from xformopt.models import load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+from xformopt.seq2seq.stage import export_seq2seq_stage
 
 
 class ExportOptions(PassOptions):
@@ -163,7 +164,8 @@ def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportO
 
 # Family exporter route (``Family.export_route``) -> the function that writes and verifies the graph.
 EXPORTERS = {"torchscript": _export_with_optimum, "dynamo": _export_with_dynamo,
-             "gpt2": export_decoder, "genai": export_decoder}
+             "gpt2": export_decoder, "genai": export_decoder,
+             "seq2seq": export_seq2seq_stage}  # encoder-decoders: encoder + cached decoder graphs
 
 
 def _record(exporter: str, opset: int, dst: Path, parity: dict) -> dict:

@@ -11,7 +11,8 @@ CACHED_STEPS = 3  # cached decoder steps checked after the first (each feeds PyT
 
 
 def check_parity(torch_runner, onnx_runner, tokenizer, texts: list[str], steps: int = CACHED_STEPS) -> dict:
-    """Worst |diff| and cosine over every checked output, with the lengths and batch sizes checked."""
+    """Worst |diff| and cosine of ``onnx_runner``'s outputs against ``torch_runner``'s (any two runners:
+    fuse compares fused graphs with the unfused ones), with the lengths and batch sizes checked."""
     texts = list(texts)
     lengths = [len(tokenizer(t)["input_ids"]) for t in texts]
     picked = spread_by_length(lengths, what="source texts")
@@ -28,7 +29,7 @@ def check_parity(torch_runner, onnx_runner, tokenizer, texts: list[str], steps: 
     for rows in cases:
         enc = tokenizer([texts[i] for i in rows], padding=True, return_tensors="np")
         ids, mask = enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
-        record("encoder", torch_runner.encoder_states(ids, mask).numpy(), onnx_runner.encoder_states(ids, mask), mask)
+        record("encoder", np.asarray(torch_runner.encoder_states(ids, mask)), onnx_runner.encoder_states(ids, mask), mask)
         ref_logits, ref_cache = torch_runner.start(ids, mask)
         got_logits, got_cache = onnx_runner.start(ids, mask)
         record("first_step", ref_logits, got_logits)
