@@ -25,8 +25,7 @@ def _need(module: str):
         return importlib.import_module(module)
     except ImportError:
         package = {"sacrebleu": "sacrebleu", "rouge_score": "rouge-score"}[module.split(".")[0]]
-        raise InputError(f"scoring generated text needs {package}: pip install {package} "
-                         "(a dependency of xformopt; reinstall it)") from None
+        raise InputError(f"scoring generated text needs {package}, a dependency of xformopt: pip install {package}") from None
 
 
 def _corpus(metric, hypotheses: Sequence[str], references: Sequence[str], seed: int) -> dict:
@@ -39,6 +38,12 @@ def _corpus(metric, hypotheses: Sequence[str], references: Sequence[str], seed: 
         pick = rng.integers(0, n, n)
         boot.append(metric.corpus_score([hyps[i] for i in pick], [[refs[i] for i in pick]]).score)
     return {"value": value, "n": n, "ci95": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]}
+
+
+def require() -> None:
+    """Fail in a second, before any work, where a metric package is missing."""
+    _need("sacrebleu")
+    _need("rouge_score.rouge_scorer")
 
 
 def bleu(hypotheses: Sequence[str], references: Sequence[str], seed: int = 0) -> dict:

@@ -19,7 +19,7 @@ from xformopt.data_files import _listing, _read_table
 from xformopt.errors import InputError
 from xformopt.resources import word_seq2seq_path
 from xformopt.scoring.metrics import proportion
-from xformopt.scoring.text_generation import same_text
+from xformopt.scoring.text_generation import require, same_text
 from xformopt.tasks.base import Metric, Task
 
 SOURCE_COLUMNS = ("source", "src", "text", "document", "article", "input", "sentence")
@@ -51,6 +51,7 @@ class Text2Text(Task):
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None) -> TextDataset:
         columns = columns or {}
+        require()  # the metric packages, before any pass runs
         table = _read_table(path)
         if table.n_rows == 0:
             raise InputError(f"{table.name} has no rows; give a file with source and target columns")
