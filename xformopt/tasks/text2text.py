@@ -31,7 +31,7 @@ class Text2Text(Task):
     auto_model = "AutoModelForSeq2SeqLM"
     ort_model = "ORTModelForSeq2SeqLM"
     export_task = "text2text-generation-with-past"
-    architectures = ("ForConditionalGeneration",)
+    architectures = ("ForConditionalGeneration", "MTModel")  # MarianMTModel
     graph = "seq2seq"
     head_may_be_fresh = False  # the LM head comes with the checkpoint
     passes = ("export", "fuse", "quantize")
