@@ -53,9 +53,14 @@ def test_task_override(tiny_classifier):
 
 
 def test_unknown_task_rejected(tiny_classifier):
-    message = resolve_error(str(tiny_classifier), task="summarization")
-    assert "unknown task 'summarization'" in message
+    message = resolve_error(str(tiny_classifier), task="speech-recognition")
+    assert "unknown task 'speech-recognition'" in message
     assert "text-classification" in message and "feature-extraction" in message
+
+
+def test_encoder_refuses_an_encoder_decoder_task(tiny_classifier):
+    message = resolve_error(str(tiny_classifier), task="summarization")  # a task xformopt has, for other models
+    assert "is an encoder (bert)" in message and "text-classification" in message and "summarization" in message
 
 
 def test_label2id_from_id2label_only(tmp_path, tiny_classifier):
