@@ -98,10 +98,11 @@ def test_file_instead_of_directory(tmp_path):
 
 
 def test_unsupported_model_type_lists_supported(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper",
+                                                       "architectures": ["WhisperForConditionalGeneration"]}))
     message = resolve_error(str(tmp_path))
-    assert "unsupported architecture 't5'" in message
-    for supported in ("bert", "distilbert", "roberta", "xlm-roberta", "electra", "gpt2", "llama"):
+    assert "unsupported architecture 'whisper'" in message
+    for supported in ("bert", "distilbert", "roberta", "xlm-roberta", "electra", "gpt2", "llama", "t5", "marian"):
         assert supported in message
 
 
