@@ -129,3 +129,18 @@ def test_settings_from_generation_config(exported, tmp_path):
 
     with pytest.raises(InputError, match="--num-beams"):
         settings.with_(num_beams=0)
+
+
+@pytest.mark.parametrize("rules", [dict(num_beams=3, length_penalty=0.6, no_repeat_ngram_size=2),
+                                   dict(num_beams=2, min_new_tokens=6, early_stopping=True),
+                                   dict(num_beams=1, no_repeat_ngram_size=2, min_new_tokens=4)])
+def test_generation_rules_equal_transformers(exported, rules):
+    """Length penalty, early stopping, no-repeat n-grams and a minimum length as transformers applies them."""
+    from transformers import AutoTokenizer
+
+    family, src, onnx_dir = exported
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    enc = tokenizer([r["source"] for r in reverse_pairs(4, 5)], padding=True, return_tensors="np")
+    settings = GenerationSettings.from_model_dir(onnx_dir, max_new_tokens=9, **rules)
+    got = _cut(generate(OrtSeq2Seq(onnx_dir), enc["input_ids"], enc["attention_mask"], settings))
+    assert got == _hf_generate(src, enc, max_new_tokens=9, **rules)
