@@ -86,3 +86,14 @@ def test_refusals_and_info(server):
     info = httpx.get(f"{running.url}/info", timeout=10).json()
     assert info["task"] == "translation" and info["model_type"] == "bart"
     assert httpx.get(f"{running.url}/v1/models", timeout=10).json()["data"][0]["object"] == "model"
+
+
+def test_api_load_and_bench_refusal(artifact):
+    from xformopt import api
+    from xformopt.errors import InputError
+
+    model = api.load(artifact, threads=1)
+    assert [g.text for g in model.generate(["w1 w2 w3", "w4 w5 w6 w7"], model.options(num_beams=2))] == \
+        ["w3 w2 w1", "w7 w6 w5 w4"]
+    with pytest.raises(InputError, match="encoder-decoder"):
+        api.bench(artifact)
