@@ -87,7 +87,7 @@ def test_parity_encoder_first_and_cached_steps(exported):
     result = check_parity(TorchSeq2Seq(src), OrtSeq2Seq(onnx_dir), AutoTokenizer.from_pretrained(src), texts)
     assert result["max_abs_diff"] < 1e-4, result
     assert result["min_cosine"] > 0.99999, result
-    assert len(set(result["source_lengths"])) >= 3 and 2 in result["batch_sizes"]
+    assert len(set(result["sequence_lengths"])) >= 3 and 2 in result["batch_sizes"]
 
 
 @pytest.mark.parametrize("beams", [1, 3])

@@ -14,6 +14,7 @@ Folding the first step into the encoder graph (as ONNX Runtime's own T5 beam sea
 would specialise on.
 """
 
-ENCODER_FILE = "encoder.onnx"
-DECODER_FILE = "decoder.onnx"
-GRAPH_FILES = (ENCODER_FILE, DECODER_FILE)
+from xformopt.onnx_graph import SEQ2SEQ_GRAPHS
+
+ENCODER_FILE, DECODER_FILE = SEQ2SEQ_GRAPHS
+GRAPH_FILES = SEQ2SEQ_GRAPHS

@@ -38,5 +38,5 @@ def check_parity(torch_runner, onnx_runner, tokenizer, texts: list[str], steps: 
             ref_logits, ref_cache = torch_runner.step(token, ref_cache)
             got_logits, got_cache = onnx_runner.step(token, got_cache)
             record("cached_steps", ref_logits, got_logits)
-    return {**worst, "max_abs_diff_by_output": per_output, "source_lengths": [lengths[i] for i in picked],
+    return {**worst, "max_abs_diff_by_output": per_output, "sequence_lengths": [lengths[i] for i in picked],
             "batch_sizes": [len(c) for c in cases], "cached_steps": steps}

@@ -66,7 +66,7 @@ def export_seq2seq_stage(ctx, src: Path, dst: Path, options) -> dict:
         raise PassFailed(
             f"seq2seq export parity failed: max |diff| {parity['max_abs_diff']:.2e} (limit {options.max_abs_diff:.0e}), "
             f"min cosine {parity['min_cosine']:.6f} (limit {options.min_cosine}) at source lengths "
-            f"{parity['source_lengths']} ({parity['max_abs_diff_by_output']})")
+            f"{parity['sequence_lengths']} ({parity['max_abs_diff_by_output']})")
     return {"exporter": "torch.onnx.export (dynamo=True): encoder (+ cross-attention cache, first step) and a cached "
                         "decoder step", "opset": opset, "task": ctx.spec.task, "graphs": graph_record(dst),
             "past_inputs": 4 * names["layers"], "inputs": names["encoder"]["inputs"] + names["decoder"]["inputs"],
