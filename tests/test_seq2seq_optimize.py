@@ -70,3 +70,18 @@ def test_refusals_before_any_work(trained_bart, tmp_path):
     with pytest.raises(InputError, match="encoder-decoder"):
         api.optimize(trained_bart, output=tmp_path / "b", task="text-classification")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_single_pass_commands_chain(tmp_path, capsys):
+    from conftest import run_cli
+
+    src = build_seq2seq(tmp_path / "hf", "t5")
+    code, out, err = run_cli(["export", src, "-o", tmp_path / "a"], capsys)
+    assert code == 0 and "parity max|diff|" in out + err, err
+    code, _, err = run_cli(["quantize", tmp_path / "a", "-o", tmp_path / "b"], capsys)
+    assert code == 0, err
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert [p["pass"] for p in manifest["passes"]] == ["export", "quantize"]
+    assert manifest["passes"][1]["record"]["coverage"]["int8"] > 0
+    code, _, err = run_cli(["export", tmp_path / "a", "-o", tmp_path / "c"], capsys)
+    assert code == 2 and "ONNX stage" in err
