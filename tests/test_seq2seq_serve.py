@@ -97,3 +97,12 @@ def test_api_load_and_bench_refusal(artifact):
         ["w3 w2 w1", "w7 w6 w5 w4"]
     with pytest.raises(InputError, match="encoder-decoder"):
         api.bench(artifact)
+
+
+def test_serve_command_accepts_the_artifact(artifact):
+    """`xformopt serve DIR` checks the artifact before binding: an encoder-decoder passes that check."""
+    from xformopt.cli.serve import build_config
+
+    config = build_config(artifact, threads=1, max_batch=4, max_wait_ms=5.0, cache_size=0, api_key_env=None,
+                          max_queue=64, timeout_ms=10_000, max_inputs=16, max_body_bytes=1 << 20)
+    assert config.artifact.endswith("onnx") and config.scheduler.max_batch == 4
