@@ -37,6 +37,7 @@ from xformopt.passes.export_dynamo import (
     is_dynamo_graph,
     onnxscript_fusions,
 )
+from xformopt.passes.seq2seq_stages import fuse_seq2seq
 from xformopt.passes.stage_runs import stage_runs
 from xformopt.passes.timing import preferred_within_tolerance
 
@@ -51,6 +52,9 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
 
 
 FUSION_ORDER = ("all", "no_attention", "none")  # most fused first
+
+# Graph kinds (``Task.graph``) whose stages are not one model.onnx: fused by their own function.
+OWN_GRAPH_RUNS = {"seq2seq": fuse_seq2seq}
 
 
 class FuseOptions(PassOptions):
@@ -287,6 +291,8 @@ class FusePass(Pass):
         return f"kept {rec['kept']} ({kept}); {rec['reason']}"
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> dict:
+        if (own := OWN_GRAPH_RUNS.get(ctx.spec.task_def.graph)) is not None:  # two graphs, not model.onnx
+            return own(ctx, src, dst, options)
         ctx = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src))  # a pruned stage's own shape
         before = fused_counts(load_graph(src / "model.onnx"))
         work = dst / ".candidates"
