@@ -27,7 +27,7 @@ LAYERS = [
     ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),
     ("recipes", {"recipe"}),
     ("pipeline and the bench library", {"pipeline", "bench"}),
-    ("entry points", {"api", "search", "serve", "loadtest"}),
+    ("entry points", {"api", "search", "serve", "loadtest", "clients"}),
     ("command line", {"cli"}),
 ]
 MAX_FUNCTION_LEVEL_IMPORTS = 25
