@@ -235,7 +235,10 @@ def add_missing_layernorm_bias(model) -> int:
 # Ops a key-padding mask is built from (casts, broadcasts, 1 - mask, where): no positions (Range,
 # comparisons, Abs: a sliding window or causal mask) and no arithmetic that could carry a bias.
 _PADDING_MASK_OPS = {"Cast", "Where", "Sub", "Mul", "Not", "Equal", "Expand", "Unsqueeze", "Squeeze", "Reshape",
-                     "Slice", "Concat", "Constant", "ConstantOfShape", "Identity"}
+                     "Slice", "Concat", "Constant", "ConstantOfShape", "Identity",
+                     # transformers 5 builds the bidirectional padding mask by index: kv_idx >= 0 and
+                     # mask[batch, kv_idx] (Range, GatherND, And); no Abs, Less or LessOrEqual (a window, causality)
+                     "Range", "GatherND", "And", "GreaterOrEqual", "Max"}
 
 
 def _padding_mask_of(model, bias: str, mask_input: str) -> bool:
@@ -270,11 +273,12 @@ def quantizable_attention(model, mask_input: str = "attention_mask") -> int:
     onnxscript writes ``qkv_hidden_sizes`` even when q, k and v are equal (ORT's quantizer leaves any
     Attention with that attribute float) and passes the key-padding mask as an additive
     ``attention_bias`` (QAttention has no such input). Equal sizes drop the attribute; a bias that is
-    the padding mask alone becomes ``mask_index`` (the int32 mask, ORT's 2-D form). Anything else
-    (a sliding window, a relative-position bias) is left as it is."""
+    the padding mask alone becomes ``mask_index`` in its 1-D form, each row's length, as ORT's own
+    fusion passes it (QAttention misreads the 2-D form in padded batches: INT8 cosine 0.82 against 0.99
+    on MiniLM at batch 32). Anything else (a sliding window, a relative-position bias) is left as it is."""
     from onnx import TensorProto, helper
 
-    cast_name = f"{mask_input}/int32"
+    cast_name = f"{mask_input}/lengths_int32"
     changed, nodes = 0, []
     has_mask = any(i.name == mask_input for i in model.graph.input)
     for node in model.graph.node:
@@ -285,8 +289,12 @@ def quantizable_attention(model, mask_input: str = "attention_mask") -> int:
             inputs = list(node.input)
             if (has_mask and len(inputs) > 5 and inputs[5] and not (len(inputs) > 3 and inputs[3])
                     and _padding_mask_of(model, inputs[5], mask_input)):
-                if not changed:
-                    nodes.append(helper.make_node("Cast", [mask_input], [cast_name], to=TensorProto.INT32))
+                if not changed:  # the 1-D form: each row's length (right padding, as BERT tokenizers pad)
+                    axes = helper.make_tensor(f"{mask_input}/axes", TensorProto.INT64, [1], [1])
+                    nodes += [helper.make_node("Constant", [], [axes.name], value=axes),
+                              helper.make_node("ReduceSum", [mask_input, axes.name], [f"{mask_input}/lengths"],
+                                               keepdims=0),
+                              helper.make_node("Cast", [f"{mask_input}/lengths"], [cast_name], to=TensorProto.INT32)]
                 inputs = (inputs + [""] * 4)[:4]
                 inputs[3] = cast_name
                 del node.input[:]

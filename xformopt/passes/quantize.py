@@ -372,9 +372,21 @@ def _excluded(names: list[str]) -> list[str]:
     return [n for name in names for n in (name, f"{name}_MatMul")]
 
 
+def biased_attention(model_path: Path) -> list[str]:
+    """Fused ``Attention`` nodes that take an ``attention_bias`` (input 5): ORT's quantizer would turn them
+    into ``QAttention``, which has no such input, and the bias (a padding mask, a position bias) would be
+    lost without a word. They stay float; their Q/K/V projection is one packed GEMM."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type == "Attention" and len(n.input) > 5 and n.input[5]]
+
+
 def _dynamic(model_in: Path, model_out: Path, formats: dict, op_types: list[str], exclude: list[str]) -> None:
     import onnx
     from onnxruntime.quantization import quantize_dynamic
+
+    exclude = [*exclude, *(name for name in biased_attention(model_in) if name not in exclude)]
 
     # ORT logs a hint to run quant_pre_process first; that step is for static calibration (the static
     # path runs its symbolic shape inference itself), so the hint is silenced here.
