@@ -73,8 +73,10 @@ def copy_config_files(src: Path, dst: Path) -> None:
 
 
 def _gpt2_attention(module, query, key, value, attention_mask, head_mask=None, **kwargs):
-    """transformers' GPT-2 eager attention (modeling_gpt2.eager_attention_forward, 4.57) without the
-    ``attention_mask[:, :, :, :key_len]`` slice: our mask is built at the key length already."""
+    """transformers 4.57's GPT-2 eager attention (``modeling_gpt2.eager_attention_forward``) without the
+    ``attention_mask[:, :, :, :key_len]`` slice: our mask is built at the key length already. The causal
+    part is the ``where`` on a lower-triangular buffer that ORT's GPT-2 fusion matches (transformers 5
+    dropped that buffer and folds causality into the mask; :func:`_add_causal_buffers` puts it back)."""
     import torch
 
     weights = torch.matmul(query, key.transpose(-1, -2))
@@ -92,6 +94,17 @@ def _gpt2_attention(module, query, key, value, attention_mask, head_mask=None, *
     if head_mask is not None:
         weights = weights * head_mask
     return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def _add_causal_buffers(model) -> None:
+    """The ``bias`` buffer GPT-2 carried before transformers 5: tril(ones(n_positions)), 1x1xNxN bool."""
+    import torch
+
+    size = model.config.n_positions
+    causal = torch.tril(torch.ones((size, size), dtype=torch.bool)).view(1, 1, size, size)
+    for block in model.transformer.h:
+        if not hasattr(block.attn, "bias"):
+            block.attn.register_buffer("bias", causal, persistent=False)
 
 
 def _register_gpt2_attention() -> None:
@@ -134,6 +147,7 @@ def export_gpt2(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fals
     _register_gpt2_attention()
     model = AutoModelForCausalLM.from_pretrained(src, attn_implementation=GPT2_ATTENTION,
                                                  trust_remote_code=trust_remote_code).eval()
+    _add_causal_buffers(model)
     config = model.config
     layers, heads = config.n_layer, config.n_head
     head_dim = config.n_embd // heads
