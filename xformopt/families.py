@@ -12,8 +12,10 @@ do it (an exporter, a fusion).
   ``Attention`` fusion in ``fuse``;
 - ``genai``: onnxruntime-genai's model builder used as a library (optional extra ``genai``): every
   layer's attention and rotary embedding as one ``GroupQueryAttention`` plus fused RMSNorms. Without
-  the extra these families fall back to optimum's exporter, where attention stays unfused and the fuse
-  record says so (``fallback_per_layer``).
+  the extra these families fall back to the ``dynamo`` decoder exporter (``fallback_per_layer``);
+- ``dynamo``: torch's dynamo exporter with the KV cache as inputs/outputs (xformopt/decoder/export_dynamo.py),
+  then onnxscript's ORT fusions in ``fuse``. A causal LM whose ``model_type`` has no row here takes this
+  route too (:func:`generic_decoder`), with no fusions required: the fuse record says which fired.
 
 Encoders are exported by optimum (``optimum``), or by torch's dynamo exporter (``dynamo``), whose
 graphs go through onnxscript's ORT fusion rewriter in ``fuse``: the only route that fuses ModernBERT's
@@ -104,7 +106,7 @@ class Family:
     decoder: bool
     ort_model_type: str  # ONNX Runtime transformer-optimizer model type used by `fuse`
     fused_per_layer: dict[str, int]  # fused ops each layer must reach after export (genai) or fuse
-    exporter: str = "optimum"  # "optimum" | "dynamo" (encoders) | "gpt2" | "genai" (decoders)
+    exporter: str = "optimum"  # "optimum" | "dynamo" (encoders, decoders) | "gpt2" | "genai" (decoders)
     layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     heads_keys: tuple[str, ...] = ("num_attention_heads",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
@@ -132,17 +134,17 @@ class Family:
     def expected_fusions(self, layers: int, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
         """Fused ops ``layers`` layers must reach (``fused_per_layer``): for a family exported by
         onnxruntime-genai's builder, its set when the input graph came from the builder (it has
-        GroupQueryAttention), optimum's fallback set (``fallback_per_layer``) otherwise."""
+        GroupQueryAttention), the dynamo export's set (``fallback_per_layer``) otherwise."""
         built = self.exporter != "genai" or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
         per_layer = self.fused_per_layer if built else self.fallback_per_layer
         return {op: n * layers for op, n in per_layer.items()}
 
     def export_route(self, asked: str | None = None) -> str:
-        """Which exporter writes this family's graph: a decoder's own (``gpt2``, ``genai``: a KV cache,
-        xformopt/decoder/export.py); for an encoder the one a recipe asks for (``torchscript`` or
-        ``dynamo``), else the row's."""
+        """Which exporter writes this family's graph: a decoder's own (``gpt2``, ``genai``, else
+        ``decoder``: the dynamo export with a KV cache, all in xformopt/decoder/export.py); for an encoder
+        the one a recipe asks for (``torchscript`` or ``dynamo``), else the row's."""
         if self.decoder:
-            return self.exporter
+            return self.exporter if self.exporter in ("gpt2", "genai") else "decoder"
         return asked or ("dynamo" if self.exporter == "dynamo" else "torchscript")
 
     def positions(self, config: dict) -> int | None:
@@ -156,7 +158,11 @@ class Family:
 
 _ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
 _DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
-_ROTARY_FALLBACK = {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2}
+# The dynamo decoder export after onnxscript's fusions (transformers 5.23, onnxscript 0.7.2, tiny configs):
+# attention through SDPA -> MultiHeadAttention (GroupQueryAttention's rule needs the causal-mask pattern of
+# older transformers and does not fire), two SkipSimplifiedLayerNorms per layer; the RotaryEmbedding rule
+# matches but its cos/sin-cache rule does not, so rotary is left as plain ops.
+_DYNAMO_DECODER = {"MultiHeadAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
 # window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
@@ -168,8 +174,13 @@ def _bert_like(model_type: str, offset: int = 0) -> Family:
 
 
 def _genai(model_type: str) -> Family:
-    return Family(model_type, True, "gpt2", _GQA, exporter="genai", fallback_per_layer=_ROTARY_FALLBACK,
+    return Family(model_type, True, "gpt2", _GQA, exporter="genai", fallback_per_layer=_DYNAMO_DECODER,
                   grouped_query=True)
+
+
+def generic_decoder(model_type: str) -> Family:
+    """A causal LM the table has no row for: the dynamo export, no fusion required (the record says what fused)."""
+    return Family(model_type, True, "gpt2", {}, exporter="dynamo", grouped_query=True)
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -207,6 +218,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _genai("qwen2"),
     _genai("qwen3"),
     _genai("phi3"),
+    # Ministral 3: llama-like with YaRN rope and a position-dependent query scale (llama4-style attn_scale),
+    # which keeps SDPA from matching: attention stays MatMul/Softmax, the RMSNorms fuse.
+    Family("ministral3", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo", grouped_query=True),
+    # Gemma 4 text: sliding-window and full-attention layers (own head_dim); attention fuses as
+    # MultiHeadAttention, its two tanh GELUs (MLP, per-layer input gate) as FastGelu; its RMSNorms do not fuse.
+    # ort_model_type "none": onnxscript's fusions only. ORT 1.32's GPT-2 optimizer leaves this graph
+    # unsortable ("Graph is not a DAG") even with every fusion switched off.
+    Family("gemma4_text", True, "none", {"MultiHeadAttention": 1, "FastGelu": 2}, exporter="dynamo",
+           grouped_query=True),
 )}
 
 ENCODERS = tuple(name for name, f in FAMILIES.items() if not f.decoder)
@@ -220,6 +240,42 @@ def family_of(model_type: str | None) -> Family:
         raise InputError(f"unsupported architecture {model_type!r}; supported encoders: {', '.join(ENCODERS)}; "
                          f"decoders (text-generation): {', '.join(DECODERS)}")
     return family
+
+
+# config keys of a checkpoint that takes more than text: xformopt exports text-only decoders
+_MEDIA_KEYS = {"vision_config": "image", "audio_config": "audio", "speech_config": "audio", "visual": "image"}
+
+
+def lookup(config: dict, trust_remote_code: bool = False) -> Family | None:
+    """The row for a config dict: the table's, else a generic decoder row (registered, so later lookups
+    by model_type find it) for a causal LM transformers can load; None for anything else. A checkpoint
+    that needs its own code without ``trust_remote_code``, or takes image/audio input, is a one-line
+    InputError (before any work)."""
+    model_type = config.get("model_type")
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    media = sorted({kind for key, kind in _MEDIA_KEYS.items() if config.get(key)})
+    if media:
+        raise InputError(f"{model_type!r} takes {' and '.join(media)} input; xformopt exports text-only decoders "
+                         f"(export its text model: a checkpoint whose config is its text_config)")
+    if not isinstance(model_type, str) or not _causal_lm(model_type, config):
+        return None
+    if "AutoModelForCausalLM" in (config.get("auto_map") or {}) and not _known_to_transformers(model_type):
+        if not trust_remote_code:
+            raise InputError(f"{model_type!r} needs the checkpoint's own Python code (auto_map); pass "
+                             "--trust-remote-code if you trust it")
+    return FAMILIES.setdefault(model_type, generic_decoder(model_type))
+
+
+def _known_to_transformers(model_type: str) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _causal_lm(model_type: str, config: dict) -> bool:
+    """transformers maps model_type to a *ForCausalLM class, or the checkpoint's own code declares one."""
+    return _known_to_transformers(model_type) or "AutoModelForCausalLM" in (config.get("auto_map") or {})
 
 
 def layout_of(model_type: str, pass_name: str) -> Layout:

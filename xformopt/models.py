@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import hub, split_wheels, tasks
+from xformopt import families, hub, split_wheels, tasks
 from xformopt.errors import InputError
 from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
 from xformopt.gguf_source import locate_gguf
@@ -145,7 +145,7 @@ def artifact_task(path: str | Path) -> Task | None:
     except (OSError, ValueError):
         return None
     model_type = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(model_type, str) or model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES and _generic_row(config) is None:
         return None
     named = ((manifest.get("input") or {}) if isinstance(manifest, dict) else {}).get("task")
     task = tasks.TASKS.get(named) if isinstance(named, str) else None
@@ -162,9 +162,10 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     if not isinstance(model_type, str):
         raise InputError(f"{path / 'config.json'}: model_type is missing or not a string; "
                          "re-save the config with save_pretrained()")
-    if model_type not in FAMILIES:
+    if families.lookup(config, trust_remote_code) is None:  # a causal LM off the table gets a generic decoder row
         raise InputError(f"unsupported architecture {model_type!r} in {model}; supported encoders: "
-                         f"{', '.join(ENCODERS)}; decoders (text-generation): {', '.join(DECODERS)}")
+                         f"{', '.join(ENCODERS)}; decoders (text-generation): {', '.join(DECODERS)}, "
+                         "and any causal LM transformers loads")
     family = family_of(model_type)
     check_config(config, path / "config.json", family)  # the keys below, with sane types
     chosen = tasks.get(task) if task is not None else tasks.detect(
@@ -228,9 +229,18 @@ def position_limit(path: Path) -> int | None:
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict) or config.get("model_type") not in FAMILIES:
+    if not isinstance(config, dict) or config.get("model_type") not in FAMILIES and _generic_row(config) is None:
         return None
     return FAMILIES[config["model_type"]].positions(config)
+
+
+def _generic_row(config: dict):
+    """A generic decoder row for a saved causal LM off the family table, else None (no error: these
+    callers only ask)."""
+    try:
+        return families.lookup(config, trust_remote_code=True)
+    except InputError:
+        return None
 
 
 def load_torch_model(spec: ModelSpec, path: Path | None = None):

@@ -21,8 +21,11 @@ is, and registers an attention function that is transformers' GPT-2 ``eager_atte
 minus one no-op ``Slice`` of the mask (it cuts the mask to the key length, which it already has),
 because that Slice hides the mask from ORT's pattern matcher.
 
-**Llama** (and other optimum-supported decoders) go through optimum's ``main_export`` with task
-``text-generation-with-past`` (split ``past_key_values.{i}.key/value`` layout).
+**Llama, Qwen2/3, Mistral, Phi-3** go through onnxruntime-genai's model builder (GroupQueryAttention).
+**Every other causal LM** (families the builder does not know, a model_type the family table does not
+know, or a builder family without the genai extra) goes through torch's dynamo exporter
+(:mod:`.export_dynamo`, split ``past_key_values.{i}.key/value`` layout); ``fuse`` then runs
+onnxscript's ORT fusions on it.
 
 Every export is checked against PyTorch at every step of a multi-step greedy decode (prompts of
 several lengths, so several past lengths) and on a left-padded batch of two.
@@ -41,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt import families
+from xformopt.decoder.export_dynamo import export_dynamo_decoder
 from xformopt.decoder.fusion import attention_record
 from xformopt.decoder.generate import context_window
 from xformopt.errors import PassFailed
@@ -177,16 +181,6 @@ def export_gpt2(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fals
         )
 
 
-def export_optimum(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
-    from optimum.exporters.onnx import main_export
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        main_export(str(src), output=dst, task="text-generation-with-past", opset=opset,
-                    library_name="transformers", do_validation=False, no_post_process=True,
-                    trust_remote_code=trust_remote_code)
-
-
 def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
     """onnxruntime-genai's model builder as a library, fp32 for CPU: GroupQueryAttention (rotary
     inside) with the split KV cache, fused RMSNorms. the ``int4`` pass does the 4-bit step
@@ -215,25 +209,27 @@ def pin_head_dim(model_path: Path, config_dir: Path) -> None:
     onnx.save(model, model_path)  # graph only: the weights stay in model.onnx.data
 
 
+DYNAMO_EXPORTER = ("torch.onnx.export(dynamo=True), split cache layout (xformopt.decoder.export_dynamo)",
+                   export_dynamo_decoder)
 EXPORTERS = {
     "gpt2": ("torch.onnx TorchScript tracer, ORT GPT-2 cache layout (xformopt.decoder.export.export_gpt2)", export_gpt2),
     "genai": ("onnxruntime-genai model builder (fp32, GroupQueryAttention + rotary, split cache layout)", export_genai),
+    "dynamo": DYNAMO_EXPORTER,
 }
-DEFAULT_EXPORTER = ("optimum.exporters.onnx main_export, task text-generation-with-past", export_optimum)
 
 
 def exporter_for(model_type: str, log=None):
-    """(description, function) from the family table; genai families fall back to optimum, loudly,
-    when the optional builder is not installed."""
+    """(description, function) from the family table; a model_type it does not know, and genai
+    families when the optional builder is not installed (loudly), go through the dynamo exporter."""
 
     family = FAMILIES.get(model_type)
-    if family is None:
-        return DEFAULT_EXPORTER
+    if family is None or family.exporter not in EXPORTERS:
+        return DYNAMO_EXPORTER
     if family.exporter == "genai" and not families.genai_builder_available():
         if log:
-            log(f"WARNING: {GENAI_EXTRA} is not installed: exporting {model_type} with optimum, attention will not fuse "
-                f"(pip install 'xformopt[genai]' for GroupQueryAttention)")
-        return DEFAULT_EXPORTER
+            log(f"WARNING: {GENAI_EXTRA} is not installed: exporting {model_type} with torch's dynamo exporter "
+                f"(attention fuses as MultiHeadAttention, not GroupQueryAttention; pip install 'xformopt[genai]')")
+        return DYNAMO_EXPORTER
     return EXPORTERS[family.exporter]
 
 
@@ -323,7 +319,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
 
     how, exporter = exporter_for(ctx.spec.model_type, ctx.log)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
-    with quiet_loggers("optimum", "transformers", "torch.onnx"):
+    with quiet_loggers("transformers", "torch.onnx", "onnxscript"):
         exporter(src, dst, options.opset, ctx.spec.trust_remote_code)
     copy_config_files(src, dst)
     ctx.log("checking parity against PyTorch at every step of a greedy decode")

@@ -1,15 +1,16 @@
 """What ONNX Runtime's GPT-2 optimizer must fuse in a decoder, and how fuse times decoder candidates.
 
-Measured with onnxruntime 1.32 and transformers 4.57 (tiny configs, 2 layers):
+Measured with onnxruntime 1.32, onnxscript 0.7.2 and transformers 5.23 (tiny configs, 2 layers):
 
 - GPT-2 exported by :func:`xformopt.decoder.export.export_gpt2`: every layer fuses into one
   ``Attention`` (with past/present), plus ``EmbedLayerNormalization``, ``SkipLayerNormalization`` x 2
   per layer and ``FastGelu``: the whole block is ~8 ops per layer.
-- Llama exported by optimum: ``RotaryEmbedding`` (q and k of every layer) and
-  ``SkipSimplifiedLayerNormalization`` x 2 per layer fuse, but ORT's rotary *attention* fusion does
-  not match transformers 4.57's Llama attention, so attention stays unfused MatMul/Softmax ops. The
-  record says so (``attention_fused: false``) and the log warns; asking for it with
-  ``expect: {MultiHeadAttention: N}`` fails the pass.
+- Llama-like decoders exported by the dynamo path (:mod:`.export_dynamo`): onnxscript's fusions turn
+  each layer's attention into ``MultiHeadAttention`` (through its SDPA rule) and its RMSNorms into
+  ``SkipSimplifiedLayerNormalization`` x 2; its ``GroupQueryAttention`` rule does not fire (it wants the
+  causal-mask graph of older transformers), nor does its rotary cos/sin-cache rule. A family whose
+  attention does not fuse (Ministral 3's position-dependent query scale) is logged loudly, and asking for
+  it with ``expect: {MultiHeadAttention: N}`` fails the pass.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from xformopt.scoring.metrics import row_cosine
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 
 ATTENTION_NOT_FUSED = (
-    "the family's attention was exported without onnxruntime-genai's builder (pip install 'xformopt[genai]'), and "
-    "ONNX Runtime 1.32's rotary attention fusion does not match transformers 4.57's attention graph; attention runs "
-    "as unfused MatMul/Softmax ops (rotary embeddings and RMSNorms are fused)"
+    "the attention was exported by torch's dynamo exporter and onnxscript's SDPA/GroupQueryAttention rules did not "
+    "match it; attention runs as unfused MatMul/Softmax ops (builder families fuse GroupQueryAttention with "
+    "pip install 'xformopt[genai]')"
 )
 
 TIMING_PROMPT_TOKENS = 32

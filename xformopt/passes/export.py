@@ -163,7 +163,7 @@ def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportO
 
 # Family exporter route (``Family.export_route``) -> the function that writes and verifies the graph.
 EXPORTERS = {"torchscript": _export_with_optimum, "dynamo": _export_with_dynamo,
-             "gpt2": export_decoder, "genai": export_decoder}
+             "gpt2": export_decoder, "genai": export_decoder, "decoder": export_decoder}
 
 
 def _record(exporter: str, opset: int, dst: Path, parity: dict) -> dict:
