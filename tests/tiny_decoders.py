@@ -17,7 +17,7 @@ def make_config(family: str):
 
     classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
                "phi3": "Phi3Config", "ministral3": "Ministral3Config", "gemma4_text": "Gemma4TextConfig",
-               "qwen3_5_text": "Qwen3_5TextConfig"}
+               "qwen3_5_text": "Qwen3_5TextConfig", "granite": "GraniteConfig"}
     extra = {"qwen3": {"head_dim": 16}, "mistral": {"sliding_window": None}, "phi3": {"pad_token_id": 0, "original_max_position_embeddings": CONTEXT},
              "ministral3": {"head_dim": 16, "pad_token_id": 0},
              # one sliding (window 8, shorter than the parity prompts) and one full-attention layer, whose

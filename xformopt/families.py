@@ -248,23 +248,38 @@ _MEDIA_KEYS = {"vision_config": "image", "audio_config": "audio", "speech_config
 
 def lookup(config: dict, trust_remote_code: bool = False) -> Family | None:
     """The row for a config dict: the table's, else a generic decoder row (registered, so later lookups
-    by model_type find it) for a causal LM transformers can load; None for anything else. A checkpoint
-    that needs its own code without ``trust_remote_code``, or takes image/audio input, is a one-line
-    InputError (before any work)."""
+    by model_type find it) for a causal LM transformers can load; None for anything else. A decoder the
+    dynamo path cannot carry (image/audio input, custom code without ``trust_remote_code``, state beyond
+    a key/value cache) is a one-line InputError, before any work."""
     model_type = config.get("model_type")
-    if model_type in FAMILIES:
-        return FAMILIES[model_type]
+    family = FAMILIES.get(model_type)
+    if family is not None and family.exporter != "dynamo":
+        return family
     media = sorted({kind for key, kind in _MEDIA_KEYS.items() if config.get(key)})
     if media:
         raise InputError(f"{model_type!r} takes {' and '.join(media)} input; xformopt exports text-only decoders "
                          f"(export its text model: a checkpoint whose config is its text_config)")
-    if not isinstance(model_type, str) or not _causal_lm(model_type, config):
+    if family is None and (not isinstance(model_type, str) or not _causal_lm(model_type, config)):
         return None
     if "AutoModelForCausalLM" in (config.get("auto_map") or {}) and not _known_to_transformers(model_type):
         if not trust_remote_code:
             raise InputError(f"{model_type!r} needs the checkpoint's own Python code (auto_map); pass "
                              "--trust-remote-code if you trust it")
-    return FAMILIES.setdefault(model_type, generic_decoder(model_type))
+    refuse_unexportable_cache(config)
+    return family or FAMILIES.setdefault(model_type, generic_decoder(model_type))
+
+
+def refuse_unexportable_cache(config: dict) -> None:
+    """The dynamo export carries one key/value pair per layer: layers with recurrent state (linear
+    attention, Mamba) or layers reading another layer's cache are refused in one line."""
+    model_type = config.get("model_type")
+    odd = sorted(set(config.get("layer_types") or ()) - {"full_attention", "sliding_attention", "chunked_attention"})
+    if odd:
+        raise InputError(f"{model_type}: layers of type {', '.join(odd)} keep state beyond a key/value cache, which "
+                         "the dynamo decoder export does not carry")
+    if config.get("num_kv_shared_layers"):
+        raise InputError(f"{model_type}: {config['num_kv_shared_layers']} layers reuse another layer's key/value "
+                         "cache, which the dynamo decoder export does not carry")
 
 
 def _known_to_transformers(model_type: str) -> bool:

@@ -25,7 +25,7 @@ import io
 import warnings
 from pathlib import Path
 
-from xformopt.errors import InputError
+from xformopt.families import refuse_unexportable_cache
 
 EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export_dynamo.py)
 SAMPLE_BATCH, SAMPLE_NEW, SAMPLE_PAST = 2, 3, 4
@@ -65,21 +65,6 @@ def cache_shapes(model) -> list[tuple[int, int]]:
     return [(int(layer.keys.shape[1]), int(layer.keys.shape[3])) for layer in out.past_key_values.layers]
 
 
-def refuse_unsupported(config) -> None:
-    """A decoder whose cache is not one key/value pair per layer (recurrent states, shared KV) cannot take
-    this graph's layout: a one-line InputError before any work."""
-    text = config.get_text_config(decoder=True)
-    kinds = set(getattr(text, "layer_types", None) or ())
-    odd = kinds - {"full_attention", "sliding_attention", "chunked_attention"}
-    if odd:
-        raise InputError(f"{config.model_type}: layers of type {', '.join(sorted(odd))} keep state beyond a key/value "
-                         "cache, which the dynamo decoder export does not carry; use onnxruntime-genai's builder "
-                         "(pip install 'xformopt[genai]') if it knows this architecture")
-    if getattr(text, "num_kv_shared_layers", 0):
-        raise InputError(f"{config.model_type}: {text.num_kv_shared_layers} layers share another layer's key/value "
-                         "cache, which the dynamo decoder export does not carry (set num_kv_shared_layers=0)")
-
-
 def _sample(shapes: list[tuple[int, int]], vocab: int):
     import torch
 
@@ -98,7 +83,7 @@ def export_dynamo_decoder(src: Path, dst: Path, opset: int, trust_remote_code: b
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
-    refuse_unsupported(config)
+    refuse_unexportable_cache(config.get_text_config(decoder=True).to_dict())
     # eager attention: plain MatMul/Softmax ops that onnxscript's SDPA -> GQA/MHA rules match
     model = AutoModelForCausalLM.from_pretrained(src, trust_remote_code=trust_remote_code, dtype=torch.float32,
                                                  attn_implementation="eager").eval()
