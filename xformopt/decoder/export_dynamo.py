@@ -106,7 +106,29 @@ def export_dynamo_decoder(src: Path, dst: Path, opset: int, trust_remote_code: b
 
 
 def _finish(program, path: Path) -> None:
-    """Mark the graph as a dynamo export (the fuse pass runs onnxscript's ORT fusions on such graphs)
-    and save it with its weights in one external file."""
+    """Name the weighted MatMuls, mark the graph as a dynamo export (the fuse pass runs onnxscript's ORT
+    fusions on such graphs) and save it with its weights in one external file."""
+    _name_matmuls(program.model)
     program.model.metadata_props[EXPORTER_KEY] = "dynamo"
     program.save(str(path), external_data=True)
+
+
+def _name_matmuls(model) -> None:
+    """``node_linear_7`` -> ``/model/layers.0/self_attn/q_proj/MatMul``, from the module scope torch records
+    on each node: the names optimum gave, which the int4 pass's roles (lm_head, q_proj, down_proj, ...) and
+    its records read."""
+    import ast
+
+    used = {node.name for node in model.graph}
+    for node in model.graph:
+        scopes = node.metadata_props.get("pkg.torch.onnx.name_scopes")
+        if node.op_type not in ("MatMul", "Gemm") or not scopes:
+            continue
+        path = [s for s in ast.literal_eval(scopes) if s][:-1]  # module paths, then the fx node's own name
+        if not path:
+            continue
+        module = path[-1].removeprefix("model.")  # the export wrapper's own attribute
+        name = "/" + module.replace(".", "/").replace("/layers/", "/layers.") + f"/{node.op_type}"
+        if name not in used:
+            used.add(name)
+            node.name = name
