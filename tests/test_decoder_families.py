@@ -148,3 +148,14 @@ def test_unsupported_decoders_are_refused_in_one_line_before_any_work(models, tm
     lines = error_lines(err)
     assert code == 2 and len(lines) == 1 and message in lines[0], err
     assert not (tmp_path / "o").exists()
+
+
+def test_qwen3_5_linear_attention_layers_are_refused_before_any_work(tmp_path, capsys):
+    """Qwen3.5's Gated DeltaNet layers carry a convolution and a recurrent state, not a key/value cache;
+    the dynamo export's layout cannot hold them (and the genai builder only knows the multimodal
+    Qwen3_5ForConditionalGeneration): one line, exit 2, nothing written."""
+    model = tiny_decoders.build(tmp_path / "qwen3_5", "qwen3_5_text")
+    code, _, err = run_cli(["export", model, "-o", tmp_path / "o"], capsys)
+    lines = error_lines(err)
+    assert code == 2 and len(lines) == 1 and "linear_attention" in lines[0], err
+    assert not (tmp_path / "o").exists()

@@ -9,17 +9,23 @@ shape ``(2, batch, heads, past, head_dim)``, an additive ``attention_mask`` of o
 becomes one ``Attention`` node with ``past``/``present``, which ``quantize`` then turns into
 ``QAttention``. Neither library does this today, which is why it is hand-written here:
 
-- optimum's exporter (``text-generation-with-past``) writes separate key/value caches and
-  transformers 4.57's mask code, and ORT 1.32's GPT-2 fusion matches neither (measured: 0 of 2
+- optimum's exporter (``text-generation-with-past``) wrote separate key/value caches and
+  transformers 4.57's mask code, and ORT 1.32's GPT-2 fusion matched neither (measured: 0 of 2
   Attention nodes fused on a tiny GPT-2, eager or SDPA attention);
 - ORT's own GPT-2 exporter (``onnxruntime.transformers.models.gpt2.gpt2_helper``) cannot trace
-  transformers 4.57 (its vmap-based mask functions fail under the TorchScript tracer).
+  transformers 4.57 or 5 (its vmap-based mask functions fail under the TorchScript tracer);
+- the dynamo path (:mod:`.export_dynamo`) exports a tiny GPT-2 with parity, and onnxscript fuses its
+  attention into MultiHeadAttention, but the rewritten graph does not load in ORT 1.32 (a Gemm left
+  with a rank-3 input; transformers 5.23, onnxscript 0.7.2), and ORT's GPT-2 ``Attention`` (which
+  ``quantize`` turns into ``QAttention``) is not what it fuses into anyway. So GPT-2 stays here.
 
 The wrapper (:class:`_StackedPastGPT2`) builds the additive mask the way GPT-2 did before
 transformers' mask refactor (``(1 - mask) * -10000``), passes a 4-D mask so transformers uses it as
-is, and registers an attention function that is transformers' GPT-2 ``eager_attention_forward``
+is, and registers an attention function that is transformers 4.57's GPT-2 ``eager_attention_forward``
 minus one no-op ``Slice`` of the mask (it cuts the mask to the key length, which it already has),
-because that Slice hides the mask from ORT's pattern matcher.
+because that Slice hides the mask from ORT's pattern matcher. transformers 5 dropped GPT-2's causal
+``bias`` buffer (causality moved into the mask); :func:`_add_causal_buffers` puts it back, since the
+``Where`` on a slice of it is what ORT's fusion matches.
 
 **Llama, Qwen2/3, Mistral, Phi-3** go through onnxruntime-genai's model builder (GroupQueryAttention).
 **Every other causal LM** (families the builder does not know, a model_type the family table does not
