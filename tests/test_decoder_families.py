@@ -1,5 +1,6 @@
 """Decoders through torch's dynamo exporter (xformopt/decoder/export_dynamo.py): the families the genai
-builder does not know (Ministral 3, Gemma 4 text), a causal LM the family table has no row for (Granite),
+builder does not know (Ministral 3, Gemma 4 text, Qwen3.5 text with its linear-attention states), a causal
+LM the family table has no row for (Granite),
 and what is refused before any work (image/audio input, custom code without --trust-remote-code, a cache
 that is not one key/value pair per layer).
 
@@ -18,7 +19,9 @@ from conftest import error_lines, make_ctx, run_cli, run_pass
 
 NEW_TOKENS = 32
 LAYERS = tiny_decoders.SHAPE["num_hidden_layers"]
-DYNAMO_FAMILIES = ("ministral3", "gemma4_text")
+DYNAMO_FAMILIES = ("ministral3", "gemma4_text", "qwen3_5_text")
+# Ministral 3's position-dependent query scale keeps SDPA from matching; Qwen3.5's one full-attention layer fuses
+ATTENTION_FUSES = {"ministral3": False, "gemma4_text": True, "qwen3_5_text": True}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,7 @@ def models(tmp_path_factory):
 
 # The last step per family. Gemma 4 goes to dynamic INT8: on random tiny weights its 4-bit logits fall to
 # cosine 0.88 to float (the int4 pass's floor is 0.9), with any block size or 8-bit lm_head; INT8 keeps 0.997.
-LAST_STEP = {"ministral3": "int4", "gemma4_text": "quantize", "granite": "int4"}
+LAST_STEP = {"ministral3": "int4", "gemma4_text": "quantize", "qwen3_5_text": "int4", "granite": "int4"}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,7 @@ def test_family_fuses_what_its_row_expects_and_quantizes(family, stages):
     assert fused["expected"] == expected and expected
     assert all(fused["fused_kept"][op] >= n for op, n in expected.items())
     assert fused["fusion_route"].startswith("onnxscript")
-    assert fused["decoder"]["attention_fused"] is ("MultiHeadAttention" in expected)
+    assert fused["decoder"]["attention_fused"] is ATTENTION_FUSES[family]
     if LAST_STEP[family] == "int4":
         int4 = stages[family]["int4"][1]
         assert int4["matmulnbits"]["4bit"] >= 7 * LAYERS  # q, k, v, o, gate, up, down of every layer
@@ -150,12 +153,18 @@ def test_unsupported_decoders_are_refused_in_one_line_before_any_work(models, tm
     assert not (tmp_path / "o").exists()
 
 
-def test_qwen3_5_linear_attention_layers_are_refused_before_any_work(tmp_path, capsys):
-    """Qwen3.5's Gated DeltaNet layers carry a convolution and a recurrent state, not a key/value cache;
-    the dynamo export's layout cannot hold them (and the genai builder only knows the multimodal
-    Qwen3_5ForConditionalGeneration): one line, exit 2, nothing written."""
-    model = tiny_decoders.build(tmp_path / "qwen3_5", "qwen3_5_text")
-    code, _, err = run_cli(["export", model, "-o", tmp_path / "o"], capsys)
-    lines = error_lines(err)
-    assert code == 2 and len(lines) == 1 and "linear_attention" in lines[0], err
-    assert not (tmp_path / "o").exists()
+
+def test_qwen3_5_states_carry_a_prompt_longer_than_one_chunk(models, stages):
+    """Qwen3.5's graph takes at most 64 new tokens a call (the one Gated DeltaNet chunk the export traced):
+    a 100-token prompt is fed in two pieces, the conv/recurrent states carried between them, and every
+    step after it matches PyTorch, alone and in a left-padded batch."""
+    from xformopt.decoder.export import check_decoder_parity
+    from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
+
+    runner = OrtDecoder(stages["qwen3_5_text"]["fuse"][0], threads=2)
+    assert runner.step_limit == 64 and {n.split(".")[-1] for n in runner.layout.past_names} == {
+        "conv", "recurrent", "key", "value"}
+    prompts = [list(range(5, 105)), list(range(200, 270))]
+    parity = check_decoder_parity(TorchDecoder(models["qwen3_5_text"], threads=2), runner, prompts, steps=3)
+    assert parity["max_abs_diff"] < 1e-4 and parity["greedy_argmax_mismatches"] == 0
+    assert parity["padded_batch"]["lengths"] == [100, 70]

@@ -227,6 +227,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # unsortable ("Graph is not a DAG") even with every fusion switched off.
     Family("gemma4_text", True, "none", {"MultiHeadAttention": 1, "FastGelu": 2}, exporter="dynamo",
            grouped_query=True),
+    # Qwen3.5 text: Gated DeltaNet (linear attention) layers carry conv/recurrent states, every 4th layer is
+    # full attention (MultiHeadAttention after fuse); every layer's two (1 + w) RMSNorms fuse.
+    Family("qwen3_5_text", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo",
+           grouped_query=True),
 )}
 
 ENCODERS = tuple(name for name, f in FAMILIES.items() if not f.decoder)
@@ -242,6 +246,9 @@ def family_of(model_type: str | None) -> Family:
     return family
 
 
+# Layer types with fixed-size state the dynamo export carries as past_key_values.{i}.conv / .recurrent
+# (xformopt/decoder/export_dynamo.py), per model type: tested ones only.
+STATE_LAYERS = {"qwen3_5_text": ("linear_attention",)}
 # config keys of a checkpoint that takes more than text: xformopt exports text-only decoders
 _MEDIA_KEYS = {"vision_config": "image", "audio_config": "audio", "speech_config": "audio", "visual": "image"}
 
@@ -270,10 +277,12 @@ def lookup(config: dict, trust_remote_code: bool = False) -> Family | None:
 
 
 def refuse_unexportable_cache(config: dict) -> None:
-    """The dynamo export carries one key/value pair per layer: layers with recurrent state (linear
-    attention, Mamba) or layers reading another layer's cache are refused in one line."""
+    """The dynamo export carries one key/value pair per layer, or the states of the linear-attention
+    layers in ``STATE_LAYERS``: other layers with state (Mamba, convolutions) or layers reading another
+    layer's cache are refused in one line."""
     model_type = config.get("model_type")
-    odd = sorted(set(config.get("layer_types") or ()) - {"full_attention", "sliding_attention", "chunked_attention"})
+    carried = {"full_attention", "sliding_attention", "chunked_attention", *STATE_LAYERS.get(model_type, ())}
+    odd = sorted(set(config.get("layer_types") or ()) - carried)
     if odd:
         raise InputError(f"{model_type}: layers of type {', '.join(odd)} keep state beyond a key/value cache, which "
                          "the dynamo decoder export does not carry")

@@ -31,9 +31,34 @@ EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xf
 SAMPLE_BATCH, SAMPLE_NEW, SAMPLE_PAST = 2, 3, 4
 
 
-def _wrapper(model, layers: int):
+def _layer_cache(layer_cache, tensors: list):
+    """Fill one layer of a transformers cache from the graph's past tensors for it."""
+    if len(tensors) == 2 and hasattr(layer_cache, "keys"):
+        layer_cache.update(tensors[0], tensors[1])
+        return
+    # A linear-attention layer (Qwen3.5's Gated DeltaNet): its conv and recurrent states, marked as carried
+    # over, so every step (step 0 with zero states, which equal the prompt's zero padding) takes the
+    # cached path. Cloned: the layer updates them in place, and graph inputs must stay unmutated.
+    conv, recurrent = (t.clone() for t in tensors)
+    layer_cache.conv_states[0], layer_cache.recurrent_states[0] = conv, recurrent
+    layer_cache.conv_kernel_size[0] = conv.shape[-1]
+    layer_cache.dtype, layer_cache.device = conv.dtype, conv.device
+    for flags in (layer_cache.is_conv_states_initialized, layer_cache.is_recurrent_states_initialized,
+                  layer_cache.has_previous_state):
+        flags[0] = True
+
+
+def _layer_outputs(layer_cache, kinds: tuple[str, ...]) -> list:
+    if kinds == KV:
+        return [layer_cache.keys, layer_cache.values]
+    return [layer_cache.conv_states[0], layer_cache.recurrent_states[0]]
+
+
+def _wrapper(model, slots: list[tuple[str, ...]]):
     import torch
     from transformers import DynamicCache
+
+    config = model.config
 
     class _SplitPast(torch.nn.Module):
         """(input_ids, attention_mask, position_ids, *past) -> (logits, *present), optimum's split layout."""
@@ -43,36 +68,65 @@ def _wrapper(model, layers: int):
             self.model = model
 
         def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(layers)])
+            stateful = any(kinds != KV for kinds in slots)
+            # plain DynamicLayers (no config) unless a layer keeps state: a sliding layer then keeps its whole
+            # past (the window is in the mask), as the runner expects present = past + new
+            cache = DynamicCache(config=config) if stateful else DynamicCache()
+            tensors = iter(past)
+            for i, kinds in enumerate(slots):
+                if stateful:
+                    _layer_cache(cache.layers[i], [next(tensors) for _ in kinds])
+                else:
+                    cache.update(next(tensors), next(tensors), i)
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=cache, use_cache=True)
             presents = []
-            for layer in out.past_key_values.layers[:layers]:
-                presents += [layer.keys, layer.values]
+            for layer, kinds in zip(out.past_key_values.layers, slots):
+                presents += _layer_outputs(layer, kinds)
             return (out.logits, *presents)
 
     return _SplitPast(model).eval()
 
 
-def cache_shapes(model) -> list[tuple[int, int]]:
-    """(kv heads, head dim) of every layer's cache, read from one tiny cached forward: layers may differ
-    (Gemma 4's full-attention layers have their own head_dim and KV heads)."""
+KV, STATES = ("key", "value"), ("conv", "recurrent")
+
+
+def cache_slots(model) -> tuple[list[tuple[str, ...]], list[tuple[int, ...]]]:
+    """Per layer, what it caches (``key``/``value``, or a linear-attention layer's ``conv``/``recurrent``
+    states), and the shape of each tensor without its batch axis, read from one tiny cached forward:
+    layers may differ (Gemma 4's full-attention layers have their own head_dim and KV heads)."""
     import torch
     from transformers import DynamicCache
 
+    config = model.config.get_text_config(decoder=True)
+    stateful = "linear_attention" in (getattr(config, "layer_types", None) or ())
     with torch.no_grad():
-        out = model(input_ids=torch.zeros((1, 2), dtype=torch.int64), past_key_values=DynamicCache(), use_cache=True)
-    return [(int(layer.keys.shape[1]), int(layer.keys.shape[3])) for layer in out.past_key_values.layers]
+        out = model(input_ids=torch.zeros((1, 2), dtype=torch.int64), use_cache=True,
+                    past_key_values=DynamicCache(config=model.config) if stateful else DynamicCache())
+    slots, shapes = [], []
+    for layer in out.past_key_values.layers:
+        if getattr(layer, "keys", None) is not None:
+            slots.append(KV)
+            shapes += [tuple(layer.keys.shape[1:]), tuple(layer.values.shape[1:])]
+        else:
+            slots.append(STATES)
+            shapes += [tuple(layer.conv_states[0].shape[1:]), tuple(layer.recurrent_states[0].shape[1:])]
+    return slots, shapes
 
 
-def _sample(shapes: list[tuple[int, int]], vocab: int):
+def _sample(slots, shapes, vocab: int):
     import torch
 
     total = SAMPLE_PAST + SAMPLE_NEW
     ids = torch.randint(0, max(vocab, 2), (SAMPLE_BATCH, SAMPLE_NEW), dtype=torch.int64)
     mask = torch.ones((SAMPLE_BATCH, total), dtype=torch.int64)
     positions = torch.arange(SAMPLE_PAST, total, dtype=torch.int64)[None].expand(SAMPLE_BATCH, -1).contiguous()
-    past = [torch.randn(SAMPLE_BATCH, heads, SAMPLE_PAST, dim) * 0.1 for heads, dim in shapes for _ in "kv"]
+    kinds = [kind for layer in slots for kind in layer]
+    past = []
+    for kind, shape in zip(kinds, shapes):
+        if kind in KV:
+            shape = (shape[0], SAMPLE_PAST, *shape[2:])
+        past.append(torch.randn(SAMPLE_BATCH, *shape) * 0.1)
     return ids, mask, positions, past
 
 
@@ -87,19 +141,20 @@ def export_dynamo_decoder(src: Path, dst: Path, opset: int, trust_remote_code: b
     # eager attention: plain MatMul/Softmax ops that onnxscript's SDPA -> GQA/MHA rules match
     model = AutoModelForCausalLM.from_pretrained(src, trust_remote_code=trust_remote_code, dtype=torch.float32,
                                                  attn_implementation="eager").eval()
-    shapes = cache_shapes(model)
-    layers = len(shapes)
-    ids, mask, positions, past = _sample(shapes, model.config.get_text_config().vocab_size)
-    # Dim.DYNAMIC: torch infers how the axes relate (total = past + new); named after export (_name_axes)
+    slots, shapes = cache_slots(model)
+    ids, mask, positions, past = _sample(slots, shapes, model.config.get_text_config().vocab_size)
+    # Dim.DYNAMIC: torch infers how the axes relate (total = past + new). States are fixed-size but batch.
     dyn = Dim.DYNAMIC
-    axes = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple([{0: dyn, 2: dyn}] * (2 * layers)))  # *past: one tuple
-    past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    present_names = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    kinds = [kind for layer in slots for kind in layer]
+    past_axes = tuple({0: dyn, 2: dyn} if kind in KV else {0: dyn} for kind in kinds)
+    axes = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, {0: dyn, 1: dyn}, past_axes)  # *past: one tuple
+    past_names = [f"past_key_values.{i}.{kind}" for i, layer in enumerate(slots) for kind in layer]
+    present_names = [f"present.{i}.{kind}" for i, layer in enumerate(slots) for kind in layer]
     # the exporter prints its progress on stdout: kept off ours (the CLI may write JSON there)
     with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            _wrapper(model, layers), (ids, mask, positions, *past), dynamic_shapes=axes, opset_version=opset,
+            _wrapper(model, slots), (ids, mask, positions, *past), dynamic_shapes=axes, opset_version=opset,
             input_names=["input_ids", "attention_mask", "position_ids", *past_names],
             output_names=["logits", *present_names], dynamo=True, optimize=True, external_data=True)
     _finish(program, dst / "model.onnx")

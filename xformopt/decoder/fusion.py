@@ -15,6 +15,7 @@ Measured with onnxruntime 1.32, onnxscript 0.7.2 and transformers 5.23 (tiny con
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from xformopt.measure.latency import run_interleaved
@@ -33,13 +34,24 @@ ATTENTION_NOT_FUSED = (
 TIMING_PROMPT_TOKENS = 32
 
 
+def attention_layers(spec) -> int:
+    """Layers with softmax attention: all but a hybrid's linear-attention layers (Qwen3.5)."""
+    try:
+        types = json.loads((Path(spec.path) / "config.json").read_text(encoding="utf-8")).get("layer_types") or []
+    except (OSError, ValueError, AttributeError):
+        types = []
+    return sum(t != "linear_attention" for t in types) or spec.num_layers
+
+
 def attention_record(spec, counts: dict[str, int], log) -> dict:
     """Whether attention fused; a family whose attention cannot fuse is logged loudly, never silent."""
     fused = sum(counts.get(op, 0) for op in ATTENTION_OPS)
-    record = {"attention_fused": fused >= spec.num_layers, "attention_nodes": fused, "layers": spec.num_layers}
-    if fused < spec.num_layers:
+    layers = attention_layers(spec)
+    record = {"attention_fused": fused >= layers, "attention_nodes": fused, "layers": spec.num_layers,
+              "attention_layers": layers}
+    if fused < layers:
         why = ATTENTION_NOT_FUSED if spec.model_type != "gpt2" else "the attention pattern was not recognized"
-        record["attention_note"] = f"{fused} of {spec.num_layers} attention layers fused: {why}"
+        record["attention_note"] = f"{fused} of {layers} attention layers fused: {why}"
         log(f"WARNING: {record['attention_note']}")
     return record
 
