@@ -11,6 +11,9 @@ past tensors (``DynamicCache(ddp_cache_data=...)``: every layer a plain ``Dynami
 window layer keeps its whole past and the window lives in the attention mask, as the runner expects
 present = past + new) and flattens ``cache.layers[i].keys/values`` back out.
 
+A linear-attention layer (Qwen3.5's Gated DeltaNet) has no key/value pair: its conv and recurrent states
+travel as ``past_key_values.{i}.conv`` / ``.recurrent`` (fixed size, zeros at step 0).
+
 torch.export specialises sizes 0 and 1, so the sample has batch 2, 3 new tokens and a past of 4; the
 parity check of :mod:`.export` then runs batch 1, a zero-length past and left-padded batches.
 
