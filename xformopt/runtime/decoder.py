@@ -181,7 +181,7 @@ class OrtDecoder:
         if self.share_buffer and (gqa_positions is None or not self.io_binding):
             raise InputError(f"{self.model_dir}: a shared KV buffer needs a GroupQueryAttention graph and io_binding")
         self.max_positions = gqa_positions
-        self.step_limit = step_token_limit(self.model_dir)
+        self.step_limit = step_token_limit(self.layout)
         vocab = next(o.shape[-1] for o in self.session.get_outputs() if o.name == "logits")
         self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else None  # None: symbolic in the graph
 
@@ -312,16 +312,10 @@ class OrtDecoder:
 LINEAR_ATTENTION_CHUNK = 64
 
 
-def step_token_limit(model_dir: Path) -> int | None:
-    """The most new tokens one call of the graph takes (a linear-attention decoder's chunk), else None."""
-    import json
-
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    text = config.get("text_config") or config if isinstance(config, dict) else {}
-    return LINEAR_ATTENTION_CHUNK if "linear_attention" in (text.get("layer_types") or ()) else None
+def step_token_limit(layout: CacheLayout) -> int | None:
+    """The most new tokens one call of the graph takes: a linear-attention layer's chunk when the graph
+    carries such states (only the dynamo export writes them), else None."""
+    return LINEAR_ATTENTION_CHUNK if any(is_state(n) for n in layout.past_names) else None
 
 
 def _gqa_max_positions(model_path: Path) -> int | None:
