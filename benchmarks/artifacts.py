@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see README "How latency is measured"
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see docs/guides/optimize.md, "How latency is measured"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -50,11 +50,11 @@ def main() -> None:
     spec = models.resolve(args.model)
     task = spec.task_def
     if args.optimum is not None:
-        from xformopt.bench.optimum_reference import optimum_dynamic_int8
+        from xformopt.bench.optimum_reference import NAME, optimum_dynamic_int8
 
         target = targets.detect(effective_cpu_flags()).name
-        print(f"optimum's dynamic INT8 ({target}) in {args.optimum}", file=sys.stderr)
-        args.artifacts.insert(0, optimum_dynamic_int8(Path(args.model), args.optimum, task, target))
+        print(f"{NAME} ({target}) in {args.optimum}", file=sys.stderr)
+        args.artifacts.insert(0, optimum_dynamic_int8(Path(args.model), args.optimum, spec, target))
     threads = args.threads or usable_cpus()
     source = args.data or task.default_data(args.split)
     heldout = task.load(source, label2id=spec.label2id or None, limit=args.limit, seed=0)

@@ -9,7 +9,7 @@ from CPUID, which qemu-user answers), e.g. an AVX2-only CPU on an AVX-512 VNNI m
     python benchmarks/int8_formats.py /tmp/f
     qemu-x86_64 -cpu Haswell "$(which python)" benchmarks/int8_formats.py /tmp/f
 
-Under emulation each session takes minutes; the README's AVX2 column was made from the same quantized
+Under emulation each session takes minutes; the AVX2 column of docs/results/encoders.md was made from the same quantized
 graphs (quantization is host-independent) with only the inference run under qemu.
 """
 

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see README "How latency is measured"
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads; see docs/guides/optimize.md, "How latency is measured"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
@@ -90,7 +90,7 @@ def main() -> None:
 
     import numpy as np
 
-    from xformopt import models, targets, tasks
+    from xformopt import models, targets
     from xformopt.bench.optimum_reference import optimum_dynamic_int8
     from xformopt.data import load_text_dataset
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
@@ -102,9 +102,8 @@ def main() -> None:
     target = targets.detect(effective_cpu_flags())
     log(f"host target: {target.name}")
     ours, records = xformopt_artifact(args.model, args.work)
-    theirs = optimum_dynamic_int8(args.model, args.work / "optimum-int8", tasks.get("feature-extraction"), target.name)
-
     spec = models.resolve(str(args.model), task="feature-extraction")
+    theirs = optimum_dynamic_int8(args.model, args.work / "optimum-int8", spec, target.name)
     threads = args.threads or usable_cpus()
     heldout = load_text_dataset(vader_split_path("test"), limit=args.cosine_rows, seed=0)
     texts = list(heldout.texts)

@@ -70,7 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         artifact, manifest = xformopt_int8(args.model, args.data, work, args.limit)
-        theirs = optimum_dynamic_int8(Path(args.model), work / "optimum-int8", spec.task_def, "avx512_vnni")
+        theirs = optimum_dynamic_int8(Path(args.model), work / "optimum-int8", spec, "avx512_vnni")
         fp32 = TorchPredictor(spec, args.model, threads=args.threads).predict_data(data)
         variants = {
             "xformopt_int8": OrtPredictor(spec, artifact, threads=args.threads).predict_data(data),

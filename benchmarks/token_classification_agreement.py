@@ -67,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tok-agreement-") as tmp:
         work = Path(tmp)
         ours, record = xformopt_int8(spec, args.model, work, data.texts[:200], args.target)
-        theirs = optimum_dynamic_int8(Path(args.model), work / "optimum-int8", spec.task_def, args.target)
+        theirs = optimum_dynamic_int8(Path(args.model), work / "optimum-int8", spec, args.target)
         for name, directory in (("xformopt_int8", ours), ("optimum_dynamic_int8", theirs)):
             outputs = OrtPredictor(spec, directory, threads=2).predict_data(data)
             metrics = task.score(outputs, baseline, data)

@@ -242,7 +242,7 @@ def test_export_fuse_quantize_chain(tiny_classifier, heldout_file, tmp_path, cap
 
     code, out, err = run_cli(["export", tiny_classifier, "-o", e, "--data", heldout_file], capsys)
     assert code == 0, err
-    assert out.startswith("export: opset 17, parity max|diff|")
+    assert out.startswith("export: opset 18, parity max|diff|")
     assert f"wrote {e}" in out
     manifest = json.loads((e / "manifest.json").read_text())
     assert [p["pass"] for p in manifest["passes"]] == ["export"]

@@ -172,7 +172,7 @@ def _recipe(tmp_path: Path, heldout: Path | None) -> Path:
 
 @pytest.mark.host_sensitive
 @pytest.mark.parametrize("kind", ["cls", "enc"])
-def test_optimize_end_to_end_and_the_artifact_loads_in_optimum(kind, tiny_deberta_cls, tiny_deberta_enc, heldout_file,
+def test_optimize_end_to_end_and_the_artifact_loads_in_a_pipeline_model(kind, tiny_deberta_cls, tiny_deberta_enc, heldout_file,
                                                                 sample_texts, tmp_path, capsys):
     from transformers import AutoTokenizer
 
@@ -194,14 +194,14 @@ def test_optimize_end_to_end_and_the_artifact_loads_in_optimum(kind, tiny_debert
     tokenizer = AutoTokenizer.from_pretrained(out)
     encoded = tokenizer(sample_texts[:1], return_tensors="np")
     if kind == "cls":
-        from optimum.onnxruntime import ORTModelForSequenceClassification
+        from xformopt.clients.transformers_pipeline import OnnxPipelineModel
 
-        model = ORTModelForSequenceClassification.from_pretrained(out)
+        model = OnnxPipelineModel(out)
         assert model(**encoded).logits.shape == (1, 2)
     else:
-        from optimum.onnxruntime import ORTModelForFeatureExtraction
+        from xformopt.clients.transformers_pipeline import OnnxPipelineModel
 
-        model = ORTModelForFeatureExtraction.from_pretrained(out)
+        model = OnnxPipelineModel(out)
         assert model(**encoded).last_hidden_state.shape == (1, encoded["input_ids"].shape[1], 64)
 
 

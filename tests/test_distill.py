@@ -359,6 +359,29 @@ def test_cli_prune_then_distill_finds_teacher_in_manifest(tiny_classifier, tmp_p
     assert "xformopt: distill: eval at step 4" in err  # progress and evaluations go to stderr
 
 
+def test_head_pruned_student_distills_with_attention_maps_and_drops_a_layer(tiny_classifier, sample_texts, tmp_path):
+    """A head-pruned student (transformers 5 has no head pruning: xformopt.pruned_heads loads it) trains with
+    the attention-map loss (eager attention, fewer heads than the teacher), drops a layer (config.pruned_heads
+    re-keyed to the new numbering), and the saved folder reloads to the trained student (the pass checks)."""
+    from xformopt import pruned_heads
+    from xformopt.families import Layout
+
+    ctx = make_ctx(tiny_classifier, sample_texts)
+    pruned = run_pass("prune", ctx, tiny_classifier, tmp_path / "p", heads_per_layer=2, measure_latency=False,
+                      samples=16, eval_samples=16)
+    assert pruned["after"]["heads_per_layer"] == [2, 2] and set(pruned["pruned_heads"]) == {"0", "1"}
+    rec = distill(ctx, tmp_path / "p", tmp_path / "d", teacher=str(tiny_classifier), keep_layers=[1], max_steps=4,
+                  eval_every=2, hidden_weight=1.0, attention_weight=1.0)
+    assert rec["evaluations"][-1]["train_terms"].keys() >= {"hidden_mse", "attention_mse"}
+    assert rec["reload_check"]["max_abs_diff"] <= 1e-4
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and config["pruned_heads"] == {"0": pruned["pruned_heads"]["1"]}
+    import transformers
+
+    loaded = pruned_heads.from_pretrained(transformers.AutoModelForSequenceClassification, tmp_path / "d")
+    assert [Layout.get(layer, "attention.self.num_attention_heads") for layer in loaded.bert.encoder.layer] == [2]
+
+
 def test_recipe_prune_distill_export_chain(tiny_classifier, heldout_file, tmp_path):
     """prune -> distill -> export -> fuse through the pipeline: the teacher is the run's input model,
     the distilled stage exports, and the evaluation/training rows exclude the reported ones."""

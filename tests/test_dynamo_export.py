@@ -1,5 +1,5 @@
 """``export: {exporter: dynamo}`` on the tiny BERT: parity, every layer fused (by onnxscript's rewriter
-in ``fuse``), quantized, loaded by optimum, and a whole optimize run."""
+in ``fuse``), quantized, run in a transformers pipeline, and a whole optimize run."""
 
 from __future__ import annotations
 
@@ -101,13 +101,14 @@ def test_dynamo_export_without_onnxscript_names_the_extra(monkeypatch, tiny_clas
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_onnxscript)
-    with pytest.raises(InputError, match=r"pip install 'xformopt\[dynamo\]'"):
+    with pytest.raises(InputError, match=r"pip install 'onnxscript"):
         run_pass("export", make_ctx(tiny_classifier, sample_texts), tiny_classifier, tmp_path / "x", exporter="dynamo")
 
 
 def test_optimize_with_dynamo_recipe(tmp_path, tiny_classifier, heldout_file, sample_texts, monkeypatch):
-    from optimum.onnxruntime import ORTModelForSequenceClassification
     from transformers import AutoTokenizer
+
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
 
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(tmp_path / "cache"))
     chosen = recipe.validate({
@@ -120,7 +121,7 @@ def test_optimize_with_dynamo_recipe(tmp_path, tiny_classifier, heldout_file, sa
     out = result.out
     counts = onnx_op_counts(out / "model.onnx")
     assert counts["QAttention"] == LAYERS
-    model = ORTModelForSequenceClassification.from_pretrained(out)
+    model = OnnxPipelineModel(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     logits = np.asarray(model(**tokenizer(sample_texts[:4], padding=True, return_tensors="np")).logits)
     assert logits.shape == (4, 2)

@@ -1,6 +1,6 @@
 """fill-mask: data formats, the vendored fallback, top-5 outputs against transformers' own fill-mask
 pipeline, metrics on hand-made cases, and optimize end to end (export, fuse, INT8) on a tiny
-BertForMaskedLM whose artifact loads in ORTModelForMaskedLM and the fill-mask pipeline."""
+BertForMaskedLM whose artifact runs in transformers' fill-mask pipeline (OnnxPipelineModel)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def write(path: Path, text: str) -> Path:
 def test_registered_and_detected_from_the_config(tiny_mlm):
     spec = models.resolve(str(tiny_mlm))
     assert spec.task == "fill-mask" and spec.task_def is TASK
-    assert (TASK.auto_model, TASK.ort_model, TASK.export_task) == ("AutoModelForMaskedLM", "ORTModelForMaskedLM", "fill-mask")
+    assert (TASK.auto_model, TASK.export_outputs) == ("AutoModelForMaskedLM", ("logits",))
     from xformopt.passes import get_pass
 
     with pytest.raises(InputError, match="support export, fuse, quantize"):
@@ -271,18 +271,18 @@ def test_optimize_writes_an_int8_artifact_with_fill_mask_metrics(tiny_mlm, recip
     assert np.load(out / "reference" / "baseline_outputs.npy").shape == (24, 2, 5)
     check_bench_report_and_gate(out, capsys)
 
-    # The artifact serves: optimum's ORTModelForMaskedLM in transformers' fill-mask pipeline gives
+    # The artifact serves: as a transformers model (OnnxPipelineModel) in the fill-mask pipeline it gives
     # the top-1 token our evaluation recorded for the quantized stage.
-    from optimum.onnxruntime import ORTModelForMaskedLM
     from transformers import AutoTokenizer, pipeline
 
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
     from xformopt.runtime.encoder import OrtPredictor
 
     # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
     data = load(masked_file)
     predictor = OrtPredictor(models.resolve(str(tiny_mlm)), out)
     tokenizer = AutoTokenizer.from_pretrained(out)
-    fill = pipeline("fill-mask", model=ORTModelForMaskedLM.from_pretrained(out), tokenizer=tokenizer, top_k=5)
+    fill = pipeline("fill-mask", model=OnnxPipelineModel(out), tokenizer=tokenizer, top_k=5)
     for i in (0, 3):
         ours = predictor.predict_data(data.subset([i]))[0]
         got = fill(fill_mask.with_model_mask(data.texts[i], tokenizer.mask_token))

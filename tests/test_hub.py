@@ -80,7 +80,7 @@ class StandInHub(BaseHTTPRequestHandler):
 def online(monkeypatch, empty_hub_cache):
     """Undo the suite's HF_HUB_OFFLINE=1 for one test (constants and the cached HTTP session)."""
     import huggingface_hub.constants as constants
-    from huggingface_hub.utils._http import reset_sessions
+    from huggingface_hub.utils._http import close_session as reset_sessions  # huggingface_hub 1.x: httpx clients
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)

@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parents[1] / "xformopt"
 # below keeps two units of one layer from needing each other. Mirrors docs/architecture.md.
 LAYERS = [
     ("foundation", {"errors", "atomic", "locks", "stale", "progress", "signals", "plot_style", "accuracy_budget",
-                    "artifact", "cache", "safe_yaml"}),
+                    "artifact", "cache", "safe_yaml", "no_telemetry"}),
     ("measurement", {"measure"}),
     ("data, models, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks", "validate",
                                        "hub", "split_wheels", "models", "targets", "onnx_graph", "exporting",
-                                       "fusions", "weight_coverage", "gguf_source"}),
+                                       "fusions", "weight_coverage", "gguf_source", "pruned_heads"}),
     ("runtime", {"runtime"}),
     ("pass libraries", {"decoder", "distill"}),
     ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),

@@ -151,18 +151,19 @@ def test_fused_quantizes(classifier_stages, tiny_modernbert, sample_texts, tmp_p
 
 
 def test_torchscript_route_fuses_no_attention_and_fails_loudly(tiny_modernbert, sample_texts, tmp_path):
-    """A recipe's exporter wins over the family's; optimum's TorchScript graph of ModernBERT fuses no
+    """A recipe's exporter wins over the family's; the TorchScript graph of ModernBERT fuses no
     attention in ORT's optimizer, and ``expect_full`` says so instead of shipping it unfused."""
     ctx = make_ctx(tiny_modernbert, sample_texts)
     record = run_pass("export", ctx, tiny_modernbert, tmp_path / "e", exporter="torchscript")
-    assert record["exporter"].startswith("optimum")
+    assert record["exporter"].startswith("torch.onnx.export (TorchScript")
     with pytest.raises(PassFailed, match="MultiHeadAttention 0/2"):
         run_pass("fuse", ctx, tmp_path / "e", tmp_path / "f", select="all")
 
 
-def test_optimize_end_to_end_loads_in_optimum(tiny_modernbert, heldout_file, sample_texts, tmp_path, monkeypatch):
-    from optimum.onnxruntime import ORTModelForSequenceClassification
+def test_optimize_end_to_end_loads_in_a_pipeline_model(tiny_modernbert, heldout_file, sample_texts, tmp_path, monkeypatch):
     from transformers import AutoTokenizer
+
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
 
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(tmp_path / "cache"))
     chosen = recipe.validate({
@@ -173,7 +174,7 @@ def test_optimize_end_to_end_loads_in_optimum(tiny_modernbert, heldout_file, sam
     result = pipeline.run(str(tiny_modernbert), chosen, tmp_path / "out", log=lambda m: None)
     out = result.out
     assert onnx_op_counts(out / "model.onnx")["MultiHeadAttention"] == LAYERS
-    model = ORTModelForSequenceClassification.from_pretrained(out)
+    model = OnnxPipelineModel(out)
     assert model.config.model_type == "modernbert"
     tokenizer = AutoTokenizer.from_pretrained(out)
     encoded = tokenizer(sample_texts[:4], padding=True, return_tensors="np")
@@ -182,12 +183,13 @@ def test_optimize_end_to_end_loads_in_optimum(tiny_modernbert, heldout_file, sam
     assert logits.shape == (4, 2) and np.isfinite(logits).all()
 
 
-def test_embedder_stage_loads_in_optimum(encoder_stages, sample_texts):
-    from optimum.onnxruntime import ORTModelForFeatureExtraction
+def test_embedder_stage_loads_in_a_pipeline_model(encoder_stages, sample_texts):
     from transformers import AutoTokenizer
 
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
+
     _, _, fused, _ = encoder_stages
-    model = ORTModelForFeatureExtraction.from_pretrained(fused)
+    model = OnnxPipelineModel(fused)
     tokenizer = AutoTokenizer.from_pretrained(fused)
     encoded = tokenizer(sample_texts[:3], padding=True, return_tensors="np")
     encoded.pop("token_type_ids", None)

@@ -1,6 +1,6 @@
 """multiple-choice: SWAG-like data formats, [batch, choices, tokens] inputs through both predictors,
 metrics on hand-made cases, and optimize end to end (export, fuse, INT8) on a tiny
-BertForMultipleChoice whose artifact loads in ORTModelForMultipleChoice.
+BertForMultipleChoice whose artifact runs as a transformers model (OnnxPipelineModel).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def write(path: Path, text: str) -> Path:
 def test_registered_and_detected_from_the_config(tiny_mc):
     spec = models.resolve(str(tiny_mc))
     assert spec.task == "multiple-choice" and spec.task_def is TASK
-    assert (TASK.auto_model, TASK.ort_model, TASK.export_task) == (
-        "AutoModelForMultipleChoice", "ORTModelForMultipleChoice", "multiple-choice")
+    assert (TASK.auto_model, TASK.export_outputs, TASK.input_axes) == (
+        "AutoModelForMultipleChoice", ("logits",), ("batch_size", "num_choices", "sequence_length"))
     from xformopt.passes import get_pass
 
     with pytest.raises(InputError, match="support export, fuse, quantize"):
@@ -241,16 +241,16 @@ def test_optimize_writes_an_int8_artifact_with_multiple_choice_metrics(tiny_mc, 
     assert np.load(out / "reference" / "baseline_outputs.npy").shape == (24, 4)
     check_bench_report_and_gate(out, capsys)
 
-    # The artifact loads in optimum's ORTModelForMultipleChoice and gives what our evaluation gave.
-    from optimum.onnxruntime import ORTModelForMultipleChoice
+    # The artifact runs as a transformers model (OnnxPipelineModel) and gives what our evaluation gave.
     from transformers import AutoTokenizer
 
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
     from xformopt.runtime.encoder import OrtPredictor
 
     # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
     data = load(swag_file, limit=3)
     predictor = OrtPredictor(models.resolve(str(tiny_mc)), out)
-    model = ORTModelForMultipleChoice.from_pretrained(out)
+    model = OnnxPipelineModel(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     for i in range(3):
         ours = predictor.predict_data(data.subset([i]))[0]

@@ -207,13 +207,14 @@ def test_artifact_loads_in_plain_onnxruntime(first_run, tiny_classifier, sample_
     assert cos > 0.99
 
 
-def test_artifact_loads_with_optimum(first_run, sample_texts):
+def test_artifact_loads_in_a_transformers_pipeline(first_run, sample_texts):
     import onnxruntime as ort
-    from optimum.onnxruntime import ORTModelForSequenceClassification
     from transformers import AutoTokenizer
 
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
+
     out = first_run[0].out
-    model = ORTModelForSequenceClassification.from_pretrained(out)
+    model = OnnxPipelineModel(out)
     assert model.config.id2label == {0: "negative", 1: "positive"}
     tokenizer = AutoTokenizer.from_pretrained(out)
     encoded = tokenizer(sample_texts[:4], padding=True, return_tensors="np")

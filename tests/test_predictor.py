@@ -1,5 +1,5 @@
 """The task-level predictor (xformopt.runtime.predictor): answers match transformers' pipelines on the
-same ONNX graph (optimum's ORT models), the task's own evaluation outputs, and stay the same whatever
+same ONNX graph (xformopt.clients.transformers_pipeline), the task's own evaluation outputs, and stay the same whatever
 the batch size."""
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ TEXTS = ["a wonderful , moving film", "dull and far too long .", "the plot goes 
 
 
 def _ort_pipeline(task: str, artifact, **kwargs):
-    import optimum.onnxruntime as ort_models
     from transformers import AutoTokenizer, pipeline
 
-    from xformopt.tasks import get
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
 
-    model = getattr(ort_models, get(task).ort_model).from_pretrained(artifact)
+    model = OnnxPipelineModel(artifact, task)
     return pipeline(task, model=model, tokenizer=AutoTokenizer.from_pretrained(artifact), **kwargs)
 
 

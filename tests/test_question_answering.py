@@ -1,5 +1,5 @@
 """question-answering: SQuAD data in every format, windowed span prediction as the pipeline does it,
-SQuAD v1.1 scoring, the end-to-end optimize run and the artifact in optimum and transformers."""
+SQuAD v1.1 scoring, the end-to-end optimize run and the artifact in a transformers pipeline."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def test_registered_and_detected(tiny_qa):
     spec = models.resolve(str(tiny_qa))
     assert spec.task == "question-answering" and spec.task_def is tasks.get("question-answering")
     task = spec.task_def
-    assert (task.auto_model, task.ort_model, task.export_task, task.headline) == (
-        "AutoModelForQuestionAnswering", "ORTModelForQuestionAnswering", "question-answering", "f1")
+    assert (task.auto_model, task.export_outputs, task.input_axes, task.headline) == (
+        "AutoModelForQuestionAnswering", ("start_logits", "end_logits"), ("batch_size", "sequence_length"), "f1")
     start, end = np.zeros((2, 5)), np.ones((2, 5))
     assert task.combine([start, end]).shape == (2, 5, 2)
     assert (task.combine([start, end])[..., 1] == 1).all()
@@ -294,18 +294,21 @@ def test_optimize_int8_artifact_with_squad_metrics(tmp_path, capsys, tiny_qa, qa
 
 
 def check_artifact_loads(qa_artifact, qa_rows):
-    from optimum.onnxruntime import ORTModelForQuestionAnswering
-    from transformers import AutoTokenizer, pipeline
+    """transformers 5 has no extractive question-answering pipeline: the artifact runs as a transformers
+    model (start/end logits of the question + context) and answers through xformopt.load()."""
+    from transformers import AutoTokenizer
 
-    model = ORTModelForQuestionAnswering.from_pretrained(qa_artifact)
+    import xformopt
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
+
+    model = OnnxPipelineModel(qa_artifact)
     tokenizer = AutoTokenizer.from_pretrained(qa_artifact)
-    pipe = pipeline("question-answering", model=model, tokenizer=tokenizer)
     row = qa_rows[0]
-    answer = pipe(question=row["question"], context=row["context"])
-    assert row["context"][answer["start"]:answer["end"]] == answer["answer"]
     enc = tokenizer(row["question"], row["context"], return_tensors="np")
     out = model(**enc)
     assert out.start_logits.shape == out.end_logits.shape == enc["input_ids"].shape
+    answer = xformopt.load(qa_artifact).predict([{"question": row["question"], "context": row["context"]}])[0]
+    assert row["context"][answer["start"]:answer["end"]] == answer["answer"]
 
 
 def test_optimize_reads_the_official_squad_json(tmp_path, capsys, tiny_qa, qa_rows):

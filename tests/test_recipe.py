@@ -51,7 +51,7 @@ def test_shipped_names_lists_both():
 def test_default_recipe_chain():
     r = recipe.load("default")
     assert [s.name for s in r.passes] == ["export", "fuse", "quantize"]
-    assert r.passes[0].options["opset"] == 17
+    assert r.passes[0].options["opset"] == 18
     assert r.passes[0].options["max_abs_diff"] == pytest.approx(1e-3)
     assert r.passes[1].options["select"] == "fastest"
     assert r.passes[2].options["mode"] == "dynamic"

@@ -189,7 +189,7 @@ def test_local_search_writes_the_schema(local_search, tiny_classifier):
     ops = {n.op_type for n in onnx.load(str(out / "optimum-int8" / "model.onnx")).graph.node}
     assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops
     assert {"pytorch", "reference-int8", "optimum-int8"} <= set(on_disk["remeasure"]["latency"])
-    assert "optimum dynamic INT8" in (out / "search.md").read_text()
+    assert "dynamic INT8, optimum's settings" in (out / "search.md").read_text()
     assert (out / "pareto.png").stat().st_size > 1000
     assert "| trial" in (out / "search.md").read_text()
 

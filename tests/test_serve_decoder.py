@@ -291,14 +291,15 @@ from xformopt.serve.decoder_scheduler import DecoderSettings
 config = ServeConfig(sys.argv[1], threads=1, decoder=DecoderSettings(max_streams=2, max_kv_tokens=4096,
                                                                      drain_s=float(sys.argv[3])))
 sys.exit(0 if server.run(create_app(config, engine_factory=slow_engine_factory(0.02)), "127.0.0.1",
-                         int(sys.argv[2])) else 1)
+                         int(sys.argv[2]), drain_s=float(sys.argv[3])) else 1)
 """
 
 
 def test_sigterm_finishes_or_cleanly_ends_the_streams_in_flight_and_exits_0(served_decoder):
     """Two streams decoding and one request waiting at SIGTERM: the short stream finishes, the long one (it
     needs >= 20 s at 20 ms a step) is ended at the 4 s drain with finish_reason and [DONE], the waiting one
-    gets 503 (nothing was sent to it yet), and the server exits 0 (server.run: uvicorn and the drain hook)."""
+    gets 503 (nothing was sent to it yet), and the server exits 0 (server.run: uvicorn and the drain hook).
+    Readiness-first: during the drain /health says 503 and a new request is still answered (503), not reset."""
     port, drain = free_port(), 4.0
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     process = subprocess.Popen([sys.executable, "-c", SIGTERM_SERVER, str(served_decoder), str(port), str(drain),
@@ -337,9 +338,14 @@ def test_sigterm_finishes_or_cleanly_ends_the_streams_in_flight_and_exits_0(serv
                 while metric((await client.get(f"{url}/metrics")).text, "xformopt_decoder_waiting_sequences") < 1:
                     await asyncio.sleep(0.02)
                 process.send_signal(signal.SIGTERM)
-                return await asyncio.gather(*streams), await waiting
+                await asyncio.sleep(0.5)
+                async with httpx.AsyncClient(timeout=10) as fresh:  # a new connection during the drain
+                    during = [await fresh.get(f"{url}/health"),
+                              await fresh.post(f"{url}/v1/completions", json={**base, "stream": False, "max_tokens": 3})]
+                return await asyncio.gather(*streams), await waiting, during
 
-        (long_events, short_events), waited = asyncio.run(scenario())
+        (long_events, short_events), waited, during = asyncio.run(scenario())
+        assert [r.status_code for r in during] == [503, 503] and during[1].headers["connection"] == "close"
         assert process.wait(timeout=120) == 0
         for events, tokens, cut in ((short_events, 20, False), (long_events, long_tokens, True)):
             assert events[-1] == "[DONE]"

@@ -1,5 +1,5 @@
 """token-classification: the data formats, the word-level predictions, the metrics (seqeval), an
-end-to-end optimize of a tiny trained BertForTokenClassification, and loading the artifact in optimum."""
+end-to-end optimize of a tiny trained BertForTokenClassification, and running the artifact in a transformers pipeline."""
 
 from __future__ import annotations
 
@@ -319,7 +319,7 @@ RECIPE = ("name: tiny-ner\ntarget: auto\npasses:\n  - export\n  - fuse:\n      s
           "evaluation:\n  latency_rounds: 3\n  warmup: 1\n  repeats: 1\n")
 
 
-def test_optimize_writes_an_int8_artifact_that_optimum_loads(tmp_path, tiny_ner, heldout_conll, heldout_rows,
+def test_optimize_writes_an_int8_artifact_that_a_pipeline_runs(tmp_path, tiny_ner, heldout_conll, heldout_rows,
                                                              capsys, monkeypatch):
     from conftest import onnx_op_counts
 
@@ -343,16 +343,17 @@ def test_optimize_writes_an_int8_artifact_that_optimum_loads(tmp_path, tiny_ner,
     ref = np.load(out / "reference" / "baseline_outputs.npy", allow_pickle=False)
     assert ref.shape == (len(heldout_rows), max(len(w) for w, _ in heldout_rows), len(LABELS))
     assert np.isnan(ref).any() and not np.isnan(ref[:, 0]).any()  # NaN only past each row's words
-    check_loads_in_optimum(out, tiny_ner)
+    check_runs_in_a_pipeline(out, tiny_ner)
     check_bench_report_and_gate(out, capsys)
 
 
-def check_loads_in_optimum(artifact: Path, tiny_ner: Path) -> None:
+def check_runs_in_a_pipeline(artifact: Path, tiny_ner: Path) -> None:
     import torch
-    from optimum.onnxruntime import ORTModelForTokenClassification
     from transformers import AutoModelForTokenClassification, AutoTokenizer, pipeline
 
-    model = ORTModelForTokenClassification.from_pretrained(artifact)
+    from xformopt.clients.transformers_pipeline import OnnxPipelineModel
+
+    model = OnnxPipelineModel(artifact)
     tokenizer = AutoTokenizer.from_pretrained(artifact)
     enc = tokenizer(["anna was in paris"], return_tensors="pt")
     with torch.inference_mode():

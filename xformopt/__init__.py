@@ -16,6 +16,12 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+# First, before any module of the package can import ONNX Runtime, huggingface_hub or Ray: their telemetry
+# off (ONNX Runtime reads its switch once, when it loads). xformopt/no_telemetry.py says why and what.
+from xformopt.no_telemetry import switch_off as _switch_off  # noqa: E402
+
+_switch_off()
+
 # name -> the module that defines it; resolved by __getattr__ (PEP 562) when first used.
 _EXPORTS = {
     "optimize": "xformopt.api", "run_pass": "xformopt.api", "load": "xformopt.api",

@@ -1,4 +1,5 @@
-"""The error types every command maps to an exit code (documented in the README and docs/api.md).
+"""The error types every command maps to an exit code (docs/api.md; docs/reference/exit-codes.md is
+generated from this module and xformopt/signals.py when the docs are built).
 
 0 ok · 1 a gate failed · 2 bad input or usage · 3 a pass failed. The Python API (``xformopt.optimize``,
 ``run_pass``, ``bench``, ...) raises the same classes, so ``except xformopt.XformoptError`` catches all

@@ -15,11 +15,16 @@ do it (an exporter, a fusion).
   the extra these families fall back to the ``dynamo`` decoder exporter (``fallback_per_layer``);
 - ``dynamo``: torch's dynamo exporter with the KV cache as inputs/outputs (xformopt/decoder/export_dynamo.py),
   then onnxscript's ORT fusions in ``fuse``. A causal LM whose ``model_type`` has no row here takes this
-  route too (:func:`generic_decoder`), with no fusions required: the fuse record says which fired.
+  route too (the generic row :func:`family_of` builds), with no fusions required: the record says which fired.
 
-Encoders are exported by optimum (``optimum``), or by torch's dynamo exporter (``dynamo``), whose
-graphs go through onnxscript's ORT fusion rewriter in ``fuse``: the only route that fuses ModernBERT's
-attention (ORT's optimizer matches none of it). A recipe's ``export: {exporter: ...}`` wins over the row.
+Encoders are exported by torch's dynamo exporter (``dynamo``, every row's default), whose graphs go
+through onnxscript's ORT fusion rewriter and then ORT's optimizer in ``fuse``; ``torchscript`` (torch's
+TorchScript tracer over eager attention) is kept for a model torch.export cannot trace. A recipe's
+``export: {exporter: ...}`` wins over the row.
+
+A model type the table does not know still runs (:func:`family_of` builds a generic row from
+transformers' own auto-class tables): the table only adds speed (fusions each layer must reach, a
+family's own fusion, INT8 outlier rules) and the module layout prune and distill need.
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ class Family:
     decoder: bool
     ort_model_type: str  # ONNX Runtime transformer-optimizer model type used by `fuse`
     fused_per_layer: dict[str, int]  # fused ops each layer must reach after export (genai) or fuse
-    exporter: str = "optimum"  # "optimum" | "dynamo" (encoders, decoders) | "gpt2" | "genai" (decoders)
+    exporter: str = "dynamo"  # "dynamo" | "torchscript" (encoders) | "gpt2" | "genai" | "dynamo" (decoders)
     layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     heads_keys: tuple[str, ...] = ("num_attention_heads",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
@@ -122,6 +127,7 @@ class Family:
     # full match on the exported ONNX node names, treatment "smooth", "split" or "float"
     # (xformopt/passes/outliers.py); quantize applies them unless told not to (outlier_rules: false).
     int8_outliers: tuple[tuple[str, str], ...] = ()
+    generic: bool = False  # built by family_of for a model type the table does not know (no row of facts)
 
     def config_value(self, config: dict, keys: tuple[str, ...]) -> Any:
         return next((config[k] for k in keys if config.get(k) is not None), None)
@@ -140,12 +146,12 @@ class Family:
         return {op: n * layers for op, n in per_layer.items()}
 
     def export_route(self, asked: str | None = None) -> str:
-        """Which exporter writes this family's graph: a decoder's own (``gpt2``, ``genai``, else
-        ``decoder``: the dynamo export with a KV cache, all in xformopt/decoder/export.py); for an encoder
-        the one a recipe asks for (``torchscript`` or ``dynamo``), else the row's."""
+        """Which exporter writes this family's graph: a decoder's own (``gpt2``, ``genai``: a KV cache,
+        xformopt/decoder/export.py); for an encoder the one a recipe asks for (``torchscript`` or
+        ``dynamo``), else the row's."""
         if self.decoder:
-            return self.exporter if self.exporter in ("gpt2", "genai") else "decoder"
-        return asked or ("dynamo" if self.exporter == "dynamo" else "torchscript")
+            return self.exporter
+        return asked or self.exporter
 
     def positions(self, config: dict) -> int | None:
         """How many tokens the model can embed, less the family's reserved positions."""
@@ -167,6 +173,7 @@ _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
 # window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
 _MODERNBERT_FUSED = {"MultiHeadAttention": 1, "RotaryEmbedding": 2, "SkipLayerNormalization": 2}
+_ROTARY_ENCODER_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 
 
 def _bert_like(model_type: str, offset: int = 0) -> Family:
@@ -176,11 +183,6 @@ def _bert_like(model_type: str, offset: int = 0) -> Family:
 def _genai(model_type: str) -> Family:
     return Family(model_type, True, "gpt2", _GQA, exporter="genai", fallback_per_layer=_DYNAMO_DECODER,
                   grouped_query=True)
-
-
-def generic_decoder(model_type: str) -> Family:
-    """A causal LM the table has no row for: the dynamo export, no fusion required (the record says what fused)."""
-    return Family(model_type, True, "gpt2", {}, exporter="dynamo", grouped_query=True)
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -195,7 +197,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # No layout: transformers cannot prune DeBERTa heads (DebertaV2Model._prune_heads raises, so a
     # config.pruned_heads would not reload), and a head is also rows of the position projections
     # (pos_key_proj/pos_query_proj, or query/key_proj applied to the relative embeddings).
-    Family("deberta-v2", False, "bert", _DEBERTA_FUSED, own_fusion="xformopt.fusions.deberta_v2:fuse"),
+    # Exported with the TorchScript tracer: its attention fusion (xformopt/fusions/deberta_v2.py) matches
+    # that graph; on the dynamo graph neither onnxscript nor it fuses DeBERTa's disentangled attention yet.
+    Family("deberta-v2", False, "bert", _DEBERTA_FUSED, exporter="torchscript",
+           own_fusion="xformopt.fusions.deberta_v2:fuse"),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
     # layers[i].attn.Wqkv packs q, k and v in one Linear: head pruning would have to split it (no layout).
@@ -211,6 +216,13 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
            layout=MPNET_LAYOUT, own_fusion="xformopt.fusions.mpnet:fuse",
            int8_outliers=((r"/encoder/layer\.\d+/intermediate/dense/MatMul", "smooth"),
                           (r"/encoder/layer\.\d+/output/dense/MatMul", "split"))),
+    # Encoders transformers 5 added (rotary positions, so no position offset). onnxscript fuses their
+    # attention into MultiHeadAttention with the rotary inside; EuroBERT's RMSNorms into
+    # SkipSimplifiedLayerNormalization. No layout: prune and distill do not reach their modules yet.
+    Family("eurobert", False, "bert", {"MultiHeadAttention": 1, "SkipSimplifiedLayerNormalization": 2}),
+    Family("gte", False, "bert", _ROTARY_ENCODER_FUSED),
+    Family("nomic_bert", False, "bert", _ROTARY_ENCODER_FUSED),
+    Family("jina_embeddings_v3", False, "bert", _ROTARY_ENCODER_FUSED),
     Family("gpt2", True, "gpt2", {"Attention": 1, "SkipLayerNormalization": 2}, exporter="gpt2",
            layers_keys=("n_layer",), heads_keys=("n_head",), hidden_keys=("n_embd",), positions_keys=("n_positions", "n_ctx")),
     _genai("llama"),
@@ -237,43 +249,69 @@ ENCODERS = tuple(name for name, f in FAMILIES.items() if not f.decoder)
 DECODERS = tuple(name for name, f in FAMILIES.items() if f.decoder)
 
 
+# Config keys of the shape under the names transformers' configs use (first present wins): a generic
+# row reads these, as the table's rows read their own.
+_GENERIC_KEYS = {"layers_keys": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+                 "heads_keys": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+                 "hidden_keys": ("hidden_size", "n_embd", "dim", "d_model"),
+                 "positions_keys": ("max_position_embeddings", "n_positions", "n_ctx")}
+
+
 def family_of(model_type: str | None) -> Family:
-    """The family row for ``model_type``, or a one-line InputError naming the supported ones."""
-    family = FAMILIES.get(model_type or "")
-    if family is None:
-        raise InputError(f"unsupported architecture {model_type!r}; supported encoders: {', '.join(ENCODERS)}; "
-                         f"decoders (text-generation): {', '.join(DECODERS)}")
-    return family
+    """The family row for ``model_type``: the table's, else a generic row for any text model type
+    transformers itself knows (decoder when transformers has a causal-LM class and no masked-LM class
+    for it), else a one-line InputError."""
+    family = FAMILIES.get(model_type or "") or _GENERIC_ROWS.get(model_type or "")
+    if family is not None:
+        return family
+    decoder = _generic_kind(model_type or "")
+    if decoder is None:
+        raise InputError(f"unsupported architecture {model_type!r}: transformers has no model type of that name "
+                         "(custom code needs --trust-remote-code and a model type transformers registers); "
+                         f"families with tuned fusions: encoders {', '.join(ENCODERS)}; decoders {', '.join(DECODERS)}")
+    return _generic_row(model_type, decoder)
+
+
+def _generic_kind(model_type: str) -> bool | None:
+    """True (decoder), False (encoder) or None (transformers does not know ``model_type``)."""
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if model_type not in CONFIG_MAPPING_NAMES:
+        return None
+    causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return causal and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+_GENERIC_ROWS: dict[str, Family] = {}
+
+
+def custom_code_family(model_type: str, auto_map: dict) -> Family:
+    """A generic row for a model type only its own (trusted) code defines: decoder when its auto_map
+    names a causal-LM class and no masked-LM class."""
+    return _generic_row(model_type, "AutoModelForCausalLM" in auto_map and "AutoModelForMaskedLM" not in auto_map)
+
+
+def _generic_row(model_type: str, decoder: bool) -> Family:
+    if model_type not in _GENERIC_ROWS:
+        _GENERIC_ROWS[model_type] = Family(model_type, decoder, "gpt2" if decoder else "bert", {}, generic=True,
+                                           **_GENERIC_KEYS)
+    return _GENERIC_ROWS[model_type]
+
+
+def layout_of(model_type: str, pass_name: str) -> Layout:
+    """Where ``model_type``'s prunable/distillable modules live, or an InputError naming the families that have them."""
+    family = FAMILIES.get(model_type)
+    if family is None or family.layout is None:  # a generic row has no layout either
+        supported = ", ".join(name for name, f in FAMILIES.items() if f.layout is not None)
+        raise InputError(f"unsupported architecture {model_type!r} for pass {pass_name!r}: it takes encoders "
+                         f"whose modules it knows ({supported})")
+    return family.layout
 
 
 # Layer types with fixed-size state the dynamo export carries as past_key_values.{i}.conv / .recurrent
 # (xformopt/decoder/export_dynamo.py), per model type: tested ones only.
 STATE_LAYERS = {"qwen3_5_text": ("linear_attention",)}
-# config keys of a checkpoint that takes more than text: xformopt exports text-only decoders
-_MEDIA_KEYS = {"vision_config": "image", "audio_config": "audio", "speech_config": "audio", "visual": "image"}
-
-
-def lookup(config: dict, trust_remote_code: bool = False) -> Family | None:
-    """The row for a config dict: the table's, else a generic decoder row (registered, so later lookups
-    by model_type find it) for a causal LM transformers can load; None for anything else. A decoder the
-    dynamo path cannot carry (image/audio input, custom code without ``trust_remote_code``, state beyond
-    a key/value cache) is a one-line InputError, before any work."""
-    model_type = config.get("model_type")
-    family = FAMILIES.get(model_type)
-    if family is not None and family.exporter != "dynamo":
-        return family
-    media = sorted({kind for key, kind in _MEDIA_KEYS.items() if config.get(key)})
-    if media:
-        raise InputError(f"{model_type!r} takes {' and '.join(media)} input; xformopt exports text-only decoders "
-                         f"(export its text model: a checkpoint whose config is its text_config)")
-    if family is None and (not isinstance(model_type, str) or not _causal_lm(model_type, config)):
-        return None
-    if "AutoModelForCausalLM" in (config.get("auto_map") or {}) and not _known_to_transformers(model_type):
-        if not trust_remote_code:
-            raise InputError(f"{model_type!r} needs the checkpoint's own Python code (auto_map); pass "
-                             "--trust-remote-code if you trust it")
-    refuse_unexportable_cache(config)
-    return family or FAMILIES.setdefault(model_type, generic_decoder(model_type))
 
 
 def refuse_unexportable_cache(config: dict) -> None:
@@ -289,27 +327,6 @@ def refuse_unexportable_cache(config: dict) -> None:
     if config.get("num_kv_shared_layers"):
         raise InputError(f"{model_type}: {config['num_kv_shared_layers']} layers reuse another layer's key/value "
                          "cache, which the dynamo decoder export does not carry")
-
-
-def _known_to_transformers(model_type: str) -> bool:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-
-def _causal_lm(model_type: str, config: dict) -> bool:
-    """transformers maps model_type to a *ForCausalLM class, or the checkpoint's own code declares one."""
-    return _known_to_transformers(model_type) or "AutoModelForCausalLM" in (config.get("auto_map") or {})
-
-
-def layout_of(model_type: str, pass_name: str) -> Layout:
-    """Where ``model_type``'s prunable/distillable modules live, or an InputError naming the families that have them."""
-    family = FAMILIES.get(model_type)
-    if family is None or family.layout is None:
-        supported = ", ".join(name for name, f in FAMILIES.items() if f.layout is not None)
-        raise InputError(f"unsupported architecture {model_type!r} for pass {pass_name!r}: it takes encoders "
-                         f"whose modules it knows ({supported})")
-    return family.layout
 
 
 def genai_builder_available() -> bool:

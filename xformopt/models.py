@@ -11,9 +11,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import families, hub, split_wheels, tasks
+from xformopt import hub, pruned_heads, split_wheels, tasks
 from xformopt.errors import InputError
-from xformopt.families import DECODERS, ENCODERS, FAMILIES, Family, family_of
+from xformopt.families import Family, custom_code_family, family_of, refuse_unexportable_cache
 from xformopt.gguf_source import locate_gguf
 from xformopt.tasks.base import Task
 from xformopt.validate import check_config, read_config
@@ -52,7 +52,7 @@ class ModelSpec:
 
     @property
     def family(self) -> Family:
-        return FAMILIES[self.model_type]
+        return family_of(self.model_type)
 
     @property
     def task_def(self) -> Task:
@@ -144,14 +144,62 @@ def artifact_task(path: str | Path) -> Task | None:
         manifest = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").is_file() else {}
     except (OSError, ValueError):
         return None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(model_type, str) or model_type not in FAMILIES and _generic_row(config) is None:
+    family = _known_family(config)
+    if family is None:
         return None
     named = ((manifest.get("input") or {}) if isinstance(manifest, dict) else {}).get("task")
     task = tasks.TASKS.get(named) if isinstance(named, str) else None
-    if task is None or task.decoder != FAMILIES[model_type].decoder:
-        task = tasks.detect(config, FAMILIES[model_type].decoder, sentence_transformers=(path / "modules.json").is_file())
+    if task is None or task.decoder != family.decoder:
+        task = tasks.detect(config, family.decoder, sentence_transformers=(path / "modules.json").is_file())
     return task
+
+
+def _known_family(config) -> Family | None:
+    """The family of a config dict, or None where its model type is missing or unknown."""
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str):
+        return None
+    try:
+        return family_of(model_type)
+    except InputError:
+        return None
+
+
+# Config keys of a model that reads more than text: its encoder for images or sound is no text model.
+_NON_TEXT_CONFIGS = ("vision_config", "audio_config", "vision_encoder", "audio_encoder")
+_NON_TEXT_INPUTS = ("pixel_values", "input_values", "input_features")
+
+
+def check_text_model(config: dict, model: str, trust_remote_code: bool) -> None:
+    """Refuse, in one line and before any work, what the exporter cannot take: custom modelling code the
+    user did not trust, and models whose input is an image or sound (their text model may still go)."""
+    model_type = config.get("model_type")
+    if "auto_map" in config and not trust_remote_code:
+        if not _known_to_transformers(model_type):
+            raise InputError(f"{model} runs its own modelling code (auto_map in config.json, model type "
+                             f"{model_type!r} unknown to transformers); pass --trust-remote-code if you trust it")
+    non_text = [key for key in _NON_TEXT_CONFIGS if isinstance(config.get(key), dict)]
+    main_input = _main_input(model_type)
+    if non_text or main_input in _NON_TEXT_INPUTS:
+        what = ", ".join(non_text) if non_text else f"input {main_input}"
+        raise InputError(f"{model} ({model_type}) is not a text-only model ({what}); xformopt exports text models: "
+                         "pass its text model (e.g. a checkpoint whose model_type ends in _text)")
+
+
+def _known_to_transformers(model_type) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return model_type in CONFIG_MAPPING_NAMES
+
+
+def _main_input(model_type) -> str | None:
+    """The main input of transformers' base class for ``model_type`` (``input_ids`` for text models)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_MAPPING_NAMES.get(model_type) if isinstance(model_type, str) else None
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    return getattr(cls, "main_input_name", None)
 
 
 def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
@@ -162,11 +210,12 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     if not isinstance(model_type, str):
         raise InputError(f"{path / 'config.json'}: model_type is missing or not a string; "
                          "re-save the config with save_pretrained()")
-    if families.lookup(config, trust_remote_code) is None:  # a causal LM off the table gets a generic decoder row
-        raise InputError(f"unsupported architecture {model_type!r} in {model}; supported encoders: "
-                         f"{', '.join(ENCODERS)}; decoders (text-generation): {', '.join(DECODERS)}, "
-                         "and any causal LM transformers loads")
+    check_text_model(config, model, trust_remote_code)
+    if trust_remote_code and isinstance(config.get("auto_map"), dict) and not _known_to_transformers(model_type):
+        custom_code_family(model_type, config["auto_map"])  # its row, before family_of is asked
     family = family_of(model_type)
+    if family.decoder:
+        refuse_unexportable_cache(config)  # state beyond a key/value cache: one line, before any work
     check_config(config, path / "config.json", family)  # the keys below, with sane types
     chosen = tasks.get(task) if task is not None else tasks.detect(
         config, family.decoder, sentence_transformers=(path / "modules.json").is_file())
@@ -229,24 +278,17 @@ def position_limit(path: Path) -> int | None:
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict) or config.get("model_type") not in FAMILIES and _generic_row(config) is None:
-        return None
-    return FAMILIES[config["model_type"]].positions(config)
+    family = _known_family(config)
+    return family.positions(config) if family is not None else None
 
 
-def _generic_row(config: dict):
-    """A generic decoder row for a saved causal LM off the family table, else None (no error: these
-    callers only ask)."""
-    try:
-        return families.lookup(config, trust_remote_code=True)
-    except InputError:
-        return None
-
-
-def load_torch_model(spec: ModelSpec, path: Path | None = None):
-    """The PyTorch model for the task, in eval mode (offline, safetensors preferred)."""
+def load_torch_model(spec: ModelSpec, path: Path | None = None, **kwargs):
+    """The PyTorch model for the task, in eval mode (offline, safetensors preferred); ``kwargs`` go to
+    ``from_pretrained`` (e.g. ``attn_implementation``). A head-pruned checkpoint (config.pruned_heads)
+    is built and loaded by xformopt.pruned_heads: transformers 5 no longer re-applies the pruning."""
     import transformers
 
     cls = getattr(transformers, spec.task_def.auto_model)
-    model = cls.from_pretrained(path or spec.path, trust_remote_code=spec.trust_remote_code)
+    model = pruned_heads.from_pretrained(cls, Path(path or spec.path), trust_remote_code=spec.trust_remote_code,
+                                         **kwargs)
     return model.eval()

@@ -46,7 +46,7 @@ _X86_OPS = ("MatMul", "Attention", "Gemm")
 # weights to 7 bits (ORT's documented remedy). VNNI accumulates straight into 32 bits: full range.
 # Every x86 profile uses per-channel scales: with 7-bit weights a per-tensor scale leaves the
 # small-magnitude channels a handful of levels (MiniLM on an AVX2 host: output cosine 0.858
-# per-tensor vs 0.991 per-channel, see README "Targets").
+# per-tensor vs 0.991 per-channel, see docs/results/encoders.md, "INT8 formats").
 PROFILES: dict[str, Target] = {
     t.name: t
     for t in (

@@ -9,7 +9,7 @@ import math
 import struct
 from pathlib import Path
 
-from xformopt import tasks, weight_coverage
+from xformopt import pruned_heads, tasks, weight_coverage
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
 
@@ -270,10 +270,12 @@ def check_config_matches_weights(path: Path, task: str, shapes: dict[str, list[i
     cls = getattr(transformers, tasks.get(task).auto_model)
     try:
         config = AutoConfig.from_pretrained(path)
-        # prune_heads (config.pruned_heads, a head-pruned stage) indexes with torch.nonzero, which has no
-        # meta kernel: such a model is built for real (memory of its size, once, before any pass)
-        with torch.device("cpu" if getattr(config, "pruned_heads", None) else "meta"):
+        heads = pruned_heads.recorded(config)  # a head-pruned stage: built whole, then its heads pruned
+        pruned_heads.store(config, {})
+        with torch.device("meta"):
             model = cls.from_config(config)
+            if heads:
+                pruned_heads.prune_heads(model, heads)
     except Exception as exc:  # transformers raises KeyError, ValueError, TypeError, ... for odd configs
         raise InputError(f"{file}: no {task} model can be built from this config ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:160] if str(exc) else 'invalid value'}); "

@@ -6,7 +6,8 @@ index that lists some tensors, or a truncated conversion, gives a model that run
 The rules below are the ones from_pretrained applies to compute its ``missing_keys``
 (``output_loading_info=True``; tests/test_models.py compares the two): the base-model prefix added or
 removed, legacy names renamed, tied weights counted once, and the class's own ignore patterns.
-transformers has no public call that answers this without loading the weights, hence written here.
+transformers has no public call that answers this without loading the weights, hence written here; for
+transformers 5's weight conversions (renamed or fused checkpoint tensors) its own renaming functions are used.
 """
 
 from __future__ import annotations
@@ -24,17 +25,52 @@ def _rename(model, name: str) -> str:
     return fix(name)[0] if fix is not None else name
 
 
-def loaded_names(model, checkpoint_names) -> set[str]:
-    """The model's own names of the checkpoint's tensors, as from_pretrained maps them."""
+def name_map(model, checkpoint_names) -> dict[str, str]:
+    """Checkpoint tensor name -> the model's own name, as from_pretrained maps them (a task checkpoint's
+    head tensors are left out under the base model)."""
     prefix = getattr(model, "base_model_prefix", "") or ""
-    names = [_rename(model, n) for n in checkpoint_names]
-    has_prefix = bool(prefix) and any(n.startswith(prefix) for n in names)
+    names = {n: _rename(model, n) for n in checkpoint_names}
+    has_prefix = bool(prefix) and any(n.startswith(prefix) for n in names.values())
     expects_prefix = bool(prefix) and hasattr(model, prefix)
     if expects_prefix and not has_prefix:  # a base checkpoint under a task model
-        return {f"{prefix}.{n}" for n in names}
+        return {k: f"{prefix}.{n}" for k, n in names.items()}
     if has_prefix and not expects_prefix:  # a task checkpoint under the base model: its head is dropped
-        return {n[len(prefix) + 1:] for n in names if n.startswith(f"{prefix}.")}
-    return set(names)
+        return {k: n[len(prefix) + 1:] for k, n in names.items() if n.startswith(f"{prefix}.")}
+    return names
+
+
+def loaded_names(model, checkpoint_names) -> set[str]:
+    """The model's own names of the checkpoint's tensors, as from_pretrained maps them."""
+    converted = _converted_names(model, checkpoint_names)
+    if converted is not None:
+        return converted
+    return set(name_map(model, checkpoint_names).values())
+
+
+def _converted_names(model, checkpoint_names) -> set[str] | None:
+    """The names transformers 5's own weight conversions give the checkpoint's tensors (renamed modules,
+    a fused ``qkv_proj`` split into q, k and v, the base-model prefix added or dropped), with its own
+    functions; None where this transformers has none (4.x) or the model registers no conversion."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, rename_source_key
+    except ImportError:
+        return None
+    transforms = get_model_conversion_mapping(model)
+    if not transforms:
+        return None
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    meta = model.state_dict()
+    prefix = getattr(model, "base_model_prefix", None) or None
+    names = set()
+    for name in checkpoint_names:
+        key, source = rename_source_key(_rename(model, name), renamings, converters, prefix, meta)
+        names.add(key)
+        converter = next((c for c in converters if source is not None and source in c.source_patterns), None)
+        if converter is not None and converter.target_patterns[0] in key:  # one source fills every target
+            names.update(key.replace(converter.target_patterns[0], target) for target in converter.target_patterns)
+    return names
 
 
 def _tied_groups(model) -> list[set[str]]:

@@ -3,7 +3,7 @@
 Typer's rich help draws options as a four-column table (long name, short name, value, description)
 and at 80 columns leaves the description a column of one or two words per line. Click's plain
 layout (name, then the description from column 34, at most 78 wide) keeps ~44 columns for every
-description at any width, and one layout is what the tests check and the README shows.
+description at any width, and one layout is what the tests check and the docs' CLI reference shows.
 
 Click re-wraps every help paragraph, which breaks the example command lines; this module keeps
 them as lines: a paragraph under a heading that ends with ':' ("Examples:"), indented, is code,

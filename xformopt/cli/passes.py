@@ -226,7 +226,7 @@ def distill(
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Distill: train the student (pruned, or layer-dropped) against the teacher; writes a stock HF folder and distill_curve.png.
+    """Distill: train the student (pruned, or layer-dropped) against the teacher; writes an HF folder and distill_curve.png.
 
     Example: xformopt prune examples/sentiment/model -o p/ --layers 3 && xformopt distill p/ -o d/ --max-minutes 10
 

@@ -19,6 +19,11 @@ from xformopt.serve.decoder_routes import decoder_spec
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.scheduler import Settings
 
+# After SIGTERM, how long an encoder server keeps answering while /health says 503: what a load
+# balancer needs to see it and stop sending (Kubernetes' endpoint removal takes a second or two; 5 s is
+# the usual preStop wait), short enough that the whole stop fits a 30 s termination grace period.
+ENCODER_DRAIN_S = 5.0
+
 EXAMPLES = """
 Examples:
 
@@ -33,7 +38,9 @@ Examples:
 Routes: /v1/embeddings (OpenAI) and /embed (TEI) for embedders, /predict for classifiers, taggers and
 question answering, /v1/chat/completions, /v1/completions and /v1/models for decoders (continuous
 batching, streamed with "stream": true), /health, /info, /metrics (Prometheus), /openapi.json.
-SIGTERM drains and exits 0.
+SIGTERM drains readiness-first and exits 0: /health turns 503, requests are still answered (with
+Connection: close) for --drain-seconds, then the listener closes and the requests in flight finish.
+A second SIGTERM or Ctrl-C skips the wait.
 """
 
 
@@ -71,16 +78,20 @@ def register(app: typer.Typer) -> None:
             "between two decode steps (bounds how long a newcomer stalls the running streams).")] = 64,
         max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", min=1, help="Decoders: max_tokens of a "
             "request that gives none.")] = 512,
-        drain_seconds: Annotated[float, typer.Option("--drain-seconds", min=0, help="Decoders: after SIGTERM, how "
-            f"long streams in flight may finish before they end with finish_reason 'length' (< {server.DRAIN_SECONDS}).")] = 20.0,
+        drain_seconds: Annotated[float, typer.Option("--drain-seconds", min=0, help="After SIGTERM: how long /health "
+            "says 503 while requests are still accepted and answered, before the listener closes (decoders: new "
+            "requests get 503, running streams may finish, then end with finish_reason 'length') "
+            f"[default: {ENCODER_DRAIN_S:g} for encoders, {DecoderSettings.drain_s:g} for decoders].")] = None,
         quiet: opt.Quiet = False,
     ) -> None:
         """Serve an artifact over HTTP: dynamic batching for encoders, continuous batching for decoders."""
 
+        drain_s = drain_seconds if drain_seconds is not None else \
+            DecoderSettings.drain_s if decoder_spec(artifact) else ENCODER_DRAIN_S
         config = build_config(artifact, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue,
                               timeout_ms, max_inputs, max_body_bytes, int8_scales, max_queue_ms,
                               decoder_settings(max_batch, max_queue, timeout_ms, max_kv_tokens, prefill_chunk,
-                                               max_new_tokens, drain_seconds))
+                                               max_new_tokens, drain_s))
         warning = server.open_bind_warning(host, config.api_key is not None)
         if warning:
             output.stderr.print(warning, style="bold red", highlight=False, markup=False)
@@ -97,7 +108,7 @@ def register(app: typer.Typer) -> None:
             f"max batch {max_batch}, max wait {max_wait_ms:g} ms"
         output.log(f"serving {artifact} on http://{host}:{port} ({batching}, cache {cache_size}); SIGTERM or Ctrl-C "
                    "drains and stops")
-        if not server.run(app, host, port, json_logs):
+        if not server.run(app, host, port, json_logs, drain_s):
             raise PassFailed(f"the server did not start on {host}:{port} (see the log above)")
 
 
@@ -126,9 +137,6 @@ def decoder_settings(max_batch, max_queue, timeout_ms, max_kv_tokens, prefill_ch
                      drain_seconds) -> DecoderSettings:
     """For decoders --max-batch is the sequences decoding together, --max-queue the requests waiting for
     one of them, --timeout-ms how long a request may wait for it."""
-    if drain_seconds >= server.DRAIN_SECONDS:
-        raise InputError(f"--drain-seconds {drain_seconds:g}: give less than {server.DRAIN_SECONDS} (the server's own "
-                         "shutdown limit, after which unfinished streams are cut without an end)")
     return DecoderSettings(max_streams=max_batch or DecoderSettings.max_streams, max_waiting=max_queue,
                            max_kv_tokens=max_kv_tokens,
                            prefill_chunk=prefill_chunk, default_max_tokens=max_new_tokens,

@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from xformopt import pruned_heads
 from xformopt.artifact import hash_dir
 from xformopt.cache import read_entry
 from xformopt.errors import InputError
@@ -113,9 +114,9 @@ def choose_layers(n: int, student_layers: int | None, keep_layers: list[int] | N
 def drop_layers(model, arch, keep: list[int]) -> None:
     """Keep only the encoder layers ``keep`` (in order), re-keying config.pruned_heads to the new numbering."""
     layers = list(arch.layers(model))
-    old = {int(k): list(v) for k, v in (getattr(model.config, "pruned_heads", None) or {}).items()}
+    old = pruned_heads.recorded(model.config)
     arch.set_layers(model, [layers[i] for i in keep])
-    model.config.pruned_heads = {new: old[i] for new, i in enumerate(keep) if old.get(i)}
+    pruned_heads.store(model.config, {new: old.get(i) for new, i in enumerate(keep)})
 
 
 def prune_origins(src: Path) -> list[int] | None:

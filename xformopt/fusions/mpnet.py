@@ -1,10 +1,11 @@
 """MPNet self-attention into ONNX Runtime's fused ``com.microsoft.MultiHeadAttention``.
 
 ORT's BERT fuser matches no MPNet layer: MPNet adds a relative position bias to the attention
-scores, which the BERT pattern does not expect. The optimum (TorchScript) export of one layer is::
+scores, which the BERT pattern does not expect. The TorchScript export of one layer is::
 
     x ─ MatMul ─ Add ─ Reshape ─ Transpose(0,2,1,3) ─┐                      (Q)
     x ─ MatMul ─ Add ─ Reshape ─ Transpose(0,2,3,1) ─ MatMul ─ Div ─ Add(position bias) ─ Add(mask) ─ Softmax
+                                        (a dynamo export: one FusedMatMul with alpha = 1 / divisor)
     x ─ MatMul ─ Add ─ Reshape ─ Transpose(0,2,1,3) ─────────────────────────────────────────── MatMul(probs, V)
                                                           ─ Transpose(0,2,1,3) ─ Reshape ─> output projection
 
@@ -62,23 +63,43 @@ class FusionMPNetAttention(FusionAttention):
             self.attention_biases[key] = node.output[0]
         return self.attention_biases[key]
 
+    def _scores(self, softmax: NodeProto, output_name_to_node):
+        """((mask Add, mask), (position Add, position bias), Q x K^T node, [Div] or [], divisor) or None."""
+        for ops, indices in ((["Add", "Add", "Div", "MatMul"], [0, None, None, 0]), (["Add", "Add", "FusedMatMul"], [0, None, None])):
+            which: list[int] = []
+            path = self.model.match_parent_path(softmax, ops, indices, output_name_to_node, return_indice=which)
+            if path is None:
+                continue
+            add_mask, add_position = path[0], path[1]
+            if path[2].op_type == "Div":
+                divisor = self.model.get_constant_value(path[2].input[1])
+                if divisor is None or getattr(divisor, "size", 1) != 1 or float(divisor) <= 0:
+                    return None
+                scaling, qk = [path[2]], path[3]
+            else:
+                qk = path[2]
+                alpha = OnnxModel.get_node_attribute(qk, "alpha")
+                if any(OnnxModel.get_node_attribute(qk, a) not in (None, 0) for a in ("transA", "transB", "transBatchA",
+                                                                                     "transBatchB")):
+                    return None
+                if alpha is None or float(alpha) <= 0:
+                    return None
+                scaling, divisor = [], 1.0 / float(alpha)
+            return ((add_mask, add_mask.input[1 - which[0]]), (add_position, add_position.input[1 - which[1]]),
+                    qk, scaling, divisor)
+        return None
+
     def fuse(self, softmax: NodeProto, input_name_to_nodes, output_name_to_node):
         axis = OnnxModel.get_node_attribute(softmax, "axis")
         if axis not in (None, -1, 3):  # opset >= 13 default is -1
             return
         # Scores: ((Q x K^T) / sqrt(head size) + position bias) + mask, the two Adds in either input order.
-        which: list[int] = []
-        scores = self.model.match_parent_path(
-            softmax, ["Add", "Add", "Div", "MatMul"], [0, None, None, 0], output_name_to_node, return_indice=which
-        )
+        # The TorchScript export divides after the MatMul; on a dynamo export onnxscript has folded the
+        # scale into one FusedMatMul (alpha = 1 / sqrt(head size)).
+        scores = self._scores(softmax, output_name_to_node)
         if scores is None:
             return
-        add_mask, add_position, div, qk = scores
-        mask = add_mask.input[1 - which[0]]
-        position_bias = add_position.input[1 - which[1]]
-        divisor = self.model.get_constant_value(div.input[1])
-        if divisor is None or getattr(divisor, "size", 1) != 1 or float(divisor) <= 0:
-            return
+        (add_mask, mask), (add_position, position_bias), qk, scaling, divisor = scores
 
         q_path = self._projection(qk, 0, _HEADS_FIRST, output_name_to_node)
         k_path = self._projection(qk, 1, _KEY_TRANSPOSED, output_name_to_node)
@@ -108,7 +129,7 @@ class FusionMPNetAttention(FusionAttention):
         if num_heads <= 0 or hidden_size <= 0 or hidden_size % num_heads:
             return
 
-        removed = [softmax, add_mask, add_position, div, qk, context, out_transpose, out_reshape,
+        removed = [softmax, add_mask, add_position, *scaling, qk, context, out_transpose, out_reshape,
                    q_t, q_reshape, q_add, k_t, k_reshape, k_add, v_t, v_reshape, v_add]
         if not self.model.is_safe_to_fuse_nodes(removed, out_reshape.output, input_name_to_nodes, output_name_to_node):
             return

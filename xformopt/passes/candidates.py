@@ -4,7 +4,7 @@ their measured speed (prune's plans, and its pruned-vs-unpruned check).
 Each candidate becomes a fully fused fp32 ONNX graph in a temporary folder (removed on exit), and
 all of them are timed together, interleaved at batch 1 (``passes.timing``, ``measure.modes``), so
 their medians compare under the same load. Two ways in: ``add_model`` exports an in-memory torch
-model with optimum (no parity check: fast, for many candidates), ``add_checkpoint`` runs a saved
+model with xformopt's exporter (no parity check: fast, for many candidates), ``add_checkpoint`` runs a saved
 checkpoint through xformopt's own export and fuse passes (parity checked, as a run would).
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 from xformopt import models
 from xformopt.exporting import quiet_loggers
 from xformopt.measure.modes import real
-from xformopt.passes.export import ExportOptions, ExportPass
+from xformopt.passes.export import DYNAMO_MIN_OPSET, ExportOptions, ExportPass
+from xformopt.passes.export_dynamo import export_encoder
 from xformopt.passes.fuse import FuseOptions, FusePass, build_fused
 from xformopt.passes.timing import time_stage_dirs
 from xformopt.runtime.encoder import OrtPredictor
@@ -42,20 +43,19 @@ class CandidateGraphs:
         self._tmp.cleanup()
 
     def add_model(self, key: str, model, *, pruned: bool = False) -> dict[str, int]:
-        """Export ``model`` (optimum, in memory, no parity check) and fuse it with every ORT fusion;
-        returns the fused-op counts."""
-        from optimum.exporters.onnx import onnx_export_from_model
-
+        """Export ``model`` (in memory, no parity check) and fuse it with every fusion; returns the
+        fused-op counts."""
         ctx = self.ctx
         stage, raw = self.work / key, self.work / f"{key}-export"
         stage.mkdir()
+        raw.mkdir()
         # A pruned graph's attention widths differ per layer: ORT reads them from the graph (see fuse).
         sub = dataclasses.replace(ctx, spec=dataclasses.replace(ctx.spec, pruned=True)) if pruned else ctx
-        with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx",
+        with warnings.catch_warnings(), quiet_loggers("transformers", "torch.onnx", "torch.export", "onnxscript",
                                                        "onnxruntime.transformers", "fusion_attention"):
             warnings.simplefilter("ignore")
-            onnx_export_from_model(model, raw, opset=17, do_validation=False, no_post_process=True,
-                                   objective=ctx.spec.task_def.torch_objective)
+            export_encoder(model.eval(), ctx.spec.task_def, raw / "model.onnx", DYNAMO_MIN_OPSET,
+                           ctx.spec.family.export_route())
             counts = build_fused(raw / "model.onnx", stage / "model.onnx", sub, ())
         shutil.rmtree(raw)
         self.dirs[key] = stage

@@ -524,7 +524,7 @@ class DistillPass(Pass):
 
     @staticmethod
     def _reload_check(ctx, student, dst: Path, heldout_enc, accepts) -> dict:
-        """The saved folder loads with stock transformers and computes what the trained student computes."""
+        """The saved folder loads (models.load_torch_model) and computes what the trained student computes."""
         import torch
 
         idx = list(range(min(16, len(heldout_enc))))

@@ -1,12 +1,10 @@
 """export: PyTorch -> ONNX, with dynamic batch and sequence axes, verified against PyTorch.
 
-Why optimum's exporter: it traces with the TorchScript exporter (``dynamo=False``) and patches
-scaled-dot-product attention into explicit MatMul/Softmax ops, which is the graph shape ONNX
-Runtime's transformer fusions match. ``torch.onnx.export`` with today's defaults (the dynamo
-exporter over transformers' SDPA attention) emits a graph in which no Attention node fuses; the
-test suite proves both halves of that claim on a tiny BERT. ``exporter: dynamo`` (the default for
-families whose row says so) exports with that exporter instead; its graphs reach the fused kernels
-through onnxscript's ORT fusion rewriter in ``fuse`` (xformopt/passes/export_dynamo.py).
+Encoders go through torch's dynamo exporter (``torch.onnx.export(dynamo=True)``), the exporter
+transformers and torch maintain; its graphs reach ONNX Runtime's fused kernels through onnxscript's ORT
+fusion rewriter in ``fuse`` (xformopt/passes/export_dynamo.py). ``exporter: torchscript`` traces with
+the TorchScript exporter over eager attention instead, for a model torch.export cannot trace. Decoders
+go through their KV-cache exporters (xformopt/decoder/export.py).
 """
 
 from __future__ import annotations
@@ -20,22 +18,23 @@ from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
 from xformopt.decoder.export import export_decoder
-from xformopt.errors import PassFailed
+from xformopt.errors import InputError, PassFailed
 from xformopt.exporting import compare, quiet_loggers, spread_by_length
 from xformopt.measure import memory
 from xformopt.models import load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.export_dynamo import export_dynamo, require_onnxscript
+from xformopt.passes.export_dynamo import DYNAMO, export_encoder, require_onnxscript
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
 
 class ExportOptions(PassOptions):
-    opset: int = Field(17, ge=14, le=23, description="ONNX opset")
+    opset: int = Field(18, ge=14, le=23, description="ONNX opset (the dynamo exporter writes 18 or newer)")
     max_abs_diff: float = Field(1e-3, gt=0, description="parity: largest |onnx - torch| allowed")
     min_cosine: float = Field(0.9999, gt=0, le=1, description="parity: smallest per-row cosine allowed")
     exporter: Literal["torchscript", "dynamo"] | None = Field(
-        None, description="torchscript: optimum's exporter; dynamo: torch.onnx.export(dynamo=True), fused by "
-        "onnxscript in `fuse` (extra `dynamo`); default: the family's (dynamo for modernbert, else torchscript)")
+        None, description="dynamo: torch.onnx.export(dynamo=True), fused by onnxscript's rewriter in `fuse`; "
+        "torchscript: torch's TorchScript tracer over eager attention (for a model torch.export cannot trace); "
+        "default: the family's (dynamo)")
 
 
 def check_parity(ctx: PassContext, model_dir: Path, onnx_dir: Path, options: ExportOptions) -> dict:
@@ -111,59 +110,46 @@ class ExportPass(Pass):
                 f"at lengths {p['sequence_lengths']}{pairs}")
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
-        # The family's exporter (families.py): optimum's TorchScript route or torch's dynamo exporter for
-        # encoders (a recipe's ``exporter`` picks), a KV-cache exporter for decoders (parity at every step).
-        return EXPORTERS[ctx.spec.family.export_route(options.exporter)](ctx, src, dst, options)
-
-
-def _export_with_optimum(ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
-    from optimum.exporters.onnx import main_export
-
-    ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) at opset {options.opset}")
-    with warnings.catch_warnings(), quiet_loggers("optimum", "transformers", "torch.onnx"):
-        warnings.simplefilter("ignore")
-        main_export(
-            str(src),
-            output=dst,
-            task=ctx.spec.task_def.export_task,
-            opset=options.opset,
-            library_name="transformers",
-            do_validation=False,  # parity is checked below, on real texts, with recipe thresholds
-            no_post_process=True,
-            trust_remote_code=ctx.spec.trust_remote_code,
-        )
-    _keep_only_config_files(src, dst)
-    memory.release()  # the traced model optimum loaded, before parity loads one again
-    ctx.log("checking parity against PyTorch")
-    parity = check_parity(ctx, src, dst, options)
-    return _record("optimum.exporters.onnx (TorchScript tracer, dynamo=False)", options.opset, dst, parity)
+        # A decoder's KV-cache exporter (parity at every step), else the encoder route the recipe or the
+        # family's row asks for.
+        if ctx.spec.family.decoder:
+            return export_decoder(ctx, src, dst, options)
+        return _export_encoder(ctx, src, dst, options, ctx.spec.family.export_route(options.exporter))
 
 
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset: lower ones are converted down after export
+EXPORTER_NAMES = {DYNAMO: "torch.onnx.export (dynamo=True); attention fuses in `fuse` (onnxscript ort_fusions)",
+                  "torchscript": "torch.onnx.export (TorchScript tracer, eager attention)"}
 
 
-def _export_with_dynamo(ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
-    require_onnxscript()  # before loading the model: a missing extra fails in a second
-    opset = max(options.opset, DYNAMO_MIN_OPSET)
-    ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) with torch.onnx.export(dynamo=True) at opset {opset}")
-    model = load_torch_model(ctx.spec, src)
+def _export_encoder(ctx: PassContext, src: Path, dst: Path, options: ExportOptions, exporter: str) -> dict:
+    if exporter == DYNAMO:
+        require_onnxscript()  # before loading the model: a missing package fails in a second
+    opset = max(options.opset, DYNAMO_MIN_OPSET) if exporter == DYNAMO else options.opset
+    ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}) with torch.onnx.export "
+            f"({'dynamo=True' if exporter == DYNAMO else 'TorchScript'}) at opset {opset}")
+    # The TorchScript tracer records the ops actually run: eager attention is the explicit MatMul/Softmax
+    # graph ORT's fusions match (SDPA would trace to one opaque op).
+    model = load_torch_model(ctx.spec, src, **({} if exporter == DYNAMO else {"attn_implementation": "eager"}))
     dst.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), quiet_loggers("torch.onnx", "torch.export", "onnxscript"):
+    with warnings.catch_warnings(), quiet_loggers("torch.onnx", "torch.export", "onnxscript", "transformers"):
         warnings.simplefilter("ignore")
-        export_dynamo(model, ctx.spec.task_def.export_task, dst / "model.onnx", opset)
+        try:
+            export_encoder(model, ctx.spec.task_def, dst / "model.onnx", opset, exporter)
+        except InputError:
+            raise
+        except Exception as exc:  # torch.export's errors run to pages: the first line names the construct
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            other = "torchscript" if exporter == DYNAMO else "dynamo"
+            raise PassFailed(f"{exporter} export of {ctx.spec.model_type} failed ({type(exc).__name__}: {first[:300]}); "
+                             f"try `--exporter {other}` (recipe: export: {{exporter: {other}}})") from exc
     model.config.save_pretrained(dst)
     _keep_only_config_files(src, dst)
     del model
     memory.release()
     ctx.log("checking parity against PyTorch")
     parity = check_parity(ctx, src, dst, options)
-    return _record("torch.onnx.export (dynamo=True); attention fuses in `fuse` (onnxscript ort_fusions)",
-                   opset, dst, parity)
-
-
-# Family exporter route (``Family.export_route``) -> the function that writes and verifies the graph.
-EXPORTERS = {"torchscript": _export_with_optimum, "dynamo": _export_with_dynamo,
-             "gpt2": export_decoder, "genai": export_decoder, "decoder": export_decoder}
+    return _record(EXPORTER_NAMES[exporter], opset, dst, parity)
 
 
 def _record(exporter: str, opset: int, dst: Path, parity: dict) -> dict:

@@ -1,4 +1,4 @@
-"""The dynamo exporter (``export: {exporter: dynamo}``) and the fusion step its graphs need.
+"""The encoder exporter: torch's exporters with the graph's names and axes from the Task.
 
 ``torch.onnx.export(..., dynamo=True)`` keeps transformers' scaled-dot-product attention as the
 ops torch decomposes it into, which ONNX Runtime's Python optimizer does not match (no Attention
@@ -7,16 +7,19 @@ fuses; tests/test_passes.py proves it). onnxscript's ONNX Runtime fusion rewrite
 fuses BERT's attention into ``Attention`` and ModernBERT's into ``MultiHeadAttention`` plus
 ``RotaryEmbedding``. That rewrite runs in the fuse pass (:func:`onnxscript_fusions`, before ORT's
 optimizer), not here, so the export stays an unfused graph and the fuse pass counts and times every
-fusion as it does for the TorchScript path.
+fusion.
 
-Input and output names and dynamic axes come from optimum's ONNX config for the model and task, so
-the artifact loads in the same ``ORTModelFor...`` class as optimum's export.
+Input and output names and dynamic axes come from the Task (``export_outputs``, ``input_axes``) and
+the model's own forward(): the names optimum's exporter wrote, so artifacts keep the interface their
+clients read. Written here rather than taken from optimum: optimum-onnx pins transformers below 5.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
+import threading
 import warnings
 from pathlib import Path
 
@@ -24,8 +27,12 @@ from xformopt.errors import InputError
 
 EXPORTER_KEY = "xformopt.exporter"  # metadata_props entry the fuse pass reads
 DYNAMO = "dynamo"
-EXTRA_HINT = "pip install 'xformopt[dynamo]'"
+TORCHSCRIPT = "torchscript"
+_REWRITER_LOCK = threading.Lock()
 WEIGHT_FOLD_LIMIT = 1 << 28  # elements: any packed weight of an encoder that fits in one protobuf
+# torch.export specialises a dimension of size 0 or 1 to a constant: trace with 2 rows and a length
+# that is neither (parity then checks batch 1 and padded batches, xformopt/passes/export.py).
+TRACE_BATCH, TRACE_LENGTH = 2, 16
 
 
 def require_onnxscript() -> None:
@@ -33,45 +40,67 @@ def require_onnxscript() -> None:
         import onnx_ir  # noqa: F401
         from onnxscript.rewriter.ort_fusions import optimize_for_ort  # noqa: F401
     except ImportError:
-        raise InputError(f"the dynamo exporter needs onnxscript (its ONNX Runtime fusion rewriter): {EXTRA_HINT}") from None
+        raise InputError("the exporter needs onnxscript (its ONNX Runtime fusion rewriter): "
+                         "pip install 'onnxscript>=0.7'") from None
 
 
-def onnx_config(model, task: str):
-    """optimum's ONNX config for ``model`` and ``task``: the input/output names ORTModel expects, with axes."""
-    import optimum.exporters.onnx.model_configs  # noqa: F401  (registers the configs with TasksManager)
-    from optimum.exporters.tasks import TasksManager
+def graph_inputs(model) -> list[str]:
+    """The text inputs the graph takes: ``input_ids`` and ``attention_mask`` where forward() takes them,
+    ``token_type_ids`` only where the config has more than one token type (DeBERTa-v3 and RoBERTa have
+    none worth an input: their tokenizers' zeros would select the only row)."""
+    accepts = inspect.signature(model.forward).parameters
+    names = [name for name in ("input_ids", "attention_mask") if name in accepts]
+    if "token_type_ids" in accepts and int(getattr(model.config, "type_vocab_size", 0) or 0) > 1:
+        names.append("token_type_ids")
+    if "input_ids" not in names:
+        raise InputError(f"{type(model).__name__}.forward takes no input_ids; xformopt exports text models")
+    return names
 
-    constructor = TasksManager.get_exporter_config_constructor(
-        "onnx", model, task=task, library_name="transformers")
-    return constructor(model.config)
 
-
-def export_dynamo(model, task: str, out_model: Path, opset: int) -> dict:
-    """Export ``model`` with torch's dynamo exporter; returns the names used."""
+def trace_inputs(model, names: list[str], axes: tuple[str, ...]) -> dict:
+    """Inputs to trace with: real token ids of the vocabulary, the second row right-padded."""
     import torch
 
-    require_onnxscript()
-    config = onnx_config(model, task)
-    dummy = config.generate_dummy_inputs(framework="pt")
-    names = list(config.inputs)
-    dummy = {name: dummy[name] for name in names}
-    # the exporter prints its progress on stdout: kept off ours (the CLI may write JSON there)
+    config = model.config
+    limit = getattr(config, "max_position_embeddings", None) or TRACE_LENGTH + 8
+    length = max(3, min(TRACE_LENGTH, int(limit) - 4))  # room for RoBERTa-style position offsets
+    shape = (TRACE_BATCH,) * (len(axes) - 1) + (length,)  # multiple choice: (batch, choices, length)
+    generator = torch.Generator().manual_seed(0)
+    vocab = int(getattr(config, "vocab_size", 100) or 100)
+    ids = torch.randint(min(5, vocab - 1), vocab, shape, generator=generator)
+    mask = torch.ones(shape, dtype=torch.int64)
+    mask[1, ..., -3:] = 0
+    values = {"input_ids": ids, "attention_mask": mask, "token_type_ids": torch.zeros(shape, dtype=torch.int64)}
+    return {name: values[name] for name in names}
+
+
+def export_encoder(model, task, out_model: Path, opset: int, exporter: str = DYNAMO) -> dict:
+    """Export ``model`` (eval mode) for ``task`` with torch's ``exporter`` (``dynamo`` or ``torchscript``);
+    returns the names used."""
+    import torch
+
+    names = graph_inputs(model)
+    inputs = trace_inputs(model, names, task.input_axes)
+    axes = {name: dict(enumerate(task.input_axes)) for name in names}
+    outputs = list(task.export_outputs)
     with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        # (the exporter prints its progress on stdout: kept off ours, where the CLI may write JSON)
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            model, (), kwargs=dummy, input_names=names, output_names=list(config.outputs),
-            dynamic_shapes={name: dict(axes) for name, axes in config.inputs.items()},
-            opset_version=opset, dynamo=True, verbose=False,
-        )
-    program.save(str(out_model))
-    _finish(out_model, list(config.outputs))
-    return {"inputs": names, "outputs": list(config.outputs)}
+        if exporter == DYNAMO:
+            require_onnxscript()
+            program = torch.onnx.export(model, (), kwargs=inputs, input_names=names, output_names=outputs,
+                                        dynamic_shapes=axes, opset_version=opset, dynamo=True, verbose=False)
+            program.save(str(out_model))
+        else:  # the TorchScript tracer: a fallback for models torch.export cannot trace
+            torch.onnx.export(model, (), str(out_model), kwargs=inputs, input_names=names, output_names=outputs,
+                              dynamic_axes=axes, opset_version=opset, do_constant_folding=True, dynamo=False)
+    _finish(out_model, outputs, exporter)
+    return {"inputs": names, "outputs": outputs}
 
 
-def _finish(out_model: Path, outputs: list[str]) -> None:
-    """Keep only the task's outputs (optimum's list: a BertModel also returns its pooler, which the
-    TorchScript path drops and nobody reads) and record the exporter in the graph's metadata (the
-    fuse pass runs onnxscript's fusions on these graphs)."""
+def _finish(out_model: Path, outputs: list[str], exporter: str) -> None:
+    """Keep only the task's outputs (a BertModel also returns its pooler, which nobody reads) and record
+    the exporter in the graph's metadata (the fuse pass runs onnxscript's fusions on dynamo graphs)."""
     import onnx_ir as ir
     import onnx_ir.passes.common as common_passes
 
@@ -80,8 +109,42 @@ def _finish(out_model: Path, outputs: list[str]) -> None:
     model.graph.outputs.clear()
     model.graph.outputs.extend(kept)
     common_passes.RemoveUnusedNodesPass()(model)
-    model.metadata_props[EXPORTER_KEY] = DYNAMO
+    if exporter == DYNAMO:
+        scoped_node_names(model.graph)
+    model.metadata_props[EXPORTER_KEY] = exporter
     ir.save(model, str(out_model))
+
+
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # the module path torch's dynamo exporter records per node
+
+
+def scoped_node_names(graph) -> int:
+    """Name every node after the module that made it, as the TorchScript exporter did
+    (``/encoder/layer.0/attention/self/query/MatMul``, then ``_1``, ``_2`` for repeats), from the scope the
+    dynamo exporter records in each node's metadata. The dynamo exporter's own names (``node_linear_3``)
+    say nothing of the module; xformopt's node-name rules (INT8 outlier treatments, kept-float lists,
+    int4 roles, reports) and users' ``exclude_nodes`` read the module path. Returns how many were named."""
+    import ast
+
+    used: dict[str, int] = {}
+    named = 0
+    for node in graph:
+        scopes = node.metadata_props.get(NAME_SCOPES)
+        try:
+            parts = ast.literal_eval(scopes) if scopes else None
+        except (ValueError, SyntaxError):
+            parts = None
+        if not isinstance(parts, list) or len(parts) < 2:
+            continue
+        # ['', 'encoder', 'encoder.layer.0', ..., op]: each level adds one child name (``layer.0``)
+        modules = [p for p in parts[:-1] if isinstance(p, str)]
+        segments = [child[len(parent) + 1:] if parent else child for parent, child in zip(modules, modules[1:])]
+        base = "/" + "/".join([*filter(None, segments), node.op_type])
+        count = used.get(base, 0)
+        used[base] = count + 1
+        node.name = base if count == 0 else f"{base}_{count}"
+        named += 1
+    return named
 
 
 def is_dynamo_graph(model) -> bool:
@@ -97,7 +160,8 @@ def onnxscript_fusions(src_model: Path, out_model: Path) -> dict[str, int]:
 
     require_onnxscript()
     model = ir.load(str(src_model))
-    model, counts = optimize_for_ort(model)
+    with _REWRITER_LOCK:  # onnxscript's rewriter keeps module-level state: two fusions at once break it
+        model, counts = optimize_for_ort(model)
     # The Attention fusion packs q, k and v weights with a Concat that its folder leaves unfolded past
     # 8192 elements (every real model): folded here, or the packed weight is rebuilt, and quantized
     # dynamically, at every call (MiniLM INT8 at batch 1: 1.3x slower than the TorchScript path).

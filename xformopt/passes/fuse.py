@@ -27,6 +27,7 @@ from pydantic import Field
 from xformopt import models
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
+from xformopt.fusions import embed_layer_norm
 from xformopt.measure import memory
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -140,7 +141,7 @@ def with_weights_on_disk(graph, scratch: Path, threshold: int = WEIGHTS_ON_DISK_
     """The graph (a path or a ModelProto) with its weights moved to ``scratch/weights.bin``.
 
     ORT's optimizer copies the whole ModelProto for every symbolic shape inference and keeps the
-    copies, and serializes it to save: a candidate's peak was several times the weights' size (README,
+    copies, and serializes it to save: a candidate's peak was several times the weights' size (docs/results/profile.md,
     "Memory"). With the weights on disk those copies hold names and shapes only.
     The fusions that read a weight's values (numpy_helper.to_array) find the file through
     ``weights_dir(scratch)`` around them."""
@@ -174,6 +175,7 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     fusion = FusionOptions(ctx.spec.ort_model_type)
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)
+    dynamo = is_dynamo_graph(load_graph(src_model))
     graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled)
     out_model = Path(os.path.abspath(out_model))
     with tempfile.TemporaryDirectory(prefix=".weights-", dir=out_model.parent) as scratch, \
@@ -197,6 +199,9 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
                 # Fusion style, on the same OnnxModel), e.g. xformopt/fusions/<family>.py.
                 module, function = own.split(":")
                 getattr(import_module(module), function)(model, ctx.spec)
+            switched_off = {*ctx.target.fusion_disabled, *disabled}
+            if dynamo and not ctx.spec.family.decoder and "enable_embed_layer_norm" not in switched_off:
+                embed_layer_norm.fuse(model)  # ORT matches the TorchScript graph's embeddings only
         weights_back_in_graph(model.model, Path(scratch))
     model.save_model_to_file(str(out_model), use_external_data_format=needs_external_data(src_model))
     counts = fused_counts(model.model)

@@ -7,9 +7,10 @@ smaller matrices (and fewer layers), so every later stage -- export, fuse, INT8 
 
 What is removed, and how it stays a stock checkpoint:
 
-- attention heads: transformers' own ``prune_heads``; the removed heads are recorded in
-  ``config.pruned_heads``, which ``from_pretrained`` re-applies before loading the weights (stock
-  transformers, no custom code; checked in tests in a fresh process). Heads may differ per layer.
+- attention heads: rows of the q/k/v projections and columns of the output projection
+  (``xformopt.pruned_heads``, since transformers 5 dropped its ``prune_heads``); the removed heads are
+  recorded in ``config.pruned_heads`` as transformers 4 wrote them, and xformopt's loader re-applies
+  them before loading the weights (checked in tests in a fresh process). Heads may differ per layer.
 - FFN neurons: the same count in every layer (``intermediate_size`` is one number in the config),
   the neurons chosen per layer by importance.
 - layers: whole encoder layers removed, ``num_hidden_layers`` lowered.
@@ -49,7 +50,7 @@ multiply-adds. So every candidate is scored twice:
 
 - loss: on the importance sample, with masks on the unpruned model (one forward pass each);
 - latency, measured (``time_plans``): each candidate is pruned for real on a copy, exported in
-  memory (optimum, no parity check) and fully fused, and all of them and the unpruned model are
+  memory (no parity check) and fully fused, and all of them and the unpruned model are
   timed interleaved at batch 1 on up to 64 real held-out texts (``passes.timing.time_stage_dirs``,
   the ORT session settings of ``xformopt.runtime.session``). About 3 s per candidate on MiniLM-L6.
 
@@ -105,12 +106,12 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from xformopt import progress
+from xformopt import progress, pruned_heads
 from xformopt.artifact import copy_side_files
 from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
 from xformopt.measure.host import host_info
-from xformopt.models import load_tokenizer, load_torch_model
+from xformopt.models import ModelSpec, load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.candidates import CandidateGraphs
 from xformopt.passes.prune_flops import Shape, encoder_flops
@@ -242,7 +243,7 @@ def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds:
 
 
 def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer_dir: Path, rounds: int) -> dict:
-    """Export (optimum, in memory, no parity check) and fully fuse the unpruned model and every candidate
+    """Export (in memory, no parity check) and fully fuse the unpruned model and every candidate
     (masks are numerically the same, but only a really smaller model is faster), then time them interleaved
     at batch 1 on up to 64 real held-out texts (``passes.timing.time_stage_dirs``: the same ORT session
     settings as every other timing). Sets each plan's ``median_ms``, ``p90_ms`` and ``fused_attention``;
@@ -270,7 +271,7 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
         plan.fused_attention = fused[f"candidate{i}"]
     host = host_info()
     return {
-        "what": "ONNX fp32 (optimum export in memory, no parity check; ORT fusions select=all), batch 1, "
+        "what": "ONNX fp32 (export in memory, no parity check; ORT fusions select=all), batch 1, "
                 f"up to {TIMED_TEXTS} real held-out texts pre-tokenized, all candidates and the unpruned model "
                 "interleaved in shuffled order every round",
         "measured_on": f"measured on {host.get('cpu_model', 'this host')} ({ctx.threads} threads)",
@@ -303,13 +304,19 @@ class PrunePass(Pass):
     consumes = "hf"
     produces = "hf"
     Options = PruneOptions
-    summary = "structured pruning (heads, FFN neurons, layers) from data-driven importance; a stock HF checkpoint"
+    summary = ("structured pruning (heads, FFN neurons, layers) from data-driven importance; an HF checkpoint "
+               "(pruned heads in config.pruned_heads)")
     needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
     flags = {"train_data": "data"}
     data_options = ("data",)
     shape_options = ("layers", "heads_per_layer", "ffn_dim")
     shape_replaces = ("sparsity",)
     labelled_fallbacks = {"data": ("train/test", "prune's importance and held-out rows")}
+
+    @classmethod
+    def check(cls, spec: ModelSpec, options: dict) -> None:
+        super().check(spec, options)
+        arch_for(spec.model_type)  # a family whose modules prune does not know: refused before any work
 
     @staticmethod
     def summarize(rec: dict) -> str:
@@ -441,7 +448,7 @@ class PrunePass(Pass):
             "params": {"before": int(params0), "after": int(sum(p.numel() for p in model.parameters()))},
             "removed_layers": removed_layers,
             "kept_layers": plan.keep_layers,
-            "pruned_heads": {str(k): v for k, v in model.config.pruned_heads.items()},
+            "pruned_heads": {str(k): v for k, v in pruned_heads.recorded(model.config).items()},
             "importance": method,
             "candidates": selection.pop("candidates", []),
             "chosen": plan.note,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from xformopt import pruned_heads
 from xformopt.families import Layout, layout_of
 from xformopt.passes.prune_flops import Shape
 from xformopt.passes.prune_plans import Plan
@@ -28,9 +29,6 @@ class Arch:
         setattr(model.config, self.layout.layers_key, len(modules))
         if self.layout.layer_count_attr:
             Layout.set(model.base_model, self.layout.layer_count_attr, len(modules))
-
-    def attention(self, layer):
-        return layer.attention
 
     def heads(self, layer) -> int:
         return Layout.get(layer, self.layout.heads)
@@ -69,30 +67,28 @@ def arch_for(model_type: str, pass_name: str = "prune") -> Arch:
 
 
 def apply_plan(model, arch: Arch, plan: Plan) -> None:
-    """Drop layers, prune heads with transformers' prune_heads (recorded in config.pruned_heads, which
-    from_pretrained re-applies), and cut FFN rows/columns with transformers' prune_linear_layer."""
+    """Drop layers, prune heads (xformopt.pruned_heads: recorded in config.pruned_heads, which
+    models.load_torch_model re-applies), and cut FFN rows/columns with transformers' prune_linear_layer."""
     import torch
     from transformers.pytorch_utils import prune_linear_layer
 
     layers = list(arch.layers(model))
-    old_pruned = {int(k): list(v) for k, v in (model.config.pruned_heads or {}).items()}
     heads_to_prune: dict[int, list[int]] = {}
     for new, old in enumerate(plan.keep_layers):
         layer = layers[old]
-        already = set(arch.attention(layer).pruned_heads)
-        original_ids = [h for h in range(arch.heads(layer) + len(already)) if h not in already]  # current -> original
-        drop = [original_ids[p] for p in range(arch.heads(layer)) if p not in set(plan.heads[old])]
+        original_ids = pruned_heads.current_head_ids(model, old) if arch.layout.head_pruning else []
+        drop = [h for p, h in enumerate(original_ids) if p not in set(plan.heads[old])]
         if drop:
             heads_to_prune[new] = drop
         keep = torch.tensor(plan.ffn[old], dtype=torch.long)
         arch.set_ffn(layer, prune_linear_layer(arch.ffn_in(layer), keep, dim=0),
                      prune_linear_layer(arch.ffn_out(layer), keep, dim=1))
+    old_pruned = pruned_heads.recorded(model.config)
     arch.set_layers(model, [layers[i] for i in plan.keep_layers])
-    model.config.pruned_heads = {new: old_pruned[old] for new, old in enumerate(plan.keep_layers) if old_pruned.get(old)}
+    pruned_heads.store(model.config, {new: old_pruned.get(old) for new, old in enumerate(plan.keep_layers)})
     arch.set_ffn_config(model.config, plan.ffn_width)
     if heads_to_prune:
-        model.prune_heads(heads_to_prune)
-    model.config.pruned_heads = {int(k): sorted(int(h) for h in v) for k, v in model.config.pruned_heads.items()}
+        pruned_heads.prune_heads(model, heads_to_prune)
 
 
 

@@ -4,7 +4,7 @@ does not depend on the other rows of its batch (or on their padding).
 ONNX Runtime's dynamic quantization computes one scale and zero point over the whole activation
 tensor: in a batch, the row with the largest values sets the scale for every other row. Served in
 batches, all-MiniLM-L6-v2 INT8 embeddings then have cosine 0.97-0.999 to the same text served alone
-(README, "Serving"). Three kinds of node quantize that way, and each is rewritten:
+(docs/results/serving.md). Three kinds of node quantize that way, and each is rewritten:
 
 - ``DynamicQuantizeLinear`` feeding ``MatMulInteger``: scale = max|x| / 127 over the last axis (one
   per token), q = clip(round(x / scale) + 128, 0, 255) as uint8, zero point 128 (a scalar, which
@@ -15,7 +15,7 @@ batches, all-MiniLM-L6-v2 INT8 embeddings then have cosine 0.97-0.999 to the sam
   ``attention="per-token"`` quantizes its input per token as above, runs the projection as
   ``MatMulInteger`` with the same INT8 weights and feeds Q, K, V to the float ``MultiHeadAttention``
   op; ``attention="float"`` dequantizes the QKV weights once and runs the float ``Attention`` op.
-  Which is served is chosen by measurement (README, "Serving").
+  Which is served is chosen by measurement (docs/results/serving.md).
 - ``DynamicQuantizeMatMul``: per-token quantization, ``MatMulInteger``, scales and bias as floats.
 
 The weights stay the INT8 values the artifact holds; only how activations are quantized changes.

@@ -100,7 +100,7 @@ def markdown(doc: dict) -> str:
 
     row("PyTorch fp32", base["metric"], base["latency_ms"], "-")
     if opt and opt.get("latency_ms"):
-        row("optimum dynamic INT8", opt["metric"], opt["latency_ms"], f"ORTQuantizer, {opt['target']}")
+        row("dynamic INT8, optimum's settings", opt["metric"], opt["latency_ms"], f"ORT quantize_dynamic, {opt['target']}")
     if ref:
         row("INT8 reference", ref["metric"], ref["latency_ms"], "default")
     for p in doc["front"]:
@@ -139,7 +139,7 @@ def plot(doc: dict, path: Path) -> None:
         ax.scatter([ref["latency_ms"]], [ref["metric"]], marker="D", c="tab:blue", label="INT8 reference (default recipe)")
     opt = doc.get("optimum_int8")
     if opt and opt.get("latency_ms"):
-        ax.scatter([opt["latency_ms"]], [opt["metric"]], marker="^", c="tab:green", label="optimum dynamic INT8")
+        ax.scatter([opt["latency_ms"]], [opt["metric"]], marker="^", c="tab:green", label="dynamic INT8, optimum's settings")
     ax.set_xscale("log")
     ax.set_xlabel("latency, batch 1, median ms (log)")
     ax.set_ylabel(f"{doc['metric']['name']} (validation)")

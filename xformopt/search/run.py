@@ -16,7 +16,7 @@ from xformopt import progress as progress_events
 from xformopt import recipe as recipes
 from xformopt.accuracy_budget import points
 from xformopt.atomic import write_text
-from xformopt.bench.optimum_reference import optimum_dynamic_int8
+from xformopt.bench.optimum_reference import NAME, optimum_dynamic_int8
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
 from xformopt.runtime.encoder import TorchPredictor
@@ -197,7 +197,7 @@ def search(s: Settings) -> dict:
 
 
 def reference_int8(s: Settings, job_for) -> dict:
-    """optimum's export, ORT's fusion, dynamic INT8: the `default` recipe on the unpruned model,
+    """xformopt's export, ORT's fusion, dynamic INT8: the `default` recipe on the unpruned model,
     scored and re-measured like a trial, so the front is read against what users get without search."""
     out = s.out / REFERENCE
     saved = s.out / f"{REFERENCE}.json"
@@ -219,16 +219,17 @@ def reference_int8(s: Settings, job_for) -> dict:
 
 
 def optimum_int8(s: Settings, spec, validation: dict, threads: int) -> dict:
-    """optimum's own dynamic-INT8 artifact of the unpruned model (ORTQuantizer, AutoQuantizationConfig
-    for the target), scored on the validation rows and re-measured with the front: what users compare with."""
+    """The dynamic-INT8 artifact optimum's settings make of the unpruned model (xformopt/bench/
+    optimum_reference.py), scored on the validation rows and re-measured with the front: what users compare with."""
     saved = s.out / f"{OPTIMUM}.json"
     if saved.is_file() and (s.out / OPTIMUM / "model.onnx").is_file():
         return json.loads(saved.read_text())
     target = targets.resolve(s.space.base.target).name
-    s.log(f"building optimum's dynamic INT8 artifact (ORTQuantizer, AutoQuantizationConfig for {target})")
-    result = {"artifact": OPTIMUM, "target": target, "config": "AutoQuantizationConfig(is_static=False, per_channel=False)"}
+    s.log(f"building the {NAME} artifact ({target})")
+    result = {"artifact": OPTIMUM, "target": target, "config": f"{NAME}: AutoQuantizationConfig.{target}"
+              "(is_static=False, per_channel=False)"}
     try:
-        optimum_dynamic_int8(spec.path, s.out / OPTIMUM, spec.task_def, target)
+        optimum_dynamic_int8(spec.path, s.out / OPTIMUM, spec, target)
         metric, rows, _ = score_artifact(spec, s.out / OPTIMUM, validation, threads)
         result.update(status="complete", metric=metric, validation_rows=rows)
         s.log(f"optimum INT8: metric {metric:.4f}")

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from xformopt import __version__
 from xformopt.errors import InputError
 from xformopt.runtime.predictor import artifact_spec, load_predictor
-from xformopt.serve import decoder_routes, schemas
+from xformopt.serve import autotune, decoder_routes, schemas
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from xformopt.serve.scheduler import (
@@ -140,6 +140,26 @@ class BearerAuth:
         return await self.app(scope, receive, send)
 
 
+class CloseWhileDraining:
+    """While the server drains (after SIGTERM), every answer carries ``Connection: close``: a client's
+    pool then opens a new connection for its next request, which the listener still accepts during the
+    grace period, instead of reusing one the server is about to close (a reset)."""
+
+    def __init__(self, app, state: dict):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def sending(message):
+            if message["type"] == "http.response.start" and self.state["draining"]:
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        return await self.app(scope, receive, sending)
+
+
 class RequestMetrics:
     """Requests by route and status, and their latency (received to answered), for /metrics."""
 
@@ -227,7 +247,8 @@ def _info(config: ServeConfig, spec, predictor, scheduler=None) -> dict:
         "max_tokens": predictor.max_length if predictor is not None else None,
         "labels": spec.id2label or None,
         "settings": config.public(),
-        "batching": tuning.public() if (tuning := getattr(scheduler, "tuning", None)) else None,  # encoders only
+        "batching": {**tuning.public(), "remeasured": scheduler.retunes}
+        if (tuning := getattr(scheduler, "tuning", None)) else None,  # encoders only
     }
 
 
@@ -251,14 +272,20 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
     spec = decoder or artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
     factory = predictor_factory or load_predictor
     metrics = Metrics()
-    state = {"ready": False, "scheduler": None, "predictor": None}
+    state = {"ready": False, "draining": False, "scheduler": None, "predictor": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if decoder is not None:
             service = await decoder_routes.start_service(config, metrics, engine_factory)
             state.update(predictor=service, scheduler=service.scheduler, ready=True)
-            app.state.begin_drain = service.scheduler.begin_drain  # serve.server calls it on SIGTERM
+            scheduler_drain = service.scheduler.begin_drain
+
+            def begin_drain():  # serve.server calls it on SIGTERM (plain stores: signal-handler safe)
+                state["draining"] = True
+                scheduler_drain()
+
+            app.state.begin_drain = begin_drain
             try:
                 yield
             finally:
@@ -268,8 +295,10 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
         predictor = factory(config.artifact, config.threads, config.int8_scales)
         scheduler = Scheduler(predictor, config.scheduler, metrics)
         warmup = [{"question": "what?", "context": WARMUP_TEXT}] if spec.task == "question-answering" else [WARMUP_TEXT]
-        await scheduler.start(warmup * min(config.scheduler.max_batch or 8, 8))
+        await scheduler.start(warmup * min(config.scheduler.max_batch or 8, 8),
+                              autotune.recorded_latency_ms(config.artifact))
         state.update(predictor=predictor, scheduler=scheduler, ready=True)
+        app.state.begin_drain = lambda: state.update(draining=True)  # SIGTERM: not ready, answers close
         try:
             yield
         finally:
@@ -310,8 +339,10 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
 
     routes = {"/health", "/info", "/metrics", "/openapi.json"}
 
-    @app.get("/health", summary="200 once the model is loaded and warmed up, else 503")
+    @app.get("/health", summary="200 once the model is loaded and warmed up; 503 before, and while draining")
     async def health():
+        if state["draining"]:  # a load balancer stops sending here first; requests still get answers
+            return error_response(503, "draining: shutting down, send requests elsewhere", "Unhealthy")
         if not state["ready"]:
             return error_response(503, "not ready", "Unhealthy")
         return {"status": "ok"}
@@ -384,4 +415,5 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
     if config.api_key:
         app.add_middleware(BearerAuth, key=config.api_key)
     app.add_middleware(RequestMetrics, metrics=metrics, routes=routes)
+    app.add_middleware(CloseWhileDraining, state=state)
     return app

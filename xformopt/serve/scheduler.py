@@ -9,9 +9,18 @@ session call. Each request gets its own rows back, in order.
 
 The queue is bounded in inputs and in seconds of work (inputs over the rate batches ran at lately): a
 request that would overflow it is refused at once (``Overloaded``: 503 with Retry-After), never
-buffered without bound. A request still unanswered at its deadline gets
-``DeadlineExceeded`` (504) and its inputs are dropped from any batch not yet started. A session call
-that raises fails only that batch's requests; the scheduler keeps serving.
+buffered without bound. Until a batch has run, the rate is the one measured at start-up, so a burst
+right after start-up is bounded too; and the queue never takes more work than the request deadline
+(``timeout_s``) allows: a request the backlog cannot reach in time is refused at once (503), not left
+to time out (504). A request still unanswered at its deadline gets ``DeadlineExceeded`` (504) and its
+inputs are dropped from any batch not yet started. A session call that raises fails only that batch's
+requests; the scheduler keeps serving. Each outcome is delivered only to a request still waiting for it
+(a future whose request left is cancelled), so no exception is left unretrieved.
+
+The batching settings are measured at start-up (xformopt.serve.autotune). While idle, the scheduler
+times one batch-1 call of the probe row every ``CANARY_S``; when their median drifts past ``DRIFT`` x
+the measured call (or the start-up measurement was marked busy), it measures again in the background,
+one pair of calls between batches, and serves on with the new settings (flags stay as given).
 
 Results are cached per input (the exact input and the options that change its answer), so a repeated
 input is answered without queueing; tokenized inputs are cached too, so a repeated text with new
@@ -21,8 +30,10 @@ options is not tokenized again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import statistics
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +44,11 @@ from xformopt.serve import autotune
 from xformopt.serve.caches import MISSING, LRUCache, input_key
 
 log = logging.getLogger("xformopt.serve")
+
+CANARY_S = 5.0  # while idle, one batch-1 probe call this often (how the drift is seen)
+CANARY_WINDOW = 9  # probe calls whose median is compared with the measured call
+DRIFT = 2.0  # a median this many times slower or faster than measured starts a re-measurement
+RETUNE_COOLDOWN_S = 60.0  # at most one re-measurement per this long
 
 
 class Overloaded(Exception):
@@ -108,29 +124,59 @@ class Scheduler:
         self._task: asyncio.Task | None = None
         self._stopping = False
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xformopt-batch")
-        self._rate = 0.0  # inputs per second lately (for Retry-After)
+        self._rate = 0.0  # inputs per second lately (for Retry-After and the admission bounds)
+        self._running = 0  # inputs in the batch the worker runs now
         self.in_flight = 0
         self.tuning: autotune.Choice | None = None  # how max_batch / max_wait_ms were chosen
+        self.retunes = 0
+        self._flags = (settings.max_batch, settings.max_wait_ms)  # what the flags pinned (None: measured)
+        self._reference_ms: float | None = None
+        self._probe = None  # the probe row (canary calls and re-measurements)
+        self._canaries: deque[float] = deque(maxlen=CANARY_WINDOW)
+        self._next_canary = math.inf
+        self._tuned_at = 0.0
+        self._retune: autotune.Measurement | None = None
+        self._retune_reason = ""
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def start(self, warmup_inputs: list | None = None) -> None:
+    async def start(self, warmup_inputs: list | None = None, reference_ms: float | None = None) -> None:
+        """Warm up, measure the batching settings the flags left open (``reference_ms``: the artifact's
+        recorded batch-1 latency, a sanity bound for the measurement), start the batch loop."""
+        loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        self._reference_ms = reference_ms
         if warmup_inputs:  # first session calls are slow (allocations, kernel choice): not a client's
-            probe = Job(list(warmup_inputs), True, {}, 0.0, math.inf, asyncio.get_running_loop().create_future())
-            outcome = await asyncio.get_running_loop().run_in_executor(self._executor, self._work, [probe])
+            probe = Job(list(warmup_inputs), True, {}, 0.0, math.inf, loop.create_future())
+            started = time.perf_counter()
+            outcome = await loop.run_in_executor(self._executor, self._work, [probe])
             if isinstance(outcome[0], Exception):
                 raise outcome[0]
+            # a first, slow call: a low rate to start from when nothing is measured (it admits less, not more)
+            self._rate = len(warmup_inputs) / max(time.perf_counter() - started, 1e-6)
         sample = warmup_inputs[0] if warmup_inputs and isinstance(warmup_inputs[0], dict) else None
-        self.tuning = await asyncio.get_running_loop().run_in_executor(
-            self._executor, autotune.tune, self.predictor, self.settings.max_batch, self.settings.max_wait_ms, sample)
-        self.settings = replace(self.settings, max_batch=self.tuning.max_batch, max_wait_ms=self.tuning.max_wait_ms)
-        if self.tuning.call_ms:
-            timings = ", ".join(f"{b}: {t:.2f}" for b, t in self.tuning.call_ms.items())
-            log.info(f"batching: max batch {self.settings.max_batch} ({self.tuning.source['max_batch']}), max wait "
-                     f"{self.settings.max_wait_ms:g} ms ({self.tuning.source['max_wait_ms']}); session call ms by "
-                     f"batch size at {self.tuning.probe_tokens} tokens: {timings}")
+        self._probe = await loop.run_in_executor(self._executor, autotune.probe_row, self.predictor, sample)
+        choice = await loop.run_in_executor(self._executor, autotune.tune, self.predictor, *self._flags, sample,
+                                            reference_ms)
+        self._apply(choice)
         self._task = asyncio.create_task(self._loop(), name="xformopt-scheduler")
+
+    def _apply(self, choice: autotune.Choice) -> None:
+        self.tuning = choice
+        self.settings = replace(self.settings, max_batch=choice.max_batch, max_wait_ms=choice.max_wait_ms)
+        if not choice.call_ms:
+            return
+        if choice.reason == "start-up":  # the rate batches run at, until they have run (then: as they ran)
+            self._rate = choice.rows_per_s() or self._rate
+        self._tuned_at = time.monotonic()
+        self._canaries.clear()
+        self._next_canary = time.monotonic() + CANARY_S
+        timings = ", ".join(f"{b}: {t:.2f}" for b, t in choice.call_ms.items())
+        busy = " (busy: over the artifact's recorded latency; measured again when idle)" if choice.busy else ""
+        log.info(f"batching ({choice.reason}): max batch {choice.max_batch} ({choice.source['max_batch']}), max wait "
+                 f"{choice.max_wait_ms:g} ms ({choice.source['max_wait_ms']}); quiet session call ms by batch size at "
+                 f"{choice.probe_tokens} tokens: {timings}; {choice.pairs} pairs in {choice.seconds:.1f} s, "
+                 f"{choice.dropped} dropped as disturbed{busy}")
 
     async def stop(self) -> None:
         """Finish every queued batch, then stop."""
@@ -160,7 +206,7 @@ class Scheduler:
         if self._stopping:
             raise Overloaded(1)
         if self._queued + len(missing) > self.settings.max_queue or self._backlog_s(len(missing)) > \
-                (self.settings.max_queue_s or math.inf):
+                (self.settings.max_queue_s or math.inf) or self._ahead_s() > self.settings.timeout_s:
             raise Overloaded(self._retry_after())
         job = Job([items[i] for i in missing], truncate, finish, arrived, arrived + self.settings.timeout_s,
                   loop.create_future())
@@ -170,12 +216,17 @@ class Scheduler:
         self._wake.set()
         self.in_flight += 1
         try:
-            computed = await asyncio.wait_for(asyncio.shield(job.future), job.deadline - loop.time())
-        except TimeoutError:
-            raise DeadlineExceeded(f"not answered within {self.settings.timeout_s:g} s") from None
+            # asyncio.wait, not wait_for(shield(...)): a shield cancelled before its future is done drops
+            # the callback that reads the future's outcome, and an exception set later is "never retrieved"
+            done, _ = await asyncio.wait((job.future,), timeout=max(0.0, job.deadline - loop.time()))
         finally:
             job.cancelled = True  # a batch not yet started skips it (answered, timed out or disconnected)
             self.in_flight -= 1
+            if not job.future.done():
+                job.future.cancel()  # nobody waits for it any more: no outcome is set on it, none left unread
+        if not done:
+            raise DeadlineExceeded(f"not answered within {self.settings.timeout_s:g} s")
+        computed = job.future.result()  # the batch's exception, if it failed
         for i, answer, key in zip(missing, computed, (keys[i] for i in missing)):
             answers[i] = answer
             self.results.put(key, answer)
@@ -187,6 +238,11 @@ class Scheduler:
         latency within about that long after the overload ends (1024 queued inputs were 4-5 s of work)."""
         return (self._queued + more) / self._rate if self._rate > 0 else 0.0
 
+    def _ahead_s(self) -> float:
+        """Seconds of work ahead of a new request (queued and running), at the recent rate: when it is
+        over the deadline, the request could only time out, so it is refused at once instead."""
+        return (self._queued + self._running) / self._rate if self._rate > 0 else 0.0
+
     def _retry_after(self) -> int:
         return max(1, math.ceil(self._queued / self._rate)) if self._rate > 0 else 1
 
@@ -194,13 +250,17 @@ class Scheduler:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
-        wait_s = self.settings.max_wait_ms / 1000.0
         while True:
             while not self._pending:
                 if self._stopping:
                     return
+                if await self._idle_work():
+                    continue
                 self._wake.clear()
-                await self._wake.wait()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, self._next_canary - time.monotonic())
+                                           if self._next_canary < math.inf else None)
+            wait_s = self.settings.max_wait_ms / 1000.0  # a re-measurement may have changed it
             first = self._pending[0]
             while self._queued < self.settings.max_batch and not self._stopping:
                 remaining = first.arrived + wait_s - loop.time()
@@ -224,13 +284,16 @@ class Scheduler:
             if not live:
                 continue
             started = time.perf_counter()
+            inputs = sum(len(j.items) for j in live)
+            self._running = inputs
             try:
                 outcomes = await loop.run_in_executor(self._executor, self._work, live)
             except Exception as exc:  # noqa: BLE001  (a failing batch must not stop the server)
                 self.metrics.batch_failures.inc()
                 outcomes = [BatchFailed(f"the model failed on this batch ({type(exc).__name__}: {exc})")] * len(live)
+            finally:
+                self._running = 0
             elapsed = time.perf_counter() - started
-            inputs = sum(len(j.items) for j in live)
             self._rate = 0.8 * self._rate + 0.2 * (inputs / max(elapsed, 1e-6)) if self._rate else inputs / max(elapsed, 1e-6)
             self.metrics.batch_inputs.observe(inputs)
             for job, outcome in zip(live, outcomes):
@@ -240,6 +303,57 @@ class Scheduler:
                     job.future.set_exception(outcome)
                 else:
                     job.future.set_result(outcome)
+
+    # ------------------------------------------------------------------ drift and re-measurement (idle time)
+
+    async def _idle_work(self) -> bool:
+        """One step of idle-time work, if any is due: a step of a re-measurement, or a probe call."""
+        loop = asyncio.get_running_loop()
+        if self._retune is not None:
+            try:
+                more = await loop.run_in_executor(self._executor, self._retune.step)
+            except Exception as exc:  # noqa: BLE001  (a failed re-measurement keeps the settings in use)
+                log.warning(f"re-measuring the batching failed ({type(exc).__name__}: {exc}); settings kept")
+                self._retune, self._next_canary = None, time.monotonic() + RETUNE_COOLDOWN_S
+                return True
+            if not more:
+                measurement, self._retune = self._retune, None
+                self.retunes += 1
+                self._apply(autotune.settle(measurement, self._probe.length, *self._flags, reason=self._retune_reason))
+            return True
+        if time.monotonic() < self._next_canary:
+            return False
+        try:
+            ms = await loop.run_in_executor(self._executor, self._probe_call)
+        except Exception:  # noqa: BLE001  (a failing session shows on the next batch, as a 500)
+            self._next_canary = math.inf
+            return True
+        self._canaries.append(ms)
+        self._next_canary = time.monotonic() + CANARY_S
+        self._maybe_retune()
+        return True
+
+    def _probe_call(self) -> float:
+        started = time.perf_counter()
+        self.predictor.run_rows([self._probe])
+        return (time.perf_counter() - started) * 1000
+
+    def _maybe_retune(self) -> None:
+        tuning = self.tuning
+        if time.monotonic() - self._tuned_at < RETUNE_COOLDOWN_S:
+            return
+        measured = tuning.typical_ms.get(1, 0.0)
+        if tuning.busy:
+            reason = "the last measurement was over the artifact's recorded latency"
+        elif len(self._canaries) == self._canaries.maxlen and measured > 0 and \
+                not measured / DRIFT <= (now := statistics.median(self._canaries)) <= measured * DRIFT:
+            reason = f"drift: an idle batch-1 call takes {now:.2f} ms, {measured:.2f} ms when measured"
+        else:
+            return
+        log.info(f"batching: measuring again in idle time ({reason})")
+        self._retune_reason = reason
+        self._retune = autotune.Measurement(self.predictor.run_rows, self._probe, autotune.tuned_sizes(self._flags[0]),
+                                            reference_ms=self._reference_ms)
 
     def _take(self) -> list[Job]:
         """Jobs from the head of the queue up to max_batch inputs (always at least one job)."""

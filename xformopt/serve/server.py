@@ -1,6 +1,16 @@
 """Run the app on uvicorn: bind (127.0.0.1 unless told), warn loudly on an open bind without a key,
-and on SIGTERM stop accepting, answer every request already accepted, exit 0 (uvicorn's graceful
-shutdown, then the app's lifespan drains the scheduler)."""
+and on SIGTERM drain readiness-first, then exit 0.
+
+uvicorn's own shutdown closes the listener at once: connections the kernel had already accepted into
+the listen backlog are reset, and a pooled client that sends on a keep-alive connection as it closes
+gets a reset too. Load balancers expect the other order, so on SIGTERM, for ``drain_s`` seconds:
+/health says 503 (the balancer stops sending), the listener stays open and every request is answered
+as usual, each answer with ``Connection: close`` (a pool reconnects, which still works, rather than
+reuse a connection about to close). Then the listener closes, connections accepted in its last moment
+get ``LINGER_S`` to deliver their request, and uvicorn's graceful shutdown answers what is in flight
+(the app's lifespan then drains the scheduler). A second SIGTERM, or Ctrl-C (SIGINT: someone at a
+terminal, not a balancer), skips the grace period.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +19,11 @@ import json
 import logging
 import signal
 import sys
+import time
 
 LOCAL_HOSTS = ("localhost",)
-DRAIN_SECONDS = 30  # at most this long for in-flight requests after SIGTERM
+DRAIN_SECONDS = 30  # after the listener closed, at most this long for the requests in flight
+LINGER_S = 0.3  # between closing the listener and closing idle connections (a request may be on its way)
 # uvicorn closes idle keep-alive connections after 5 s by default; a pooled client reusing one as it
 # closes sees a reset. Load balancers keep theirs for a minute.
 KEEP_ALIVE_SECONDS = 65
@@ -47,26 +59,61 @@ def log_config(json_logs: bool) -> dict:
                         for name in ("uvicorn", "uvicorn.error", "xformopt.serve")}}
 
 
-def run(app, host: str, port: int, json_logs: bool = False) -> bool:
-    """Serve until SIGTERM/SIGINT; False when the server could not start (port taken, model failed)."""
+def draining_server(config, app, drain_s: float):
+    """A uvicorn.Server whose SIGTERM starts the readiness-first drain of the module docstring."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, access_log=False, lifespan="on",
-                                           log_config=log_config(json_logs), timeout_graceful_shutdown=DRAIN_SECONDS,
-                                           timeout_keep_alive=KEEP_ALIVE_SECONDS))
-    # uvicorn handles SIGTERM/SIGINT itself (stop accepting, drain), then raises the signal again for
-    # the handlers it found; for a server that drained, that stop is the normal end (exit 0), so the
-    # CLI's own handler (which turns a signal into exit 143) is parked meanwhile.
+    def tell_app():  # plain stores only: this runs inside a signal handler
+        begin = getattr(getattr(app, "state", None), "begin_drain", None)
+        if begin is not None:
+            begin()
+
+    class Server(uvicorn.Server):
+        drain_started: float | None = None  # monotonic time of the SIGTERM that began the grace period
+        listener_closed = False
+        announced = False
+
+        def handle_exit(self, sig, frame):
+            tell_app()
+            if sig == signal.SIGTERM and drain_s > 0 and self.started and self.drain_started is None \
+                    and not self.should_exit:
+                self.drain_started = time.monotonic()  # on_tick ends the grace period
+                return
+            super().handle_exit(sig, frame)  # uvicorn's own shutdown, now
+
+        async def on_tick(self, counter: int) -> bool:  # uvicorn's main loop calls it every 0.1 s
+            if self.drain_started is not None and not self.should_exit:
+                waited = time.monotonic() - self.drain_started
+                if not self.announced:  # logged here, not in the signal handler (logging takes locks)
+                    self.announced = True
+                    logging.getLogger("uvicorn.error").info(
+                        f"SIGTERM: /health says 503; still answering for {drain_s:g} s (a second SIGTERM or Ctrl-C "
+                        "stops sooner)")
+                if waited >= drain_s and not self.listener_closed:
+                    for listener in self.servers:
+                        listener.close()  # new connections are refused from here; uvicorn closes the rest
+                    self.listener_closed = True
+                    logging.getLogger("uvicorn.error").info(f"drained for {drain_s:g} s: listener closed, answering "
+                                                            "the requests in flight")
+                if waited >= drain_s + LINGER_S:
+                    self.should_exit = True
+            return await super().on_tick(counter)
+
+    return Server(config)
+
+
+def run(app, host: str, port: int, json_logs: bool = False, drain_s: float = 0.0) -> bool:
+    """Serve until SIGTERM/SIGINT; False when the server could not start (port taken, model failed).
+    ``drain_s``: the readiness-first grace period after SIGTERM (0: close the listener at once)."""
+    import uvicorn
+
+    server = draining_server(uvicorn.Config(app, host=host, port=port, access_log=False, lifespan="on",
+                                            log_config=log_config(json_logs), timeout_graceful_shutdown=DRAIN_SECONDS,
+                                            timeout_keep_alive=KEEP_ALIVE_SECONDS), app, drain_s)
+    # uvicorn raises a signal it handled again once it stopped, for the handlers it found; for a server
+    # that drained, that stop is the normal end (exit 0), so the CLI's own handler (which turns a signal
+    # into exit 143) is parked meanwhile.
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
-    uvicorn_exit = server.handle_exit
-
-    def handle_exit(sig, frame):  # tell the app too: streams in flight get their drain time now
-        uvicorn_exit(sig, frame)
-        drain = getattr(getattr(app, "state", None), "begin_drain", None)
-        if drain is not None:
-            drain()
-
-    server.handle_exit = handle_exit
     try:
         server.run()
     finally:

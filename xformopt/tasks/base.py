@@ -1,7 +1,8 @@
 """What a task is: everything a pass, the evaluator, the bench and the report need to know about it.
 
 A task is one object (one module under ``xformopt/tasks/``); nothing outside this package tests a task's
-name. Callers ask the task: which transformers/optimum classes load it, how its held-out rows are read,
+name. Callers ask the task: which transformers class loads it, what its exported graph's inputs and outputs
+are called, how its held-out rows are read,
 what the graph's outputs become (pooled embeddings, word-level tags, answer spans), how a stage is scored
 against the PyTorch baseline, what one INT8 agreement figure is, which passes apply.
 
@@ -47,8 +48,10 @@ class Task:
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     auto_model: ClassVar[str] = "AutoModel"  # transformers class that loads the checkpoint
-    ort_model: ClassVar[str] = "ORTModelForFeatureExtraction"  # optimum.onnxruntime class that loads the artifact
-    export_task: ClassVar[str] = "feature-extraction"  # optimum's exporter task name
+    # The exported graph's outputs, in the model output's order (the names optimum's exporter used, so
+    # artifacts keep the interface clients already read), and the dynamic axes of every text input.
+    export_outputs: ClassVar[tuple[str, ...]] = ("last_hidden_state",)
+    input_axes: ClassVar[tuple[str, ...]] = ("batch_size", "sequence_length")
     architectures: ClassVar[tuple[str, ...]] = ()  # config.architectures suffixes that detect the task
     headline: ClassVar[str] = "accuracy"  # the metric the report leads with
     # Every metric ``score`` can return, the headline first, then the secondary columns in report order.

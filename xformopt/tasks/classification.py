@@ -13,8 +13,7 @@ class TextClassification(Task):
     name = "text-classification"
     summary = "one label per text (or text pair): sentiment, topic, NLI"
     auto_model = "AutoModelForSequenceClassification"
-    ort_model = "ORTModelForSequenceClassification"
-    export_task = "text-classification"
+    export_outputs = ("logits",)
     architectures = ("ForSequenceClassification",)
     headline = "accuracy"
     metrics = {"accuracy": Metric("Accuracy", percent=True), "macro_f1": Metric("Macro-F1"),

@@ -40,8 +40,6 @@ class FeatureExtraction(Task):
     name = "feature-extraction"
     summary = "sentence embeddings (mean-pooled token states)"
     auto_model = "AutoModel"
-    ort_model = "ORTModelForFeatureExtraction"
-    export_task = "feature-extraction"
     headline = "cosine_to_baseline"
     metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True, bounds=(-1.0, 1.0)),
                "probe_accuracy": Metric("Probe acc.", percent=True),

@@ -134,8 +134,7 @@ class FillMask(Task):
     summary = "masked-language-model heads: the word at [MASK] (BERT, RoBERTa, ...)"
     auto_model = "AutoModelForMaskedLM"
     head_may_be_fresh = False
-    ort_model = "ORTModelForMaskedLM"
-    export_task = "fill-mask"
+    export_outputs = ("logits",)
     architectures = ("ForMaskedLM",)
     # Agreement, not accuracy: targets are optional (the headline must exist in every report), and
     # what an optimisation can lose is the fp32 model's own answer; top-1 accuracy is reported beside

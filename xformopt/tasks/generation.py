@@ -12,8 +12,7 @@ class TextGeneration(Task):
     summary = "causal language models with a KV cache (GPT-2, Llama, Qwen, Mistral, Phi-3)"
     auto_model = "AutoModelForCausalLM"
     head_may_be_fresh = False
-    ort_model = "ORTModelForCausalLM"
-    export_task = "text-generation-with-past"
+    export_outputs = ("logits",)
     architectures = ("ForCausalLM", "LMHeadModel")
     headline = "perplexity"
     metrics = {"perplexity": Metric("Perplexity", lower_is_better=True, bounds=(1.0, float("inf"))),

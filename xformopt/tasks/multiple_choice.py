@@ -71,8 +71,8 @@ class MultipleChoice(Task):
     name = "multiple-choice"
     summary = "one of several endings per context (SWAG, HellaSwag, ARC-style)"
     auto_model = "AutoModelForMultipleChoice"
-    ort_model = "ORTModelForMultipleChoice"
-    export_task = "multiple-choice"
+    export_outputs = ("logits",)
+    input_axes = ("batch_size", "num_choices", "sequence_length")
     architectures = ("ForMultipleChoice",)
     headline = "accuracy"
     metrics = {"accuracy": Metric("Accuracy", percent=True), "agreement_with_baseline": AGREEMENT}

@@ -104,8 +104,7 @@ class QuestionAnswering(Task):
     name = "question-answering"
     summary = "extractive QA: the span of a context that answers a question (SQuAD)"
     auto_model = "AutoModelForQuestionAnswering"
-    ort_model = "ORTModelForQuestionAnswering"
-    export_task = "question-answering"
+    export_outputs = ("start_logits", "end_logits")
     architectures = ("ForQuestionAnswering",)
     headline = "f1"
     metrics = {"f1": Metric("F1", percent=True), "exact_match": Metric("Exact match", percent=True),
@@ -254,15 +253,33 @@ def _run_windows(predictor, tokenizer, windows: list[dict], batch_size: int) -> 
 
 def window_spans(window: dict, logits: np.ndarray) -> list[tuple]:
     """Candidate spans (char start, char end, score) of one window from its own [tokens, 2] start/end logits."""
-    from transformers.pipelines.question_answering import select_starts_ends
-
-    n = len(window["p_mask"])
-    # The pipeline keeps 2*top_k+10 candidates per window because aligning to words may merge some.
-    starts, ends, scores, _ = select_starts_ends(
-        logits[:, 0][None], logits[:, 1][None], window["p_mask"][None],
-        np.ones((1, n), dtype=np.int64), top_k=12, max_answer_len=MAX_ANSWER_TOKENS)
+    # 2*top_k+10 candidates per window (as transformers' QA pipeline kept): aligning to words may merge some.
+    starts, ends, scores = select_spans(logits[:, 0], logits[:, 1], np.asarray(window["p_mask"]) == 0,
+                                        top_k=12, max_len=MAX_ANSWER_TOKENS)
     return [(*_char_span(window["encoding"], int(s), int(e), window["context_id"]), float(p))
             for s, e, p in zip(starts, ends, scores)]
+
+
+def select_spans(start_logits: np.ndarray, end_logits: np.ndarray, allowed: np.ndarray, top_k: int,
+                 max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``top_k`` token spans (start, end, probability) of one window, as transformers 4's
+    question-answering pipeline chose them: softmax over the tokens that may hold the answer
+    (``allowed``: the context's), the first token ([CLS]) never, end >= start, at most ``max_len``
+    tokens. Written here: transformers 5 removed the extractive QA pipeline."""
+    def softmax(logits: np.ndarray) -> np.ndarray:
+        masked = np.where(allowed, logits.astype(np.float64), -10000.0)
+        weights = np.exp(masked - masked.max())
+        return weights / weights.sum()
+
+    start, end = softmax(start_logits), softmax(end_logits)
+    start[0] = end[0] = 0.0
+    candidates = np.tril(np.triu(np.outer(start, end)), max_len - 1)
+    flat = candidates.ravel()
+    order = np.argsort(-flat, kind="stable")[:top_k]
+    starts, ends = np.unravel_index(order, candidates.shape)
+    keep = allowed[starts] & allowed[ends]
+    starts, ends = starts[keep], ends[keep]
+    return starts, ends, candidates[starts, ends]
 
 
 def _char_span(encoding, s: int, e: int, sequence_index: int) -> tuple[int, int]:

@@ -36,8 +36,7 @@ class TokenClassification(Task):
     name = "token-classification"
     summary = "one tag per word: named entities (IOB2), part of speech"
     auto_model = "AutoModelForTokenClassification"
-    ort_model = "ORTModelForTokenClassification"
-    export_task = "token-classification"
+    export_outputs = ("logits",)
     architectures = ("ForTokenClassification",)
     headline = "entity_f1"
     labels_from_config = True
