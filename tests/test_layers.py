@@ -23,7 +23,7 @@ LAYERS = [
                                        "hub", "split_wheels", "models", "targets", "onnx_graph", "exporting",
                                        "fusions", "weight_coverage", "gguf_source", "pruned_heads"}),
     ("runtime", {"runtime"}),
-    ("pass libraries", {"decoder", "distill"}),
+    ("pass libraries", {"decoder", "distill", "seq2seq"}),
     ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),
     ("recipes", {"recipe"}),
     ("pipeline and the bench library", {"pipeline", "bench"}),

@@ -171,7 +171,9 @@ def test_sparsity_record(pruned_classifier):
     assert "accuracy" in record["quality_before_recovery"]["pruned"]
     lat = record["latency"]
     assert lat["measured_on"].startswith("measured on") and lat["pruned_ms"]["median_ms"] > 0
-    assert lat["pruned_fused"]["Attention"] == after["layers"]
+    from xformopt.passes.fuse import reached  # a one-head layer fuses into MultiHeadAttention (onnxscript)
+
+    assert reached(lat["pruned_fused"], "Attention") == after["layers"]
 
 
 # --------------------------------------------------------------------------- checkpoint
@@ -256,12 +258,15 @@ def test_pruned_model_exports_and_fuses_fully(pruned_classifier, sample_texts, t
     layers = record["after"]["layers"]
     assert fused["expected"] == {"Attention": layers, "SkipLayerNormalization": 2 * layers}
     counts = onnx_op_counts(tmp_path / "f" / "model.onnx")
-    assert counts["Attention"] == layers and counts["SkipLayerNormalization"] == 2 * layers
+    # a layer's attention fuses into Attention, or MultiHeadAttention where one head is left (onnxscript)
+    assert counts["Attention"] + counts.get("MultiHeadAttention", 0) == layers
+    assert counts["SkipLayerNormalization"] == 2 * layers
     import onnx
 
     graph = onnx.load(tmp_path / "f" / "model.onnx", load_external_data=False).graph
-    fused_heads = [next(a.i for a in n.attribute if a.name == "num_heads") for n in graph.node if n.op_type == "Attention"]
-    assert fused_heads == heads  # each fused Attention runs its own layer's head count
+    fused_heads = [next(a.i for a in n.attribute if a.name == "num_heads") for n in graph.node
+                   if n.op_type in ("Attention", "MultiHeadAttention")]
+    assert fused_heads == heads  # each fused attention runs its own layer's head count
     from xformopt.runtime.encoder import OrtPredictor
 
     onnx_model = OrtPredictor(ctx.spec, tmp_path / "f", threads=1)

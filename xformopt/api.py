@@ -31,6 +31,7 @@ from xformopt.search import run as runner
 from xformopt.search import sampler as samplers
 from xformopt.search import shapes
 from xformopt.search import space as spaces
+from xformopt.seq2seq.text import Text2TextModel
 
 if TYPE_CHECKING:  # the recipe module loads pydantic and the pass registry: only when a run needs it
     from xformopt.recipe import Recipe
@@ -285,7 +286,8 @@ def load(artifact: str | Path, **options):
     return (_LOADERS[task.graph] if task is not None else load_predictor)(path, **options)
 
 
-_LOADERS = {"encoder": load_predictor, "decoder": TextGenerator}  # Task.graph -> what serves it
+# Task.graph -> what serves it (encoder-decoders: ``.generate(sources, settings)``, ``.options(num_beams=...)``)
+_LOADERS = {"encoder": load_predictor, "decoder": TextGenerator, "seq2seq": Text2TextModel}
 
 
 # --------------------------------------------------------------------------- bench
@@ -396,7 +398,14 @@ def _bench_encoder(artifact: Path, *, paths: dict, compare, pytorch, prompt_toke
     return BenchResult(doc, "encoder")
 
 
-_BENCHES = {"encoder": _bench_encoder, "decoder": _bench_generation}  # Task.graph -> its benchmark
+def _bench_refused(artifact: Path, **_) -> None:
+    """Encoder-decoder artifacts: no bench yet; the task's refusal names what measures them."""
+    task = artifact_task(artifact)
+    task.refuse("bench", f"{artifact} is a {task.name} artifact")
+
+
+_BENCHES = {"encoder": _bench_encoder, "decoder": _bench_generation,  # Task.graph -> its benchmark
+            "seq2seq": _bench_refused}
 
 
 # --------------------------------------------------------------------------- search

@@ -35,6 +35,7 @@ from typing import Any
 from xformopt.errors import InputError
 
 GENAI_EXTRA = "onnxruntime-genai"  # the pip name; xformopt's extra is `pip install 'xformopt[genai]'`
+SEQ2SEQ = "seq2seq"  # the encoder-decoder exporter (xformopt/seq2seq/export.py)
 
 
 @dataclass(frozen=True)
@@ -145,11 +146,17 @@ class Family:
         per_layer = self.fused_per_layer if built else self.fallback_per_layer
         return {op: n * layers for op, n in per_layer.items()}
 
+    @property
+    def graph(self) -> str:
+        """The kind of graph this family exports (a task's ``graph`` must be the same): "decoder" (KV
+        cache), "seq2seq" (encoder graph + cached decoder graph, xformopt/seq2seq/) or "encoder"."""
+        return "decoder" if self.decoder else "seq2seq" if self.exporter == SEQ2SEQ else "encoder"
+
     def export_route(self, asked: str | None = None) -> str:
         """Which exporter writes this family's graph: a decoder's own (``gpt2``, ``genai``: a KV cache,
-        xformopt/decoder/export.py); for an encoder the one a recipe asks for (``torchscript`` or
-        ``dynamo``), else the row's."""
-        if self.decoder:
+        xformopt/decoder/export.py) or the encoder-decoder one (``seq2seq``); for an encoder the one a
+        recipe asks for (``torchscript`` or ``dynamo``), else the row's."""
+        if self.decoder or self.exporter == SEQ2SEQ:
             return self.exporter
         return asked or self.exporter
 
@@ -178,6 +185,17 @@ _ROTARY_ENCODER_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 
 def _bert_like(model_type: str, offset: int = 0) -> Family:
     return Family(model_type, False, "bert", _ENCODER_FUSED, position_offset=offset, layout=BERT_LAYOUT)
+
+
+# --- encoder-decoder families (xformopt/seq2seq/): an encoder graph and a cached decoder graph, exported by
+# torch's dynamo exporter; onnxscript fuses each layer's attention (self and cross) into MultiHeadAttention
+# (the encoder's own self-attention into Attention where it matches) in `fuse`, counted per graph there.
+_SEQ2SEQ_SHAPE = dict(layers_keys=("num_layers", "encoder_layers"), heads_keys=("num_heads", "encoder_attention_heads"),
+                      hidden_keys=("d_model",), positions_keys=("max_position_embeddings",))
+
+
+def _seq2seq(model_type: str, ort_type: str) -> Family:
+    return Family(model_type, False, ort_type, {}, exporter=SEQ2SEQ, **_SEQ2SEQ_SHAPE)
 
 
 def _genai(model_type: str) -> Family:
@@ -243,9 +261,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # full attention (MultiHeadAttention after fuse); every layer's two (1 + w) RMSNorms fuse.
     Family("qwen3_5_text", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo",
            grouped_query=True),
+    _seq2seq("t5", "t5"),
+    _seq2seq("mt5", "t5"),
+    _seq2seq("bart", "bart"),
+    _seq2seq("mbart", "bart"),
+    _seq2seq("marian", "bart"),
 )}
 
-ENCODERS = tuple(name for name, f in FAMILIES.items() if not f.decoder)
+ENCODERS = tuple(name for name, f in FAMILIES.items() if f.graph == "encoder")
+SEQ2SEQS = tuple(name for name, f in FAMILIES.items() if f.graph == SEQ2SEQ)
 DECODERS = tuple(name for name, f in FAMILIES.items() if f.decoder)
 
 
@@ -268,7 +292,8 @@ def family_of(model_type: str | None) -> Family:
     if decoder is None:
         raise InputError(f"unsupported architecture {model_type!r}: transformers has no model type of that name "
                          "(custom code needs --trust-remote-code and a model type transformers registers); "
-                         f"families with tuned fusions: encoders {', '.join(ENCODERS)}; decoders {', '.join(DECODERS)}")
+                         f"families with tuned fusions: encoders {', '.join(ENCODERS)}; decoders {', '.join(DECODERS)}; "
+                         f"encoder-decoders (translation, summarization) {', '.join(SEQ2SEQS)}")
     return _generic_row(model_type, decoder)
 
 

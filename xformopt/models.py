@@ -149,7 +149,7 @@ def artifact_task(path: str | Path) -> Task | None:
         return None
     named = ((manifest.get("input") or {}) if isinstance(manifest, dict) else {}).get("task")
     task = tasks.TASKS.get(named) if isinstance(named, str) else None
-    if task is None or task.decoder != family.decoder:
+    if task is None or task.graph != family.graph:
         task = tasks.detect(config, family.decoder, sentence_transformers=(path / "modules.json").is_file())
     return task
 
@@ -219,10 +219,11 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     check_config(config, path / "config.json", family)  # the keys below, with sane types
     chosen = tasks.get(task) if task is not None else tasks.detect(
         config, family.decoder, sentence_transformers=(path / "modules.json").is_file())
-    if chosen.decoder != family.decoder:
-        kind = "a decoder" if family.decoder else "an encoder"
-        raise InputError(f"{model} is {kind} ({model_type}); task {chosen.name!r} needs "
-                         f"{', '.join(tasks.names(decoder=family.decoder))}")
+    if chosen.graph != family.graph:
+        kind = {"decoder": "a decoder", "seq2seq": "an encoder-decoder"}.get(family.graph, "an encoder")
+        fits = [name for name, t in tasks.TASKS.items() if t.graph == family.graph]
+        raise InputError(f"{model} is {kind} ({model_type}); task {chosen.name!r} needs another kind of model; "
+                         f"tasks for this one: {', '.join(fits)}")
     layers, heads, hidden = family.shape(config)
     label2id = {str(k): int(v) for k, v in (config.get("label2id") or {}).items()}
     if chosen.labels_from_config and not label2id:

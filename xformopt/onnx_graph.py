@@ -62,6 +62,15 @@ def dir_size_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
+# An encoder-decoder stage's two graphs (xformopt/seq2seq/), in place of model.onnx.
+SEQ2SEQ_GRAPHS = ("encoder.onnx", "decoder.onnx")
+
+
+def seq2seq_stage(path: Path) -> bool:
+    """True for a folder holding an encoder-decoder stage's two graphs."""
+    return all((Path(path) / name).is_file() for name in SEQ2SEQ_GRAPHS)
+
+
 PROTOBUF_LIMIT = 2 * 1024**3  # a single ONNX protobuf file cannot exceed 2 GB
 
 

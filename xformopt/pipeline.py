@@ -39,6 +39,7 @@ from xformopt.measure.host import (
     host_info,
     library_versions,
 )
+from xformopt.onnx_graph import SEQ2SEQ_GRAPHS, seq2seq_stage
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
 from xformopt.passes.record import PassRecord
@@ -346,13 +347,17 @@ def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
 def check_stage_dir(path: Path, kind: str) -> None:
     """The input of a single-pass command must be the kind of stage that pass consumes."""
     if kind == "hf":
-        if path.is_dir() and (path / "model.onnx").is_file():
+        if path.is_dir() and ((path / "model.onnx").is_file() or seq2seq_stage(path)):
             raise InputError(f"{path} is an ONNX stage; this pass takes a PyTorch model directory (the input of export)")
         return
     if not path.exists():
         raise InputError(f"input not found: {path}")
     if kind == "onnx":
         model = path / "model.onnx"
+        if not model.is_file() and seq2seq_stage(path):  # an encoder-decoder stage: its two graphs
+            for name in SEQ2SEQ_GRAPHS:
+                check_onnx_file(path / name)
+            return
         if not model.is_file():
             raise InputError(f"{path} has no model.onnx; pass the output folder of `xformopt export`")
         check_onnx_file(model)

@@ -12,6 +12,7 @@ from pathlib import Path
 from xformopt import pruned_heads, tasks, weight_coverage
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
+from xformopt.onnx_graph import SEQ2SEQ_GRAPHS, seq2seq_stage
 
 # config keys each family needs (the first present of each alternative group), all positive ints:
 # the ones xformopt itself reads (width, heads, layers). Others transformers defaults when absent;
@@ -251,6 +252,9 @@ def check_model_files(path: Path, *, task: str | None = None, trust_remote_code:
     path = Path(path)
     if (path / "model.onnx").is_file():
         check_onnx_file(path / "model.onnx")
+    elif seq2seq_stage(path):  # an encoder-decoder stage: its two graphs
+        for name in SEQ2SEQ_GRAPHS:
+            check_onnx_file(path / name)
     else:
         shapes = check_weights(path)
         if task is not None and not trust_remote_code:

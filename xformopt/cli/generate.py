@@ -12,6 +12,7 @@ from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.decoder.generator import check_prompt, open_decoder, sampling_of
 from xformopt.errors import InputError
+from xformopt.seq2seq.text import Text2TextModel, is_seq2seq_artifact
 from xformopt.validate import check_threads
 
 EXAMPLES = """
@@ -23,6 +24,7 @@ Examples:
     xformopt generate out/ "The movie was" --no-cache                          # recompute every step (slow)
     xformopt generate out/ --chat "What is the capital of France?"              # the model's chat template
     xformopt generate out/ --chat "Name three fruits." --system "Answer briefly." --stop "."
+    xformopt generate t5-out/ "translate English to German: Hello" --num-beams 4   # encoder-decoder artifacts
 
 The continuation streams to stdout as it is generated; timings go to stderr (--json: one document).
 """
@@ -65,6 +67,10 @@ def generate(
     stop_at_eos: bool = typer.Option(True, "--stop-at-eos/--ignore-eos", help="Stop at the end-of-sequence token."),
     threads: opt.Threads = None,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document (text, token ids, timings) instead of streaming."),
+    num_beams: int = typer.Option(None, "--num-beams", help="Encoder-decoder artifacts: beam width [default: the "
+                                  "model's generation config]."),
+    length_penalty: float = typer.Option(None, "--length-penalty", help="Encoder-decoder artifacts with beams: "
+                                         "exponent of the length a finished beam's score is divided by."),
     quiet: opt.Quiet = False,
 ) -> None:
     """Generate text from a decoder artifact (greedy or sampled), streaming tokens to stdout.
@@ -75,6 +81,12 @@ def generate(
     """
 
     check_threads(threads)
+    if is_seq2seq_artifact(artifact):  # translation, summarization: the source is the prompt, no streaming
+        _text2text(artifact, prompt, max_new_tokens, num_beams, length_penalty, threads, as_json)
+        return
+    if num_beams is not None or length_penalty is not None:
+        raise InputError("--num-beams and --length-penalty apply to encoder-decoder artifacts (translation, "
+                         "summarization); decoders decode greedily or sample")
     do_sample = sample or any(v is not None for v in (temperature, top_k, top_p))
     if greedy and do_sample:
         raise InputError("--greedy cannot be combined with --sample/--temperature/--top-k/--top-p; choose one")
@@ -104,6 +116,23 @@ def generate(
     sys.stdout.write("\n")
     sys.stdout.flush()
     output.log(summary)
+
+
+def _text2text(artifact: Path, source: str | None, max_new_tokens: int, num_beams: int | None,
+               length_penalty: float | None, threads: int | None, as_json: bool) -> None:
+    if not source or not source.strip():
+        raise InputError("give the source text to translate or summarize: xformopt generate DIR \"TEXT\"")
+    model = Text2TextModel(artifact, threads=threads)
+    settings = model.options(num_beams=num_beams, max_new_tokens=max_new_tokens, length_penalty=length_penalty)
+    [out], seconds = model.timed([source], settings)
+    if as_json:
+        output.emit_json({"source": source, "text": out.text, "new_ids": out.ids, "stopped": out.stopped,
+                          "num_beams": settings.num_beams, "seconds": seconds,
+                          "tokens_per_s": len(out.ids) / seconds if seconds else None, "threads": threads})
+        return
+    sys.stdout.write(out.text + "\n")
+    sys.stdout.flush()
+    output.log(f"{len(out.ids)} tokens in {seconds:.2f} s ({settings.num_beams} beam(s), stopped: {out.stopped})")
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,7 @@ from xformopt.serve.app import ServeConfig, create_app
 from xformopt.serve.decoder_routes import decoder_spec
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.scheduler import Settings
+from xformopt.serve.seq2seq_routes import seq2seq_spec
 
 # After SIGTERM, how long an encoder server keeps answering while /health says 503: what a load
 # balancer needs to see it and stop sending (Kubernetes' endpoint removal takes a second or two; 5 s is
@@ -116,7 +117,8 @@ def build_config(artifact: Path, threads, max_batch, max_wait_ms, cache_size, ap
                  max_inputs, max_body_bytes, int8_scales="per-token", max_queue_ms=1000.0,
                  decoder: DecoderSettings | None = None):
 
-    decoder_spec(artifact) or artifact_spec(artifact)  # bad artifacts fail here, before anything binds
+    # bad artifacts fail here, before anything binds
+    decoder_spec(artifact) or seq2seq_spec(artifact) or artifact_spec(artifact)
     key = None
     if api_key_env is not None:
         key = os.environ.get(api_key_env)

@@ -13,6 +13,7 @@ import numpy as np
 
 from xformopt import progress as progress_events
 from xformopt.decoder.evaluate import evaluate_decoder_stages
+from xformopt.evaluate.seq2seq import evaluate_seq2seq_stages
 from xformopt.measure import memory, modes
 from xformopt.measure.latency import compare
 from xformopt.onnx_graph import dir_size_bytes
@@ -111,4 +112,5 @@ def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int, log: 
     }
 
 
-EVALUATIONS = {"encoder": evaluate_encoder_stages, "decoder": evaluate_decoder_stages}
+EVALUATIONS = {"encoder": evaluate_encoder_stages, "decoder": evaluate_decoder_stages,
+               "seq2seq": evaluate_seq2seq_stages}

@@ -25,6 +25,7 @@ from xformopt.models import load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.export_dynamo import DYNAMO, export_encoder, require_onnxscript
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+from xformopt.seq2seq.stage import export_seq2seq_stage
 
 
 class ExportOptions(PassOptions):
@@ -112,9 +113,12 @@ class ExportPass(Pass):
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
         # A decoder's KV-cache exporter (parity at every step), else the encoder route the recipe or the
         # family's row asks for.
+        route = ctx.spec.family.export_route(options.exporter)
         if ctx.spec.family.decoder:
             return export_decoder(ctx, src, dst, options)
-        return _export_encoder(ctx, src, dst, options, ctx.spec.family.export_route(options.exporter))
+        if route == "seq2seq":  # encoder-decoders: an encoder graph and a cached decoder graph
+            return export_seq2seq_stage(ctx, src, dst, options)
+        return _export_encoder(ctx, src, dst, options, route)
 
 
 DYNAMO_MIN_OPSET = 18  # the dynamo exporter's own opset: lower ones are converted down after export

@@ -114,6 +114,7 @@ from xformopt.measure.host import host_info
 from xformopt.models import ModelSpec, load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.candidates import CandidateGraphs
+from xformopt.passes.fuse import reached
 from xformopt.passes.prune_flops import Shape, encoder_flops
 from xformopt.passes.prune_importance import (
     Batches,
@@ -257,10 +258,10 @@ def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer
             if plan is not None:
                 apply_plan(candidate, arch, plan)
             candidate.eval()
-            fused[key] = graphs.add_model(key, candidate, pruned=plan is not None).get("Attention", 0)
+            fused[key] = reached(graphs.add_model(key, candidate, pruned=plan is not None), "Attention")
             layers = len(plan.keep_layers) if plan else len(arch.layers(model))
             if fused[key] < layers:  # timed as it is, but say so: an unfused graph is slower for another reason
-                ctx.log(f"{plan.note if plan else 'unpruned'}: only {fused[key]}/{layers} Attention nodes fused")
+                ctx.log(f"{plan.note if plan else 'unpruned'}: only {fused[key]}/{layers} attention layers fused")
             del candidate
         progress.report("prune: exporting candidates", len(plans) + 1, len(plans) + 1)
         ctx.log(f"timing the unpruned model and {len(plans)} candidates interleaved ({rounds} rounds, batch 1)")

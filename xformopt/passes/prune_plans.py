@@ -31,7 +31,7 @@ class Plan:
     sample_loss: float | None = None
     median_ms: float | None = None  # measured: ONNX fp32 fully fused, batch 1, interleaved with the other candidates
     p90_ms: float | None = None
-    fused_attention: int | None = None  # Attention nodes the candidate's ONNX graph fused (one per layer expected)
+    fused_attention: int | None = None  # layers whose attention the candidate's ONNX graph fused (all expected)
     qualified: bool | None = None  # set by select_plan: passed the rule's loss filter
     loss_se: float | None = None  # standard error of the paired per-row loss difference to the best candidate
 

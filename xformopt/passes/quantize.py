@@ -66,7 +66,11 @@ from xformopt.passes.int8_formats import (
     float_gemm_bound,
     format_ladder,
 )
+from xformopt.passes.seq2seq_stages import quantize_seq2seq
 from xformopt.passes.stage_runs import stage_runs
+
+# Graph kinds (``Task.graph``) whose stages are not one model.onnx: quantized by their own function.
+OWN_GRAPH_RUNS = {"seq2seq": quantize_seq2seq}
 from xformopt.targets import Target, u8s8_saturates
 
 
@@ -194,6 +198,8 @@ class QuantizePass(Pass):
     @classmethod
     def check(cls, spec: ModelSpec, options: dict) -> None:
         super().check(spec, options)
+        if options.get("mode") == "static":
+            spec.task_def.refuse("static-int8", f"quantize mode static on {spec.model_type}")
         if not spec.task_def.int8_calibration and (
                 options.get("mode") == "static" or options.get("max_accuracy_drop") is not None):
             raise InputError("decoders (text-generation) support dynamic INT8 only: static calibration and the accuracy "
@@ -256,6 +262,8 @@ class QuantizePass(Pass):
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
         formats = resolved_formats(ctx.target, options)
+        if (own := OWN_GRAPH_RUNS.get(ctx.spec.task_def.graph)) is not None:  # two graphs, not model.onnx
+            return own(ctx, src, dst, options, formats)
         record: dict = {"mode": options.mode}
         copy_stage(src, dst, with_model=False)  # tokenizer and config; the graph is written below
         work = dst / ".quantize"

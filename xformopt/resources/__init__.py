@@ -29,3 +29,13 @@ def polarity_tags_path(split: str) -> Path:
     if split not in VADER_SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(VADER_SPLITS)}")
     return _ROOT / "vader_polarity_tags" / f"{split}.jsonl"
+
+
+SEQ2SEQ_SETS = ("reverse", "lead")
+
+
+def word_seq2seq_path(task: str, split: str) -> Path:
+    """Path of a vendored synthetic text-to-text split (``word_seq2seq/<task>-<split>.jsonl``)."""
+    if task not in SEQ2SEQ_SETS or split not in VADER_SPLITS:
+        raise ValueError(f"unknown word_seq2seq set {task}-{split}; sets: {SEQ2SEQ_SETS}, splits: {VADER_SPLITS}")
+    return _ROOT / "word_seq2seq" / f"{task}-{split}.jsonl"

@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from xformopt import __version__
 from xformopt.errors import InputError
 from xformopt.runtime.predictor import artifact_spec, load_predictor
-from xformopt.serve import autotune, decoder_routes, schemas
+from xformopt.serve import autotune, decoder_routes, schemas, seq2seq_routes
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from xformopt.serve.scheduler import (
@@ -269,13 +269,23 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
     ``engine_factory(path, threads, max_kv_tokens, max_rows)`` (default: BatchDecoder)."""
 
     decoder = decoder_routes.decoder_spec(config.artifact)  # text generation: the decoder routes
-    spec = decoder or artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
+    seq2seq = seq2seq_routes.seq2seq_spec(config.artifact)  # translation, summarization: /v1/completions
+    spec = decoder or seq2seq or artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
     factory = predictor_factory or load_predictor
     metrics = Metrics()
     state = {"ready": False, "draining": False, "scheduler": None, "predictor": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if seq2seq is not None:
+            service = await seq2seq_routes.start_service(config)
+            state.update(predictor=service, ready=True)
+            try:
+                yield
+            finally:
+                state["ready"] = False
+                await service.stop()
+            return
         if decoder is not None:
             service = await decoder_routes.start_service(config, metrics, engine_factory)
             state.update(predictor=service, scheduler=service.scheduler, ready=True)
@@ -360,6 +370,9 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
 
     if decoder is not None:
         routes |= decoder_routes.add_routes(app, config, state)
+
+    elif seq2seq is not None:
+        routes |= seq2seq_routes.add_routes(app, config, state)
 
     elif spec.task == "feature-extraction":
         routes |= {"/v1/embeddings", "/embed"}

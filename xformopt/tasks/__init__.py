@@ -14,11 +14,14 @@ from xformopt.tasks import (
     generation,
     multiple_choice,
     question_answering,
+    summarization,
     token_classification,
+    translation,
 )
 from xformopt.tasks.base import Metric, Task
 
-_MODULES = (classification, embeddings, generation, token_classification, question_answering, fill_mask, multiple_choice)
+_MODULES = (classification, embeddings, generation, token_classification, question_answering, fill_mask, multiple_choice,
+            translation, summarization)  # encoder-decoder tasks last: detect() tries encoder heads first
 
 TASKS: dict[str, Task] = {m.TASK.name: m.TASK for m in _MODULES}
 

@@ -1,0 +1,99 @@
+"""`optimize` for encoder-decoder models: every stage generates for the held-out sources and is scored
+and timed against the PyTorch baseline.
+
+Per stage (the report's rows, as for encoders):
+
+- ``metrics``: the task's own against the references (BLEU and chrF, or ROUGE-1/2/L) with bootstrap
+  95% intervals, the share of rows whose output equals the fp32 model's, and next-token agreement with
+  it (teacher-forced on the baseline's greedy output);
+- ``latency``: one sentence generated at batch 1 (the model's generation config, greedy or beams),
+  all stages interleaved; ``tokens_per_s``: generated tokens over that time.
+
+The artifact row adds its solo timing (repeats) and ``step_cost_ms``: one cached decoder step after
+1, 8, 32 and 128 earlier steps (those the model's positions allow), the evidence that decoding uses the cache (the cost grows only by the
+attention's share). ``reference_outputs`` are the baseline's generated ids (padded with -1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from xformopt.decoder.evaluate import solo_steps
+from xformopt.measure.latency import compare, run_interleaved
+from xformopt.models import load_tokenizer, position_limit
+from xformopt.onnx_graph import dir_size_bytes
+from xformopt.seq2seq import GRAPH_FILES
+from xformopt.seq2seq.generate import GenerationSettings, generate
+from xformopt.seq2seq.measure import decode, encode, forced_agreement, generate_rows, padded, step_cost_by_length
+from xformopt.seq2seq.runner import OrtSeq2Seq, TorchSeq2Seq
+
+MAX_NEW_TOKENS = 128  # a bound on evaluation time; generation stops at EOS first
+AGREEMENT_ROWS = 64
+STEP_LENGTHS = (1, 8, 32, 128)  # earlier steps before a timed cached step (those the positions allow)
+UNIT = "one generated sentence (batch 1)"
+
+
+def runner_for(stage, threads: int):
+    return TorchSeq2Seq(stage.path, threads=threads) if stage.kind == "hf" else OrtSeq2Seq(stage.path, threads=threads)
+
+
+def size_bytes(stage) -> int:
+    if stage.kind == "onnx":
+        return sum(p.stat().st_size for name in GRAPH_FILES for p in stage.path.glob(name + "*"))
+    weights = [p for p in stage.path.iterdir() if p.suffix in (".safetensors", ".bin")]
+    return sum(p.stat().st_size for p in weights) or dir_size_bytes(stage.path)
+
+
+def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
+                            progress=None) -> dict:
+    task = spec.task_def
+    tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
+    generation = GenerationSettings.from_model_dir(spec.path)
+    generation = generation.with_(max_new_tokens=min(generation.max_new_tokens, MAX_NEW_TOKENS))
+    runners = {s.name: runner_for(s, threads) for s in stages}
+    base, final = stages[0].name, stages[-1].name
+    texts = list(heldout.texts)
+    rows, decoded = {}, {}
+    for name, runner in runners.items():
+        log(f"generating with {name} for {len(texts)} held-out sources ({generation.num_beams} beam(s), "
+            f"up to {generation.max_new_tokens} tokens)")
+        rows[name] = generate_rows(runner, tokenizer, texts, generation)
+        decoded[name] = decode(tokenizer, rows[name])
+    few = texts[:AGREEMENT_ROWS]
+    metrics = {}
+    for name, runner in runners.items():
+        agree = forced_agreement(runner, tokenizer, few, rows[base][:AGREEMENT_ROWS])
+        metrics[name] = task.score_texts(decoded[name], decoded[base], heldout, settings.seed, next_token_agreement=agree)
+
+    encoded = [encode(tokenizer, [t]) for t in texts]
+    calls = {name: (lambda i, r=runner: generate(r, encoded[i]["input_ids"], encoded[i]["attention_mask"], generation))
+             for name, runner in runners.items()}
+    log(f"timing one generated sentence per stage, interleaved ({settings.latency_rounds} rounds, {threads} threads)")
+    latency = run_interleaved(calls, len(encoded), warmup=settings.warmup, iterations=settings.latency_rounds,
+                              seed=settings.seed)
+    speedup = compare(latency, base)
+    log(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} sentences)")
+    solo = {**solo_steps(calls[final], len(encoded), settings.latency_rounds, settings.warmup, settings.repeats),
+            "unit": UNIT}
+    positions = position_limit(spec.path)
+    lengths = [n for n in STEP_LENGTHS if positions is None or n < positions - 1]
+    log(f"cached-step cost of the artifact after {lengths} earlier steps")
+    steps = step_cost_by_length(runners[final], tokenizer, texts[0], lengths)
+
+    def tokens_per_s(name: str) -> float:
+        mean_tokens = float(np.mean([len(r) for r in rows[name]])) if rows[name] else 0.0
+        return mean_tokens / (latency[name].mean_ms / 1e3) if latency[name].mean_ms else 0.0
+
+    per_stage = {s.name: {"metrics": metrics[s.name],
+                          "latency": {**latency[s.name].to_dict(), "unit": UNIT, "tokens_per_s": tokens_per_s(s.name)},
+                          "speedup": speedup[s.name], "size_bytes": size_bytes(s)} for s in stages}
+    return {
+        "stages": per_stage,
+        "artifact": {"stage": final, "latency": solo, "metrics": metrics[final], "tokens_per_s": tokens_per_s(final),
+                     "step_cost_ms": steps, "generation": {"num_beams": generation.num_beams,
+                                                          "max_new_tokens": generation.max_new_tokens},
+                     "examples": [{"source": t, "output": o} for t, o in zip(texts[:3], decoded[final][:3])]},
+        "reference_outputs": padded(rows[base]).astype(np.float32),
+    }

@@ -1,0 +1,133 @@
+"""The model side of encoder-decoder generation: ``start`` (encoder, cross-attention cache, first
+decoder step) and ``step`` (one cached decoder step), for an ONNX artifact and for the PyTorch model.
+
+Both return the last position's logits (float32, ``[batch, vocab]``) and a :class:`Cache` of numpy
+arrays, so the search (:mod:`xformopt.seq2seq.generate`) and every measurement treat them alike.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from xformopt.runtime.session import ort_session
+from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
+
+
+@dataclass
+class Cache:
+    """Per row: the source mask, the self-attention past (2 per layer, growing) and the cross-attention
+    cache (2 per layer, fixed)."""
+
+    mask: np.ndarray
+    self_kv: list[np.ndarray]
+    cross_kv: list[np.ndarray]
+
+    def select(self, rows) -> Cache:
+        """The cache of ``rows`` (beam reordering, a batch's rows repeated per beam)."""
+        rows = np.asarray(rows)
+        return Cache(self.mask[rows], [a[rows] for a in self.self_kv], [a[rows] for a in self.cross_kv])
+
+    @property
+    def length(self) -> int:
+        return int(self.self_kv[0].shape[2])
+
+
+def split_present(arrays: list[np.ndarray], cross: bool) -> tuple[list, list]:
+    """(self, cross) lists from a flat per-layer [self k, self v, (cross k, cross v)] list."""
+    width = 4 if cross else 2
+    self_kv = [a for i in range(0, len(arrays), width) for a in arrays[i:i + 2]]
+    cross_kv = [a for i in range(0, len(arrays), width) for a in arrays[i + 2:i + 4]] if cross else []
+    return self_kv, cross_kv
+
+
+class OrtSeq2Seq:
+    """The two graphs of a seq2seq artifact in ONNX Runtime sessions."""
+
+    def __init__(self, path: str | Path, threads: int | None = None):
+        self.path = Path(path)
+        self.encoder = ort_session(self.path / ENCODER_FILE, threads)
+        self.decoder = ort_session(self.path / DECODER_FILE, threads)
+        self.past_names = [i.name for i in self.decoder.get_inputs()][2:]
+        self.config = json.loads((self.path / "config.json").read_text(encoding="utf-8"))
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Cache]:
+        mask = attention_mask.astype(np.int64)
+        out = self.encoder.run(None, {"input_ids": input_ids.astype(np.int64), "attention_mask": mask})
+        self_kv, cross_kv = split_present(out[2:], cross=True)
+        return out[1][:, -1].astype(np.float32), Cache(mask, self_kv, cross_kv)
+
+    def encoder_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return self.encoder.run(["last_hidden_state"], {"input_ids": input_ids.astype(np.int64),
+                                                        "attention_mask": attention_mask.astype(np.int64)})[0]
+
+    def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        feed = {"decoder_input_ids": tokens.astype(np.int64), "encoder_attention_mask": cache.mask}
+        layers = len(cache.cross_kv) // 2
+        for i in range(layers):
+            feed[f"past.{i}.decoder.key"], feed[f"past.{i}.decoder.value"] = cache.self_kv[2 * i:2 * i + 2]
+            feed[f"past.{i}.encoder.key"], feed[f"past.{i}.encoder.value"] = cache.cross_kv[2 * i:2 * i + 2]
+        out = self.decoder.run(None, feed)
+        return out[0][:, -1].astype(np.float32), Cache(cache.mask, list(out[1:]), cache.cross_kv)
+
+
+class TorchSeq2Seq:
+    """The PyTorch model behind the same two calls (the baseline every stage is compared with)."""
+
+    def __init__(self, path: str | Path | None = None, threads: int | None = None, model=None):
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.path = Path(path) if path is not None else None
+        self.model = (model or AutoModelForSeq2SeqLM.from_pretrained(self.path)).eval()
+        self.config = self.model.config.to_dict()
+        gen = self.model.generation_config
+        self.start_token = int(gen.decoder_start_token_id if gen.decoder_start_token_id is not None
+                               else self.model.config.decoder_start_token_id)
+
+    def _run(self, tokens, mask, states, cache: Cache | None):
+        import torch
+        from transformers import DynamicCache, EncoderDecoderCache
+        from transformers.modeling_outputs import BaseModelOutput
+
+        config = self.model.config
+        if cache is None:
+            past = EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+        else:
+            t = [torch.from_numpy(a) for a in cache.self_kv]
+            x = [torch.from_numpy(a) for a in cache.cross_kv]
+            past = EncoderDecoderCache(DynamicCache(list(zip(t[::2], t[1::2]))), DynamicCache(list(zip(x[::2], x[1::2]))))
+        with torch.no_grad():
+            out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=states),
+                             attention_mask=torch.from_numpy(mask), decoder_input_ids=torch.from_numpy(tokens),
+                             past_key_values=past, use_cache=True, return_dict=True)
+        cache_out = out.past_key_values
+        self_kv = [a.numpy() for layer in cache_out.self_attention_cache.layers for a in (layer.keys, layer.values)]
+        cross_kv = ([a.numpy() for layer in cache_out.cross_attention_cache.layers for a in (layer.keys, layer.values)]
+                    if cache is None else cache.cross_kv)
+        return out.logits[:, -1].float().numpy(), Cache(mask, self_kv, cross_kv)
+
+    def encoder_states(self, input_ids: np.ndarray, attention_mask: np.ndarray):
+        import torch
+
+        with torch.no_grad():
+            return self.model.get_encoder()(input_ids=torch.from_numpy(input_ids.astype(np.int64)),
+                                            attention_mask=torch.from_numpy(attention_mask.astype(np.int64))).last_hidden_state
+
+    def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Cache]:
+        mask = attention_mask.astype(np.int64)
+        states = self.encoder_states(input_ids, mask)
+        first = np.full((len(input_ids), 1), self.start_token, dtype=np.int64)
+        return self._run(first, mask, states, None)
+
+    def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
+        import torch
+
+        # the cross cache is filled: the encoder states are not read, only their shape (as in the export)
+        states = torch.zeros(*cache.mask.shape, self.model.config.d_model)
+        return self._run(tokens.astype(np.int64), cache.mask, states, cache)
