@@ -5,7 +5,8 @@ seeded: speed depends only on shapes) goes through xformopt's own CLI (`export`,
 `xformopt int4`) and is timed against:
 
 - ``pytorch``: transformers eager fp32 with its KV cache (DynamicCache), ``logits_to_keep=1``;
-- ``optimum-fp32``: optimum's plain fp32 export (attention unfused);
+- ``dynamo-fp32``: the dynamo decoder export, unfused (what a family without the genai builder starts from;
+  optimum, which this variant used to be, does not install beside transformers 5);
 - ``export-fp32``: xformopt's fp32 export (onnxruntime-genai's builder: GroupQueryAttention);
 - ``int4``: xformopt's int4 artifact (MatMulNBits, RTN, block 32, symmetric, accuracy_level 4),
   decoding into one shared KV buffer per layer (GroupQueryAttention's past_present_share_buffer);
@@ -86,11 +87,12 @@ def genai_int4(src: Path, dst: Path) -> None:
     copy_config_files(src, dst)
 
 
-def optimum_fp32(src: Path, dst: Path) -> None:
-    from xformopt.decoder.export import copy_config_files, export_optimum
+def dynamo_fp32(src: Path, dst: Path) -> None:
+    from xformopt.decoder.export import copy_config_files
+    from xformopt.decoder.export_dynamo import export_dynamo_decoder
 
     dst.mkdir(parents=True)
-    export_optimum(src, dst, 17)
+    export_dynamo_decoder(src, dst, 18)
     copy_config_files(src, dst)
 
 
@@ -196,15 +198,15 @@ def main() -> None:
     params = sum(np.prod(v.shape) for v in __import__("safetensors.numpy", fromlist=["load_file"]).load_file(
         model / "model.safetensors").values())
     print(f"model: {params / 1e6:.0f}M parameters, {json.dumps(SHAPES)}", file=sys.stderr)
-    dirs = {"export-fp32": root / "e", "int4": root / "q4", "genai-int4": root / "genai-int4", "optimum-fp32": root / "optimum"}
+    dirs = {"export-fp32": root / "e", "int4": root / "q4", "genai-int4": root / "genai-int4", "dynamo-fp32": root / "dynamo"}
     if not dirs["export-fp32"].exists():
         cli("export", str(model), "-o", str(dirs["export-fp32"]))
     if not dirs["int4"].exists():
         cli("int4", str(dirs["export-fp32"]), "-o", str(dirs["int4"]))
     if "genai-int4" not in args.skip and not dirs["genai-int4"].exists():
         genai_int4(model, dirs["genai-int4"])
-    if "optimum-fp32" not in args.skip and not dirs["optimum-fp32"].exists():
-        optimum_fp32(model, dirs["optimum-fp32"])
+    if "dynamo-fp32" not in args.skip and not dirs["dynamo-fp32"].exists():
+        dynamo_fp32(model, dirs["dynamo-fp32"])
 
     runners = {"pytorch": TorchDecoder(model, threads=args.threads)}
     runners.update({name: OrtDecoder(d, threads=args.threads) for name, d in dirs.items() if name not in args.skip})

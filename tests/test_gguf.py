@@ -34,7 +34,7 @@ TENSORS = {
 
 def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     from gguf.quants import quantize
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # transformers 5 moved it here
 
     rng = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(str(path), "llama")

@@ -265,17 +265,20 @@ def test_an_old_quantize_int4_recipe_is_refused_naming_the_new_step(tmp_path, ca
     assert code == 2 and "its own pass now" in err and not (tmp_path / "o").exists()
 
 
-def test_without_the_builder_llama_falls_back_to_optimum_loudly(family_models, sample_texts, tmp_path, monkeypatch):
+def test_without_the_builder_llama_exports_through_dynamo_loudly(family_models, sample_texts, tmp_path, monkeypatch):
+    """No genai extra: torch's dynamo exporter writes the split cache layout (parity at every step and on a
+    left-padded batch), and fuse turns its attention into MultiHeadAttention, counted per layer."""
     import xformopt.families as families
 
     monkeypatch.setattr(families, "genai_builder_available", lambda: False)
     ctx = make_ctx(family_models["llama"], sample_texts)
     record = run_pass("export", ctx, family_models["llama"], tmp_path / "e")
-    assert "optimum" in record["exporter"] and "fused" not in record
+    assert "dynamo" in record["exporter"] and "fused" not in record and record["cache_layout"] == "split"
+    assert record["parity"]["max_abs_diff"] < 1e-4 and record["parity"]["padded_batch"]["batch"] == 2
     assert any("onnxruntime-genai is not installed" in m for m in ctx.messages)
     fused = run_pass("fuse", make_ctx(family_models["llama"], sample_texts), tmp_path / "e", tmp_path / "f", select="all")
-    assert fused["expected"] == {"RotaryEmbedding": 2 * LAYERS, "SkipSimplifiedLayerNormalization": 2 * LAYERS}
-    assert fused["decoder"]["attention_fused"] is False and "xformopt[genai]" in fused["decoder"]["attention_note"]
+    assert fused["expected"] == {"MultiHeadAttention": LAYERS, "SkipSimplifiedLayerNormalization": 2 * LAYERS}
+    assert fused["fused_kept"]["MultiHeadAttention"] == LAYERS and fused["decoder"]["attention_fused"] is True
 
 
 def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path, capsys):
@@ -322,20 +325,6 @@ def test_int4_artifact_runs_in_onnxruntime_genai_with_the_same_greedy_tokens(fam
         generator.generate_next_token()
         tokens.append(int(generator.get_next_tokens()[0]))
     assert tokens and tokens == generate(_onnx(directory), [5, 6, 7, 8], len(tokens)).new_ids[: len(tokens)]
-
-
-def test_int4_artifact_loads_in_optimum_ort_model_for_causal_lm(family_stages):
-    import torch
-    from optimum.onnxruntime import ORTModelForCausalLM
-
-    from xformopt.decoder.generate import generate
-
-    directory = family_stages["qwen2"]["int4"][0]
-    model = ORTModelForCausalLM.from_pretrained(directory)
-    ids = torch.tensor([[5, 6, 7, 8]])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, eos_token_id=None,
-                         pad_token_id=0)
-    assert out[0, 4:].tolist() == generate(_onnx(directory), [5, 6, 7, 8], 6).new_ids
 
 
 def test_a_missed_perplexity_budget_fails_the_run_with_its_numbers(tmp_path):

@@ -16,12 +16,23 @@ def make_config(family: str):
     import transformers
 
     classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
-               "phi3": "Phi3Config"}
-    extra = {"qwen3": {"head_dim": 16}, "mistral": {"sliding_window": None}, "phi3": {"pad_token_id": 0, "original_max_position_embeddings": CONTEXT}}
+               "phi3": "Phi3Config", "ministral3": "Ministral3Config", "gemma4_text": "Gemma4TextConfig",
+               "qwen3_5_text": "Qwen3_5TextConfig", "granite": "GraniteConfig"}
+    extra = {"qwen3": {"head_dim": 16}, "mistral": {"sliding_window": None}, "phi3": {"pad_token_id": 0, "original_max_position_embeddings": CONTEXT},
+             "ministral3": {"head_dim": 16, "pad_token_id": 0},
+             # one sliding (window 8, shorter than the parity prompts) and one full-attention layer, whose
+             # head_dim (global_head_dim) differs; per-layer input embeddings as Gemma 4 ships them
+             "gemma4_text": {"head_dim": 16, "global_head_dim": 32, "layer_types": ["sliding_attention", "full_attention"],
+                             "sliding_window": 8, "hidden_size_per_layer_input": 16, "pad_token_id": 0},
+             # one Gated DeltaNet (linear attention) layer and one full-attention layer
+             "qwen3_5_text": {"head_dim": 16, "layer_types": ["linear_attention", "full_attention"],
+                              "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_num_key_heads": 2,
+                              "linear_num_value_heads": 4, "pad_token_id": 0}}
 
     def build(vocab_size: int, eos_id: int):
         cls = getattr(transformers, classes[family])
-        return cls(vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, **SHAPE, **extra.get(family, {}))
+        more = {"vocab_size_per_layer_input": vocab_size} if family == "gemma4_text" else {}
+        return cls(vocab_size=vocab_size, bos_token_id=eos_id, eos_token_id=eos_id, **SHAPE, **extra.get(family, {}), **more)
 
     return build
 

@@ -12,8 +12,10 @@ do it (an exporter, a fusion).
   ``Attention`` fusion in ``fuse``;
 - ``genai``: onnxruntime-genai's model builder used as a library (optional extra ``genai``): every
   layer's attention and rotary embedding as one ``GroupQueryAttention`` plus fused RMSNorms. Without
-  the extra these families fall back to the generic exporter, where attention may stay unfused and the
-  fuse record says so (``fallback_per_layer``).
+  the extra these families fall back to the ``dynamo`` decoder exporter (``fallback_per_layer``);
+- ``dynamo``: torch's dynamo exporter with the KV cache as inputs/outputs (xformopt/decoder/export_dynamo.py),
+  then onnxscript's ORT fusions in ``fuse``. A causal LM whose ``model_type`` has no row here takes this
+  route too (the generic row :func:`family_of` builds), with no fusions required: the record says which fired.
 
 Encoders are exported by torch's dynamo exporter (``dynamo``, every row's default), whose graphs go
 through onnxscript's ORT fusion rewriter and then ORT's optimizer in ``fuse``; ``torchscript`` (torch's
@@ -139,7 +141,7 @@ class Family:
     def expected_fusions(self, layers: int, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
         """Fused ops ``layers`` layers must reach (``fused_per_layer``): for a family exported by
         onnxruntime-genai's builder, its set when the input graph came from the builder (it has
-        GroupQueryAttention), optimum's fallback set (``fallback_per_layer``) otherwise."""
+        GroupQueryAttention), the dynamo export's set (``fallback_per_layer``) otherwise."""
         built = self.exporter != "genai" or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
         per_layer = self.fused_per_layer if built else self.fallback_per_layer
         return {op: n * layers for op, n in per_layer.items()}
@@ -169,7 +171,11 @@ class Family:
 
 _ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
 _DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
-_ROTARY_FALLBACK = {"RotaryEmbedding": 2, "SkipSimplifiedLayerNormalization": 2}
+# The dynamo decoder export after onnxscript's fusions (transformers 5.23, onnxscript 0.7.2, tiny configs):
+# attention through SDPA -> MultiHeadAttention (GroupQueryAttention's rule needs the causal-mask pattern of
+# older transformers and does not fire), two SkipSimplifiedLayerNorms per layer; the RotaryEmbedding rule
+# matches but its cos/sin-cache rule does not, so rotary is left as plain ops.
+_DYNAMO_DECODER = {"MultiHeadAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
 # window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
@@ -193,7 +199,7 @@ def _seq2seq(model_type: str, ort_type: str) -> Family:
 
 
 def _genai(model_type: str) -> Family:
-    return Family(model_type, True, "gpt2", _GQA, exporter="genai", fallback_per_layer=_ROTARY_FALLBACK,
+    return Family(model_type, True, "gpt2", _GQA, exporter="genai", fallback_per_layer=_DYNAMO_DECODER,
                   grouped_query=True)
 
 
@@ -242,6 +248,19 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _genai("qwen2"),
     _genai("qwen3"),
     _genai("phi3"),
+    # Ministral 3: llama-like with YaRN rope and a position-dependent query scale (llama4-style attn_scale),
+    # which keeps SDPA from matching: attention stays MatMul/Softmax, the RMSNorms fuse.
+    Family("ministral3", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo", grouped_query=True),
+    # Gemma 4 text: sliding-window and full-attention layers (own head_dim); attention fuses as
+    # MultiHeadAttention, its two tanh GELUs (MLP, per-layer input gate) as FastGelu; its RMSNorms do not fuse.
+    # ort_model_type "none": onnxscript's fusions only. ORT 1.32's GPT-2 optimizer leaves this graph
+    # unsortable ("Graph is not a DAG") even with every fusion switched off.
+    Family("gemma4_text", True, "none", {"MultiHeadAttention": 1, "FastGelu": 2}, exporter="dynamo",
+           grouped_query=True),
+    # Qwen3.5 text: Gated DeltaNet (linear attention) layers carry conv/recurrent states, every 4th layer is
+    # full attention (MultiHeadAttention after fuse); every layer's two (1 + w) RMSNorms fuse.
+    Family("qwen3_5_text", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo",
+           grouped_query=True),
     _seq2seq("t5", "t5"),
     _seq2seq("mt5", "t5"),
     _seq2seq("bart", "bart"),
@@ -313,6 +332,26 @@ def layout_of(model_type: str, pass_name: str) -> Layout:
         raise InputError(f"unsupported architecture {model_type!r} for pass {pass_name!r}: it takes encoders "
                          f"whose modules it knows ({supported})")
     return family.layout
+
+
+# Layer types with fixed-size state the dynamo export carries as past_key_values.{i}.conv / .recurrent
+# (xformopt/decoder/export_dynamo.py), per model type: tested ones only.
+STATE_LAYERS = {"qwen3_5_text": ("linear_attention",)}
+
+
+def refuse_unexportable_cache(config: dict) -> None:
+    """The dynamo export carries one key/value pair per layer, or the states of the linear-attention
+    layers in ``STATE_LAYERS``: other layers with state (Mamba, convolutions) or layers reading another
+    layer's cache are refused in one line."""
+    model_type = config.get("model_type")
+    carried = {"full_attention", "sliding_attention", "chunked_attention", *STATE_LAYERS.get(model_type, ())}
+    odd = sorted(set(config.get("layer_types") or ()) - carried)
+    if odd:
+        raise InputError(f"{model_type}: layers of type {', '.join(odd)} keep state beyond a key/value cache, which "
+                         "the dynamo decoder export does not carry")
+    if config.get("num_kv_shared_layers"):
+        raise InputError(f"{model_type}: {config['num_kv_shared_layers']} layers reuse another layer's key/value "
+                         "cache, which the dynamo decoder export does not carry")
 
 
 def genai_builder_available() -> bool:

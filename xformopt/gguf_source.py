@@ -202,9 +202,8 @@ def _convert(gguf_path: Path, out: Path) -> None:
     import warnings
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     from transformers import modeling_gguf_pytorch_utils as reader_module
-
 
     # transformers' GGUF reader draws a plain tqdm bar per tensor: only on a terminal (stderr in CI
     # logs stays one line per step)
@@ -213,14 +212,18 @@ def _convert(gguf_path: Path, out: Path) -> None:
     with quiet_loggers("transformers"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name,
-                                                         torch_dtype=torch.float32)
+            # transformers 5 keeps GGUF blocks packed (GgufLinear) unless told to dequantize; a plain
+            # float checkpoint is what export and passes/gguf_blocks.py expect
+            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
+                                                         quantization_config=GgufConfig(dequantize=True))
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         except (ValueError, NotImplementedError, KeyError) as exc:
             raise InputError(f"transformers cannot read {gguf_path.name}: {str(exc).splitlines()[0][:200]}") from None
         finally:
             reader_module.tqdm = bar
-    model.save_pretrained(out, safe_serialization=True)
+    if getattr(model, "hf_quantizer", None) is not None:  # dense already: only the quantizer record goes
+        model.hf_quantizer.remove_quantization_config(model)
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from xformopt import hub, pruned_heads, split_wheels, tasks
 from xformopt.errors import InputError
-from xformopt.families import Family, custom_code_family, family_of
+from xformopt.families import Family, custom_code_family, family_of, refuse_unexportable_cache
 from xformopt.gguf_source import locate_gguf
 from xformopt.tasks.base import Task
 from xformopt.validate import check_config, read_config
@@ -214,6 +214,8 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     if trust_remote_code and isinstance(config.get("auto_map"), dict) and not _known_to_transformers(model_type):
         custom_code_family(model_type, config["auto_map"])  # its row, before family_of is asked
     family = family_of(model_type)
+    if family.decoder:
+        refuse_unexportable_cache(config)  # state beyond a key/value cache: one line, before any work
     check_config(config, path / "config.json", family)  # the keys below, with sane types
     chosen = tasks.get(task) if task is not None else tasks.detect(
         config, family.decoder, sentence_transformers=(path / "modules.json").is_file())

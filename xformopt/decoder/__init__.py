@@ -8,8 +8,9 @@ past (shape ``(..., 0, head_dim)``); every later step feeds one token and the pr
 - ``stacked`` (GPT-2): ``past_{i}`` / ``present_{i}`` of shape ``(2, batch, heads, length, head_dim)``,
   keys and values stacked: the layout ONNX Runtime's GPT-2 ``Attention`` fusion matches (it turns
   each layer into one ``com.microsoft.Attention`` node with a ``past`` input and a ``present`` output);
-- ``split`` (Llama and other optimum exports): ``past_key_values.{i}.key`` / ``.value`` and
-  ``present.{i}.key`` / ``.value`` of shape ``(batch, kv_heads, length, head_dim)``.
+- ``split`` (the genai builder's and the dynamo export's, as optimum wrote it): ``past_key_values.{i}.key`` /
+  ``.value`` and ``present.{i}.key`` / ``.value`` of shape ``(batch, kv_heads, length, head_dim)``; a
+  linear-attention layer (Qwen3.5) has fixed-size ``.conv`` / ``.recurrent`` states instead.
 
 Modules: :mod:`xformopt.runtime.decoder` (ONNX Runtime and PyTorch step runners, IO binding), :mod:`.generate`
 (greedy and sampled generation, prompt checks), :mod:`.export` (export with past, multi-step parity),

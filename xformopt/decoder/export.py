@@ -9,20 +9,29 @@ shape ``(2, batch, heads, past, head_dim)``, an additive ``attention_mask`` of o
 becomes one ``Attention`` node with ``past``/``present``, which ``quantize`` then turns into
 ``QAttention``. Neither library does this today, which is why it is hand-written here:
 
-- optimum's exporter (``text-generation-with-past``) writes separate key/value caches and
-  transformers 4.57's mask code, and ORT 1.32's GPT-2 fusion matches neither (measured: 0 of 2
+- optimum's exporter (``text-generation-with-past``) wrote separate key/value caches and
+  transformers 4.57's mask code, and ORT 1.32's GPT-2 fusion matched neither (measured: 0 of 2
   Attention nodes fused on a tiny GPT-2, eager or SDPA attention);
 - ORT's own GPT-2 exporter (``onnxruntime.transformers.models.gpt2.gpt2_helper``) cannot trace
-  transformers 4.57 (its vmap-based mask functions fail under the TorchScript tracer).
+  transformers 4.57 or 5 (its vmap-based mask functions fail under the TorchScript tracer);
+- the dynamo path (:mod:`.export_dynamo`) exports a tiny GPT-2 with parity, and onnxscript fuses its
+  attention into MultiHeadAttention, but the rewritten graph does not load in ORT 1.32 (a Gemm left
+  with a rank-3 input; transformers 5.23, onnxscript 0.7.2), and ORT's GPT-2 ``Attention`` (which
+  ``quantize`` turns into ``QAttention``) is not what it fuses into anyway. So GPT-2 stays here.
 
 The wrapper (:class:`_StackedPastGPT2`) builds the additive mask the way GPT-2 did before
 transformers' mask refactor (``(1 - mask) * -10000``), passes a 4-D mask so transformers uses it as
-is, and registers an attention function that is transformers' GPT-2 ``eager_attention_forward``
+is, and registers an attention function that is transformers 4.57's GPT-2 ``eager_attention_forward``
 minus one no-op ``Slice`` of the mask (it cuts the mask to the key length, which it already has),
-because that Slice hides the mask from ORT's pattern matcher.
+because that Slice hides the mask from ORT's pattern matcher. transformers 5 dropped GPT-2's causal
+``bias`` buffer (causality moved into the mask); :func:`_add_causal_buffers` puts it back, since the
+``Where`` on a slice of it is what ORT's fusion matches.
 
-**Llama** (and other optimum-supported decoders) go through optimum's ``main_export`` with task
-``text-generation-with-past`` (split ``past_key_values.{i}.key/value`` layout).
+**Llama, Qwen2/3, Mistral, Phi-3** go through onnxruntime-genai's model builder (GroupQueryAttention).
+**Every other causal LM** (families the builder does not know, a model_type the family table does not
+know, or a builder family without the genai extra) goes through torch's dynamo exporter
+(:mod:`.export_dynamo`, split ``past_key_values.{i}.key/value`` layout); ``fuse`` then runs
+onnxscript's ORT fusions on it.
 
 Every export is checked against PyTorch at every step of a multi-step greedy decode (prompts of
 several lengths, so several past lengths) and on a left-padded batch of two.
@@ -41,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt import families
+from xformopt.decoder.export_dynamo import export_dynamo_decoder
 from xformopt.decoder.fusion import attention_record
 from xformopt.decoder.generate import context_window
 from xformopt.errors import PassFailed
@@ -73,8 +83,10 @@ def copy_config_files(src: Path, dst: Path) -> None:
 
 
 def _gpt2_attention(module, query, key, value, attention_mask, head_mask=None, **kwargs):
-    """transformers' GPT-2 eager attention (modeling_gpt2.eager_attention_forward, 4.57) without the
-    ``attention_mask[:, :, :, :key_len]`` slice: our mask is built at the key length already."""
+    """transformers 4.57's GPT-2 eager attention (``modeling_gpt2.eager_attention_forward``) without the
+    ``attention_mask[:, :, :, :key_len]`` slice: our mask is built at the key length already. The causal
+    part is the ``where`` on a lower-triangular buffer that ORT's GPT-2 fusion matches (transformers 5
+    dropped that buffer and folds causality into the mask; :func:`_add_causal_buffers` puts it back)."""
     import torch
 
     weights = torch.matmul(query, key.transpose(-1, -2))
@@ -92,6 +104,17 @@ def _gpt2_attention(module, query, key, value, attention_mask, head_mask=None, *
     if head_mask is not None:
         weights = weights * head_mask
     return torch.matmul(weights, value).transpose(1, 2), weights
+
+
+def _add_causal_buffers(model) -> None:
+    """The ``bias`` buffer GPT-2 carried before transformers 5: tril(ones(n_positions)), 1x1xNxN bool."""
+    import torch
+
+    size = model.config.n_positions
+    causal = torch.tril(torch.ones((size, size), dtype=torch.bool)).view(1, 1, size, size)
+    for block in model.transformer.h:
+        if not hasattr(block.attn, "bias"):
+            block.attn.register_buffer("bias", causal, persistent=False)
 
 
 def _register_gpt2_attention() -> None:
@@ -134,6 +157,7 @@ def export_gpt2(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fals
     _register_gpt2_attention()
     model = AutoModelForCausalLM.from_pretrained(src, attn_implementation=GPT2_ATTENTION,
                                                  trust_remote_code=trust_remote_code).eval()
+    _add_causal_buffers(model)
     config = model.config
     layers, heads = config.n_layer, config.n_head
     head_dim = config.n_embd // heads
@@ -161,16 +185,6 @@ def export_gpt2(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fals
             output_names=["logits", *present_names], dynamic_axes=axes, opset_version=opset,
             do_constant_folding=True, dynamo=False,  # the TorchScript tracer: the graph shape ORT's fusions match
         )
-
-
-def export_optimum(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
-    from optimum.exporters.onnx import main_export
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        main_export(str(src), output=dst, task="text-generation-with-past", opset=opset,
-                    library_name="transformers", do_validation=False, no_post_process=True,
-                    trust_remote_code=trust_remote_code)
 
 
 def export_genai(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
@@ -201,25 +215,27 @@ def pin_head_dim(model_path: Path, config_dir: Path) -> None:
     onnx.save(model, model_path)  # graph only: the weights stay in model.onnx.data
 
 
+DYNAMO_EXPORTER = ("torch.onnx.export(dynamo=True), split cache layout (xformopt.decoder.export_dynamo)",
+                   export_dynamo_decoder)
 EXPORTERS = {
     "gpt2": ("torch.onnx TorchScript tracer, ORT GPT-2 cache layout (xformopt.decoder.export.export_gpt2)", export_gpt2),
     "genai": ("onnxruntime-genai model builder (fp32, GroupQueryAttention + rotary, split cache layout)", export_genai),
+    "dynamo": DYNAMO_EXPORTER,
 }
-DEFAULT_EXPORTER = ("optimum.exporters.onnx main_export, task text-generation-with-past", export_optimum)
 
 
 def exporter_for(model_type: str, log=None):
-    """(description, function) from the family table; genai families fall back to optimum, loudly,
-    when the optional builder is not installed."""
+    """(description, function) from the family table; a model_type it does not know, and genai
+    families when the optional builder is not installed (loudly), go through the dynamo exporter."""
 
     family = FAMILIES.get(model_type)
-    if family is None:
-        return DEFAULT_EXPORTER
+    if family is None or family.exporter not in EXPORTERS:
+        return DYNAMO_EXPORTER
     if family.exporter == "genai" and not families.genai_builder_available():
         if log:
-            log(f"WARNING: {GENAI_EXTRA} is not installed: exporting {model_type} with optimum, attention will not fuse "
-                f"(pip install 'xformopt[genai]' for GroupQueryAttention)")
-        return DEFAULT_EXPORTER
+            log(f"WARNING: {GENAI_EXTRA} is not installed: exporting {model_type} with torch's dynamo exporter "
+                f"(attention fuses as MultiHeadAttention, not GroupQueryAttention; pip install 'xformopt[genai]')")
+        return DYNAMO_EXPORTER
     return EXPORTERS[family.exporter]
 
 
@@ -309,7 +325,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
 
     how, exporter = exporter_for(ctx.spec.model_type, ctx.log)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
-    with quiet_loggers("optimum", "transformers", "torch.onnx"):
+    with quiet_loggers("transformers", "torch.onnx", "onnxscript"):
         exporter(src, dst, options.opset, ctx.spec.trust_remote_code)
     copy_config_files(src, dst)
     ctx.log("checking parity against PyTorch at every step of a greedy decode")

@@ -1,19 +1,21 @@
 """What ONNX Runtime's GPT-2 optimizer must fuse in a decoder, and how fuse times decoder candidates.
 
-Measured with onnxruntime 1.32 and transformers 4.57 (tiny configs, 2 layers):
+Measured with onnxruntime 1.32, onnxscript 0.7.2 and transformers 5.23 (tiny configs, 2 layers):
 
 - GPT-2 exported by :func:`xformopt.decoder.export.export_gpt2`: every layer fuses into one
   ``Attention`` (with past/present), plus ``EmbedLayerNormalization``, ``SkipLayerNormalization`` x 2
   per layer and ``FastGelu``: the whole block is ~8 ops per layer.
-- Llama exported by optimum: ``RotaryEmbedding`` (q and k of every layer) and
-  ``SkipSimplifiedLayerNormalization`` x 2 per layer fuse, but ORT's rotary *attention* fusion does
-  not match transformers 4.57's Llama attention, so attention stays unfused MatMul/Softmax ops. The
-  record says so (``attention_fused: false``) and the log warns; asking for it with
-  ``expect: {MultiHeadAttention: N}`` fails the pass.
+- Llama-like decoders exported by the dynamo path (:mod:`.export_dynamo`): onnxscript's fusions turn
+  each layer's attention into ``MultiHeadAttention`` (through its SDPA rule) and its RMSNorms into
+  ``SkipSimplifiedLayerNormalization`` x 2; its ``GroupQueryAttention`` rule does not fire (it wants the
+  causal-mask graph of older transformers), nor does its rotary cos/sin-cache rule. A family whose
+  attention does not fuse (Ministral 3's position-dependent query scale) is logged loudly, and asking for
+  it with ``expect: {MultiHeadAttention: N}`` fails the pass.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from xformopt.measure.latency import run_interleaved
@@ -24,21 +26,32 @@ from xformopt.scoring.metrics import row_cosine
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 
 ATTENTION_NOT_FUSED = (
-    "the family's attention was exported without onnxruntime-genai's builder (pip install 'xformopt[genai]'), and "
-    "ONNX Runtime 1.32's rotary attention fusion does not match transformers 4.57's attention graph; attention runs "
-    "as unfused MatMul/Softmax ops (rotary embeddings and RMSNorms are fused)"
+    "the attention was exported by torch's dynamo exporter and onnxscript's SDPA/GroupQueryAttention rules did not "
+    "match it; attention runs as unfused MatMul/Softmax ops (builder families fuse GroupQueryAttention with "
+    "pip install 'xformopt[genai]')"
 )
 
 TIMING_PROMPT_TOKENS = 32
 
 
+def attention_layers(spec) -> int:
+    """Layers with softmax attention: all but a hybrid's linear-attention layers (Qwen3.5)."""
+    try:
+        types = json.loads((Path(spec.path) / "config.json").read_text(encoding="utf-8")).get("layer_types") or []
+    except (OSError, ValueError, AttributeError):
+        types = []
+    return sum(t != "linear_attention" for t in types) or spec.num_layers
+
+
 def attention_record(spec, counts: dict[str, int], log) -> dict:
     """Whether attention fused; a family whose attention cannot fuse is logged loudly, never silent."""
     fused = sum(counts.get(op, 0) for op in ATTENTION_OPS)
-    record = {"attention_fused": fused >= spec.num_layers, "attention_nodes": fused, "layers": spec.num_layers}
-    if fused < spec.num_layers:
+    layers = attention_layers(spec)
+    record = {"attention_fused": fused >= layers, "attention_nodes": fused, "layers": spec.num_layers,
+              "attention_layers": layers}
+    if fused < layers:
         why = ATTENTION_NOT_FUSED if spec.model_type != "gpt2" else "the attention pattern was not recognized"
-        record["attention_note"] = f"{fused} of {spec.num_layers} attention layers fused: {why}"
+        record["attention_note"] = f"{fused} of {layers} attention layers fused: {why}"
         log(f"WARNING: {record['attention_note']}")
     return record
 

@@ -47,7 +47,7 @@ from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.int8_formats import agreement_floor
 from xformopt.passes.stage_runs import stage_runs
-from xformopt.runtime.decoder import CacheLayout, OrtDecoder
+from xformopt.runtime.decoder import CacheLayout, OrtDecoder, step_token_limit
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
 ROLES = {
@@ -153,6 +153,7 @@ class DecoderCalibrationReader:
         session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
         self.layout = CacheLayout.from_session(session)
         self.inputs = {i.name for i in session.get_inputs()}
+        max_tokens = min(max_tokens, step_token_limit(self.layout) or max_tokens)  # one graph call each
         self.rows = [list(tokenizer(t)["input_ids"])[:max_tokens] for t in texts]
         self.rows = [r for r in self.rows if r]
         self.rewind()
@@ -276,8 +277,9 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
     runner = OrtDecoder(probe_dir, io_binding=False)
     runner.output_names = [*runner.output_names, *dict.fromkeys(probe.values())]
     feeds: dict[str, list[np.ndarray]] = {t: [] for t in probe.values()}
+    limit = runner.step_limit
     for ids in lists[:HARM_TEXTS]:
-        batch = np.asarray([ids], dtype=np.int64)
+        batch = np.asarray([ids[:limit]], dtype=np.int64)  # one graph call (Qwen3.5: 64 tokens)
         feed = {"input_ids": batch, "attention_mask": np.ones_like(batch), **runner.layout.empty_past(1),
                 "position_ids": np.arange(len(ids), dtype=np.int64)[None]}  # dropped below unless the graph takes it
         outputs = runner.session.run(runner.output_names, {k: v for k, v in feed.items()

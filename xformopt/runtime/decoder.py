@@ -55,11 +55,13 @@ class CacheLayout:
             past = [n for n in inputs if n.startswith("past_")]
             past.sort(key=lambda n: int(n.split("_")[1]))
             present = [f"present_{n.split('_')[1]}" for n in past]
-        elif "past_key_values.0.key" in inputs:
+        elif any(n.startswith("past_key_values.") for n in inputs):
+            # key/value per layer; a linear-attention layer (Qwen3.5) has conv/recurrent states instead
             kind = SPLIT
-            layers = sorted({int(n.split(".")[1]) for n in inputs if n.startswith("past_key_values.")})
-            past = [f"past_key_values.{i}.{kv}" for i in layers for kv in ("key", "value")]
-            present = [f"present.{i}.{kv}" for i in layers for kv in ("key", "value")]
+            order = {"key": 0, "value": 1, "conv": 2, "recurrent": 3}
+            past = sorted((n for n in inputs if n.startswith("past_key_values.")),
+                          key=lambda n: (int(n.split(".")[1]), order.get(n.split(".")[2], 4)))
+            present = ["present." + n.removeprefix("past_key_values.") for n in past]
         else:
             raise InputError(
                 "the ONNX graph takes no past key/values (no past_0 or past_key_values.0.key input); "
@@ -73,7 +75,7 @@ class CacheLayout:
             past_names=tuple(past),
             present_names=tuple(present),
             past_shapes=tuple(tuple(inputs[n].shape) for n in past),
-            num_layers=len(past) if kind == STACKED else len(past) // 2,
+            num_layers=len(past) if kind == STACKED else len({n.split(".")[1] for n in past}),
             has_position_ids="position_ids" in inputs,
             has_attention_mask="attention_mask" in inputs,
         )
@@ -85,13 +87,19 @@ class CacheLayout:
             dims = list(shape)
             batch_axis, length_axis = (1, 3) if self.kind == STACKED else (0, 2)
             dims[batch_axis] = batch
-            dims[length_axis] = 0
+            if not is_state(name):  # a recurrent layer's state has a fixed size: zeros, not zero-length
+                dims[length_axis] = 0
             if self.kind == STACKED:
                 dims[0] = 2
             if any(not isinstance(d, int) for d in dims):
                 raise InputError(f"cannot size the empty past for {name}: shape {shape} has unknown static axes")
             out[name] = np.zeros(dims, dtype=dtype)
         return out
+
+
+def is_state(past_name: str) -> bool:
+    """A linear-attention layer's fixed-size state (``past_key_values.{i}.conv`` / ``.recurrent``)."""
+    return past_name.endswith((".conv", ".recurrent"))
 
 
 def position_ids_for(mask: np.ndarray, new_tokens: int) -> np.ndarray:
@@ -158,6 +166,7 @@ class OrtDecoder:
     tokens_processed: int = 0
     session: Any = field(init=False, repr=False)
     layout: CacheLayout = field(init=False)
+    step_limit: int | None = field(init=False, default=None)  # most new tokens per graph call (step_token_limit)
     vocab: int | None = field(init=False, default=None)  # the logits' last axis, when the graph fixes it
 
     def __post_init__(self):
@@ -172,6 +181,7 @@ class OrtDecoder:
         if self.share_buffer and (gqa_positions is None or not self.io_binding):
             raise InputError(f"{self.model_dir}: a shared KV buffer needs a GroupQueryAttention graph and io_binding")
         self.max_positions = gqa_positions
+        self.step_limit = step_token_limit(self.layout)
         vocab = next(o.shape[-1] for o in self.session.get_outputs() if o.name == "logits")
         self.vocab = vocab if isinstance(vocab, int) and vocab > 0 else None  # None: symbolic in the graph
 
@@ -197,6 +207,8 @@ class OrtDecoder:
             feed["attention_mask"] = mask
         if self.layout.has_position_ids:
             feed["position_ids"] = np.ascontiguousarray(position_ids_for(mask, new))
+        if self.step_limit and new > self.step_limit:
+            return self._forward_in_pieces(ids, state, mask, use_cache)
         self.tokens_processed += ids.size
         if self.share_buffer and use_cache:
             return self._forward_shared(feed, state, mask)
@@ -224,6 +236,16 @@ class OrtDecoder:
             logits = outputs[0]
             cache = dict(zip(self.layout.past_names, outputs[1:]))
         return logits, State(cache, mask)
+
+    def _forward_in_pieces(self, ids: np.ndarray, state: State | None, mask: np.ndarray, use_cache: bool):
+        """``ids`` in steps of at most ``step_limit`` tokens, each after the state the previous one left."""
+        past = state.length if state is not None else 0
+        logits = []
+        for start in range(0, ids.shape[1], self.step_limit):
+            end = min(start + self.step_limit, ids.shape[1])
+            out, state = self.forward(ids[:, start:end], state, mask[:, : past + end], use_cache)
+            logits.append(out)
+        return np.concatenate(logits, axis=1), state
 
     def _forward_shared(self, feed: dict, state: State | None, mask: np.ndarray):
         """One step into the shared buffers: bound as both past and present, so ORT writes only
@@ -282,6 +304,18 @@ class OrtDecoder:
         if isinstance(state.cache, SharedCache):
             return OrtDecoder._trimmed(state.cache, state.length)
         return {k: (v if isinstance(v, np.ndarray) else v.numpy()) for k, v in state.cache.items()}
+
+
+# transformers' reference Gated DeltaNet (torch_chunk_gated_delta_rule) runs over chunks of 64 tokens in a
+# Python loop, which the dynamo export unrolls for the one chunk its sample needs: the graph takes at most
+# 64 new tokens a call, so longer prompts are fed in pieces (the states carry over exactly).
+LINEAR_ATTENTION_CHUNK = 64
+
+
+def step_token_limit(layout: CacheLayout) -> int | None:
+    """The most new tokens one call of the graph takes: a linear-attention layer's chunk when the graph
+    carries such states (only the dynamo export writes them), else None."""
+    return LINEAR_ATTENTION_CHUNK if any(is_state(n) for n in layout.past_names) else None
 
 
 def _gqa_max_positions(model_path: Path) -> int | None:
