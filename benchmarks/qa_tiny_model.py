@@ -32,7 +32,7 @@ def main() -> None:
     tok = root / "tokenizer"
     tok.mkdir(exist_ok=True)
     (tok / "vocab.txt").write_text("\n".join(build_vocab()) + "\n")
-    BertTokenizerFast(vocab_file=str(tok / "vocab.txt"), do_lower_case=True, model_max_length=128).save_pretrained(tok)
+    BertTokenizerFast(vocab=str(tok / "vocab.txt"), do_lower_case=True, model_max_length=128).save_pretrained(tok)
     train_tiny_qa(tok, root / "model", steps=args.steps, seed=0)
     # up to 30 filler sentences: many contexts are longer than one 128-token window
     write_jsonl(root / "rows.jsonl", make_rows(args.rows, seed=7, fillers=(0, 30)))

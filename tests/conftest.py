@@ -217,8 +217,8 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
     directory = tmp_path_factory.mktemp("tokenizer")
     (directory / "vocab.txt").write_text("\n".join(build_vocab()) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True, model_max_length=128)
-    assert tokenizer.is_fast
+    tokenizer = BertTokenizerFast(vocab=str(directory / "vocab.txt"), do_lower_case=True, model_max_length=128)
+    assert tokenizer.is_fast and len(tokenizer) == len(build_vocab())  # (transformers 5 ignores vocab_file=)
     tokenizer.save_pretrained(directory)
     assert (directory / "tokenizer.json").is_file()
     return directory
@@ -295,8 +295,8 @@ def tiny_distilbert(tmp_path_factory, tokenizer_dir) -> Path:
     directory = tmp_path_factory.mktemp("tiny-distilbert-cls")
     model.save_pretrained(directory)
     # DistilBERT's own tokenizer class: it returns no token_type_ids (the model takes none).
-    tokenizer = DistilBertTokenizerFast(vocab_file=str(tokenizer_dir / "vocab.txt"), do_lower_case=True, model_max_length=128)
-    assert tokenizer.is_fast
+    tokenizer = DistilBertTokenizerFast(vocab=str(tokenizer_dir / "vocab.txt"), do_lower_case=True, model_max_length=128)
+    assert tokenizer.is_fast and len(tokenizer) == len(build_vocab())  # (transformers 5 ignores vocab_file=)
     tokenizer.save_pretrained(directory)
     return directory
 

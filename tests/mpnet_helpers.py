@@ -15,7 +15,7 @@ def mpnet_tokenizer(directory: Path) -> Path:
     vocab = list(dict.fromkeys(MPNET_SPECIALS + build_vocab()))
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True,
+    BertTokenizerFast(vocab=str(directory / "vocab.txt"), do_lower_case=True,
                       model_max_length=128).save_pretrained(directory)
     return directory
 

@@ -442,7 +442,7 @@ def other_vocab_teacher(tmp_path_factory, tokenizer_dir) -> Path:
     directory = tmp_path_factory.mktemp("other-vocab")
     words = (tokenizer_dir / "vocab.txt").read_text().splitlines()[:200]
     (directory / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True).save_pretrained(directory)
+    BertTokenizerFast(vocab=str(directory / "vocab.txt"), do_lower_case=True).save_pretrained(directory)
     torch.manual_seed(3)
     config = BertConfig(vocab_size=len(words), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=128, max_position_embeddings=128, num_labels=2,

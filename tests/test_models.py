@@ -100,8 +100,11 @@ def test_file_instead_of_directory(tmp_path):
 def test_unsupported_model_type_lists_supported(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "whisper",
                                                        "architectures": ["WhisperForConditionalGeneration"]}))
+    message = resolve_error(str(tmp_path))  # transformers knows whisper: refused as a model that reads sound
+    assert "(whisper) is not a text-only model (input input_features)" in message
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "acme_unknown"}))
     message = resolve_error(str(tmp_path))
-    assert "unsupported architecture 'whisper'" in message
+    assert "unsupported architecture 'acme_unknown'" in message
     for supported in ("bert", "distilbert", "roberta", "xlm-roberta", "electra", "gpt2", "llama", "t5", "marian"):
         assert supported in message
 

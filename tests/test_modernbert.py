@@ -81,7 +81,8 @@ def encoder_stages(tmp_path_factory, tiny_modernbert_encoder, sample_texts):
 def test_family_row():
     family = FAMILIES["modernbert"]
     assert family.exporter == "dynamo" and not family.decoder and family.layout is None
-    assert family.fused_per_layer == {"MultiHeadAttention": 1, "RotaryEmbedding": 2, "SkipLayerNormalization": 2}
+    # (transformers 5: onnxscript 0.7's rotary rule no longer matches, rotary stays plain ops; families.py)
+    assert family.fused_per_layer == {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
     assert family.positions({"max_position_embeddings": 8192}) == 8192  # rotary: no reserved positions
 
 
@@ -100,12 +101,11 @@ def test_export_uses_the_family_exporter_with_parity(stages, request):
 def test_fuse_reaches_every_layer_global_and_local(stages, request):
     _, _, fused, record = request.getfixturevalue(stages)
     assert record["fusion_route"].startswith("onnxscript")
-    assert record["expected"] == {"MultiHeadAttention": LAYERS, "RotaryEmbedding": 2 * LAYERS,
-                                  "SkipLayerNormalization": 2 * LAYERS}
+    assert record["expected"] == {"MultiHeadAttention": LAYERS, "SkipLayerNormalization": 2 * LAYERS}
     assert all(v == 0 for k, v in record["fused_before"].items() if k != "LayerNormalization")
     counts = onnx_op_counts(fused / "model.onnx")
     # both layers fuse, the sliding-window one too (its window is in MultiHeadAttention's bias input)
-    assert counts["MultiHeadAttention"] == LAYERS and counts["RotaryEmbedding"] == 2 * LAYERS
+    assert counts["MultiHeadAttention"] == LAYERS
     assert counts["SkipLayerNormalization"] == 2 * LAYERS
 
 

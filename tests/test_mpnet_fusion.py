@@ -33,7 +33,7 @@ def mpnet_tokenizer_dir(tmp_path_factory) -> Path:
                                + [w for w, _ in words.most_common() if len(w) > 1][:300] + [f"##{c}" for c in chars]))
     directory = tmp_path_factory.mktemp("mpnet-tokenizer")
     (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    MPNetTokenizerFast(vocab_file=str(directory / "vocab.txt"), do_lower_case=True,
+    MPNetTokenizerFast(vocab=str(directory / "vocab.txt"), do_lower_case=True,
                        model_max_length=128).save_pretrained(directory)
     return directory
 

@@ -616,7 +616,7 @@ def tiny_family(request, tmp_path_factory, tokenizer_dir, bpe_tokenizer_dir) -> 
                   intermediate_size=TINY["intermediate"], num_labels=2, id2label=LABELS,
                   label2id={v: k for k, v in LABELS.items()})
     if family == "electra":
-        tokenizer = transformers.ElectraTokenizerFast(vocab_file=str(tokenizer_dir / "vocab.txt"), do_lower_case=True,
+        tokenizer = transformers.ElectraTokenizerFast(vocab=str(tokenizer_dir / "vocab.txt"), do_lower_case=True,
                                                       model_max_length=128)
         config = transformers.ElectraConfig(vocab_size=len(tokenizer), embedding_size=32, max_position_embeddings=128,
                                             **common)

@@ -179,7 +179,9 @@ _DYNAMO_DECODER = {"MultiHeadAttention": 1, "SkipSimplifiedLayerNormalization": 
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
 # window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
-_MODERNBERT_FUSED = {"MultiHeadAttention": 1, "RotaryEmbedding": 2, "SkipLayerNormalization": 2}
+_MODERNBERT_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
+# (On transformers 4.57 onnxscript also fused ModernBERT's rotary into 2 RotaryEmbedding per layer; its 0.7.2
+# rotary rule does not match transformers 5's rotate-half graph, so rotary stays plain ops: what was lost.)
 _ROTARY_ENCODER_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 
 

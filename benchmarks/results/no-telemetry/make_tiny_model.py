@@ -17,7 +17,7 @@ letters = [chr(c) for c in range(97, 123)]
 vocab = list(dict.fromkeys(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + letters
                            + [w for w, _ in words.most_common(300)] + [f"##{c}" for c in letters]))
 open("vocab.txt", "w").write("\n".join(vocab) + "\n")
-tokenizer = BertTokenizerFast(vocab_file="vocab.txt", do_lower_case=True, model_max_length=128)
+tokenizer = BertTokenizerFast(vocab="vocab.txt", do_lower_case=True, model_max_length=128)
 torch.manual_seed(0)
 config = BertConfig(vocab_size=len(vocab), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=128, max_position_embeddings=128, num_labels=2,
