@@ -43,6 +43,20 @@ class StandInHub(BaseHTTPRequestHandler):
         info_prefix, resolve_prefix = f"/api/models/{REPO}/revision/", f"/{REPO}/resolve/"
         if path == f"/api/models/{REPO}":  # no revision: the default branch
             path = info_prefix + "main"
+        tree_prefix = f"/api/models/{REPO}/tree/"  # huggingface_hub 2.x lists a snapshot's files here
+        if path.startswith(tree_prefix):
+            revision = path[len(tree_prefix):].split("/")[0]
+            if revision not in ("main", SHA):
+                return self._error("RevisionNotFound")
+            body = json.dumps([{"type": "file", "path": name, "size": len(data),
+                                "oid": hashlib.sha1(data).hexdigest()} for name, data in sorted(self.files.items())]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if with_body:
+                self.wfile.write(body)
+            return
         if path.startswith("/api/models/") and not path.startswith(info_prefix):
             return self._error("RepoNotFound")
         if path.startswith(info_prefix):

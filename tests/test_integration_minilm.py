@@ -100,22 +100,33 @@ def test_quantize_every_gemm_int8(chain):
 
 
 def test_int8_artifact_is_a_sentence_transformers_drop_in(chain, sample_texts):
-    """`SentenceTransformer(artifact, backend="onnx")` rebuilds MiniLM's own pipeline (mean pooling,
-    Normalize, 256 tokens) around the INT8 graph and encodes like the original."""
+    """`onnx_sentence_transformer(artifact)` rebuilds MiniLM's own pipeline (mean pooling, Normalize, 256
+    tokens) around the INT8 graph: it encodes like the original, and like the artifact itself (xformopt.load)
+    on 200 vendored texts, in both INT8 activation modes."""
     st = pytest.importorskip("sentence_transformers", reason="sentence-transformers (the test extra) is not installed")
     import numpy as np
 
+    import xformopt
+    from xformopt.clients.sentence_transformers_module import onnx_sentence_transformer
+    from xformopt.data import load_text_dataset
     from xformopt.models import resolve
+    from xformopt.resources import vader_split_path
+
+    def cosine(a, b):
+        return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
     _, _, _, q = chain
     original = st.SentenceTransformer(str(resolve("minilm").path), device="cpu")
-    artifact = st.SentenceTransformer(str(q), backend="onnx", device="cpu")
+    artifact = onnx_sentence_transformer(q)
     assert artifact.max_seq_length == original.max_seq_length == 256
-    texts = sample_texts
-    a, b = original.encode(texts), artifact.encode(texts)
+    a, b = original.encode(sample_texts), artifact.encode(sample_texts)
     np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-4)
-    cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
-    assert cosine.mean() >= 0.99
+    assert cosine(a, b).mean() >= 0.99
+    texts = list(load_text_dataset(vader_split_path("test"), limit=200, seed=0).texts)
+    for mode in ("per-token", "per-tensor"):
+        routed = onnx_sentence_transformer(q, int8_scales=mode).encode(texts, batch_size=1)
+        own = xformopt.load(q, int8_scales=mode).embed(texts, batch_size=1)
+        assert len(texts) == 200 and cosine(np.asarray(routed), np.asarray(own)).min() >= 0.999
 
 
 def test_optimize_minilm(tmp_path, capsys):

@@ -120,9 +120,15 @@ def _break_one_layer(exported: Path, out: Path) -> Path:
     model = onnx.load(str(out / "model.onnx"))
     divs = [n for n in model.graph.node if n.op_type == "Div" and "/attention/attn/" in n.name]
     div = divs[-1]
-    constant = next(n for n in model.graph.node if div.input[1] in n.output)
-    value = onnx.numpy_helper.to_array(constant.attribute[0].t)
-    constant.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array((1.0 / value).astype(value.dtype)))
+    constant = next((n for n in model.graph.node if div.input[1] in n.output), None)
+    if constant is not None:  # the TorchScript export's Constant node
+        value = onnx.numpy_helper.to_array(constant.attribute[0].t)
+        constant.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array((1.0 / value).astype(value.dtype)))
+    else:  # the dynamo export's initializer: a new one, so no other node's divisor changes
+        value = onnx.numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == div.input[1]))
+        model.graph.initializer.append(onnx.numpy_helper.from_array((1.0 / value).astype(value.dtype),
+                                                                    div.input[1] + "_inverse"))
+        div.input[1] = div.input[1] + "_inverse"
     div.op_type = "Mul"
     onnx.save(model, str(out / "model.onnx"))
     return out

@@ -66,7 +66,7 @@ def test_export_writes_model_with_dynamic_axes(exported_classifier):
     assert record["opset"] == 18
     assert all(axes == ["batch_size", "sequence_length"] for axes in record["dynamic_axes"].values())
     opsets = {o.domain: o.version for o in onnx.load(str(stage / "model.onnx")).opset_import}
-    assert opsets[""] == 17
+    assert opsets[""] == 18
 
 
 def test_export_parity_within_thresholds_at_three_lengths(exported_classifier):

@@ -239,18 +239,37 @@ def test_long_context_answer_in_a_later_window(tmp_path, tokenizer_dir, long_row
     assert all("offset_mapping" not in keys and "overflow_to_sample_mapping" not in keys for keys in fake.fed)
 
 
-def test_matches_the_transformers_pipeline(tiny_qa, qa_rows, long_row, tmp_path):
-    """xformopt's spans are the pipeline's (same windows, decoder, alignment, score merging)."""
-    from transformers import pipeline
+def test_span_decoder_matches_an_exhaustive_search(tiny_qa, qa_rows):
+    """transformers 5 removed the question-answering pipeline this was compared with: the span decoder
+    (``select_spans``) is checked against an exhaustive search over every allowed (start, end) pair of the
+    model's own logits, with the pipeline's rule (softmax over the context and [CLS], [CLS] never chosen,
+    end >= start, at most MAX_ANSWER_TOKENS tokens)."""
+    import torch
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-    rows = qa_rows[:12] + [long_row]
-    data = load_squad(write_jsonl(tmp_path / "rows.jsonl", rows))
-    out = torch_predictor(tiny_qa).predict_data(data, batch_size=5)
-    pipe = pipeline("question-answering", model=str(tiny_qa), tokenizer=str(tiny_qa), device="cpu")
-    for row, got in zip(rows, out):
-        want = pipe(question=row["question"], context=row["context"], max_answer_len=qa.MAX_ANSWER_TOKENS)
-        assert (int(got[0]), int(got[1])) == (want["start"], want["end"]), row
-        assert got[2] == pytest.approx(want["score"], rel=1e-4)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qa)
+    model = AutoModelForQuestionAnswering.from_pretrained(tiny_qa).eval()
+    for row in qa_rows[:12]:
+        enc = tokenizer(row["question"], row["context"], return_tensors="pt", truncation="only_second", max_length=128)
+        allowed = np.array([s == 1 for s in enc.sequence_ids(0)])
+        allowed[0] = True  # [CLS] takes part in the softmax, as in the pipeline
+        with torch.no_grad():
+            out = model(**enc)
+        start, end = out.start_logits[0].numpy(), out.end_logits[0].numpy()
+        starts, ends, scores = qa.select_spans(start, end, allowed, top_k=5, max_len=qa.MAX_ANSWER_TOKENS)
+
+        def probabilities(logits):
+            weights = np.exp(np.where(allowed, logits.astype(np.float64), -10000.0) - logits.max())
+            weights = weights / weights.sum()
+            weights[0] = 0.0
+            return weights
+
+        ps, pe = probabilities(start), probabilities(end)
+        best = max((ps[a] * pe[b], a, b) for a in range(len(ps)) for b in range(a, min(a + qa.MAX_ANSWER_TOKENS, len(pe)))
+                   if allowed[a] and allowed[b] and a > 0)
+        assert (int(starts[0]), int(ends[0])) == (best[1], best[2]), row
+        assert scores[0] == pytest.approx(best[0], rel=1e-9)
+        assert list(scores) == sorted(scores, reverse=True)
 
 
 def test_trained_model_has_nontrivial_exact_match(tiny_qa, qa_file):

@@ -62,3 +62,18 @@ class quiet_loggers:
     def __exit__(self, *exc):
         for lg, level in zip(self.loggers, self.levels):
             lg.setLevel(level)
+
+
+def load_quietly(load, *args, **kwargs):
+    """``load(*args, **kwargs)`` (a transformers ``from_pretrained``) without transformers 5's "Loading weights"
+    bar on stderr, which it draws for every checkpoint: xformopt's own log says what is loading, and stderr keeps
+    one line per event (an error is one line). The bar setting is put back as it was."""
+    from transformers.utils import logging as transformers_logging
+
+    shown = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        return load(*args, **kwargs)
+    finally:
+        if shown:
+            transformers_logging.enable_progress_bar()

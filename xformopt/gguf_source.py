@@ -22,7 +22,7 @@ from xformopt import split_wheels
 from xformopt.artifact import sha256_file
 from xformopt.atomic import temp_sibling, write_json
 from xformopt.errors import InputError
-from xformopt.exporting import quiet_loggers
+from xformopt.exporting import load_quietly, quiet_loggers
 from xformopt.locks import build_lock
 from xformopt.split_wheels import SplitModel, models_root
 from xformopt.stale import sweep
@@ -214,7 +214,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
         try:
             # transformers 5 keeps GGUF blocks packed (GgufLinear) unless told to dequantize; a plain
             # float checkpoint is what export and passes/gguf_blocks.py expect
-            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
+            model = load_quietly(AutoModelForCausalLM.from_pretrained, gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
                                                          quantization_config=GgufConfig(dequantize=True))
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         except (ValueError, NotImplementedError, KeyError) as exc:

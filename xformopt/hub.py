@@ -69,6 +69,21 @@ def _cached(repo_id: str, revision: str | None) -> Path | None:
         return None
 
 
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP client's own errors (no connection, a malformed HF_ENDPOINT): huggingface_hub 1.x+ talks
+    through httpx (its ``httpx2`` build in 2.x), older releases through requests."""
+    errors: list[type[BaseException]] = []
+    for module, names in (("httpx2", ("HTTPError", "InvalidURL", "UnsupportedProtocol")),
+                          ("httpx", ("HTTPError", "InvalidURL", "UnsupportedProtocol")),
+                          ("requests.exceptions", ("RequestException",))):
+        try:
+            imported = __import__(module, fromlist=list(names))
+        except ImportError:
+            continue
+        errors += [getattr(imported, name) for name in names if hasattr(imported, name)]
+    return tuple(errors)
+
+
 def _local_hint(repo_id: str) -> str:
     return (f"or download it where the hub is reachable (`hf download {repo_id} --local-dir DIR`) and pass its "
             "local path (any folder saved with save_pretrained())")
@@ -77,7 +92,6 @@ def _local_hint(repo_id: str) -> str:
 def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hint: str = "") -> Path:
     """The local snapshot folder of ``repo_id`` at ``revision`` (default: main), downloading what is
     missing; every failure is one InputError line."""
-    import requests
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -110,7 +124,7 @@ def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hi
     except RepositoryNotFoundError:
         raise InputError(f"model {model!r}: no repository {repo_id} on {where} (or it is private: set HF_TOKEN); "
                          "check the id or pass a local folder") from None
-    except (requests.exceptions.RequestException, OfflineModeIsEnabled, HfHubHTTPError) as exc:  # incl. a malformed HF_ENDPOINT
+    except (*_transport_errors(), OfflineModeIsEnabled, HfHubHTTPError) as exc:  # incl. a malformed HF_ENDPOINT
         if (cached := _cached(repo_id, revision)) is not None:
             log(f"hub {where} not reachable ({type(exc).__name__}); using the cached {repo_id}")
             return cached
@@ -130,7 +144,7 @@ def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hi
         # that a later offline run looks up.
         path = snapshot_download(repo_id, revision=revision or "main", endpoint=endpoint, ignore_patterns=ignore,
                                  etag_timeout=timeout_s())
-    except (requests.exceptions.RequestException, HfHubHTTPError, OfflineModeIsEnabled) as exc:
+    except (*_transport_errors(), HfHubHTTPError, OfflineModeIsEnabled) as exc:
         raise InputError(f"download of {repo_id}{at} from {where} failed ({type(exc).__name__}); "
                          f"try again, {_local_hint(repo_id)}") from None
     return Path(path)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from xformopt import weight_coverage
 from xformopt.errors import InputError
+from xformopt.exporting import load_quietly
 from xformopt.families import FAMILIES, Layout, layout_of
 
 # Attention-module attributes that cache the attention width (heads x head_dim): kept in step with the
@@ -117,7 +118,7 @@ def from_pretrained(cls, path: Path, *, trust_remote_code: bool = False, **kwarg
     except (OSError, ValueError):
         raw = {}  # from_pretrained says what is wrong with the folder
     if not (isinstance(raw, dict) and raw.get("pruned_heads")):
-        return cls.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+        return load_quietly(cls.from_pretrained, path, trust_remote_code=trust_remote_code, **kwargs)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     return load_pruned(cls, path, config, trust_remote_code=trust_remote_code, **kwargs)
 

@@ -229,9 +229,18 @@ def check_torch_bin(file: Path) -> dict[str, list[int]]:
     return {name: list(t.shape) for name, t in state.items()}
 
 
+# Files a saved tokenizer keeps its vocabulary in; transformers 5 builds an empty tokenizer (special tokens
+# only) for a folder that has none of them, instead of failing.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                    "sentencepiece.bpe.model", "source.spm")
+
+
 def check_tokenizer(path: Path, trust_remote_code: bool = False) -> None:
     from transformers import AutoTokenizer
 
+    if not any((Path(path) / name).is_file() for name in VOCABULARY_FILES):
+        raise InputError(f"{path}: the tokenizer cannot be loaded (no tokenizer.json or vocabulary file); save the model's tokenizer "
+                         "into it with tokenizer.save_pretrained()")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
     except Exception as exc:  # transformers raises OSError, ValueError, TypeError, ... for broken files

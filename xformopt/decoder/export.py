@@ -54,7 +54,7 @@ from xformopt.decoder.export_dynamo import export_dynamo_decoder
 from xformopt.decoder.fusion import attention_record
 from xformopt.decoder.generate import context_window
 from xformopt.errors import PassFailed
-from xformopt.exporting import parity_texts, quiet_loggers
+from xformopt.exporting import load_quietly, parity_texts, quiet_loggers
 from xformopt.families import FAMILIES, GENAI_EXTRA
 from xformopt.models import load_tokenizer
 from xformopt.onnx_graph import fused_counts
@@ -155,7 +155,7 @@ def export_gpt2(src: Path, dst: Path, opset: int, trust_remote_code: bool = Fals
     from transformers import AutoModelForCausalLM
 
     _register_gpt2_attention()
-    model = AutoModelForCausalLM.from_pretrained(src, attn_implementation=GPT2_ATTENTION,
+    model = load_quietly(AutoModelForCausalLM.from_pretrained, src, attn_implementation=GPT2_ATTENTION,
                                                  trust_remote_code=trust_remote_code).eval()
     _add_causal_buffers(model)
     config = model.config

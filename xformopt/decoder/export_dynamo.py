@@ -28,6 +28,7 @@ import io
 import warnings
 from pathlib import Path
 
+from xformopt.exporting import load_quietly
 from xformopt.families import refuse_unexportable_cache
 
 EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export_dynamo.py)
@@ -142,7 +143,7 @@ def export_dynamo_decoder(src: Path, dst: Path, opset: int, trust_remote_code: b
     config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     refuse_unexportable_cache(config.get_text_config(decoder=True).to_dict())
     # eager attention: plain MatMul/Softmax ops that onnxscript's SDPA -> GQA/MHA rules match
-    model = AutoModelForCausalLM.from_pretrained(src, trust_remote_code=trust_remote_code, dtype=torch.float32,
+    model = load_quietly(AutoModelForCausalLM.from_pretrained, src, trust_remote_code=trust_remote_code, dtype=torch.float32,
                                                  attn_implementation="eager").eval()
     slots, shapes = cache_slots(model)
     ids, mask, positions, past = _sample(slots, shapes, model.config.get_text_config().vocab_size)

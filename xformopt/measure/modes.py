@@ -70,11 +70,15 @@ def solo_repeats(predictor, texts: Sequence[str], pairs, *, rounds: int, warmup:
 
 def exact_length_inputs(tokenizer, texts: Sequence[str], batch: int, seq: int) -> dict[str, np.ndarray]:
     """A batch of real token ids cut or tiled to exactly ``seq`` tokens, with no padding."""
+    # the single-sequence special tokens ([CLS] x [SEP], <s> x </s>) by hand: transformers 5's tokenizers no
+    # longer have build_inputs_with_special_tokens
+    first = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    last = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     ids = []
     for i in range(batch):
         row = tokenizer(texts[i % len(texts)], add_special_tokens=False)["input_ids"] or [tokenizer.unk_token_id]
         body = (row * (seq // len(row) + 1))[: max(seq - 2, 1)]
-        ids.append(tokenizer.build_inputs_with_special_tokens(body)[:seq])
+        ids.append((([first] if first is not None else []) + body + ([last] if last is not None else []))[:seq])
     input_ids = np.array(ids, dtype=np.int64)
     encoded = {"input_ids": input_ids, "attention_mask": np.ones_like(input_ids), "token_type_ids": np.zeros_like(input_ids)}
     return {k: v for k, v in encoded.items() if k in tokenizer.model_input_names}

@@ -183,6 +183,8 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     for switch in (*ctx.target.fusion_disabled, *disabled):
         setattr(fusion, switch, False)
     dynamo = is_dynamo_graph(load_graph(src_model))
+    if dynamo:  # ORT's embedding fusion misreads dynamo graphs (a mask input of the wrong shape on RoBERTa);
+        fusion.enable_embed_layer_norm = False  # xformopt's own (fusions/embed_layer_norm.py) runs after it
     graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled)
     out_model = Path(os.path.abspath(out_model))
     with tempfile.TemporaryDirectory(prefix=".weights-", dir=out_model.parent) as scratch, \

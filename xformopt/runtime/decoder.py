@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from xformopt.errors import InputError
+from xformopt.exporting import load_quietly
 from xformopt.runtime.session import ort_session
 
 STACKED, SPLIT = "stacked", "split"
@@ -343,7 +344,7 @@ class TorchDecoder:
         if model is None:
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=trust_remote_code).eval()
+            model = load_quietly(AutoModelForCausalLM.from_pretrained, model_dir, trust_remote_code=trust_remote_code).eval()
         self.model = model
         self.tokens_processed = 0
         self._torch = torch

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.exporting import load_quietly
 from xformopt.runtime.session import ort_session
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
 
@@ -84,7 +85,7 @@ class TorchSeq2Seq:
         if threads:
             torch.set_num_threads(threads)
         self.path = Path(path) if path is not None else None
-        self.model = (model or AutoModelForSeq2SeqLM.from_pretrained(self.path)).eval()
+        self.model = (model or load_quietly(AutoModelForSeq2SeqLM.from_pretrained, self.path)).eval()
         self.config = self.model.config.to_dict()
         gen = self.model.generation_config
         self.start_token = int(gen.decoder_start_token_id if gen.decoder_start_token_id is not None

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 from xformopt.errors import PassFailed
-from xformopt.exporting import quiet_loggers
+from xformopt.exporting import load_quietly, quiet_loggers
 from xformopt.measure import memory
 from xformopt.models import load_tokenizer
 from xformopt.seq2seq import GRAPH_FILES
@@ -50,7 +50,7 @@ def export_seq2seq_stage(ctx, src: Path, dst: Path, options) -> dict:
     ctx.log(f"exporting {ctx.spec.model_type} ({ctx.spec.task}): encoder + cached decoder with "
             f"torch.onnx.export(dynamo=True) at opset {opset}")
     dst.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForSeq2SeqLM.from_pretrained(src, trust_remote_code=ctx.spec.trust_remote_code).eval()
+    model = load_quietly(AutoModelForSeq2SeqLM.from_pretrained, src, trust_remote_code=ctx.spec.trust_remote_code).eval()
     if ctx.threads:
         torch.set_num_threads(ctx.threads)
     with quiet_loggers("torch.onnx", "torch.export", "onnxscript", "transformers"):
