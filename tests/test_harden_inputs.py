@@ -341,7 +341,9 @@ BASELINE_CASES = {
     "reversed-ci95": (lambda d: d["artifact"]["metrics"]["accuracy"].update(ci95=[0.9, 0.1]),
                       "accuracy.ci95 is [0.9, 0.1]: its low end is above its high end"),
     "accuracy-above-1": (lambda d: d["artifact"]["metrics"]["accuracy"].update(value=86.5), "accuracy.value is 86.5"),
-    "p90-below-median": (lambda d: d["artifact"]["latency"].update(median_ms=5.0, p90_ms=1.0), "median_ms 5.0 above p90_ms"),
+    # min_ms set too, so that the measured minimum (any host speed) stays below the made-up median
+    "p90-below-median": (lambda d: d["artifact"]["latency"].update(min_ms=0.5, median_ms=5.0, p90_ms=1.0),
+                         "median_ms 5.0 above p90_ms"),
 }
 
 
