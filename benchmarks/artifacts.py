@@ -5,7 +5,7 @@ interleaved run on real held-out texts (tokenization included; ``--model-only``:
 
 The first positional argument is the original model (it gives the task, labels and the PyTorch
 baseline accuracy); each further argument is an artifact directory holding model.onnx. With
-``--optimum DIR``, optimum's own dynamic-INT8 artifact of the model (xformopt/bench/optimum_reference.py,
+``--optimum DIR``, optimum's own dynamic-INT8 artifact of the model (xformopt/benchmarking/optimum_reference.py,
 built in DIR or reused) is added first, so the ratios are against it. Never run as a test: speed
 claims live here and in `xformopt bench`.
 """
@@ -50,7 +50,7 @@ def main() -> None:
     spec = models.resolve(args.model)
     task = spec.task_def
     if args.optimum is not None:
-        from xformopt.bench.optimum_reference import NAME, optimum_dynamic_int8
+        from xformopt.benchmarking.optimum_reference import NAME, optimum_dynamic_int8
 
         target = targets.detect(effective_cpu_flags()).name
         print(f"{NAME} ({target}) in {args.optimum}", file=sys.stderr)

@@ -91,7 +91,7 @@ def main() -> None:
     import numpy as np
 
     from xformopt import models, targets
-    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+    from xformopt.benchmarking.optimum_reference import optimum_dynamic_int8
     from xformopt.data import load_text_dataset
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.measure.modes import real

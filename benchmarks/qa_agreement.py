@@ -52,7 +52,7 @@ def first(tree, key: str):
 
 
 def main() -> None:
-    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+    from xformopt.benchmarking.optimum_reference import optimum_dynamic_int8
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path, help="a ...ForQuestionAnswering checkpoint folder")

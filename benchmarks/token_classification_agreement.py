@@ -47,7 +47,7 @@ def int8_ops(model_dir: Path) -> dict:
 
 
 def main() -> None:
-    from xformopt.bench.optimum_reference import optimum_dynamic_int8
+    from xformopt.benchmarking.optimum_reference import optimum_dynamic_int8
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", type=Path, help="a ...ForTokenClassification Hugging Face directory")

@@ -41,18 +41,20 @@ def test_import_is_lazy_and_exports_the_api():
     assert heavy == "["  # none of them imported by `import xformopt`
     for name in ("optimize", "run_pass", "load", "bench", "search", "Result", "BenchResult", "XformoptError", "BudgetMissed"):
         assert name in names
-    assert set(xformopt.__all__) == {"__version__", *xformopt._EXPORTS, *xformopt._CALLABLE_PACKAGES}
+    assert set(xformopt.__all__) == {"__version__", *xformopt._EXPORTS}
     assert xformopt.optimize is xformopt.api.optimize and xformopt.InputError is InputError
     with pytest.raises(AttributeError):
         xformopt.no_such_name  # noqa: B018
 
 
-def test_bench_and_search_are_callable_packages():
-    import xformopt.bench.measure
-    import xformopt.search.space
+def test_bench_and_search_are_plain_functions_even_after_their_packages_load():
+    import types
 
-    assert callable(xformopt.bench) and callable(xformopt.search)
-    assert xformopt.bench.measure.BENCH_SCHEMA.startswith("xformopt.bench/")  # still the subpackage
+    import xformopt.benchmarking.measure
+    import xformopt.recipe_search.space
+
+    assert xformopt.bench is xformopt.api.bench and xformopt.search is xformopt.api.search
+    assert not isinstance(xformopt.bench, types.ModuleType)
     with pytest.raises(InputError, match="artifact not found|no manifest|not found"):
         xformopt.bench("/nonexistent/artifact")  # the call is api.bench
 

@@ -232,7 +232,7 @@ def test_budget_parser_refuses_the_rest(text):
 
 
 def test_bench_gate_reads_a_relative_budget_against_the_baseline():
-    from xformopt.bench.gate import metric_check
+    from xformopt.benchmarking.gate import metric_check
 
     old = {"accuracy": {"value": 0.80}}
     # 1% of 80 accuracy points is 0.8 points: a drop of 0.7 points passes, one of 0.9 fails.

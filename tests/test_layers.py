@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "xformopt"
 # below keeps two units of one layer from needing each other. Mirrors docs/architecture.md.
 LAYERS = [
     ("foundation", {"errors", "atomic", "locks", "stale", "progress", "signals", "plot_style", "accuracy_budget",
-                    "artifact", "cache", "safe_yaml", "no_telemetry"}),
+                    "artifact", "cache", "safe_yaml", "no_telemetry", "version"}),
     ("measurement", {"measure"}),
     ("data, models, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks", "validate",
                                        "hub", "split_wheels", "models", "targets", "onnx_graph", "exporting",
@@ -26,8 +26,8 @@ LAYERS = [
     ("pass libraries", {"decoder", "distill", "seq2seq"}),
     ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),
     ("recipes", {"recipe"}),
-    ("pipeline and the bench library", {"pipeline", "bench"}),
-    ("entry points", {"api", "search", "serve", "loadtest", "clients"}),
+    ("pipeline and the bench library", {"pipeline", "benchmarking"}),
+    ("entry points", {"api", "recipe_search", "serve", "loadtest", "clients"}),
     ("command line", {"cli"}),
 ]
 MAX_FUNCTION_LEVEL_IMPORTS = 25
@@ -58,8 +58,8 @@ def _imported(path: Path) -> list[tuple[ast.AST, str]]:
             if node.level:
                 up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(up + ([base] if base else []))
-            if base == "xformopt":  # `from xformopt import models`: each name is a unit
-                out += [(node, f"xformopt.{a.name}") for a in node.names if a.name != "__version__"]
+            if base == "xformopt":  # `from xformopt import models`: each name is a unit (or the root's own name)
+                out += [(node, f"xformopt.{a.name}") for a in node.names]
             elif base.startswith("xformopt."):
                 out.append((node, base))
     return out
@@ -113,6 +113,24 @@ def test_no_two_units_need_each_other():
     for unit in sorted(graph):
         if unit not in seen and (found := cycle_from(unit, [unit])):
             raise AssertionError("import cycle: " + " -> ".join(found))
+
+
+def _is_unit(name: str) -> bool:
+    return (ROOT / f"{name}.py").is_file() or (ROOT / name / "__init__.py").is_file()
+
+
+def test_nothing_inside_the_package_imports_the_root():
+    """The root re-exports the API (xformopt/__init__.py) and so sits above every unit, the CLI included:
+    a module that took a name from it (``from xformopt import __version__``) would import everything
+    above itself. ``from xformopt import models`` names a unit and is fine."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path == ROOT / "__init__.py":
+            continue
+        for node, module in _imported(path):
+            if module == "xformopt" or (module.count(".") == 1 and not _is_unit(module.split(".")[1])):
+                found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} imports {module}")
+    assert found == []
 
 
 def test_measurement_imports_nothing_above_the_foundation():

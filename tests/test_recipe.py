@@ -311,7 +311,7 @@ def test_a_key_given_twice_is_refused_naming_both_lines(tmp_path, text, key, lin
 
 
 def test_duplicate_keys_in_a_search_space_are_refused(tmp_path):
-    from xformopt.search import space as spaces
+    from xformopt.recipe_search import space as spaces
 
     path = tmp_path / "space.yaml"
     path.write_text("choices:\n  quantize.mode: [dynamic]\n  fuse.select: [all]\n  quantize.mode: [static]\n")
@@ -323,7 +323,7 @@ def test_duplicate_keys_in_a_search_space_are_refused(tmp_path):
 def test_the_unique_key_loader_keeps_safe_load_semantics():
     """Same values as yaml.safe_load on every shipped recipe and preset, and still no Python objects."""
     from xformopt import safe_yaml
-    from xformopt.search.space import PRESETS_DIR
+    from xformopt.recipe_search.space import PRESETS_DIR
 
     for path in [*recipe.RECIPES_DIR.glob("*.yaml"), *PRESETS_DIR.glob("*.yaml")]:
         text = path.read_text()

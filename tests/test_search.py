@@ -26,10 +26,10 @@ pytest.importorskip("optuna", reason="optuna is not installed (pip install 'xfor
 
 from xformopt import recipe as recipes  # noqa: E402
 from xformopt.errors import InputError  # noqa: E402
-from xformopt.search import run as runner  # noqa: E402
-from xformopt.search import sampler as samplers  # noqa: E402
-from xformopt.search import space as spaces  # noqa: E402
-from xformopt.search.front import pareto  # noqa: E402
+from xformopt.recipe_search import run as runner  # noqa: E402
+from xformopt.recipe_search import sampler as samplers  # noqa: E402
+from xformopt.recipe_search import space as spaces  # noqa: E402
+from xformopt.recipe_search.front import pareto  # noqa: E402
 
 try:
     import ray  # noqa: F401
@@ -138,7 +138,7 @@ def test_pareto_front():
            {"metric": 0.9, "latency_ms": 6}, {"metric": 0.95, "latency_ms": 9}]
     assert [(p["metric"], p["latency_ms"]) for p in pareto(pts)] == [(0.8, 2), (0.9, 5), (0.95, 9)]
     # re-measure candidates: front by front, so a cap drops the points furthest behind, never a front point
-    from xformopt.search.front import layers
+    from xformopt.recipe_search.front import layers
 
     ordered = [(p["metric"], p["latency_ms"]) for p in layers(pts, len(pts))]
     assert ordered == [(0.9, 5), (0.8, 2), (0.95, 9), (0.7, 3), (0.9, 6)]
@@ -200,9 +200,9 @@ def test_trial_metric_is_the_validation_split_not_the_test_rows(local_search, ti
 
     from xformopt import models
     from xformopt.data import load_text_dataset
+    from xformopt.recipe_search.trial import outputs_path
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor
-    from xformopt.search.trial import outputs_path
 
     out, doc = local_search
     spec = models.resolve(str(tiny_classifier))
@@ -355,7 +355,7 @@ def test_an_interrupted_local_search_ends_its_running_trials():
     waited for (a distillation trial runs for minutes)."""
     import time as clock
 
-    from xformopt.search.executors.local import PoolExecutor
+    from xformopt.recipe_search.executors.local import PoolExecutor
 
     executor = PoolExecutor(2)
     busy = [executor._pool.submit(clock.sleep, 600) for _ in range(2)]

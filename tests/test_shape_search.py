@@ -12,7 +12,7 @@ from conftest import run_cli
 from xformopt import api
 from xformopt import recipe as recipes
 from xformopt.errors import InputError
-from xformopt.search import shapes
+from xformopt.recipe_search import shapes
 
 PRUNE = {"layers": 1, "ffn_dim": 32, "measure_latency": False, "samples": 16, "eval_samples": 16}
 DISTILL = {"train_samples": 64, "eval_samples": 16, "max_length": 32, "batch_size": 16, "patience": 0,
@@ -127,7 +127,7 @@ def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, h
         import numpy as np
 
         from xformopt import models
-        from xformopt.search.trial import score_outputs, validation_set
+        from xformopt.recipe_search.trial import score_outputs, validation_set
 
         spec = models.resolve(job.model)
         data = validation_set(spec, job.validation)

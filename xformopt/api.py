@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any, Union
 
 from xformopt import pipeline
 from xformopt import recipe as recipes
-from xformopt.bench import run as bench_run
-from xformopt.bench.gate import failure_message
+from xformopt.benchmarking import run as bench_run
+from xformopt.benchmarking.gate import failure_message
 from xformopt.decoder.generator import TextGenerator
 from xformopt.errors import BudgetMissed, GateFailed, InputError
 from xformopt.models import artifact_task
 from xformopt.passes import REGISTRY, get_pass
 from xformopt.passes.record import PassRecord
+from xformopt.recipe_search import run as runner
+from xformopt.recipe_search import sampler as samplers
+from xformopt.recipe_search import shapes
+from xformopt.recipe_search import space as spaces
 from xformopt.runtime.predictor import load_predictor
-from xformopt.search import run as runner
-from xformopt.search import sampler as samplers
-from xformopt.search import shapes
-from xformopt.search import space as spaces
 from xformopt.seq2seq.text import Text2TextModel
 
 if TYPE_CHECKING:  # the recipe module loads pydantic and the pass registry: only when a run needs it
@@ -464,7 +464,7 @@ def search(model: str | Path, *, output: str | Path, space: str | Path | None = 
     if sampler not in samplers.SAMPLERS:
         raise InputError(f"--sampler {sampler!r}: choose {', '.join(samplers.SAMPLERS)}")
     if ray:
-        from xformopt.search.executors.ray import require_ray
+        from xformopt.recipe_search.executors.ray import require_ray
 
         require_ray()
     samplers.require_optuna()

@@ -299,7 +299,7 @@ def run(
         log(f"evaluation: peak RSS {evaluated.peak / memory.MB:,.0f} MB; run peak {memory.process_peak_mb():,.0f} MB")
         host = host_info()
         report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
-        report.update(extra_report or {})  # e.g. the shape search that chose this recipe (xformopt/search/shapes.py)
+        report.update(extra_report or {})  # e.g. the shape search that chose this recipe (xformopt/recipe_search/shapes.py)
         from xformopt.profiling.measure import profile_for_report
 
         if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed, log)) is not None:

@@ -70,7 +70,7 @@ class ShapeChoice(BaseModel):
 class ShapeSearch(BaseModel):
     """With an accuracy budget (``--max-accuracy-drop``), the prune shape is chosen per task: the
     shapes are tried from the fewest FLOPs up and the fastest one within the budget on the validation
-    rows is kept (xformopt/search/shapes.py). Without a budget the recipe's own prune shape runs."""
+    rows is kept (xformopt/recipe_search/shapes.py). Without a budget the recipe's own prune shape runs."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -10,7 +10,6 @@ import sys
 
 import typer
 
-from xformopt import __version__
 from xformopt.cli import (
     bench,
     cache,
@@ -31,6 +30,7 @@ from xformopt.cli import (
 from xformopt.cli.command import UsageError, usage_line
 from xformopt.errors import XformoptError
 from xformopt.signals import Interrupted, interruptible, received
+from xformopt.version import __version__
 
 app = typer.Typer(
     name="xformopt",

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from xformopt.artifact import atomic_dir, check_output
-from xformopt.bench import measure
+from xformopt.benchmarking import measure
 from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.measure.host import host_fingerprint, host_info

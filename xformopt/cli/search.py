@@ -9,7 +9,7 @@ import typer
 from xformopt import api
 from xformopt.cli import options as opt
 from xformopt.cli import output
-from xformopt.search.outputs import markdown
+from xformopt.recipe_search.outputs import markdown
 
 EXAMPLES = """
 Examples:

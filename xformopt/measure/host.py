@@ -283,7 +283,7 @@ def _version(dist: str) -> str:
     if dist == "xformopt":
         # Running from a source checkout that was never pip-installed.
         try:
-            from xformopt import __version__
+            from xformopt.version import __version__
 
             return str(__version__)
         except Exception:  # noqa: BLE001

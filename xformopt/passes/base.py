@@ -94,7 +94,7 @@ class Pass:
     # Options the pass reads only in some configurations: option -> when, in words, for the line that
     # refuses a flag nothing reads (``reads`` decides).
     read_when: ClassVar[dict[str, str]] = {}
-    # The options that set a model's shape, for a recipe's ``shape_search`` (xformopt/search/shapes.py): the
+    # The options that set a model's shape, for a recipe's ``shape_search`` (xformopt/recipe_search/shapes.py): the
     # search sets these and drops the pass's ``shape_replaces`` (other ways of asking for a shape).
     shape_options: ClassVar[tuple[str, ...]] = ()
     shape_replaces: ClassVar[tuple[str, ...]] = ()

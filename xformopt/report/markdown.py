@@ -53,7 +53,7 @@ def _profile_lines(profile: dict | None) -> list[str]:
 
 
 def _shape_search_lines(searched: dict | None) -> list[str]:
-    """What the shape search tried (report["shape_search"], xformopt/search/shapes.py) and why it kept one."""
+    """What the shape search tried (report["shape_search"], xformopt/recipe_search/shapes.py) and why it kept one."""
     if not searched:
         return []
     v = searched["validation"]

@@ -26,7 +26,6 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from xformopt import __version__
 from xformopt.errors import InputError
 from xformopt.runtime.predictor import artifact_spec, load_predictor
 from xformopt.serve import autotune, decoder_routes, schemas, seq2seq_routes
@@ -39,6 +38,7 @@ from xformopt.serve.scheduler import (
     Scheduler,
     Settings,
 )
+from xformopt.version import __version__
 
 PUBLIC_PATHS = ("/health",)  # load balancers probe it without a key
 # FastAPI >= 0.16x looks up OpenTelemetry providers on every request (3 % of the event loop's time under

@@ -16,28 +16,28 @@ from xformopt import progress as progress_events
 from xformopt import recipe as recipes
 from xformopt.accuracy_budget import points
 from xformopt.atomic import write_text
-from xformopt.bench.optimum_reference import NAME, optimum_dynamic_int8
+from xformopt.benchmarking.optimum_reference import NAME, optimum_dynamic_int8
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
-from xformopt.runtime.encoder import TorchPredictor
-from xformopt.search import front as fronts
-from xformopt.search import outputs
-from xformopt.search import sampler as samplers
-from xformopt.search.executors import local
-from xformopt.search.executors.ray import RayExecutor
-from xformopt.search.remeasure import remeasure
-from xformopt.search.space import SearchSpace
-from xformopt.search.trial import (
+from xformopt.recipe_search import front as fronts
+from xformopt.recipe_search import outputs
+from xformopt.recipe_search import sampler as samplers
+from xformopt.recipe_search.executors import local
+from xformopt.recipe_search.executors.ray import RayExecutor
+from xformopt.recipe_search.remeasure import remeasure
+from xformopt.recipe_search.space import SearchSpace
+from xformopt.recipe_search.trial import (
     TrialJob,
     run_trial,
     score_artifact,
     score_outputs,
     validation_set,
 )
+from xformopt.runtime.encoder import TorchPredictor
 
 CONFIG = "search-config.json"
 REFERENCE = "reference-int8"  # the unpruned model through the `default` recipe: export -> fuse -> dynamic INT8
-OPTIMUM = "optimum-int8"  # optimum's own dynamic INT8 of the unpruned model (xformopt/bench/optimum_reference.py)
+OPTIMUM = "optimum-int8"  # optimum's own dynamic INT8 of the unpruned model (xformopt/benchmarking/optimum_reference.py)
 
 
 @dataclass
@@ -219,7 +219,7 @@ def reference_int8(s: Settings, job_for) -> dict:
 
 
 def optimum_int8(s: Settings, spec, validation: dict, threads: int) -> dict:
-    """The dynamic-INT8 artifact optimum's settings make of the unpruned model (xformopt/bench/
+    """The dynamic-INT8 artifact optimum's settings make of the unpruned model (xformopt/benchmarking/
     optimum_reference.py), scored on the validation rows and re-measured with the front: what users compare with."""
     saved = s.out / f"{OPTIMUM}.json"
     if saved.is_file() and (s.out / OPTIMUM / "model.onnx").is_file():

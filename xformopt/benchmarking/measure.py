@@ -38,7 +38,7 @@ from pathlib import Path
 
 from xformopt import models, progress
 from xformopt.artifact import MANIFEST_SCHEMA, load_json, read_manifest
-from xformopt.bench.gate import check_document, heldout_identity
+from xformopt.benchmarking.gate import check_document, heldout_identity
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
 from xformopt.measure import modes

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-from xformopt.bench.gate import REGRESSION, SKIPPED
+from xformopt.benchmarking.gate import REGRESSION, SKIPPED
 
 
 def junit_xml(comparison: dict, *, artifact: str = "", properties: dict | None = None, seconds: float = 0.0) -> str:

@@ -11,12 +11,12 @@ still applies to it). Each drop carries its paired 95% bootstrap interval over t
 (where the task's headline is a mean over rows): the budget is held on the point estimate, and the
 record warns when the kept shape's interval reaches past it, i.e. when the rows cannot resolve P.
 
-Machinery: the search's own parts (xformopt/search): each shape is a recipe made by
-:class:`~xformopt.search.space.SearchSpace` from the run's recipe, run by
-:func:`~xformopt.search.trial.run_trial` into ``DIR.shape-search/NNN`` (the shared pass cache keeps its
+Machinery: the search's own parts (xformopt/recipe_search): each shape is a recipe made by
+:class:`~xformopt.recipe_search.space.SearchSpace` from the run's recipe, run by
+:func:`~xformopt.recipe_search.trial.run_trial` into ``DIR.shape-search/NNN`` (the shared pass cache keeps its
 prune/distill/export/fuse/quantize stages), scored on the validation rows by
-:func:`~xformopt.search.trial.score_artifact` against the fp32 baseline; the tried artifacts are then timed
-interleaved (:func:`~xformopt.search.remeasure.remeasure`) for the record. The final artifact is the
+:func:`~xformopt.recipe_search.trial.score_artifact` against the fp32 baseline; the tried artifacts are then timed
+interleaved (:func:`~xformopt.recipe_search.remeasure.remeasure`) for the record. The final artifact is the
 kept shape's recipe run again by the pipeline: every pass comes from the cache, the report's evaluation
 runs as for any recipe.
 """
@@ -38,11 +38,11 @@ from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
 from xformopt.passes.prune_flops import Shape, encoder_flops
+from xformopt.recipe_search.remeasure import remeasure
+from xformopt.recipe_search.space import SearchSpace
+from xformopt.recipe_search.trial import TrialJob, run_trial, score_outputs, validation_set
 from xformopt.runtime.encoder import TorchPredictor
 from xformopt.scoring.metrics import mean_with_bootstrap
-from xformopt.search.remeasure import remeasure
-from xformopt.search.space import SearchSpace
-from xformopt.search.trial import TrialJob, run_trial, score_outputs, validation_set
 
 SHAPE_KEYS = ("layers", "heads_per_layer", "ffn_dim")
 TRIAL_TIMING = {"latency_rounds": 10, "warmup": 2, "repeats": 1, "modes": ["real"]}

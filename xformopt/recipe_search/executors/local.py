@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 
-from xformopt.search.trial import run_trial
+from xformopt.recipe_search.trial import run_trial
 
 
 class SequentialExecutor:

@@ -9,7 +9,7 @@ driver checks each artifact arrived and says so when it did not.
 from __future__ import annotations
 
 from xformopt.errors import InputError
-from xformopt.search.trial import run_trial
+from xformopt.recipe_search.trial import run_trial
 
 RETRIES = 3
 

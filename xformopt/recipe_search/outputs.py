@@ -10,7 +10,7 @@ import yaml
 
 from xformopt.atomic import write_json
 from xformopt.atomic import write_text as write_text_atomic
-from xformopt.search.executors import describe
+from xformopt.recipe_search.executors import describe
 
 SCHEMA = "xformopt.search/1"
 BEST_RECIPE = "best-recipe.yaml"

@@ -3,9 +3,5 @@
 space.py (what may vary) -> sampler.py (Optuna proposes) -> trial.py (one pipeline run, scored on
 the validation split) run by executors/ (local pool or Ray) -> front.py -> remeasure.py (serial,
 interleaved latency on this host) -> outputs.py (search.json, pareto.png, search.md, best recipe).
-run.py ties them together. Calling the package, ``xformopt.search(model, ...)``, is ``xformopt.api.search``.
+run.py ties them together. The Python entry point is the function ``xformopt.search`` (``xformopt.api.search``).
 """
-
-from xformopt import _callable_package
-
-_callable_package(__name__)

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xformopt.atomic import write_text as write_atomic
-from xformopt.bench import gate, measure
-from xformopt.bench.junit import junit_xml
+from xformopt.benchmarking import gate, measure
+from xformopt.benchmarking.junit import junit_xml
 from xformopt.decoder.bench import bench_artifact
 from xformopt.errors import InputError
 from xformopt.validate import check_threads
