@@ -303,7 +303,7 @@ def test_junit_one_testcase_per_check_and_failure_on_regression():
     assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == ("2", "1", "0", "0")
     cases = root.findall("testcase")
     assert [c.get("name") for c in cases] == ["latency_median_ms", "accuracy"]
-    assert all(c.get("classname") == "xformopt.benchmarking.minilm" for c in cases)
+    assert all(c.get("classname") == "xformopt.bench.minilm" for c in cases)
     failure = cases[0].find("failure")
     assert failure is not None and failure.get("message").startswith("latency regression: median 3.91 ms vs 3.10 ms")
     assert json.loads(failure.text)["threshold"] == pytest.approx(3.10 * 1.05)

@@ -150,3 +150,33 @@ def test_function_level_imports_of_xformopt_stay_rare():
         found += [f"{path.relative_to(ROOT.parent)}:{node.lineno}" for node, _ in _imported(path)
                   if (node.lineno, node.col_offset) in inner]
     assert len(set(found)) <= MAX_FUNCTION_LEVEL_IMPORTS, sorted(set(found))
+
+
+def _task_names() -> set[str]:
+    from xformopt import tasks
+
+    return set(tasks.TASKS)
+
+
+def _names_in(node: ast.AST, names: set[str]) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and n.value in names]
+
+
+def test_no_code_outside_tasks_tests_a_task_name():
+    """One home per task (docs/architecture.md): what a task's head, request body, route and load-test
+    payload are lives in its tasks/ module; runtime/, serve/, loadtest/ and the rest ask the task
+    (``tasks.get(name).head``, ``.serving``, ``.graph``) and never compare its name or key a table by it."""
+    names, found = _task_names(), []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.relative_to(ROOT).parts[0] == "tasks":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            hits = []
+            if isinstance(node, ast.Compare):
+                hits = _names_in(node, names)
+            elif isinstance(node, ast.Dict):
+                hits = [k.value for k in node.keys if isinstance(k, ast.Constant) and k.value in names]
+            elif isinstance(node, ast.match_case):
+                hits = _names_in(node.pattern, names)
+            found += [f"{path.relative_to(ROOT.parent)}:{node.lineno} {hit!r}" for hit in hits]
+    assert found == []

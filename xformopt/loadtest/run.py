@@ -23,14 +23,13 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xformopt import tasks
 from xformopt.errors import InputError
 from xformopt.loadtest import overload
 from xformopt.loadtest.generator import Request, json_bodies, run_step
 from xformopt.loadtest.report import LAG_LIMIT_MS, SCHEMA, summarize, sustainable
 from xformopt.measure.host import cpu_model, usable_cpus
 
-TASK_ROUTES = {"feature-extraction": ("/v1/embeddings", "input"), "text-classification": ("/predict", "inputs"),
-               "token-classification": ("/predict", "inputs"), "question-answering": ("/predict", "inputs")}
 PAUSE_S = 1.0  # between steps, so one step's backlog does not spill into the next
 
 
@@ -82,7 +81,8 @@ def describe(target: Target, texts: list, options: Options) -> None:
         task = json.loads(_get(f"{target.url}/info", options.api_key)).get("task")
     except (OSError, ValueError):
         pass
-    route, name = TASK_ROUTES.get(task, (None, None))
+    serving = getattr(tasks.TASKS.get(task), "serving", None)  # None: not an xformopt encoder server
+    route, name = (serving.routes[0], serving.field) if serving else (None, None)
     route = target.route or options.route or route
     name = target.field_name or options.field_name or name
     if route is None:
@@ -91,8 +91,8 @@ def describe(target: Target, texts: list, options: Options) -> None:
     if options.api_key:
         headers["Authorization"] = f"Bearer {options.api_key}"
     extra = {"model": options.model} if options.model else {}
-    if task == "question-answering" and not all(isinstance(t, dict) for t in texts):
-        raise InputError("a question-answering server needs --data rows with question and context")
+    if serving and serving.structured and not all(isinstance(t, dict) for t in texts):
+        raise InputError(f"a {task} server needs --data rows with {serving.structured}")
     target.request = Request(target.url + route, json_bodies(texts, name, as_list=target.as_list, extra=extra), headers)
     try:
         target.has_metrics = b"xformopt_batch_size_count" in _get(f"{target.url}/metrics", options.api_key)

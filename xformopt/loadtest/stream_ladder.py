@@ -11,6 +11,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from xformopt import tasks
 from xformopt.errors import InputError
 from xformopt.loadtest.run import PAUSE_S, Target, _get
 from xformopt.loadtest.streams import (
@@ -51,9 +52,10 @@ def serves_text_generation(url: str, route: str | None, api_key: str | None) -> 
     if route in DECODER_ROUTES:
         return True
     try:
-        return json.loads(_get(f"{url}/info", api_key)).get("task") == "text-generation"
-    except (OSError, ValueError, AttributeError):
+        task = tasks.TASKS.get(json.loads(_get(f"{url}/info", api_key)).get("task"))
+    except (OSError, ValueError, AttributeError, TypeError):
         return False
+    return task is not None and task.decoder
 
 
 def _prepare(target: Target, prompts: list[str], options: StreamOptions) -> tuple[str, list[bytes], dict]:

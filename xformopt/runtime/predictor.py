@@ -28,39 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from xformopt import models
+from xformopt import models, tasks
 from xformopt.errors import InputError
 from xformopt.runtime import per_token_int8
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.tasks.base import pad_rows
-from xformopt.tasks.question_answering import (
-    DOC_STRIDE,
-    MAX_LENGTH,
-    best_answer,
-    question_windows,
-    window_spans,
-)
-
-FEATURES = ("input_ids", "attention_mask", "token_type_ids")
-
-
-@dataclass
-class Row:
-    """One sequence the graph sees: its unpadded token features (1-D id lists)."""
-
-    features: dict[str, list[int]]
-
-    @property
-    def length(self) -> int:
-        return len(self.features["input_ids"])
-
-
-@dataclass
-class Prepared:
-    """One input, tokenized: its rows and what ``finish`` needs besides their outputs."""
-
-    rows: list[Row]
-    context: Any = None
+from xformopt.tasks.heads import FEATURES, Prepared, Row, check_texts, is_pair
 
 
 @dataclass
@@ -123,10 +96,6 @@ def _json_or_empty(path: Path) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    return vectors / np.clip(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12, None)
-
-
 @dataclass
 class Predictor:
     """An artifact's model, answering at the task level (see the module docstring)."""
@@ -139,6 +108,11 @@ class Predictor:
     @property
     def task(self) -> str:
         return self.runner.spec.task
+
+    @property
+    def head(self):
+        """The task's head (xformopt/tasks/heads.py): how inputs become rows and rows an answer."""
+        return tasks.get(self.task).head
 
     @property
     def spec(self):
@@ -163,7 +137,7 @@ class Predictor:
     def prepare(self, inputs: Sequence, truncate: bool = True) -> list[Prepared]:
         """Every input tokenized (one fast-tokenizer call per kind of input); ``truncate=False``
         refuses an input longer than ``max_length`` tokens instead of cutting it."""
-        return _HEADS[self.task].prepare(self, list(inputs), truncate)
+        return self.head.prepare(self, list(inputs), truncate)
 
     def run_rows(self, rows: Sequence[Row]) -> list[np.ndarray]:
         """One padded session call over ``rows``; each row's own outputs, padding removed."""
@@ -177,7 +151,7 @@ class Predictor:
 
     def finish(self, prepared: Prepared, outputs: list[np.ndarray], **options) -> Any:
         """One input's answer from its rows' outputs (``options``: normalize, raw_scores)."""
-        return _HEADS[self.task].finish(self, prepared, outputs, **options)
+        return self.head.finish(self, prepared, outputs, **options)
 
     # ------------------------------------------------------------------ whole calls
 
@@ -198,13 +172,13 @@ class Predictor:
     def embed(self, texts: str | Sequence[str], batch_size: int = 32, normalize: bool | None = None,
               truncate: bool = True) -> np.ndarray:
         """Sentence embeddings (rows, width) float32; ``normalize=None``: as the model's modules say."""
-        if self.task != "feature-extraction":
+        if not self.head.embeds:
             raise InputError(f"{self.path} is a {self.task} model; embed() needs a feature-extraction artifact "
                              "(use predict())")
         texts = [texts] if isinstance(texts, str) else list(texts)
         if not texts:
             return np.zeros((0, self.spec.hidden_size), dtype=np.float32)
-        _check_texts(texts)
+        check_texts(texts)
         return np.stack(self._run(texts, batch_size, truncate, normalize=normalize)).astype(np.float32)
 
     def predict(self, inputs, batch_size: int = 32, truncate: bool = True, raw_scores: bool = False, *,
@@ -214,7 +188,7 @@ class Predictor:
         Text pairs (text-classification) are tuples, ``("a text", "its pair")``, or ``pairs=``, one
         second text per input: a list is always a batch, so ``predict(["a", "b"])`` is two texts."""
         if pairs is not None:
-            if self.task != "text-classification":
+            if not self.head.pairs:
                 raise InputError(f"pairs= is for text-classification models; this is a {self.task} model")
             texts = [inputs] if isinstance(inputs, str) else list(inputs)
             seconds = [pairs] if isinstance(pairs, str) else list(pairs)
@@ -222,173 +196,16 @@ class Predictor:
                 raise InputError(f"{len(texts)} texts but {len(seconds)} pairs; give one pair per text")
             zipped = list(zip(texts, seconds))
             inputs = zipped[0] if isinstance(inputs, str) else zipped
-        single = isinstance(inputs, (str, dict)) or (self.task == "text-classification" and _is_pair(inputs))
+        single = isinstance(inputs, (str, dict)) or (self.head.pairs and is_pair(inputs))
         items = [inputs] if single else list(inputs)
-        if self.task == "feature-extraction":
+        if self.head.embeds:
             vectors = [v.tolist() for v in self.embed(items, batch_size, truncate=truncate)]
             return vectors[0] if single else vectors
         answers = self._run(items, batch_size, truncate, raw_scores=raw_scores)
         return answers[0] if single else answers
 
 
-def _is_pair(value) -> bool:
-    """A (text, text_pair) tuple. Lists are batches, never pairs: ``["a", "b"]`` is two texts (the HTTP
-    route turns TEI's ``[a, b]`` into a tuple before it gets here)."""
-    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)
-
-
-def _check_texts(texts: list) -> None:
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise InputError(f"input {i} is a {type(text).__name__}, not a string; pass texts")
-
-
-def _tokenize(predictor: Predictor, texts: list[str], pairs: list[str] | None, truncate: bool, **extra):
-    """One fast-tokenizer call; with ``truncate=False`` an over-long input is an InputError naming it."""
-    limit = predictor.max_length
-    encoded = predictor.tokenizer(texts, pairs, truncation=bool(truncate),
-                                  max_length=limit if truncate else None, **extra)
-    if not truncate:
-        for i, ids in enumerate(encoded["input_ids"]):
-            if len(ids) > limit:
-                raise InputError(f"input {i} has {len(ids)} tokens, more than the model's {limit}; shorten it or "
-                                 "allow truncation (truncate: true)")
-    return encoded
-
-
-def _rows(encoded, i: int) -> Row:
-    return Row({k: list(encoded[k][i]) for k in FEATURES if k in encoded})
-
-
-# --------------------------------------------------------------------------- per-task heads
-
-
-class _Embeddings:
-    @staticmethod
-    def prepare(predictor, texts, truncate):
-        _check_texts(texts)
-        encoded = _tokenize(predictor, texts, None, truncate)
-        return [Prepared([_rows(encoded, i)]) for i in range(len(texts))]
-
-    @staticmethod
-    def finish(predictor, prepared, outputs, normalize=None, **_):
-        vector = predictor.pooling(outputs[0].astype(np.float32))
-        return l2_normalize(vector) if (predictor.pooling.normalize if normalize is None else normalize) else vector
-
-
-class _Classification:
-    @staticmethod
-    def prepare(predictor, inputs, truncate):
-        singles = [i for i, x in enumerate(inputs) if isinstance(x, str)]
-        pairs = [i for i, x in enumerate(inputs) if _is_pair(x)]
-        bad = sorted(set(range(len(inputs))) - set(singles) - set(pairs))
-        if bad:
-            hint = (" (a list is a batch: pass a pair as a tuple (text, text_pair), or use pairs=)"
-                    if isinstance(inputs[bad[0]], list) else "")
-            raise InputError(f"input {bad[0]} is neither a text nor a (text, text_pair) tuple of strings{hint}")
-        out: list[Prepared | None] = [None] * len(inputs)
-        if singles:
-            encoded = _tokenize(predictor, [inputs[i] for i in singles], None, truncate)
-            for k, i in enumerate(singles):
-                out[i] = Prepared([_rows(encoded, k)])
-        if pairs:
-            encoded = _tokenize(predictor, [inputs[i][0] for i in pairs], [inputs[i][1] for i in pairs], truncate)
-            for k, i in enumerate(pairs):
-                out[i] = Prepared([_rows(encoded, k)])
-        return out
-
-    @staticmethod
-    def finish(predictor, prepared, outputs, raw_scores=False, **_):
-        logits = outputs[0].astype(np.float64)
-        if raw_scores:
-            scores = logits
-        elif len(logits) == 1 or predictor.multi_label:
-            scores = 1.0 / (1.0 + np.exp(-logits))  # the pipeline's sigmoid for one-logit heads
-        else:
-            shifted = np.exp(logits - logits.max())
-            scores = shifted / shifted.sum()
-        names = predictor.labels
-        ranked = sorted(range(len(scores)), key=lambda k: -scores[k])
-        return [{"label": names.get(k, f"LABEL_{k}"), "score": float(scores[k])} for k in ranked]
-
-
-class _Tokens:
-    @staticmethod
-    def prepare(predictor, texts, truncate):
-        _check_texts(texts)
-        encoded = _tokenize(predictor, texts, None, truncate, return_special_tokens_mask=True,
-                            return_offsets_mapping=True)
-        return [Prepared([_rows(encoded, i)], {"text": texts[i], "offsets": np.asarray(encoded["offset_mapping"][i]),
-                                               "special": np.asarray(encoded["special_tokens_mask"][i])})
-                for i in range(len(texts))]
-
-    @staticmethod
-    def finish(predictor, prepared, outputs, **_):
-        from transformers.pipelines.token_classification import AggregationStrategy
-
-        logits = outputs[0].astype(np.float32)
-        shifted = np.exp(logits - logits.max(-1, keepdims=True))
-        scores = shifted / shifted.sum(-1, keepdims=True)
-        pipeline = _pipeline_postprocessor(predictor)
-        ids = np.asarray(prepared.rows[0].features["input_ids"])
-        context = prepared.context
-        pre = pipeline.gather_pre_entities(context["text"], ids, scores, context["offsets"], context["special"],
-                                           AggregationStrategy.SIMPLE)
-        entities = pipeline.aggregate(pre, AggregationStrategy.SIMPLE)
-        return [{"entity_group": e["entity_group"], "score": float(e["score"]), "word": e["word"],
-                 "start": int(e["start"]), "end": int(e["end"])}
-                for e in entities if e.get("entity_group") != "O"]
-
-
-def _pipeline_postprocessor(predictor):
-    """transformers' TokenClassificationPipeline as a postprocessor only (no model): its entity
-    gathering and "simple" aggregation are reused as they are, so served entities are the pipeline's."""
-    cached = getattr(predictor, "_token_pipeline", None)
-    if cached is None:
-        from types import SimpleNamespace
-
-        from transformers import TokenClassificationPipeline
-
-        cached = TokenClassificationPipeline.__new__(TokenClassificationPipeline)
-        cached.tokenizer = predictor.tokenizer
-        cached.framework = "np"  # offsets are numpy already (the pipeline calls .item() on torch ones)
-        cached.model = SimpleNamespace(config=SimpleNamespace(id2label=predictor.labels))
-        object.__setattr__(predictor, "_token_pipeline", cached)
-    return cached
-
-
-class _Answers:
-    @staticmethod
-    def prepare(predictor, inputs, truncate):
-
-        max_length = min(MAX_LENGTH, predictor.max_length)
-        stride = min(max_length // 2, DOC_STRIDE)
-        out = []
-        for i, item in enumerate(inputs):
-            if not (isinstance(item, dict) and isinstance(item.get("question"), str)
-                    and isinstance(item.get("context"), str) and item["question"].strip() and item["context"].strip()):
-                raise InputError(f"input {i} needs a non-empty 'question' and 'context' (strings)")
-            # one tokenizer call per input: its windows depend on its own question's length
-            windows = question_windows(predictor.tokenizer, i, item["question"], item["context"], max_length, stride,
-                                       f"input {i}")
-            rows = [Row({k: list(v) for k, v in w["inputs"].items() if k in FEATURES}) for w in windows]
-            out.append(Prepared(rows, {"windows": windows, "context": item["context"]}))
-        return out
-
-    @staticmethod
-    def finish(predictor, prepared, outputs, **_):
-
-        spans = [window_spans(w, o) for w, o in zip(prepared.context["windows"], outputs)]
-        start, end, score = best_answer(prepared.context["context"], spans)
-        if start < 0:
-            return {"answer": "", "score": 0.0, "start": -1, "end": -1}
-        return {"answer": prepared.context["context"][int(start):int(end)], "score": float(score),
-                "start": int(start), "end": int(end)}
-
-
-_HEADS = {"feature-extraction": _Embeddings, "text-classification": _Classification,
-          "token-classification": _Tokens, "question-answering": _Answers}
-SERVED_TASKS = tuple(_HEADS)
+SERVED_TASKS = tasks.served()
 
 
 def artifact_spec(artifact_dir: str | Path):
@@ -405,8 +222,8 @@ def artifact_spec(artifact_dir: str | Path):
     manifest = _json_or_empty(path / "manifest.json")
     task = (manifest.get("input") or {}).get("task") if isinstance(manifest.get("input"), dict) else None
     spec = models.stage_spec(models.resolve(str(path), task), path)
-    if spec.task not in _HEADS:
-        raise InputError(f"{path} is a {spec.task} model; the predictor serves {', '.join(_HEADS)}")
+    if spec.task not in SERVED_TASKS:
+        raise InputError(f"{path} is a {spec.task} model; the predictor serves {', '.join(SERVED_TASKS)}")
     return spec
 
 
@@ -431,7 +248,7 @@ def load_predictor(artifact_dir: str | Path, threads: int | None = None, int8_sc
         raise InputError(f"int8_attention {int8_attention!r}: choose one of {', '.join(per_token_int8.ATTENTION_MODES)}")
     path = Path(artifact_dir)
     spec = artifact_spec(path)
-    pooling = Pooling.read(path) if spec.task == "feature-extraction" else Pooling()
+    pooling = Pooling.read(path) if tasks.get(spec.task).head.embeds else Pooling()
     if int8_scales == "per-token" and per_token_int8.has_dynamic_int8(path / "model.onnx"):
         # the rewrite lives only until the session has read it; the artifact is never touched
         with tempfile.TemporaryDirectory(prefix="xformopt-per-token-") as scratch:

@@ -26,6 +26,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
+from xformopt import tasks
 from xformopt.errors import InputError
 from xformopt.runtime.predictor import artifact_spec, load_predictor
 from xformopt.serve import autotune, decoder_routes, schemas, seq2seq_routes
@@ -304,7 +305,7 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
             return
         predictor = factory(config.artifact, config.threads, config.int8_scales)
         scheduler = Scheduler(predictor, config.scheduler, metrics)
-        warmup = [{"question": "what?", "context": WARMUP_TEXT}] if spec.task == "question-answering" else [WARMUP_TEXT]
+        warmup = [tasks.get(spec.task).serving.warmup(WARMUP_TEXT)]
         await scheduler.start(warmup * min(config.scheduler.max_batch or 8, 8),
                               autotune.recorded_latency_ms(config.artifact))
         state.update(predictor=predictor, scheduler=scheduler, ready=True)
@@ -374,8 +375,8 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
     elif seq2seq is not None:
         routes |= seq2seq_routes.add_routes(app, config, state)
 
-    elif spec.task == "feature-extraction":
-        routes |= {"/v1/embeddings", "/embed"}
+    elif tasks.get(spec.task).head.embeds:
+        routes |= set(tasks.get(spec.task).serving.routes)
 
         @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
         async def openai_embeddings(body: schemas.OpenAIEmbeddingRequest):
@@ -399,28 +400,26 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
             return _json([np.asarray(v, dtype=np.float32) for v, _ in answers])
 
     else:
-        request_model = schemas.PREDICT_REQUESTS[spec.task]
-        routes.add("/predict")
+        serving = tasks.get(spec.task).serving
+        request_model, route = serving.request_model(), serving.routes[0]
+        routes.add(route)
 
         async def predict(body):
             value = body.inputs
-            if spec.task == "text-classification" and isinstance(value, list) and len(value) == 2 \
+            if serving.two_texts_are_a_pair and isinstance(value, list) and len(value) == 2 \
                     and all(isinstance(v, str) for v in value):
                 value = tuple(value)  # TEI: a list of two texts is one pair
             items, single = _as_list(value)
-            if spec.task == "question-answering":
+            if serving.structured:
                 items = [q.model_dump() for q in items]
             else:  # a pair is a tuple for the predictor (a list there is a batch)
                 items = [tuple(i) if isinstance(i, (list, tuple)) else i for i in items]
             _check_inputs(items, config.max_inputs)
-            options = {} if spec.task == "question-answering" else {"truncate": body.truncate}
-            if spec.task == "text-classification":
-                options["raw_scores"] = body.raw_scores
-            answers = [a for a, _ in await run(items, **options)]
+            answers = [a for a, _ in await run(items, **{name: getattr(body, name) for name in serving.options})]
             return _json(answers[0] if single else answers)
 
         predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI
-        app.post("/predict", summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)
+        app.post(route, summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)
 
     app.state.serve = state
     # pure ASGI middlewares; the last added runs first: metrics see every answer, auth runs before the body is read

@@ -50,6 +50,11 @@ def get(name: str) -> Task:
     return task
 
 
+def served() -> tuple[str, ...]:
+    """Tasks whose artifacts ``xformopt.load`` answers through a head (and ``xformopt serve`` exposes)."""
+    return tuple(name for name, task in TASKS.items() if task.head is not None)
+
+
 def detect(config: dict, decoder: bool, sentence_transformers: bool = False) -> Task:
     """The task a checkpoint's head was trained for (config.architectures), else its family's default:
     embeddings for encoders, generation for decoders. ``sentence_transformers``: the folder is a

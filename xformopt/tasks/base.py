@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -77,6 +77,11 @@ class Task:
     # What prune and distill optimise the student towards: "logits" (the head's output, labels where
     # given) or "embedding" (mean-pooled token states); None: those passes do not take this task.
     torch_objective: ClassVar[str | None] = None
+    # How ``xformopt.load(ARTIFACT)`` answers and ``xformopt serve`` / ``loadtest`` expose the task
+    # (xformopt/tasks/heads.py); None: the predictor does not take this task (decoders and seq2seq models
+    # have runners of their own).
+    head: ClassVar[Any] = None
+    serving: ClassVar[Any] = None
 
     # Commands that do not take this task's models or artifacts -> why, and what to use instead.
     refuses: ClassVar[dict[str, str]] = {

@@ -20,6 +20,7 @@ from xformopt.scoring.pooling import mean_pool
 from xformopt.scoring.probe import Probe
 from xformopt.scoring.retrieval import RECALL_AT, recall_at_k
 from xformopt.tasks.base import Metric, Task
+from xformopt.tasks.heads import Head, Serving, l2_normalize, single_rows
 
 
 def _paired(outputs: np.ndarray) -> bool:
@@ -36,8 +37,25 @@ def _texts(outputs: np.ndarray) -> np.ndarray:
     return np.asarray(outputs)[:, 0] if _paired(outputs) else np.asarray(outputs)
 
 
+class EmbeddingHead(Head):
+    """One vector per text, pooled as the model's sentence-transformers modules say."""
+
+    embeds = True
+
+    @staticmethod
+    def prepare(predictor, texts, truncate):
+        return single_rows(predictor, texts, truncate)[1]
+
+    @staticmethod
+    def finish(predictor, prepared, outputs, normalize=None, **_):
+        vector = predictor.pooling(outputs[0].astype(np.float32))
+        return l2_normalize(vector) if (predictor.pooling.normalize if normalize is None else normalize) else vector
+
+
 class FeatureExtraction(Task):
     name = "feature-extraction"
+    head = EmbeddingHead
+    serving = Serving(routes=("/v1/embeddings", "/embed"), field="input")
     summary = "sentence embeddings (mean-pooled token states)"
     auto_model = "AutoModel"
     headline = "cosine_to_baseline"

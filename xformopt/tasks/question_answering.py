@@ -23,6 +23,7 @@ import numpy as np
 from xformopt.errors import InputError
 from xformopt.scoring.metrics import mean_with_bootstrap, proportion, row_cosine
 from xformopt.tasks.base import AGREEMENT, Metric, Task, pad_rows
+from xformopt.tasks.heads import FEATURES, Head, Prepared, Row, Serving
 from xformopt.tasks.qa_data import load_squad
 
 MAX_LENGTH = 384  # the pipeline's and run_qa's window, capped at the model's limit
@@ -100,8 +101,41 @@ def squad_scores(outputs: np.ndarray, data) -> tuple[np.ndarray, np.ndarray, np.
 # --------------------------------------------------------------------------- the task
 
 
+class AnswerHead(Head):
+    """``{answer, score, start, end}`` per ``{question, context}``; long contexts in overlapping windows,
+    as the task evaluates the artifact."""
+
+    @staticmethod
+    def prepare(predictor, inputs, truncate):
+        max_length = min(MAX_LENGTH, predictor.max_length)
+        stride = min(max_length // 2, DOC_STRIDE)
+        out = []
+        for i, item in enumerate(inputs):
+            if not (isinstance(item, dict) and isinstance(item.get("question"), str)
+                    and isinstance(item.get("context"), str) and item["question"].strip() and item["context"].strip()):
+                raise InputError(f"input {i} needs a non-empty 'question' and 'context' (strings)")
+            # one tokenizer call per input: its windows depend on its own question's length
+            windows = question_windows(predictor.tokenizer, i, item["question"], item["context"], max_length, stride,
+                                       f"input {i}")
+            rows = [Row({k: list(v) for k, v in w["inputs"].items() if k in FEATURES}) for w in windows]
+            out.append(Prepared(rows, {"windows": windows, "context": item["context"]}))
+        return out
+
+    @staticmethod
+    def finish(predictor, prepared, outputs, **_):
+        spans = [window_spans(w, o) for w, o in zip(prepared.context["windows"], outputs)]
+        start, end, score = best_answer(prepared.context["context"], spans)
+        if start < 0:
+            return {"answer": "", "score": 0.0, "start": -1, "end": -1}
+        return {"answer": prepared.context["context"][int(start):int(end)], "score": float(score),
+                "start": int(start), "end": int(end)}
+
+
 class QuestionAnswering(Task):
     name = "question-answering"
+    head = AnswerHead
+    serving = Serving(routes=("/predict",), body="AnswerRequest", options=(), structured="question and context",
+                      warmup=lambda text: {"question": "what?", "context": text})
     summary = "extractive QA: the span of a context that answers a question (SQuAD)"
     auto_model = "AutoModelForQuestionAnswering"
     export_outputs = ("start_logits", "end_logits")

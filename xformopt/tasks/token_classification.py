@@ -22,6 +22,7 @@ import numpy as np
 from xformopt.errors import InputError
 from xformopt.scoring.metrics import proportion
 from xformopt.tasks.base import AGREEMENT, Metric, Task
+from xformopt.tasks.heads import Head, Prepared, Serving, row_of, single_rows
 from xformopt.tasks.token_data import load_tagged
 
 PREFIXES = ("B-", "I-", "E-", "S-")
@@ -32,8 +33,39 @@ TOKEN_WIDTH = 512
 BOOTSTRAP = 200
 
 
+class TokenHead(Head):
+    """Entities per text, as transformers' ``pipeline(aggregation_strategy="simple")`` returns them."""
+
+    @staticmethod
+    def prepare(predictor, texts, truncate):
+        encoded, _ = single_rows(predictor, texts, truncate, return_special_tokens_mask=True,
+                                 return_offsets_mapping=True)
+        return [Prepared([row_of(encoded, i)], {"text": texts[i], "offsets": np.asarray(encoded["offset_mapping"][i]),
+                                                "special": np.asarray(encoded["special_tokens_mask"][i])})
+                for i in range(len(texts))]
+
+    @staticmethod
+    def finish(predictor, prepared, outputs, **_):
+        from transformers.pipelines.token_classification import AggregationStrategy
+
+        logits = outputs[0].astype(np.float32)
+        shifted = np.exp(logits - logits.max(-1, keepdims=True))
+        scores = shifted / shifted.sum(-1, keepdims=True)
+        pipeline = _pipeline_postprocessor(predictor)
+        ids = np.asarray(prepared.rows[0].features["input_ids"])
+        context = prepared.context
+        pre = pipeline.gather_pre_entities(context["text"], ids, scores, context["offsets"], context["special"],
+                                           AggregationStrategy.SIMPLE)
+        entities = pipeline.aggregate(pre, AggregationStrategy.SIMPLE)
+        return [{"entity_group": e["entity_group"], "score": float(e["score"]), "word": e["word"],
+                 "start": int(e["start"]), "end": int(e["end"])}
+                for e in entities if e.get("entity_group") != "O"]
+
+
 class TokenClassification(Task):
     name = "token-classification"
+    head = TokenHead
+    serving = Serving(routes=("/predict",), body="TokensRequest")
     summary = "one tag per word: named entities (IOB2), part of speech"
     auto_model = "AutoModelForTokenClassification"
     export_outputs = ("logits",)
@@ -237,3 +269,20 @@ def entity_scores(gold, pred, names, seed: int = 0, resamples: int = BOOTSTRAP) 
 
 
 TASK = TokenClassification()
+
+
+def _pipeline_postprocessor(predictor):
+    """transformers' TokenClassificationPipeline as a postprocessor only (no model): its entity
+    gathering and "simple" aggregation are reused as they are, so served entities are the pipeline's."""
+    cached = getattr(predictor, "_token_pipeline", None)
+    if cached is None:
+        from types import SimpleNamespace
+
+        from transformers import TokenClassificationPipeline
+
+        cached = TokenClassificationPipeline.__new__(TokenClassificationPipeline)
+        cached.tokenizer = predictor.tokenizer
+        cached.framework = "np"  # offsets are numpy already (the pipeline calls .item() on torch ones)
+        cached.model = SimpleNamespace(config=SimpleNamespace(id2label=predictor.labels))
+        object.__setattr__(predictor, "_token_pipeline", cached)
+    return cached

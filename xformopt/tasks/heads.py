@@ -1,0 +1,118 @@
+"""What a task needs to answer and to be served, apart from how its graph runs.
+
+A task module declares ``head`` (how one input is tokenized into the rows the graph sees, and how
+those rows' outputs become its answer: ``xformopt.load(ARTIFACT).predict`` and ``xformopt serve``) and
+``serving`` (its HTTP route, request body and load-test payload). ``runtime/``, ``serve/`` and
+``loadtest/`` ask these and never test a task's name, so adding a task is one module here plus its tests.
+The heads see the predictor only through the attributes they read (``tokenizer``, ``max_length``,
+``labels``, ``multi_label``, ``pooling``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from xformopt.errors import InputError
+
+FEATURES = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class Row:
+    """One sequence the graph sees: its unpadded token features (1-D id lists)."""
+
+    features: dict[str, list[int]]
+
+    @property
+    def length(self) -> int:
+        return len(self.features["input_ids"])
+
+
+@dataclass
+class Prepared:
+    """One input, tokenized: its rows and what ``finish`` needs besides their outputs."""
+
+    rows: list[Row]
+    context: Any = None
+
+
+class Head:
+    """A task's predictor head. ``embeds``: answers are vectors (``embed()``, pooled per the model's
+    modules); ``pairs``: an input may be a (text, text_pair) tuple."""
+
+    embeds = False
+    pairs = False
+
+    @staticmethod
+    def prepare(predictor, inputs: list, truncate: bool) -> list[Prepared]:
+        raise NotImplementedError
+
+    @staticmethod
+    def finish(predictor, prepared: Prepared, outputs: list[np.ndarray], **options) -> Any:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How `xformopt serve` exposes a task and `xformopt loadtest` drives it.
+
+    ``routes``: the HTTP routes; the first is the one load tests post to, with the inputs under ``field``.
+    ``body``: the request model's name in :mod:`xformopt.tasks.bodies` (pydantic, loaded only by the
+    server); ``options``: the body fields passed on to ``predict``; ``two_texts_are_a_pair``: TEI's
+    ``[a, b]`` is one pair; ``structured``: inputs are objects (dumped to dicts), and a load test needs
+    rows of them; ``warmup``: one input built from a warm-up text."""
+
+    routes: tuple[str, ...]
+    field: str = "inputs"
+    body: str | None = None
+    options: tuple[str, ...] = ("truncate",)
+    two_texts_are_a_pair: bool = False
+    structured: str | None = None  # what a structured input holds, for messages ("question and context")
+    warmup: Callable[[str], Any] = lambda text: text  # noqa: E731 (the default: the text itself)
+
+    def request_model(self):
+        return getattr(importlib.import_module("xformopt.tasks.bodies"), self.body) if self.body else None
+
+
+def check_texts(texts: list) -> None:
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputError(f"input {i} is a {type(text).__name__}, not a string; pass texts")
+
+
+def is_pair(value) -> bool:
+    """A (text, text_pair) tuple. Lists are batches, never pairs: ``["a", "b"]`` is two texts (the HTTP
+    route turns TEI's ``[a, b]`` into a tuple before it gets here)."""
+    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)
+
+
+def tokenize(predictor, texts: list[str], pairs: list[str] | None, truncate: bool, **extra):
+    """One fast-tokenizer call; with ``truncate=False`` an over-long input is an InputError naming it."""
+    limit = predictor.max_length
+    encoded = predictor.tokenizer(texts, pairs, truncation=bool(truncate),
+                                  max_length=limit if truncate else None, **extra)
+    if not truncate:
+        for i, ids in enumerate(encoded["input_ids"]):
+            if len(ids) > limit:
+                raise InputError(f"input {i} has {len(ids)} tokens, more than the model's {limit}; shorten it or "
+                                 "allow truncation (truncate: true)")
+    return encoded
+
+
+def row_of(encoded, i: int) -> Row:
+    return Row({k: list(encoded[k][i]) for k in FEATURES if k in encoded})
+
+
+def single_rows(predictor, texts: list, truncate: bool, **extra) -> tuple[Any, list[Prepared]]:
+    """Texts checked and tokenized in one call, one row each: (the encoding, the prepared inputs)."""
+    check_texts(texts)
+    encoded = tokenize(predictor, texts, None, truncate, **extra)
+    return encoded, [Prepared([row_of(encoded, i)]) for i in range(len(texts))]
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.clip(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12, None)
