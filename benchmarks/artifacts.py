@@ -42,12 +42,12 @@ def main() -> None:
 
     import numpy as np
 
-    from xformopt import models, targets
+    from xformopt import sources, targets
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.measure.modes import model_call, real
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
-    spec = models.resolve(args.model)
+    spec = sources.resolve(args.model)
     task = spec.task_def
     if args.optimum is not None:
         from xformopt.benchmarking.optimum_reference import NAME, optimum_dynamic_int8

@@ -76,7 +76,7 @@ def main() -> None:
 
     import numpy as np
 
-    from xformopt import api, models, targets
+    from xformopt import api, sources, targets
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
@@ -90,7 +90,7 @@ def main() -> None:
     layers, heads, ffn = (int(x) for x in args.shape.split(","))
     target = targets.detect(effective_cpu_flags()).name
     args.out.mkdir(parents=True, exist_ok=True)
-    spec = models.resolve(str(args.teacher))
+    spec = sources.resolve(str(args.teacher))
     task = spec.task_def
     test = task.load(str(args.test), label2id=spec.label2id or None, limit=None, seed=0)
     gold = np.asarray(test.labels)
@@ -113,7 +113,7 @@ def main() -> None:
         if not int8_dir.exists():
             api.run_pass("export", student, onnx_dir, target=target, data=str(args.test))
             api.run_pass("quantize", onnx_dir, int8_dir, target=target, data=str(args.test), mode="dynamic")
-        sspec = models.resolve(str(student))  # the student itself (stage_spec keeps the teacher's path)
+        sspec = sources.resolve(str(student))  # the student itself (stage_spec keeps the teacher's path)
         float_pred = TorchPredictor(sspec, threads=threads).predict_data(test).argmax(-1)
         int8_pred = OrtPredictor(spec, Path(int8_dir), threads=threads).predict_data(test).argmax(-1)
         correct[name] = {"float": (float_pred == gold).astype(float), "int8": (int8_pred == gold).astype(float)}

@@ -50,13 +50,13 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="write the stages here (default: a temp dir)")
     args = parser.parse_args()
 
-    from xformopt import models, pipeline, targets
+    from xformopt import pipeline, sources, targets
     from xformopt.measure import host
     from xformopt.measure.modes import real
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
     from xformopt.scoring.metrics import row_cosine
 
-    spec = models.resolve(args.model, args.task)
+    spec = sources.resolve(args.model, args.task)
     target = targets.detect()
     ctx = pipeline.verification_context(spec, target, None, None, args.threads, host.effective_cpu_flags(),
                                         lambda m: print(m, flush=True))

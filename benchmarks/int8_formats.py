@@ -32,11 +32,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt.measure.kernel_probe import int8_gemm_saturates
-    from xformopt.models import resolve
     from xformopt.passes.quantize import _dynamic
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor
     from xformopt.scoring.metrics import row_cosine
+    from xformopt.sources import resolve
 
     spec = resolve(str(args.stage))
     lines = vader_split_path("test").read_text(encoding="utf-8").splitlines()[: args.texts]

@@ -292,8 +292,8 @@ def main() -> None:
     threads = [int(t) for t in args.threads.split(",")]
     extra = dict(item.split("=", 1) for item in args.also)
 
-    from xformopt.gguf_source import packaged_file
     from xformopt.measure.host import host_info
+    from xformopt.sources.gguf import packaged_file
 
     shipped = args.gguf or packaged_file("smollm2", log)[0]
     work = args.work or Path(tempfile.mkdtemp(prefix="xformopt-llamacpp-"))

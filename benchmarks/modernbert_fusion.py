@@ -24,7 +24,7 @@ def main() -> None:
     import torch
     from transformers import ModernBertConfig, ModernBertModel
 
-    from xformopt import models, pipeline, targets
+    from xformopt import pipeline, sources, targets
     from xformopt.exporting import compare
     from xformopt.measure import host
     from xformopt.passes import get_pass
@@ -33,7 +33,7 @@ def main() -> None:
     root = args.out
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    tokenizer_dir = models.resolve("minilm").path
+    tokenizer_dir = sources.resolve("minilm").path
     torch.manual_seed(0)
     config = ModernBertConfig(
         vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1152,
@@ -43,7 +43,7 @@ def main() -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         if (Path(tokenizer_dir) / name).exists():
             shutil.copy2(Path(tokenizer_dir) / name, root / "model" / name)
-    spec = models.resolve(str(root / "model"))
+    spec = sources.resolve(str(root / "model"))
     ctx = pipeline.verification_context(spec, targets.detect(), None, None, 1, host.effective_cpu_flags(),
                                         lambda m: print(m, flush=True))
     result: dict = {}

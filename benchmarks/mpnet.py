@@ -90,7 +90,7 @@ def main() -> None:
 
     import numpy as np
 
-    from xformopt import models, targets
+    from xformopt import sources, targets
     from xformopt.benchmarking.optimum_reference import optimum_dynamic_int8
     from xformopt.data import load_text_dataset
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
@@ -102,7 +102,7 @@ def main() -> None:
     target = targets.detect(effective_cpu_flags())
     log(f"host target: {target.name}")
     ours, records = xformopt_artifact(args.model, args.work)
-    spec = models.resolve(str(args.model), task="feature-extraction")
+    spec = sources.resolve(str(args.model), task="feature-extraction")
     theirs = optimum_dynamic_int8(args.model, args.work / "optimum-int8", spec, target.name)
     threads = args.threads or usable_cpus()
     heldout = load_text_dataset(vader_split_path("test"), limit=args.cosine_rows, seed=0)

@@ -61,8 +61,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+    from xformopt.sources import resolve
 
     spec = resolve(str(args.model))
     task = spec.task_def

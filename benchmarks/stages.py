@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    from xformopt import models, recipe, targets
+    from xformopt import recipe, sources, targets
     from xformopt.evaluate.run import evaluate_stages
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.pipeline import load_heldout, run_passes, verification_context
@@ -36,7 +36,7 @@ def main() -> None:
     r = recipe.load(args.recipe)
     r = recipe.validate({**r.to_dict(), "target": args.target, "evaluation": {
         **r.evaluation.model_dump(), "limit": args.limit, "latency_rounds": args.rounds, "repeats": 1}})
-    spec = models.resolve(args.model)
+    spec = sources.resolve(args.model)
     heldout = load_heldout(r, spec)
     threads = args.threads or usable_cpus()
     ctx = verification_context(spec, targets.resolve(r.target), r.evaluation.data, r.evaluation.text_column, threads,

@@ -56,10 +56,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None)
     args = parser.parse_args()
 
-    from xformopt import models
+    from xformopt import sources
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
-    spec = models.resolve(str(args.model))
+    spec = sources.resolve(str(args.model))
     task = spec.task_def
     data = task.load(args.data, label2id=spec.label2id or None, limit=args.limit, seed=0)
     baseline = TorchPredictor(spec, threads=2).predict_data(data)

@@ -330,10 +330,10 @@ def error_lines(stderr: str) -> list[str]:
 
 def make_ctx(model_dir: Path, texts, target: str = "avx512_vnni", host_flags: set[str] | None = None, log=None):
     """A PassContext for MODEL_DIR, as the pipeline builds it (host flags default to none: no timing)."""
-    from xformopt import models, targets
+    from xformopt import sources, targets
     from xformopt.passes.base import PassContext
 
-    spec = models.resolve(str(model_dir))
+    spec = sources.resolve(str(model_dir))
     messages: list[str] = []
     ctx = PassContext(spec, targets.PROFILES[target], list(texts), 2, set(host_flags or ()), log or messages.append)
     ctx.messages = messages  # type: ignore[attr-defined]  # what the pass logged, for assertions

@@ -25,6 +25,7 @@ from conftest import (
     write_tiny_recipe,
 )
 
+from xformopt import sources
 from xformopt.passes.fuse import choose
 
 V3 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
@@ -78,10 +79,10 @@ def fused(tmp_path_factory, model_dir, exported, sample_texts) -> tuple[Path, di
 
 
 def test_family_row_reads_a_deberta_v3_config(tiny_deberta_cls):
-    from xformopt import models
+    from xformopt import models, sources
     from xformopt.families import family_of
 
-    spec = models.resolve(str(tiny_deberta_cls))
+    spec = sources.resolve(str(tiny_deberta_cls))
     assert (spec.model_type, spec.task, spec.num_layers, spec.num_heads, spec.hidden_size) == (
         "deberta-v2", "text-classification", 2, 4, 64)
     assert models.position_limit(tiny_deberta_cls) == 128  # relative positions, but the tokenizer is still bounded
@@ -110,11 +111,10 @@ def test_every_layer_attention_fuses_and_is_counted(fused):
 
 
 def test_fused_matches_unfused_at_several_lengths_and_a_padded_batch(model_dir, exported, fused, sample_texts):
-    from xformopt import models
     from xformopt.exporting import compare
     from xformopt.runtime.encoder import OrtPredictor
 
-    spec = models.resolve(str(model_dir))
+    spec = sources.resolve(str(model_dir))
     unfused, fused_model = OrtPredictor(spec, exported[0]), OrtPredictor(spec, fused[0])
     by_length = sorted(sample_texts, key=len)
     batches = [[by_length[0]], [by_length[len(by_length) // 2]], [by_length[-1]], by_length[::8]]
@@ -150,7 +150,6 @@ def test_expect_full_fails_loudly_when_a_layer_does_not_fuse(model_dir, exported
 
 
 def test_dynamic_int8_after_fusion(model_dir, fused, sample_texts, tmp_path):
-    from xformopt import models
     from xformopt.runtime.encoder import OrtPredictor
 
     ctx = make_ctx(model_dir, sample_texts)
@@ -158,7 +157,7 @@ def test_dynamic_int8_after_fusion(model_dir, fused, sample_texts, tmp_path):
     assert record["coverage"]["int8"] > 0
     ops = onnx_op_counts(tmp_path / "int8" / "model.onnx")
     assert ops["MultiHeadAttention"] == 2 and ops["MatMulInteger"] > 0
-    spec = models.resolve(str(model_dir))
+    spec = sources.resolve(str(model_dir))
     encoded = OrtPredictor(spec, fused[0]).tokenize(sample_texts[:4])
     a = OrtPredictor(spec, fused[0]).run_encoded(encoded)
     b = OrtPredictor(spec, tmp_path / "int8").run_encoded(encoded)
@@ -255,13 +254,12 @@ def test_prune_and_distill_refuse_deberta_in_one_line():
 
 
 def test_type_vocab_size_zero_is_deberta_only(tiny_deberta_cls, tiny_classifier, tmp_path):
-    from xformopt import models
     from xformopt.errors import InputError
 
-    assert models.resolve(str(tiny_deberta_cls)).model_type == "deberta-v2"  # v3 has type_vocab_size 0
+    assert sources.resolve(str(tiny_deberta_cls)).model_type == "deberta-v2"  # v3 has type_vocab_size 0
     bert = tmp_path / "bert"
     shutil.copytree(tiny_classifier, bert)
     config = json.loads((bert / "config.json").read_text())
     (bert / "config.json").write_text(json.dumps({**config, "type_vocab_size": 0}))
     with pytest.raises(InputError, match="type_vocab_size is 0; it must be a positive whole number"):
-        models.resolve(str(bert))
+        sources.resolve(str(bert))

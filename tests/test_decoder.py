@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import error_lines, make_ctx, run_cli, run_pass
 
+from xformopt import sources
 from xformopt.errors import InputError, PassFailed
 
 NEW_TOKENS = 32
@@ -100,16 +101,16 @@ def _prompt_ids(model_dir, text=PROMPT):
 
 
 def test_decoders_resolve_as_text_generation(tiny_gpt2, tiny_llama, tiny_classifier):
-    from xformopt import models
+    from xformopt import sources
 
-    gpt2 = models.resolve(str(tiny_gpt2))
+    gpt2 = sources.resolve(str(tiny_gpt2))
     assert (gpt2.task, gpt2.num_layers, gpt2.num_heads, gpt2.hidden_size) == ("text-generation", 2, 4, 64)
     assert gpt2.task_def.decoder and gpt2.family.decoder and gpt2.ort_model_type == "gpt2"
-    assert models.resolve(str(tiny_llama)).task == "text-generation"
+    assert sources.resolve(str(tiny_llama)).task == "text-generation"
     with pytest.raises(InputError, match="is a decoder"):
-        models.resolve(str(tiny_gpt2), "text-classification")
+        sources.resolve(str(tiny_gpt2), "text-classification")
     with pytest.raises(InputError, match="is an encoder"):
-        models.resolve(str(tiny_classifier), "text-generation")
+        sources.resolve(str(tiny_classifier), "text-generation")
 
 
 # --------------------------------------------------------------------------- export
@@ -208,10 +209,9 @@ def test_llama_fuse_keeps_grouped_query_attention_or_says_it_did_not_fuse(llama_
 
 def test_decoder_quantize_refuses_static_and_budget(tiny_gpt2):
     """QuantizePass.check, which every run calls before any work (pipeline.prepare)."""
-    from xformopt import models
     from xformopt.passes import get_pass
 
-    spec = models.resolve(str(tiny_gpt2))
+    spec = sources.resolve(str(tiny_gpt2))
     with pytest.raises(InputError, match="dynamic INT8 only"):
         get_pass("quantize").check(spec, {"mode": "static"})
     with pytest.raises(InputError, match="dynamic INT8 only"):

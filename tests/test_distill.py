@@ -360,11 +360,11 @@ def test_cli_prune_then_distill_finds_teacher_in_manifest(tiny_classifier, tmp_p
 
 
 def test_head_pruned_student_distills_with_attention_maps_and_drops_a_layer(tiny_classifier, sample_texts, tmp_path):
-    """A head-pruned student (transformers 5 has no head pruning: xformopt.pruned_heads loads it) trains with
+    """A head-pruned student (transformers 5 has no head pruning: xformopt.models.pruned_heads loads it) trains with
     the attention-map loss (eager attention, fewer heads than the teacher), drops a layer (config.pruned_heads
     re-keyed to the new numbering), and the saved folder reloads to the trained student (the pass checks)."""
-    from xformopt import pruned_heads
     from xformopt.families import Layout
+    from xformopt.models import pruned_heads
 
     ctx = make_ctx(tiny_classifier, sample_texts)
     pruned = run_pass("prune", ctx, tiny_classifier, tmp_path / "p", heads_per_layer=2, measure_latency=False,

@@ -71,8 +71,8 @@ def test_dynamo_no_attention_candidate_leaves_attention(tiny_classifier, dynamo_
 
 
 def test_dynamo_fused_matches_torchscript_fused(dynamo_fused, fused_classifier, tiny_classifier, sample_texts):
-    from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+    from xformopt.sources import resolve
 
     spec = resolve(str(tiny_classifier))
     texts = sample_texts[:8]

@@ -20,7 +20,7 @@ from conftest import (
 )
 from harden_helpers import one_error
 
-from xformopt import models
+from xformopt import sources
 from xformopt.errors import InputError
 from xformopt.resources import vader_split_path
 from xformopt.tasks import fill_mask
@@ -77,7 +77,7 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_registered_and_detected_from_the_config(tiny_mlm):
-    spec = models.resolve(str(tiny_mlm))
+    spec = sources.resolve(str(tiny_mlm))
     assert spec.task == "fill-mask" and spec.task_def is TASK
     assert (TASK.auto_model, TASK.export_outputs) == ("AutoModelForMaskedLM", ("logits",))
     from xformopt.passes import get_pass
@@ -221,7 +221,7 @@ def test_outputs_match_the_transformers_fill_mask_pipeline(tiny_mlm, masked_file
 
     from xformopt.runtime.encoder import TorchPredictor
 
-    spec = models.resolve(str(tiny_mlm))
+    spec = sources.resolve(str(tiny_mlm))
     predictor = TorchPredictor(spec)
     data = load(masked_file)
     out = predictor.predict_data(data, batch_size=5)
@@ -241,7 +241,7 @@ def test_a_mask_truncated_away_names_the_row(tiny_mlm, tmp_path):
 
     path = write(tmp_path / "long.jsonl", '{"text": "a [MASK] film"}\n' + json.dumps({"text": "film " * 200 + "[MASK]"}) + "\n")
     with pytest.raises(InputError, match="row 1: the mask is past the model's 128 tokens"):
-        TorchPredictor(models.resolve(str(tiny_mlm))).predict_data(load(path))
+        TorchPredictor(sources.resolve(str(tiny_mlm))).predict_data(load(path))
 
 
 # --------------------------------------------------------------------------- end to end
@@ -280,7 +280,7 @@ def test_optimize_writes_an_int8_artifact_with_fill_mask_metrics(tiny_mlm, recip
 
     # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
     data = load(masked_file)
-    predictor = OrtPredictor(models.resolve(str(tiny_mlm)), out)
+    predictor = OrtPredictor(sources.resolve(str(tiny_mlm)), out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     fill = pipeline("fill-mask", model=OnnxPipelineModel(out), tokenizer=tokenizer, top_k=5)
     for i in (0, 3):

@@ -1,4 +1,4 @@
-"""GGUF input (xformopt/gguf_source.py) and carrying its blocks into MatMulNBits (passes/gguf_blocks.py),
+"""GGUF input (xformopt/sources/gguf.py) and carrying its blocks into MatMulNBits (passes/gguf_blocks.py),
 on a tiny random Llama GGUF file written here with the gguf package's writer."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     mp = pytest.MonkeyPatch()
     mp.setenv("XFORMOPT_CACHE_DIR", str(root / "cache"))
-    from xformopt.gguf_source import converted
+    from xformopt.sources.gguf import converted
 
     (root / "files").mkdir()
     src = write_tiny_gguf(root / "files" / "tiny.Q4_1.gguf")
@@ -86,7 +86,7 @@ def tiny(tmp_path_factory):
 def test_conversion_keeps_tokenizer_template_and_names_its_source(tiny):
     from transformers import AutoTokenizer
 
-    from xformopt.gguf_source import read_source
+    from xformopt.sources.gguf import read_source
 
     src, folder = tiny
     config = json.loads((folder / "config.json").read_text())
@@ -95,7 +95,7 @@ def test_conversion_keeps_tokenizer_template_and_names_its_source(tiny):
     assert source["sha256"] and source["file"] == str(src.resolve())
     assert source["tensor_types"] == {"Q4_1": 3, "F32": 3, "Q4_0": 3, "Q8_0": 2}
     assert source["file_type"] == "Q4_1"
-    from xformopt.gguf_source import gguf_input
+    from xformopt.sources.gguf import gguf_input
 
     manifest_input = gguf_input(folder)["gguf"]  # what the manifest's input.gguf says
     assert manifest_input["name"] == src.name and manifest_input["tensor_types"] == source["tensor_types"]
@@ -105,8 +105,8 @@ def test_conversion_keeps_tokenizer_template_and_names_its_source(tiny):
 
 
 def test_gguf_file_folder_and_cache_reuse(tiny, tmp_path):
-    from xformopt.gguf_source import converted
-    from xformopt.models import resolve
+    from xformopt.sources import resolve
+    from xformopt.sources.gguf import converted
 
     src, folder = tiny
     for given in (src, src.parent):  # the file, and a folder holding one (tests get their own cache: same key)
@@ -122,7 +122,7 @@ def test_gguf_file_folder_and_cache_reuse(tiny, tmp_path):
 
 def test_two_gguf_files_in_a_folder_is_bad_input(tiny, tmp_path):
     from xformopt.errors import InputError
-    from xformopt.models import locate
+    from xformopt.sources import locate
 
     (tmp_path / "a.gguf").write_bytes(b"x")
     (tmp_path / "b.gguf").write_bytes(b"x")
@@ -247,8 +247,8 @@ def test_real_smollm2_q4_1_and_q8_0_blocks_are_carried_in_checkpoint_row_order(t
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
     from xformopt.errors import InputError
-    from xformopt.gguf_source import packaged_file
     from xformopt.passes.gguf_blocks import carry_into, unpack
+    from xformopt.sources.gguf import packaged_file
 
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(Path.home() / ".cache" / "xformopt"))  # the shared wheel
     try:

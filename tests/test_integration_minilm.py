@@ -109,8 +109,8 @@ def test_int8_artifact_is_a_sentence_transformers_drop_in(chain, sample_texts):
     import xformopt
     from xformopt.clients.sentence_transformers_module import onnx_sentence_transformer
     from xformopt.data import load_text_dataset
-    from xformopt.models import resolve
     from xformopt.resources import vader_split_path
+    from xformopt.sources import resolve
 
     def cosine(a, b):
         return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)

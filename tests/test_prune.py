@@ -1,5 +1,5 @@
 """prune: structured pruning on tiny BERT-family models -- importance, rounding, a checkpoint xformopt's
-loader reloads (transformers 5 has no head pruning: xformopt/pruned_heads.py), export + full fusion,
+loader reloads (transformers 5 has no head pruning: xformopt/models/pruned_heads.py), export + full fusion,
 determinism, bad input and the ordering contract."""
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ FAST = dict(measure_latency=False, samples=32, eval_samples=32, batch_size=16)
 
 
 def load(path: Path, cls: str = "AutoModelForSequenceClassification"):
-    """A checkpoint, head-pruned or not, as the passes load it (xformopt.pruned_heads.from_pretrained)."""
+    """A checkpoint, head-pruned or not, as the passes load it (xformopt.models.pruned_heads.from_pretrained)."""
     import transformers
 
-    from xformopt import pruned_heads
+    from xformopt.models import pruned_heads
 
     return pruned_heads.from_pretrained(getattr(transformers, cls), path).eval()
 
@@ -222,7 +222,7 @@ def test_checkpoint_round_trip_in_fresh_process(tiny_classifier, sample_texts, t
     script = textwrap.dedent("""
         import json, sys, torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
-        from xformopt.pruned_heads import from_pretrained
+        from xformopt.models.pruned_heads import from_pretrained
         texts = json.loads(sys.argv[1])
         result = {}
         for path in sys.argv[2:]:
@@ -758,7 +758,7 @@ def test_pass_refuses_other_architectures(tiny_classifier, sample_texts, tmp_pat
 def test_a_head_pruned_stage_passes_the_model_folder_checks(tiny_classifier, tmp_path, capsys):
     """Found with issue 21: a config with pruned_heads could not be built on the meta device
     (torch.nonzero), so `distill`/`export` of a head-pruned folder was refused as a broken config."""
-    from xformopt import validate
+    from xformopt.models import validate
 
     code, _, err = run_cli(["prune", tiny_classifier, "-o", tmp_path / "p", "--heads-per-layer", "1", "--no-latency",
                             "--samples", "16", "--target", "avx2"], capsys)

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from xformopt import pruned_heads, validate
 from xformopt.errors import InputError
 from xformopt.families import Layout, layout_of
+from xformopt.models import pruned_heads, validate
 
 FIXTURES = Path(__file__).parent / "fixtures" / "pruned_tf457"
 HEADS = {0: [1], 1: [0, 2, 3]}  # per-layer head counts differ: 3 and 1 of 4

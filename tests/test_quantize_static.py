@@ -47,11 +47,11 @@ def test_each_calibration_method(method, fused_classifier, tiny_classifier, tmp_
 
 
 def test_calibration_rows_disjoint_from_evaluation_rows(tiny_classifier):
-    from xformopt import models
+    from xformopt import sources
     from xformopt.passes.calibration import load_split
     from xformopt.resources import vader_split_path
 
-    spec = models.resolve(str(tiny_classifier))
+    spec = sources.resolve(str(tiny_classifier))
     cal = load_split(None, "train", spec, 256, 0, labels=False)
     budget = load_split(None, "validation", spec, 500, 0, labels=True)
     test = {r["text"] for r in map(json.loads, vader_split_path("test").read_text().splitlines())}

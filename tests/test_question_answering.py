@@ -13,7 +13,7 @@ from conftest import check_bench_report_and_gate, run_cli
 from harden_helpers import one_error
 from qa_helpers import make_row, make_rows, train_tiny_qa, write_jsonl
 
-from xformopt import models, tasks
+from xformopt import sources, tasks
 from xformopt.errors import InputError
 from xformopt.tasks import question_answering as qa
 from xformopt.tasks.qa_data import load_squad
@@ -44,14 +44,14 @@ def long_row() -> dict:
 def torch_predictor(model_dir):
     from xformopt.runtime.encoder import TorchPredictor
 
-    return TorchPredictor(models.resolve(str(model_dir)), model_dir, threads=1)
+    return TorchPredictor(sources.resolve(str(model_dir)), model_dir, threads=1)
 
 
 # --------------------------------------------------------------------------- registry
 
 
 def test_registered_and_detected(tiny_qa):
-    spec = models.resolve(str(tiny_qa))
+    spec = sources.resolve(str(tiny_qa))
     assert spec.task == "question-answering" and spec.task_def is tasks.get("question-answering")
     task = spec.task_def
     assert (task.auto_model, task.export_outputs, task.input_axes, task.headline) == (
@@ -424,7 +424,7 @@ def test_parity_catches_a_divergence_only_long_contexts_show(tmp_path, tiny_qa, 
     table.CopyFrom(numpy_helper.from_array(weights, table.name))
     onnx.save(model, str(tmp_path / "onnx" / "model.onnx"))
 
-    spec = models.resolve(str(tiny_qa))
+    spec = sources.resolve(str(tiny_qa))
     torch_model, onnx_model = TorchPredictor(spec, tiny_qa, threads=1), OrtPredictor(spec, tmp_path / "onnx", threads=1)
     question = torch_model.tokenize(data.texts[:1])
     assert np.abs(torch_model.raw_outputs(question) - onnx_model.raw_outputs(question)).max() < 1e-4

@@ -198,14 +198,14 @@ def test_trial_metric_is_the_validation_split_not_the_test_rows(local_search, ti
     """Re-score a front artifact independently on the validation split: it matches search.json."""
     import numpy as np
 
-    from xformopt import models
+    from xformopt import sources
     from xformopt.data import load_text_dataset
     from xformopt.recipe_search.trial import outputs_path
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor
 
     out, doc = local_search
-    spec = models.resolve(str(tiny_classifier))
+    spec = sources.resolve(str(tiny_classifier))
     data = load_text_dataset(vader_split_path("validation"), label2id=spec.label2id, require_labels=True, limit=64, seed=0)
     for point in doc["front"]:
         outputs = OrtPredictor(spec, out / point["artifact"]).predict(data.texts)

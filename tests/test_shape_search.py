@@ -126,10 +126,10 @@ def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, h
         layers = next(iter(job.recipe["passes"][0].values()))["layers"]
         import numpy as np
 
-        from xformopt import models
+        from xformopt import sources
         from xformopt.recipe_search.trial import score_outputs, validation_set
 
-        spec = models.resolve(job.model)
+        spec = sources.resolve(job.model)
         data = validation_set(spec, job.validation)
         outputs = np.load(job.validation["baseline"])
         baseline["metric"] = score_outputs(spec, outputs, data, outputs)

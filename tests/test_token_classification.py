@@ -18,7 +18,7 @@ from conftest import (
     run_cli,
 )
 
-from xformopt import models, tasks
+from xformopt import sources, tasks
 from xformopt.errors import InputError
 from xformopt.tasks import token_classification as tc
 from xformopt.tasks.token_data import load_tagged
@@ -111,7 +111,7 @@ def heldout_conll(tmp_path_factory, heldout_rows) -> Path:
 
 
 def test_detected_from_the_config(tiny_ner):
-    spec = models.resolve(str(tiny_ner))
+    spec = sources.resolve(str(tiny_ner))
     assert spec.task == "token-classification"
     assert spec.task_def is tasks.get("token-classification")
     assert spec.label2id == LABEL2ID
@@ -278,7 +278,7 @@ def test_predict_takes_the_first_subtoken_of_each_word(tiny_ner, heldout_conll):
 
     from xformopt.runtime.encoder import TorchPredictor
 
-    spec = models.resolve(str(tiny_ner))
+    spec = sources.resolve(str(tiny_ner))
     data = spec.task_def.load(heldout_conll, label2id=spec.label2id, limit=None, seed=0)
     out = TorchPredictor(spec).predict_data(data, batch_size=7)
     width = max(len(w) for w in data.extra["words"])
@@ -301,7 +301,7 @@ def test_predict_takes_the_first_subtoken_of_each_word(tiny_ner, heldout_conll):
 def test_words_past_truncation_have_no_logits(tiny_ner, tmp_path):
     from xformopt.runtime.encoder import TorchPredictor
 
-    spec = models.resolve(str(tiny_ner))
+    spec = sources.resolve(str(tiny_ner))
     long = (["zelda", "was"] * 80, ["B-PER", "O"] * 80)  # 160 words, far over the 128 positions
     data = spec.task_def.load(write_jsonl(tmp_path / "long.jsonl", [long, make_sentences(1, 3)[0]]),
                               label2id=spec.label2id, limit=None, seed=0)
@@ -386,7 +386,7 @@ def test_finish_pads_subtoken_outputs_so_plain_text_batches_stack(tiny_ner):
     from xformopt.runtime.encoder import TorchPredictor
     from xformopt.scoring.metrics import row_cosine
 
-    spec = models.resolve(str(tiny_ner))
+    spec = sources.resolve(str(tiny_ner))
     predictor = TorchPredictor(spec)
     texts = ["anna", "anna was in paris with bob", "the movie was good"]
     out = predictor.predict(texts, batch_size=2)

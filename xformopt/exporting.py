@@ -3,8 +3,6 @@ the texts parity is checked on, the comparison, and quiet library loggers."""
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,36 +42,3 @@ def compare(reference: np.ndarray, candidate: np.ndarray, mask: np.ndarray | Non
         reference, candidate = reference[keep], candidate[keep]
     cos = row_cosine(reference, candidate)
     return {"max_abs_diff": float(np.abs(reference - candidate).max()), "min_cosine": float(cos.min())}
-
-
-class quiet_loggers:
-    """Silence chatty library loggers during export; our own log says what happens."""
-
-    def __init__(self, *names: str):
-        self.loggers = [logging.getLogger(n) for n in names]
-        self.levels: list[int] = []
-
-    def __enter__(self):
-        self.levels = [lg.level for lg in self.loggers]
-        for lg in self.loggers:
-            lg.setLevel(logging.ERROR)
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-    def __exit__(self, *exc):
-        for lg, level in zip(self.loggers, self.levels):
-            lg.setLevel(level)
-
-
-def load_quietly(load, *args, **kwargs):
-    """``load(*args, **kwargs)`` (a transformers ``from_pretrained``) without transformers 5's "Loading weights"
-    bar on stderr, which it draws for every checkpoint: xformopt's own log says what is loading, and stderr keeps
-    one line per event (an error is one line). The bar setting is put back as it was."""
-    from transformers.utils import logging as transformers_logging
-
-    shown = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        return load(*args, **kwargs)
-    finally:
-        if shown:
-            transformers_logging.enable_progress_bar()

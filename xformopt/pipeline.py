@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from xformopt import cache, hub, models, targets
+from xformopt import cache, models, sources, targets
 from xformopt.artifact import (
     MANIFEST_SCHEMA,
     atomic_dir,
@@ -29,7 +29,6 @@ from xformopt.artifact import (
 from xformopt.data import TextDataset
 from xformopt.errors import BudgetMissed, InputError, PassFailed, XformoptError
 from xformopt.evaluate.run import evaluate_stages
-from xformopt.gguf_source import gguf_input
 from xformopt.locks import claim_output
 from xformopt.measure import host as host_facts
 from xformopt.measure import memory
@@ -39,6 +38,7 @@ from xformopt.measure.host import (
     host_info,
     library_versions,
 )
+from xformopt.models.validate import check_model_files, check_onnx_file, check_threads
 from xformopt.onnx_graph import SEQ2SEQ_GRAPHS, seq2seq_stage
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
@@ -47,8 +47,9 @@ from xformopt.recipe import PassStep, Recipe, check_order, validate_options
 from xformopt.report.build import build_report
 from xformopt.report.render import write_report_files
 from xformopt.resources import vader_split_path
+from xformopt.sources import hub
+from xformopt.sources.gguf import gguf_input
 from xformopt.stale import run_workdir_prefix, sweep_at_start
-from xformopt.validate import check_model_files, check_onnx_file, check_threads
 
 Log = Callable[[str], None]
 
@@ -152,7 +153,7 @@ def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool
 
     check_output(out, force)
     resolved_target = targets.resolve(target)
-    spec = models.resolve(model, task, trust_remote_code=trust_remote_code)
+    spec = sources.resolve(model, task, trust_remote_code=trust_remote_code)
     for name, options in steps:  # what each pass refuses for this model (its task, its labels), in one line
         get_pass(name).check(spec, options or {})
     for name, key, value in data_options(steps):

@@ -43,11 +43,11 @@ from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
 from xformopt.measure import modes
 from xformopt.measure.host import host_fingerprint, host_info
+from xformopt.models.validate import check_onnx_file
 from xformopt.recipe import EvaluationSettings
 from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.session import thread_pool_setting
-from xformopt.validate import check_onnx_file
 
 Log = Callable[[str], None]
 
@@ -163,7 +163,7 @@ def load_artifact(path: Path) -> Artifact:
 
     check_onnx_file(path / "model.onnx")
     task = (manifest.get("input") or {}).get("task") or report["model"].get("task")
-    spec = models.resolve(str(path), task)
+    spec = models.describe(path, task)
     if not (path / "tokenizer.json").is_file():
         raise InputError(f"{path} has no tokenizer.json; the artifact is incomplete, re-run optimize")
     return Artifact(path, manifest, report, evaluation, spec)
@@ -177,7 +177,7 @@ def _load_chain(path: Path, manifest: dict) -> Artifact:
                          f"ONNX: run `xformopt export {path} -o NEW_DIR` and bench NEW_DIR")
     if not (path / "tokenizer.json").is_file():
         raise InputError(f"{path} has no tokenizer.json; the stage is incomplete, re-run `xformopt {last}`")
-    spec = models.resolve(str(path), (manifest.get("input") or {}).get("task"))
+    spec = models.describe(path, (manifest.get("input") or {}).get("task"))
     return Artifact(path, manifest, None, EvaluationSettings(), spec)
 
 

@@ -19,7 +19,7 @@ from xformopt.benchmarking import gate, measure
 from xformopt.benchmarking.junit import junit_xml
 from xformopt.decoder.bench import bench_artifact
 from xformopt.errors import InputError
-from xformopt.validate import check_threads
+from xformopt.models.validate import check_threads
 
 Log = Callable[[str], None]
 

@@ -57,6 +57,7 @@ def _root(
                                "also accepted after the command."),
 ) -> None:
     output.set_quiet(quiet)
+    output.install_log_handler()
 
 
 def _register() -> None:
@@ -81,7 +82,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs the app and turns every error into one line and an exit code."""
-    # Hub ids download through huggingface_hub (xformopt/hub.py); offline only when the user sets
+    # Hub ids download through huggingface_hub (xformopt/sources/hub.py); offline only when the user sets
     # HF_HUB_OFFLINE=1 or the hub is unreachable, so neither it nor TRANSFORMERS_OFFLINE is forced here.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # PyTorch's OpenMP pool must not spin either (see xformopt.runtime.session.ort_session); it reads this once,

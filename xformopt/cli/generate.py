@@ -12,8 +12,8 @@ from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.decoder.generator import check_prompt, open_decoder, sampling_of
 from xformopt.errors import InputError
+from xformopt.models.validate import check_threads
 from xformopt.seq2seq.text import Text2TextModel, is_seq2seq_artifact
-from xformopt.validate import check_threads
 
 EXAMPLES = """
 Examples:

@@ -1,6 +1,6 @@
 """Options and arguments several commands share, defined once so their names, metavars and help agree.
 
-Argument names: MODEL is anything `models.resolve` takes (a local Hugging Face folder, a cached hub
+Argument names: MODEL is anything `sources.resolve` takes (a local Hugging Face folder, a cached hub
 id, an alias); DIR is a folder an xformopt command wrote (a stage, or an artifact of optimize).
 """
 

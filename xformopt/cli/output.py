@@ -5,6 +5,7 @@ as one line + exit code."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -82,6 +83,23 @@ def _library_bars(enabled: bool) -> None:
 def log(message: str) -> None:
     if not _quiet:
         stderr.print(f"[dim]xformopt:[/dim] {message}", highlight=False, markup=True)
+
+
+class _LogLines(logging.Handler):
+    """Records of the ``xformopt`` logger (sources/: downloads, packaged weights, GGUF conversion) as the
+    CLI's own log lines, so -q silences them too."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log(record.getMessage())
+
+
+def install_log_handler() -> None:
+    """Route the ``xformopt`` logger to stderr through :func:`log` (once per process)."""
+    logger = logging.getLogger("xformopt")
+    if not any(isinstance(h, _LogLines) for h in logger.handlers):
+        logger.addHandler(_LogLines())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
 
 def error(message: str) -> None:

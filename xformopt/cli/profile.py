@@ -17,10 +17,10 @@ from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.measure.host import host_fingerprint, host_info
 from xformopt.models import artifact_task
+from xformopt.models.validate import check_threads
 from xformopt.profiling import render
 from xformopt.profiling.measure import Settings, add_peak, profile_stage
 from xformopt.profiling.render import gemm_lines, headline
-from xformopt.validate import check_threads
 
 EXAMPLES = """
 Examples:

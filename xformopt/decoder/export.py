@@ -54,9 +54,10 @@ from xformopt.decoder.export_dynamo import export_dynamo_decoder
 from xformopt.decoder.fusion import attention_record
 from xformopt.decoder.generate import context_window
 from xformopt.errors import PassFailed
-from xformopt.exporting import load_quietly, parity_texts, quiet_loggers
+from xformopt.exporting import parity_texts
 from xformopt.families import FAMILIES, GENAI_EXTRA
 from xformopt.models import load_tokenizer
+from xformopt.models.quiet import load_quietly, quiet_loggers
 from xformopt.onnx_graph import fused_counts
 from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 from xformopt.scoring.metrics import row_cosine
@@ -66,7 +67,7 @@ CONFIG_FILES = (
     "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
     "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model", "vocab.txt",
     "chat_template.jinja", "chat_template.json",  # transformers >= 4.43 saves the chat template apart
-    "gguf_source.json",  # the GGUF file a checkpoint was converted from (xformopt/gguf_source.py)
+    "gguf_source.json",  # the GGUF file a checkpoint was converted from (xformopt/sources/gguf.py)
 )
 
 GPT2_ATTENTION = "xformopt_gpt2_ort"

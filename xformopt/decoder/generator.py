@@ -21,8 +21,8 @@ from xformopt.decoder.generate import generate as run_generation
 from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.models import load_tokenizer
+from xformopt.models.validate import check_threads
 from xformopt.runtime.decoder import OrtDecoder
-from xformopt.validate import check_threads
 
 
 def open_decoder(artifact: Path):
@@ -35,7 +35,7 @@ def open_decoder(artifact: Path):
         raise InputError(f"{path} is a file; pass the artifact directory that holds model.onnx")
     if not (path / "model.onnx").is_file():
         raise InputError(f"{path} has no model.onnx; export the decoder first: xformopt export MODEL -o NEW_DIR, then generate from NEW_DIR")
-    spec = models.resolve(str(path))
+    spec = models.describe(path)
     spec.task_def.refuse("generate", f"{path} is a {spec.model_type} {spec.task} artifact")
     return spec
 

@@ -24,11 +24,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from xformopt import pruned_heads
 from xformopt.artifact import hash_dir
 from xformopt.cache import read_entry
 from xformopt.errors import InputError
 from xformopt.families import FAMILIES
+from xformopt.models import pruned_heads
 
 
 @dataclass

@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 
 from xformopt import models
-from xformopt.exporting import quiet_loggers
 from xformopt.measure.modes import real
+from xformopt.models.quiet import quiet_loggers
 from xformopt.passes.export import DYNAMO_MIN_OPSET, ExportOptions, ExportPass
 from xformopt.passes.export_dynamo import export_encoder
 from xformopt.passes.fuse import FuseOptions, FusePass, build_fused

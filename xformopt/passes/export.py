@@ -19,9 +19,10 @@ from pydantic import Field
 from xformopt.artifact import copy_sentence_transformers_modules
 from xformopt.decoder.export import export_decoder
 from xformopt.errors import InputError, PassFailed
-from xformopt.exporting import compare, quiet_loggers, spread_by_length
+from xformopt.exporting import compare, spread_by_length
 from xformopt.measure import memory
 from xformopt.models import load_torch_model
+from xformopt.models.quiet import quiet_loggers
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.export_dynamo import DYNAMO, export_encoder, require_onnxscript
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor

@@ -8,7 +8,7 @@ smaller matrices (and fewer layers), so every later stage -- export, fuse, INT8 
 What is removed, and how it stays a stock checkpoint:
 
 - attention heads: rows of the q/k/v projections and columns of the output projection
-  (``xformopt.pruned_heads``, since transformers 5 dropped its ``prune_heads``); the removed heads are
+  (``xformopt.models.pruned_heads``, since transformers 5 dropped its ``prune_heads``); the removed heads are
   recorded in ``config.pruned_heads`` as transformers 4 wrote them, and xformopt's loader re-applies
   them before loading the weights (checked in tests in a fresh process). Heads may differ per layer.
 - FFN neurons: the same count in every layer (``intermediate_size`` is one number in the config),
@@ -106,12 +106,12 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from xformopt import progress, pruned_heads
+from xformopt import progress
 from xformopt.artifact import copy_side_files
 from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
 from xformopt.measure.host import host_info
-from xformopt.models import ModelSpec, load_tokenizer, load_torch_model
+from xformopt.models import ModelSpec, load_tokenizer, load_torch_model, pruned_heads
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.candidates import CandidateGraphs
 from xformopt.passes.fuse import reached

@@ -39,7 +39,6 @@ from xformopt.artifact import copy_stage
 from xformopt.decoder.generate import context_window
 from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
-from xformopt.gguf_source import read_source, sha256_of
 from xformopt.models import load_tokenizer
 from xformopt.passes import calibration as cal
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -48,6 +47,7 @@ from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.int8_formats import agreement_floor
 from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder, step_token_limit
+from xformopt.sources.gguf import read_source, sha256_of
 
 # Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
 ROLES = {
@@ -416,7 +416,7 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
 
 
 def _gguf_source(ctx, src: Path, options) -> tuple[Path | None, dict | None]:
-    """The GGUF file ``src`` was converted from (xformopt/gguf_source.py), when its blocks are to be
+    """The GGUF file ``src`` was converted from (xformopt/sources/gguf.py), when its blocks are to be
     carried and the file is still there with the same content; else None (logged: RTN then)."""
     source = read_source(src)
     if source is None or not options.carry_gguf:

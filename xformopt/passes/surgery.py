@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from xformopt import pruned_heads
 from xformopt.families import Layout, layout_of
+from xformopt.models import pruned_heads
 from xformopt.passes.prune_flops import Shape
 from xformopt.passes.prune_plans import Plan
 
@@ -67,7 +67,7 @@ def arch_for(model_type: str, pass_name: str = "prune") -> Arch:
 
 
 def apply_plan(model, arch: Arch, plan: Plan) -> None:
-    """Drop layers, prune heads (xformopt.pruned_heads: recorded in config.pruned_heads, which
+    """Drop layers, prune heads (xformopt.models.pruned_heads: recorded in config.pruned_heads, which
     models.load_torch_model re-applies), and cut FFN rows/columns with transformers' prune_linear_layer."""
     import torch
     from transformers.pytorch_utils import prune_linear_layer

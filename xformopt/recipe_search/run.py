@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import models, targets
 from xformopt import progress as progress_events
 from xformopt import recipe as recipes
+from xformopt import sources, targets
 from xformopt.accuracy_budget import points
 from xformopt.atomic import write_text
 from xformopt.benchmarking.optimum_reference import NAME, optimum_dynamic_int8
@@ -129,7 +129,7 @@ def canonical(recipe: dict) -> str:
 def search(s: Settings) -> dict:
     """Run (or continue) the search; returns the search.json document (also written to DIR)."""
     optuna = samplers.require_optuna()
-    spec = models.resolve(s.model, s.space.base.task, trust_remote_code=s.trust_remote_code)
+    spec = sources.resolve(s.model, s.space.base.task, trust_remote_code=s.trust_remote_code)
     spec.task_def.refuse("search", f"{s.model} is a {spec.task} model ({spec.model_type})")
     config = config_of(s, spec)
     prepare_output(s, config)

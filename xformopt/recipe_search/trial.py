@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xformopt import models, pipeline
+from xformopt import pipeline, sources
 from xformopt import recipe as recipes
 from xformopt.atomic import write_text
 from xformopt.errors import GateFailed, XformoptError
@@ -100,7 +100,7 @@ def run_trial(job: TrialJob | dict) -> dict:
             import json
 
             report = json.loads((out / "report.json").read_text())
-        spec = models.resolve(job.model, r.task, trust_remote_code=job.trust_remote_code)
+        spec = sources.resolve(job.model, r.task, trust_remote_code=job.trust_remote_code)
         threads = r.evaluation.threads
         metric, rows, outputs = score_artifact(spec, out, job.validation, threads)
         np.save(outputs_path(out), outputs, allow_pickle=False)

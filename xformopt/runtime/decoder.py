@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.exporting import load_quietly
+from xformopt.models.quiet import load_quietly
 from xformopt.runtime.session import ort_session
 
 STACKED, SPLIT = "stacked", "split"

@@ -221,7 +221,7 @@ def artifact_spec(artifact_dir: str | Path):
         raise InputError(f"{path} has no tokenizer.json; the artifact is incomplete, re-run optimize")
     manifest = _json_or_empty(path / "manifest.json")
     task = (manifest.get("input") or {}).get("task") if isinstance(manifest.get("input"), dict) else None
-    spec = models.stage_spec(models.resolve(str(path), task), path)
+    spec = models.stage_spec(models.describe(path, task), path)
     if spec.task not in SERVED_TASKS:
         raise InputError(f"{path} is a {spec.task} model; the predictor serves {', '.join(SERVED_TASKS)}")
     return spec

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xformopt.exporting import load_quietly
+from xformopt.models.quiet import load_quietly
 from xformopt.runtime.session import ort_session
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
 

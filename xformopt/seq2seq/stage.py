@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 from xformopt.errors import PassFailed
-from xformopt.exporting import load_quietly, quiet_loggers
 from xformopt.measure import memory
 from xformopt.models import load_tokenizer
+from xformopt.models.quiet import load_quietly, quiet_loggers
 from xformopt.seq2seq import GRAPH_FILES
 from xformopt.seq2seq.export import export_seq2seq
 from xformopt.seq2seq.parity import check_parity

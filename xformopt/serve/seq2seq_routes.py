@@ -47,7 +47,7 @@ def seq2seq_spec(artifact: str | Path):
     path = Path(artifact)
     if not is_seq2seq_artifact(path):
         return None
-    return models.resolve(str(path), models.artifact_task(path).name)
+    return models.describe(path, models.artifact_task(path).name)
 
 
 @dataclass(eq=False)

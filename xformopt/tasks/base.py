@@ -64,7 +64,7 @@ class Task:
     labels_from_config: ClassVar[bool] = False  # label2id comes from the config (classifier heads)
     needs_labels: ClassVar[bool] = False  # held-out rows must be labelled (else the metric is meaningless)
     # The task's head may be absent from the checkpoint and start at random (a classifier on a base model);
-    # not a language-model head, which only pretraining trains (xformopt.weight_coverage).
+    # not a language-model head, which only pretraining trains (xformopt.models.weight_coverage).
     head_may_be_fresh: ClassVar[bool] = True
     passes: ClassVar[tuple[str, ...]] = ("export", "fuse", "quantize")  # prune/distill need a torch_objective
     # The default INT8 agreement floor (mean of ``agreement`` rows) when the recipe sets none.

@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from xformopt import weight_coverage
 from xformopt.errors import InputError
-from xformopt.exporting import load_quietly
 from xformopt.families import FAMILIES, Layout, layout_of
+from xformopt.models import weight_coverage
+from xformopt.models.quiet import load_quietly
 
 # Attention-module attributes that cache the attention width (heads x head_dim): kept in step with the
 # head count, as transformers 4's prune_heads did, for any code that reads them.
@@ -125,7 +125,7 @@ def from_pretrained(cls, path: Path, *, trust_remote_code: bool = False, **kwarg
 
 def load_pruned(cls, path: Path, config, **kwargs):
     """A head-pruned checkpoint: the model built from ``config``, its recorded heads pruned, then the
-    checkpoint's tensors loaded under from_pretrained's naming rules (xformopt.weight_coverage). Strict:
+    checkpoint's tensors loaded under from_pretrained's naming rules (xformopt.models.weight_coverage). Strict:
     a tensor the model lacks, or one the model needs that the checkpoint lacks (but tied copies and a
     task head from_pretrained would start afresh), is refused in one line."""
     import torch

@@ -18,13 +18,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from xformopt import split_wheels
 from xformopt.artifact import sha256_file
 from xformopt.atomic import temp_sibling, write_json
 from xformopt.errors import InputError
-from xformopt.exporting import load_quietly, quiet_loggers
 from xformopt.locks import build_lock
-from xformopt.split_wheels import SplitModel, models_root
+from xformopt.models.quiet import load_quietly, quiet_loggers
+from xformopt.sources import split_wheels
+from xformopt.sources.split_wheels import SplitModel, models_root
 from xformopt.stale import sweep
 
 SOURCE_FILE = "gguf_source.json"

@@ -9,9 +9,10 @@ import math
 import struct
 from pathlib import Path
 
-from xformopt import pruned_heads, tasks, weight_coverage
+from xformopt import tasks
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
+from xformopt.models import pruned_heads, weight_coverage
 from xformopt.onnx_graph import SEQ2SEQ_GRAPHS, seq2seq_stage
 
 # config keys each family needs (the first present of each alternative group), all positive ints:
@@ -255,7 +256,7 @@ def check_tokenizer(path: Path, trust_remote_code: bool = False) -> None:
 
 
 def check_model_files(path: Path, *, task: str | None = None, trust_remote_code: bool = False) -> None:
-    """After models.resolve checked config.json: the weights (a PyTorch folder; an ONNX stage folder
+    """After sources.resolve checked config.json: the weights (a PyTorch folder; an ONNX stage folder
     carries model.onnx instead), that the config builds a model whose shapes match them, and the
     tokenizer, before any pass runs."""
     path = Path(path)

