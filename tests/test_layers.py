@@ -19,10 +19,10 @@ LAYERS = [
     ("foundation", {"errors", "atomic", "locks", "stale", "progress", "signals", "plot_style", "accuracy_budget",
                     "artifact", "cache", "safe_yaml", "no_telemetry", "version"}),
     ("measurement", {"measure"}),
-    ("data, models, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks", "validate",
-                                       "hub", "split_wheels", "models", "targets", "onnx_graph", "exporting",
-                                       "fusions", "weight_coverage", "gguf_source", "pruned_heads"}),
+    ("data, model facts, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks",
+                                            "models", "targets", "onnx_graph", "exporting", "fusions"}),
     ("runtime", {"runtime"}),
+    ("sources", {"sources"}),
     ("pass libraries", {"decoder", "distill", "seq2seq"}),
     ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),
     ("recipes", {"recipe"}),
@@ -131,6 +131,24 @@ def test_nothing_inside_the_package_imports_the_root():
             if module == "xformopt" or (module.count(".") == 1 and not _is_unit(module.split(".")[1])):
                 found.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} imports {module}")
     assert found == []
+
+
+def _reach(graph: dict[str, set[str]], unit: str) -> set[str]:
+    seen, todo = set(), [unit]
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def test_runtime_stands_on_model_facts_and_tasks_only():
+    """Opening an artifact (xformopt.load, serve, bench) needs what the model is and what its task
+    answers, never where models come from: no GGUF, hub or split-wheel code, directly or below."""
+    graph = _unit_graph()
+    assert graph["runtime"] <= {"errors", "models", "tasks"}
+    assert "sources" not in _reach(graph, "runtime") and "sources" not in _reach(graph, "models")
 
 
 def test_measurement_imports_nothing_above_the_foundation():
