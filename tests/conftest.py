@@ -14,6 +14,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+os.environ["XFORMOPT_STRICT_RECORDS"] = "1"  # a pass record its type (passes/records.py) does not describe fails
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import gc
@@ -342,10 +343,13 @@ def make_ctx(model_dir: Path, texts, target: str = "avx512_vnni", host_flags: se
 
 def run_pass(name: str, ctx, src: Path, dst: Path, **options) -> dict:
     from xformopt.passes import get_pass
+    from xformopt.passes.records import check_record
 
     cls = get_pass(name)
     dst.mkdir(parents=True, exist_ok=False)
-    return cls().run(ctx, src, dst, cls.Options.model_validate(options))
+    record = cls().run(ctx, src, dst, cls.Options.model_validate(options))
+    check_record(name, cls.Record, record)  # as the pipeline does; strict in this suite
+    return record
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,7 @@ from xformopt.onnx_graph import SEQ2SEQ_GRAPHS, seq2seq_stage
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
 from xformopt.passes.record import PassRecord
+from xformopt.passes.records import check_record
 from xformopt.recipe import PassStep, Recipe, check_order, validate_options
 from xformopt.report.build import build_report
 from xformopt.report.render import write_report_files
@@ -104,7 +105,9 @@ def verification_context(spec, target, data: str | None, text_column: str | None
 def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
     """Run one pass; an unexpected library error becomes a PassFailed that names the pass."""
     try:
-        return pass_cls().run(ctx, src, dst, options)
+        record = pass_cls().run(ctx, src, dst, options)
+        check_record(pass_cls.name, pass_cls.Record, record)
+        return record
     except XformoptError:
         raise
     except Exception as exc:

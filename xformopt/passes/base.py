@@ -77,6 +77,8 @@ class Pass:
     needs: ClassVar[tuple[str, ...]] = ()  # the data it reads, in words (shown by `xformopt passes list`)
     must_not_follow: ClassVar[dict[str, str]] = {}  # earlier pass -> why this one cannot come after it
     Options: ClassVar[type[PassOptions]] = PassOptions
+    # The record's type (xformopt/passes/records.py): the keys ``run`` returns, held to it by the pipeline.
+    Record: ClassVar[type | None] = None
     summary: ClassVar[str] = ""
     # What besides its input and options decides the output, for the cache key: "texts" (the sample
     # it verifies on), "reported" (the rows the report scores), "timing" (threads and CPU: it keeps

@@ -58,6 +58,7 @@ from xformopt.distill.relations import relation_heads
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.records import DistillRecord
 from xformopt.passes.surgery import arch_for, current_shape, weights_sha256
 from xformopt.resources import vader_split_path
 
@@ -215,6 +216,7 @@ class DistillPass(Pass):
     consumes = "hf"
     produces = "hf"
     Options = DistillOptions
+    Record = DistillRecord
     summary = "knowledge distillation: the student (pruned or layer-dropped) learns from the original model"
     needs = ("training texts, labels optional (default: vendored train split)",
              "evaluation rows for early stopping (default: vendored validation split)",
@@ -252,7 +254,7 @@ class DistillPass(Pass):
             line += f"; curve {rec['curve']}"
         return line
 
-    def run(self, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> dict:
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> DistillRecord:
         import torch
 
         started = T.CLOCK()

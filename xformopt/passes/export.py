@@ -25,6 +25,7 @@ from xformopt.models import load_torch_model
 from xformopt.models.quiet import quiet_loggers
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.export_dynamo import DYNAMO, export_encoder, require_onnxscript
+from xformopt.passes.records import ExportRecord
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 from xformopt.seq2seq.stage import export_seq2seq_stage
 
@@ -95,6 +96,7 @@ class ExportPass(Pass):
     consumes = "hf"
     produces = "onnx"
     Options = ExportOptions
+    Record = ExportRecord
     summary = "PyTorch -> ONNX (dynamic batch/sequence axes), parity-checked against PyTorch"
     needs = ("held-out texts (parity)",)
 
@@ -111,7 +113,7 @@ class ExportPass(Pass):
         return (f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} "
                 f"at lengths {p['sequence_lengths']}{pairs}")
 
-    def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> dict:
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> ExportRecord:
         # A decoder's KV-cache exporter (parity at every step), else the encoder route the recipe or the
         # family's row asks for.
         route = ctx.spec.family.export_route(options.exporter)

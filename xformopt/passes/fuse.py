@@ -37,6 +37,7 @@ from xformopt.passes.export_dynamo import (
     is_dynamo_graph,
     onnxscript_fusions,
 )
+from xformopt.passes.records import FuseRecord
 from xformopt.passes.seq2seq_stages import fuse_seq2seq
 from xformopt.passes.stage_runs import stage_runs
 from xformopt.passes.timing import preferred_within_tolerance
@@ -276,6 +277,7 @@ class FusePass(Pass):
     consumes = "onnx"
     produces = "onnx"
     Options = FuseOptions
+    Record = FuseRecord
     must_not_follow = {"quantize": "fusions match float subgraphs; put fuse before quantize",
                        "int4": "fusions match float subgraphs; put fuse before int4"}
     summary = "ONNX Runtime transformer fusions (Attention, SkipLayerNorm, ...), counted and timed"
@@ -292,7 +294,7 @@ class FusePass(Pass):
         kept = ", ".join(f"{k} {v}" for k, v in rec["fused_kept"].items() if v) or "none"
         return f"kept {rec['kept']} ({kept}); {rec['reason']}"
 
-    def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> dict:
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> FuseRecord:
         if (own := OWN_GRAPH_RUNS.get(ctx.spec.task_def.graph)) is not None:  # two graphs, not model.onnx
             return own(ctx, src, dst, options)
         ctx = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src))  # a pruned stage's own shape

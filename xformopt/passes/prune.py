@@ -138,6 +138,7 @@ from xformopt.passes.prune_plans import (
     select_plan,
     shape_text,
 )
+from xformopt.passes.records import PruneRecord
 from xformopt.passes.surgery import (
     Arch,
     apply_plan,
@@ -305,6 +306,7 @@ class PrunePass(Pass):
     consumes = "hf"
     produces = "hf"
     Options = PruneOptions
+    Record = PruneRecord
     summary = ("structured pruning (heads, FFN neurons, layers) from data-driven importance; an HF checkpoint "
                "(pruned heads in config.pruned_heads)")
     needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
@@ -335,7 +337,7 @@ class PrunePass(Pass):
                      f"({lat['speedup_median']:.2f}x, {lat['measured_on']})")
         return line
 
-    def run(self, ctx: PassContext, src: Path, dst: Path, options: PruneOptions) -> dict:
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: PruneOptions) -> PruneRecord:
         import torch
 
         arch = arch_for(ctx.spec.model_type)

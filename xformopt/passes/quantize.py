@@ -71,6 +71,7 @@ from xformopt.passes.stage_runs import stage_runs
 
 # Graph kinds (``Task.graph``) whose stages are not one model.onnx: quantized by their own function.
 OWN_GRAPH_RUNS = {"seq2seq": quantize_seq2seq}
+from xformopt.passes.records import QuantizeRecord
 from xformopt.targets import Target, u8s8_saturates
 
 
@@ -177,6 +178,7 @@ class QuantizePass(Pass):
     consumes = "onnx"
     produces = "onnx"
     Options = QuantizeOptions
+    Record = QuantizeRecord
     must_not_follow = {"quantize": "the graph is already quantized", "int4": "the graph is already 4-bit"}
     summary = "INT8 quantization (dynamic or calibrated static), formats from the target, optional accuracy budget"
     needs = ("calibration data (static; default: vendored train split)", "budget data (with max_accuracy_drop; default: vendored validation split)")
@@ -260,7 +262,7 @@ class QuantizePass(Pass):
             line += f"; verdict FAILED: agreement floor not met ({floor['mean_agreement']:.4f} < {floor['min_agreement']})"
         return line
 
-    def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> dict:
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: QuantizeOptions) -> QuantizeRecord:
         formats = resolved_formats(ctx.target, options)
         if (own := OWN_GRAPH_RUNS.get(ctx.spec.task_def.graph)) is not None:  # two graphs, not model.onnx
             return own(ctx, src, dst, options, formats)

@@ -45,6 +45,7 @@ from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.int8_formats import agreement_floor
+from xformopt.passes.records import Int4Record
 from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder, step_token_limit
 from xformopt.sources.gguf import read_source, sha256_of
@@ -307,6 +308,7 @@ class Int4Pass(Pass):
     consumes = "onnx"
     produces = "onnx"
     Options = Int4Options
+    Record = Int4Record
     must_not_follow = {"quantize": "the graph is already quantized (INT8)", "int4": "the graph is already 4-bit"}
     summary = "4-bit weight-only MatMulNBits for decoders (rtn, hqq, gptq), mixed 4/8-bit plan, optional perplexity budget"
     needs = ("calibration texts (gptq; default: vendored train split)",
@@ -339,7 +341,7 @@ class Int4Pass(Pass):
     def summarize(rec: dict) -> str:
         return summarize_int4(rec)
 
-    def run(self, ctx: PassContext, src: Path, dst: Path, options: Int4Options) -> dict:
+    def run(self, ctx: PassContext, src: Path, dst: Path, options: Int4Options) -> Int4Record:
         return run_int4(ctx, src, dst, options)
 
 
