@@ -19,6 +19,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import gc
 import json
+import logging
 import re
 import shutil
 from collections import Counter
@@ -329,15 +330,29 @@ def error_lines(stderr: str) -> list[str]:
 # --------------------------------------------------------------------------- pass contexts and stages
 
 
-def make_ctx(model_dir: Path, texts, target: str = "avx512_vnni", host_flags: set[str] | None = None, log=None):
-    """A PassContext for MODEL_DIR, as the pipeline builds it (host flags default to none: no timing)."""
+class _Lines(logging.Handler):
+    """The ``xformopt`` logger's lines since the last :func:`make_ctx`, for tests that read what a pass said."""
+
+    lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        _Lines.lines.append(record.getMessage())
+
+
+logging.getLogger("xformopt").addHandler(_Lines(logging.INFO))
+logging.getLogger("xformopt").setLevel(logging.INFO)  # INFO reaches handlers (pytest shows them on failure)
+
+
+def make_ctx(model_dir: Path, texts, target: str = "avx512_vnni", host_flags: set[str] | None = None):
+    """A PassContext for MODEL_DIR, as the pipeline builds it (host flags default to none: no timing).
+    ``ctx.messages``: the lines logged from here on (a pass logs through the ``xformopt`` logger)."""
     from xformopt import sources, targets
     from xformopt.passes.base import PassContext
 
     spec = sources.resolve(str(model_dir))
-    messages: list[str] = []
-    ctx = PassContext(spec, targets.PROFILES[target], list(texts), 2, set(host_flags or ()), log or messages.append)
-    ctx.messages = messages  # type: ignore[attr-defined]  # what the pass logged, for assertions
+    ctx = PassContext(spec, targets.PROFILES[target], list(texts), 2, set(host_flags or ()))
+    _Lines.lines = []
+    ctx.messages = _Lines.lines  # type: ignore[attr-defined]  # what was logged, for assertions
     return ctx
 
 

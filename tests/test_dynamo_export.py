@@ -117,7 +117,7 @@ def test_optimize_with_dynamo_recipe(tmp_path, tiny_classifier, heldout_file, sa
         "passes": [{"export": {"exporter": "dynamo"}}, {"fuse": {"select": "all"}}, "quantize"],
         "evaluation": {"data": str(heldout_file), "limit": 16, "latency_rounds": 3, "warmup": 1},
     })
-    result = pipeline.run(str(tiny_classifier), chosen, tmp_path / "out", log=lambda m: None)
+    result = pipeline.run(str(tiny_classifier), chosen, tmp_path / "out")
     out = result.out
     counts = onnx_op_counts(out / "model.onnx")
     assert counts["QAttention"] == LAYERS

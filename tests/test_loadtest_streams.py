@@ -70,7 +70,7 @@ TEXTS = ["A fine film with a slow middle.", "Nothing in it works.", "The cast is
 def _run(app, streams, tokens=8, duration=1.2):
     with ServerThread(app) as server:
         options = StreamOptions(streams=streams, duration_s=duration, warmup_s=0.2, max_tokens=tokens, prompt_chars=60)
-        return run_streams([Target(server.url, "known")], TEXTS, options, log=lambda m: None)
+        return run_streams([Target(server.url, "known")], TEXTS, options)
 
 
 def test_independent_streams_respect_the_service_times_and_scale():

@@ -171,7 +171,7 @@ def test_optimize_end_to_end_loads_in_a_pipeline_model(tiny_modernbert, heldout_
         "passes": ["export", {"fuse": {"select": "all"}}, "quantize"],
         "evaluation": {"data": str(heldout_file), "limit": 16, "latency_rounds": 3, "warmup": 1},
     })
-    result = pipeline.run(str(tiny_modernbert), chosen, tmp_path / "out", log=lambda m: None)
+    result = pipeline.run(str(tiny_modernbert), chosen, tmp_path / "out")
     out = result.out
     assert onnx_op_counts(out / "model.onnx")["MultiHeadAttention"] == LAYERS
     model = OnnxPipelineModel(out)

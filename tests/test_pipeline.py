@@ -16,6 +16,7 @@ import pytest
 from xformopt import pipeline, recipe, targets
 from xformopt.artifact import MANIFEST_SCHEMA, hash_dir
 from xformopt.errors import InputError, PassFailed
+from xformopt.logs import forwarded_to
 from xformopt.measure import host
 from xformopt.report.schema import REPORT_SCHEMA
 
@@ -46,7 +47,8 @@ def first_run(tmp_path_factory, tiny_classifier, heldout_file):
     messages: list[str] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XFORMOPT_CACHE_DIR", str(cache_dir))
-        result = pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file), root / "out", log=messages.append)
+        with forwarded_to(messages.append):
+            result = pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file), root / "out")
     return result, messages, cache_dir
 
 
@@ -235,7 +237,8 @@ def test_second_identical_run_reuses_every_pass(first_run, tiny_classifier, held
     _, _, cache_dir = first_run
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(cache_dir))
     messages: list[str] = []
-    result = pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file), tmp_path / "again", log=messages.append)
+    with forwarded_to(messages.append):
+        result = pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file), tmp_path / "again")
     passes = result.manifest["passes"]
     assert [p["reused"] for p in passes] == [True, True, True]
     assert [p["cache_key"] for p in passes] == [p["cache_key"] for p in first_run[0].manifest["passes"]]
@@ -251,8 +254,8 @@ def test_model_call_latency_mode(first_run, tiny_classifier, heldout_file, tmp_p
     _, _, cache_dir = first_run
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(cache_dir))
     messages: list[str] = []
-    result = pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file, modes=["real", "model"]), tmp_path / "m",
-                          log=messages.append)
+    with forwarded_to(messages.append):
+        result = pipeline.run(str(tiny_classifier), tiny_recipe(heldout_file, modes=["real", "model"]), tmp_path / "m")
     timed = result.report["model_call"]
     assert list(timed) == ["pytorch", "export", "fuse", "quantize"]
     assert all(t["n"] == ROUNDS and t["median_ms"] > 0 for t in timed.values())
@@ -270,7 +273,8 @@ def test_changed_option_misses_cache_from_there_on(first_run, tiny_classifier, h
     changed = recipe.validate({**r.to_dict(), "passes": ["export", {"fuse": {"select": "all"}},
                                                            {"quantize": {"per_channel": False}}]})
     messages: list[str] = []
-    result = pipeline.run(str(tiny_classifier), changed, tmp_path / "changed", log=messages.append)
+    with forwarded_to(messages.append):
+        result = pipeline.run(str(tiny_classifier), changed, tmp_path / "changed")
     assert [p["reused"] for p in result.manifest["passes"]] == [True, True, False]
     assert result.manifest["passes"][2]["record"]["formats"]["per_channel"] is False
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from xformopt.logs import forwarded_to
 from xformopt.report import plots
 from xformopt.report.console import console_table
 from xformopt.report.markdown import markdown
@@ -237,7 +238,8 @@ def test_plot_failure_keeps_json_and_markdown(tmp_path, monkeypatch):
 
     monkeypatch.setattr(plots, "write_plots", boom)
     messages: list[str] = []
-    written = write_report_files(make_report(), tmp_path, log=messages.append)
+    with forwarded_to(messages.append):
+        written = write_report_files(make_report(), tmp_path)
     assert {p.name for p in written} == {"report.json", "report.md"}
     assert (tmp_path / "report.json").is_file() and "| Stage |" in (tmp_path / "report.md").read_text()
     assert "![" not in (tmp_path / "report.md").read_text()

@@ -387,7 +387,7 @@ def test_loadtest_streams_against_the_served_decoder_reads_its_decode_calls(serv
     with ServerThread(app) as server:
         options = StreamOptions(streams=[1, 3], duration_s=1.0, warmup_s=0.2, max_tokens=12, prompt_chars=200)
         document = run_streams([Target(server.url, "tiny")], ["A fine film with a slow middle and a good end."],
-                               options, log=lambda m: None)
+                               options)
     for level in document["targets"][0]["levels"]:
         assert not level["errors"] and level["completion_tokens"] == 12 * level["ok"]
         assert 1 <= level["mean_decode_batch"] <= level["streams"]

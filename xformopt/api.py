@@ -12,12 +12,13 @@ the exception's ``result`` holds it; pass ``check=False`` to get that result bac
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from xformopt import pipeline
+from xformopt import logs, pipeline
 from xformopt import recipe as recipes
 from xformopt.benchmarking import run as bench_run
 from xformopt.benchmarking.gate import failure_message
@@ -40,8 +41,17 @@ Log = Callable[[str], None]
 RecipeLike = Union[str, Path, dict, "Recipe", None]  # a shipped name, a YAML path, a dict or a Recipe
 
 
-def _quiet(message: str) -> None:
-    """Default log: the API is silent unless given ``log=print`` (or any callable taking a line)."""
+def _forwarding_log(function):
+    """The API's ``log=`` callable gets the ``xformopt`` logger's lines while ``function`` runs (the code
+    below logs through the standard logging module, xformopt/logs.py); without one, nothing is printed
+    unless the caller configured ``logging``."""
+
+    @functools.wraps(function)
+    def call(*args, log: Log | None = None, **kwargs):
+        with logs.forwarded_to(log):
+            return function(*args, **kwargs)
+
+    return call
 
 
 # --------------------------------------------------------------------------- optimize
@@ -149,9 +159,10 @@ def resolve_recipe(recipe: RecipeLike = None, *, target: str | None = None, data
     return recipes.apply_overrides(r, {k: str(v) if isinstance(v, Path) else v for k, v in given.items()}, origin)
 
 
+@_forwarding_log
 def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None = None, data: str | Path | None = None,
              output: str | Path | None = None, force: bool = False, use_cache: bool = True,
-             trust_remote_code: bool = False, wait: bool = False, check: bool = True, log: Log = _quiet,
+             trust_remote_code: bool = False, wait: bool = False, check: bool = True, log: Log | None = None,
              progress: Callable[[str, int, int], None] | None = None, **overrides) -> Result:
     """Run a recipe on ``model`` and write the artifact: ``xformopt optimize`` as a function.
 
@@ -189,13 +200,13 @@ def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None
     extra = None
     if shapes.wanted(r, overrides.get("max_accuracy_drop")):  # the prune shape chosen for this task
         r, searched = shapes.choose(str(model), r, overrides["max_accuracy_drop"], out, force=force,
-                                    trust_remote_code=trust_remote_code, log=log)
+                                    trust_remote_code=trust_remote_code)
         extra = {"shape_search": searched}
     elif r.shape_search is not None:
         r = recipes.validate({**r.to_dict(), "shape_search": None}, r.name)  # no budget: the recipe's own shape
     try:
         run = pipeline.run(str(model), r, out, force=force, use_cache=use_cache, trust_remote_code=trust_remote_code,
-                           log=log, progress=progress, wait=wait, extra_report=extra)
+                           progress=progress, wait=wait, extra_report=extra)
         return Result(run.out, run.manifest, run.report)
     except BudgetMissed as exc:
         run = exc.result
@@ -227,9 +238,10 @@ class PassResult(_Verdict):
         return PassRecord.from_dict(self.entry).summary()
 
 
+@_forwarding_log
 def run_pass(name: str, src: str | Path, dst: str | Path, *, target: str = "auto", task: str | None = None,
              data: str | Path | None = None, force: bool = False, trust_remote_code: bool = False,
-             wait: bool = False, check: bool = True, log: Log = _quiet, **options) -> PassResult:
+             wait: bool = False, check: bool = True, log: Log | None = None, **options) -> PassResult:
     """Run one pass (``export``, ``fuse``, ``quantize``, ``int4``, ``prune``, ``distill``) from ``src`` into ``dst``:
     the single-pass commands as a function. The stage's manifest extends ``src``'s pass history.
 
@@ -256,7 +268,7 @@ def run_pass(name: str, src: str | Path, dst: str | Path, *, target: str = "auto
     options = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()}
     try:
         entry = pipeline.run_single(name, str(src), Path(dst), options, target=target, task=task, data=data,
-                                    force=force, trust_remote_code=trust_remote_code, log=log, wait=wait)
+                                    force=force, trust_remote_code=trust_remote_code, wait=wait)
         return PassResult(Path(dst), entry)
     except BudgetMissed as exc:
         result = PassResult(Path(dst), exc.result, verdict="budget-missed", failure=exc.message)
@@ -324,6 +336,7 @@ class BenchResult:
         return failure_message(self.comparison) if self.verdict == "regression" else None
 
 
+@_forwarding_log
 def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str | Path | None = None,
           text_column: str | None = None, text_pair_column: str | None = None, label_column: str | None = None,
           limit: int | None = None, seed: int | None = None, threads: int | None = None, rounds: int | None = None,
@@ -332,7 +345,7 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
           output: str | Path | None = None, junit: str | Path | None = None,
           prompt_tokens: Sequence[int] | None = None, new_tokens: Sequence[int] | None = None,
           compare: Sequence[str | Path] = (), cache_only: bool = False, pytorch: bool = True,
-          check: bool = False, log: Log = _quiet) -> BenchResult:
+          check: bool = False, log: Log | None = None) -> BenchResult:
     """Re-measure an artifact as ``optimize`` measured it and, with ``baseline``, gate on it: ``xformopt bench``.
 
     Args:
@@ -371,18 +384,18 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
                  label_column=label_column, limit=limit, seed=seed, threads=threads, rounds=rounds, warmup=warmup,
                  repeats=repeats, max_latency_regression=max_latency_regression, max_accuracy_drop=max_accuracy_drop,
                  allow_host_mismatch=allow_host_mismatch, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                 compare=compare, cache_only=cache_only, pytorch=pytorch, log=log)
+                 compare=compare, cache_only=cache_only, pytorch=pytorch)
     if check and result.verdict == "regression":
         raise GateFailed(result.failure)
     return result
 
 
 def _bench_generation(artifact: Path, *, paths: dict, compare, pytorch, prompt_tokens, new_tokens, cache_only, rounds,
-                      threads, seed, log, **_encoder_settings) -> BenchResult:
+                      threads, seed, **_encoder_settings) -> BenchResult:
     """A decoder artifact: TTFT, per-token latency and tokens/s (the generation benchmark); nothing gated."""
     doc = bench_run.bench_generation(artifact, compare=[Path(c) for c in compare], pytorch=pytorch,
                                      prompt_tokens=prompt_tokens, new_tokens=new_tokens, cache_only=cache_only,
-                                     rounds=rounds, threads=threads, seed=seed, out=paths["output"], log=log)
+                                     rounds=rounds, threads=threads, seed=seed, out=paths["output"])
     return BenchResult(doc, "generation")
 
 
@@ -434,11 +447,12 @@ class SearchResult:
         return self.output / best["recipe_file"] if best and best.get("recipe_file") else None
 
 
+@_forwarding_log
 def search(model: str | Path, *, output: str | Path, space: str | Path | None = None, preset: str | None = None,
            trials: int = 8, objective: str | Sequence[str] = ("accuracy", "latency"),
            max_accuracy_drop: str | float | None = None, sampler: str = "tpe", seed: int = 0, ray: str | None = None,
            workers: int | None = None, cpus_per_trial: int = 1, remeasure_rounds: int = 200, expand: bool = True,
-           resume: bool = False, force: bool = False, trust_remote_code: bool = False, log: Log = _quiet) -> SearchResult:
+           resume: bool = False, force: bool = False, trust_remote_code: bool = False, log: Log | None = None) -> SearchResult:
     """Search recipes for ``model``: trials proposed by Optuna, scored on the validation split, and a
     Pareto front re-measured serially on this host: ``xformopt search``. Needs ``xformopt[search]``.
 
@@ -472,6 +486,6 @@ def search(model: str | Path, *, output: str | Path, space: str | Path | None = 
         model=str(model), out=Path(output), space=spaces.load(str(space) if space else None, preset), trials=trials,
         objectives=objectives, max_accuracy_drop=1.0 if max_accuracy_drop is None else max_accuracy_drop,
         sampler=sampler, seed=seed, ray=ray, workers=workers, cpus_per_trial=cpus_per_trial, resume=resume,
-        force=force, remeasure_rounds=remeasure_rounds, trust_remote_code=trust_remote_code, expand=expand, log=log,
+        force=force, remeasure_rounds=remeasure_rounds, trust_remote_code=trust_remote_code, expand=expand,
     )
     return SearchResult(Path(output), runner.search(settings))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
@@ -31,10 +32,10 @@ from xformopt.atomic import temp_sibling, write_json
 from xformopt.locks import Lock
 from xformopt.stale import sweep
 
+_log = logging.getLogger(__name__)
+
 ENTRY_SCHEMA = "xformopt.cache/1"
 ENTRY_FILE = ".entry.json"
-
-Log = Callable[[str], None]
 
 
 def cache_root() -> Path:
@@ -149,7 +150,7 @@ def evict(entry: Path) -> None:
 # --------------------------------------------------------------------------- lookup and build
 
 
-def lookup(key: str, log: Log = lambda m: None) -> tuple[Path, dict] | None:
+def lookup(key: str) -> tuple[Path, dict] | None:
     """A verified entry (path, pass record), or None; a corrupt entry is logged and evicted."""
     entry = cache_root() / key
     if not entry.is_dir():
@@ -171,15 +172,14 @@ def lookup(key: str, log: Log = lambda m: None) -> tuple[Path, dict] | None:
     _unpin_own(key)  # our own earlier pin on this key would block the eviction below
     with entry_lock(key):
         if entry.is_dir() and (why := problem(entry)) is not None:  # still bad under the lock
-            log(f"cache entry {key} is corrupt ({why}); evicted, recomputing")
+            _log.info(f"cache entry {key} is corrupt ({why}); evicted, recomputing")
             evict(entry)
     if why is not None:
         return None
-    return lookup(key, log)  # another run rebuilt it while we waited
+    return lookup(key)  # another run rebuilt it while we waited
 
 
-def build(key: str, run: Callable[[Path], dict], meta: dict | None = None,
-          log: Log = lambda m: None) -> tuple[Path, dict]:
+def build(key: str, run: Callable[[Path], dict], meta: dict | None = None) -> tuple[Path, dict]:
     """Run ``run(tmp_dir)`` and publish its output as entry ``key``: files hashed, .entry.json
     written last, one rename. Another run building the same key is waited for, then reused."""
     root = cache_root()
@@ -187,7 +187,7 @@ def build(key: str, run: Callable[[Path], dict], meta: dict | None = None,
     _unpin_own(key)
     lock = entry_lock(key)
     if not lock.acquire(wait=False):
-        log(f"cache entry {key} is being built by another run (pid {lock.holder() or '?'}); waiting for it")
+        _log.info(f"cache entry {key} is being built by another run (pid {lock.holder() or '?'}); waiting for it")
         lock.acquire(wait=True)
     try:
         entry = root / key
@@ -197,7 +197,7 @@ def build(key: str, run: Callable[[Path], dict], meta: dict | None = None,
                 _pin(key, lock)
                 lock = None
                 return entry, meta_doc["record"]
-            log(f"cache entry {key} is corrupt ({problem(entry)}); evicted, recomputing")
+            _log.info(f"cache entry {key} is corrupt ({problem(entry)}); evicted, recomputing")
             evict(entry)
         sweep(root)
         tmp = temp_sibling(entry)

@@ -6,10 +6,13 @@ lock that blocks the next one; the lock file itself is harmless and reused.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 from pathlib import Path
 
 from xformopt.errors import InputError
+
+_log = logging.getLogger(__name__)
 
 
 class Lock:
@@ -87,14 +90,14 @@ class Lock:
         self.release()
 
 
-def build_lock(target: Path, busy: str, log) -> Lock:
+def build_lock(target: Path, busy: str) -> Lock:
     """The held exclusive lock for building ``target`` once (``.NAME.lock`` beside it, kept): when
     another run holds it, ``busy`` (with that run's pid) is logged and this one waits."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = Lock(target.parent / f".{target.name}.lock", unlink=False)
     if not lock.acquire(wait=False):
-        log(f"{busy} (pid {lock.holder() or '?'}); waiting for it")
+        _log.info(f"{busy} (pid {lock.holder() or '?'}); waiting for it")
         lock.acquire(wait=True)
     return lock
 

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import NamedTuple
 
-log = logging.getLogger(__name__)
+_log = logging.getLogger(__name__)
 
 
 class Switch(NamedTuple):
@@ -64,13 +64,13 @@ def switch_off(environ: MutableMapping[str, str] | None = None, modules: Mapping
         if given is not None and switch.is_off(given):
             continue
         if given:  # an explicit value that would send data: xformopt's promise wins, and says so
-            log.warning("%s=%s would let %s send telemetry: xformopt sets %s=%s (xformopt sends nothing; "
+            _log.warning("%s=%s would let %s send telemetry: xformopt sets %s=%s (xformopt sends nothing; "
                         "docs/privacy.md)", switch.name, given, switch.library, switch.name, switch.value)
             replaced.append(switch.name)
         environ[switch.name] = switch.value
         if switch.name == "ORT_DISABLE_TELEMETRY" and _uploads(modules.get("onnxruntime")):
             # Only a caller of the Python API can get here (the CLI imports xformopt first): too late to help.
-            log.warning("onnxruntime was imported before xformopt, without ORT_DISABLE_TELEMETRY=1: its telemetry "
+            _log.warning("onnxruntime was imported before xformopt, without ORT_DISABLE_TELEMETRY=1: its telemetry "
                         "uploader is already running in this process. Import xformopt first, or set "
                         "ORT_DISABLE_TELEMETRY=1 before Python starts (docs/privacy.md)")
     return replaced

@@ -7,6 +7,7 @@ target, output path, held-out data and pass chain are all checked first.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tempfile
 import time
@@ -52,7 +53,7 @@ from xformopt.sources import hub
 from xformopt.sources.gguf import gguf_input
 from xformopt.stale import run_workdir_prefix, sweep_at_start
 
-Log = Callable[[str], None]
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,10 +97,10 @@ def verification_sample(spec: models.ModelSpec, data: str | None, text_column: s
                      columns={"text": text_column, "label": ""}, require_labels=False)
 
 
-def verification_context(spec, target, data: str | None, text_column: str | None, threads: int, flags, log,
+def verification_context(spec, target, data: str | None, text_column: str | None, threads: int, flags,
                          reported_texts=None) -> PassContext:
     sample = verification_sample(spec, data, text_column)
-    return PassContext(spec, target, sample.texts, threads, flags, log, reported_texts=reported_texts, sample=sample)
+    return PassContext(spec, target, sample.texts, threads, flags, reported_texts=reported_texts, sample=sample)
 
 
 def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
@@ -220,7 +221,7 @@ def context_key(ctx: PassContext, options: dict, depends_on: tuple[str, ...] = (
     return key
 
 
-def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, workdir: Path,
+def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, workdir: Path,
                input_key: str | None = None) -> tuple[list[Stage], list[PassRecord]]:
     """Run (or reuse from the cache) each pass; returns the stages and the per-pass records.
 
@@ -238,25 +239,25 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, log: Log, work
         step_ctx = dataclasses.replace(ctx, spec=stages[-1].spec)
         started = time.perf_counter()
         with memory.measured(step.name) as peak:
-            hit = cache.lookup(key, log) if use_cache else None
+            hit = cache.lookup(key) if use_cache else None
             if hit:
                 out_dir, record = hit
-                log(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
+                _log.info(f"[{i}/{len(recipe.passes)}] {step.name}: reused from cache ({key})")
             else:
-                log(f"[{i}/{len(recipe.passes)}] {step.name}: running")
+                _log.info(f"[{i}/{len(recipe.passes)}] {step.name}: running")
 
                 def work(dst: Path, pass_cls=pass_cls, options=options, src=src) -> dict:
                     return execute(pass_cls, step_ctx, src, dst, options)
 
                 if use_cache:
-                    out_dir, record = cache.build(key, work, {"pass": step.name}, log)
+                    out_dir, record = cache.build(key, work, {"pass": step.name})
                 else:
                     out_dir = workdir / f"{i:02d}-{step.name}"
                     out_dir.mkdir()
                     record = work(out_dir)
             memory.release()  # what the pass left for the collector goes now, not during the next pass
         seconds = time.perf_counter() - started
-        log(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s, peak RSS {peak.peak / memory.MB:,.0f} MB")
+        _log.info(f"[{i}/{len(recipe.passes)}] {step.name}: done in {seconds:.1f}s, peak RSS {peak.peak / memory.MB:,.0f} MB")
         entry = PassRecord(step.name, record, step.options, key, bool(hit), round(seconds, 3), peak.to_dict())
         records.append(entry)
         stages.append(Stage(step.name, pass_cls.produces, out_dir, models.stage_spec(ctx.spec, out_dir), entry))
@@ -272,7 +273,6 @@ def run(
     force: bool = False,
     use_cache: bool = True,
     trust_remote_code: bool = False,
-    log: Log = lambda m: None,
     progress: Callable[[str, int, int], None] | None = None,
     wait: bool = False,
     extra_report: dict | None = None,
@@ -285,28 +285,28 @@ def run(
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or host_facts.usable_cpus()
     flags = effective_cpu_flags()
-    ctx = verification_context(spec, target, recipe.evaluation.data, recipe.evaluation.text_column, threads, flags, log,
+    ctx = verification_context(spec, target, recipe.evaluation.data, recipe.evaluation.text_column, threads, flags,
                                reported_texts=heldout.texts)
     if not ctx.host_runs_target:
-        log(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
-    log(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
+        _log.info(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
+    _log.info(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
         f"held-out {len(heldout)} rows from {heldout.source}")
 
     with claim_output(out, wait=wait), cache.session(), \
             tempfile.TemporaryDirectory(prefix=run_workdir_prefix()) as workdir:
-        sweep_at_start(Path(os.path.abspath(out)).parent, cache.cache_root(), log=log)
+        sweep_at_start(Path(os.path.abspath(out)).parent, cache.cache_root())
         input_hash = hash_dir(spec.path)
-        stages, records = run_passes(recipe, ctx, use_cache, log, Path(workdir), input_hash)
+        stages, records = run_passes(recipe, ctx, use_cache, Path(workdir), input_hash)
         with memory.measured("evaluation") as evaluated:
-            evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, log, progress)
+            evaluation = evaluate_stages(stages, spec, heldout, recipe.evaluation, threads, progress)
         evaluation["memory"] = evaluated.to_dict()
-        log(f"evaluation: peak RSS {evaluated.peak / memory.MB:,.0f} MB; run peak {memory.process_peak_mb():,.0f} MB")
+        _log.info(f"evaluation: peak RSS {evaluated.peak / memory.MB:,.0f} MB; run peak {memory.process_peak_mb():,.0f} MB")
         host = host_info()
         report = build_report(spec, target, stages, evaluation, host, recipe, ctx.host_runs_target, threads, heldout)
         report.update(extra_report or {})  # e.g. the shape search that chose this recipe (xformopt/recipe_search/shapes.py)
         from xformopt.profiling.measure import profile_for_report
 
-        if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed, log)) is not None:
+        if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed)) is not None:
             report["profile"] = profile  # where the final stage's time goes: report.md shows the top lines
         manifest = build_manifest(input_record(spec.source, spec, input_hash), target, [r.to_dict() for r in records],
                                   host=host, recipe=recipe, heldout=heldout)
@@ -378,7 +378,6 @@ def run_single(
     data: str | None = None,
     force: bool = False,
     trust_remote_code: bool = False,
-    log: Log = lambda m: None,
     wait: bool = False,
 ) -> dict:
     """One pass as a shell command: MODEL (or a previous stage's folder) in, a stage folder out.
@@ -403,8 +402,8 @@ def run_single(
     ready = prepare(model, [(pass_name, validated.model_dump())], out, force=force, target=target, task=task,
                     data=data, trust_remote_code=trust_remote_code)
     spec, protected = ready.spec, ready.protected
-    ctx = verification_context(spec, ready.target, data, None, host_facts.usable_cpus(), effective_cpu_flags(), log)
-    sweep_at_start(Path(os.path.abspath(out)).parent, log=log)
+    ctx = verification_context(spec, ready.target, data, None, host_facts.usable_cpus(), effective_cpu_flags())
+    sweep_at_start(Path(os.path.abspath(out)).parent)
     started = time.perf_counter()
     with atomic_dir(out, force, wait=wait, protected=protected) as tmp:
         with memory.measured(pass_name) as peak:

@@ -6,11 +6,14 @@ later run can tell a dead run's leftovers from a live run's work in progress and
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
+
+_log = logging.getLogger(__name__)
 
 # .NAME.tmp-PID-NS / .NAME.old-PID (artifacts, cache entries, atomic files) and the run workdirs.
 STALE = re.compile(r"^(?:\..+\.(?:tmp|old)-(?P<pid>\d+)(?:-\d+)?|xformopt-run-(?P<run>\d+)-.*)$")
@@ -53,12 +56,12 @@ def sweep(directory: Path) -> list[Path]:
     return removed
 
 
-def sweep_at_start(*directories: Path, log=lambda m: None) -> None:
+def sweep_at_start(*directories: Path) -> None:
     """Sweep the system temp dir and the given folders (an output's parent, the cache root)."""
     for directory in (Path(tempfile.gettempdir()), *directories):
         gone = sweep(directory)
         if gone:
-            log(f"removed {len(gone)} leftover temp folder(s) of dead runs in {directory}")
+            _log.info(f"removed {len(gone)} leftover temp folder(s) of dead runs in {directory}")
 
 
 def run_workdir_prefix() -> str:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,7 +49,8 @@ from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.session import thread_pool_setting
 
-Log = Callable[[str], None]
+_log = logging.getLogger(__name__)
+
 
 TOP_LEVEL_KEYS = ("schema", "created", "artifact_path", "model", "target", "headline_metric", "settings",
                   "host", "host_fingerprint", "artifact", "notes", "comparison")
@@ -185,7 +186,7 @@ def row_ids_digest(row_ids) -> str:
     return hashlib.sha256(json.dumps([int(i) for i in row_ids]).encode()).hexdigest()[:16]
 
 
-def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan:
+def plan(artifact: Artifact, opts: Overrides) -> Plan:
     """Settings and held-out rows: the flags where given, else what the artifact's report used."""
     ev = artifact.evaluation
     reported = artifact.report["settings"] if artifact.report is not None else {}
@@ -210,7 +211,7 @@ def plan(artifact: Artifact, opts: Overrides, log: Log = lambda m: None) -> Plan
     usable = host_facts.usable_cpus()
     threads = opts.threads or reported.get("threads") or ev.threads or usable
     if threads != usable:
-        log(f"note: timing with {threads} threads ({'--threads' if opts.threads else 'as the report did'}), "
+        _log.info(f"note: timing with {threads} threads ({'--threads' if opts.threads else 'as the report did'}), "
             f"but this process may use {usable} CPUs")
         notes.append(f"{threads} threads, {usable} CPUs usable by this process")
     settings = {
@@ -263,7 +264,7 @@ def open_predictor(artifact: Artifact, threads: int):
         raise InputError(f"cannot load the artifact {artifact.path} ({type(exc).__name__}: {reason}); re-run optimize") from None
 
 
-def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str], log: Log):
+def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str]):
     """Metrics as optimize computed them for the artifact (the task's score) when the held-out rows
     are the reference rows; otherwise label metrics only (no fp32 baseline outputs for other rows)."""
     import numpy as np
@@ -287,20 +288,20 @@ def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str
     if same_rows:
         return task.score(outputs, ref_outputs, heldout, seed)
     note = f"{task.skipped_without_baseline()} skipped: {reason}"
-    log(f"note: {note}")
+    _log.info(f"note: {note}")
     notes.append(note)
     return task.score(outputs, None, heldout, seed)  # the metrics against labels alone
 
 
-def measure(artifact: Artifact, run: Plan, log: Log = lambda m: None) -> dict:
+def measure(artifact: Artifact, run: Plan) -> dict:
     """Score and time the artifact; returns the bench document without its ``comparison``."""
     s, heldout = run.settings, run.heldout
     notes = list(run.notes)
     predictor = open_predictor(artifact, s["threads"])
-    log(f"evaluating {artifact.path} on {len(heldout)} held-out rows")
+    _log.info(f"evaluating {artifact.path} on {len(heldout)} held-out rows")
     outputs = predictor.predict_data(heldout, progress=progress.tracker("evaluating the artifact (rows)"))
-    metrics = metrics_for(artifact, heldout, outputs, s["seed"], notes, log)
-    log(f"timing the artifact alone ({s['repeats']} repeats x {s['rounds']} rounds, {s['threads']} threads)")
+    metrics = metrics_for(artifact, heldout, outputs, s["seed"], notes)
+    _log.info(f"timing the artifact alone ({s['repeats']} repeats x {s['rounds']} rounds, {s['threads']} threads)")
     # Exactly as evaluate.run.evaluate_stages times report["artifact"].
     texts, pairs = artifact.spec.task_def.timing_inputs(heldout)
     latency = modes.solo_repeats(predictor, texts, pairs, rounds=s["rounds"],

@@ -8,10 +8,11 @@ artifacts the generation benchmark (:mod:`xformopt.decoder.bench`), which has no
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from xformopt.atomic import write_text as write_atomic
@@ -21,7 +22,7 @@ from xformopt.decoder.bench import bench_artifact
 from xformopt.errors import InputError
 from xformopt.models.validate import check_threads
 
-Log = Callable[[str], None]
+_log = logging.getLogger(__name__)
 
 
 def check_writable(path: Path | None, flag: str) -> None:
@@ -70,10 +71,10 @@ def _is_earlier_output(path: Path, junit: bool) -> bool:
     return re.match(r'\{\s*"schema":\s*"xformopt\.([a-z]+-)?bench/', head) is not None
 
 
-def write_document(doc: dict, out: Path | None, log: Log) -> None:
+def write_document(doc: dict, out: Path | None) -> None:
     if out is not None:
         write_atomic(out, json.dumps(doc, indent=2, default=str) + "\n")
-        log(f"wrote {out}")
+        _log.info(f"wrote {out}")
 
 
 def lengths(values: Sequence[int] | None, flag: str, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -89,16 +90,16 @@ def lengths(values: Sequence[int] | None, flag: str, default: tuple[int, ...]) -
 def bench_generation(artifact: Path, *, compare: Sequence[Path] = (), pytorch: bool = True,
                      prompt_tokens: Sequence[int] | None = None, new_tokens: Sequence[int] | None = None,
                      cache_only: bool = False, rounds: int | None = None, threads: int | None = None,
-                     seed: int | None = None, out: Path | None = None, log: Log = lambda m: None) -> dict:
+                     seed: int | None = None, out: Path | None = None) -> dict:
     """The generation bench document of a decoder artifact (schema ``xformopt.generation-bench/1``)."""
 
     doc = bench_artifact(
         artifact, compare=compare or (), pytorch=pytorch, prompt_lengths=lengths(prompt_tokens, "--prompt-tokens", (16, 64)),
         new_tokens=lengths(new_tokens, "--new-tokens", (32, 128)),
         cache_modes=("cache",) if cache_only else ("cache", "no_cache"), rounds=rounds or 3, threads=threads,
-        seed=seed or 0, log=log,
+        seed=seed or 0,
     )
-    write_document(doc, out, log)
+    write_document(doc, out)
     return doc
 
 
@@ -107,8 +108,7 @@ def bench_encoder(artifact: Path, *, baseline: Path | None = None, data: Path | 
                   limit: int | None = None, seed: int | None = None, threads: int | None = None,
                   rounds: int | None = None, warmup: int | None = None, repeats: int | None = None,
                   max_latency_regression: str | float = "5%", max_accuracy_drop: str | float = "0.5",
-                  allow_host_mismatch: bool = False, out: Path | None = None, junit: Path | None = None,
-                  log: Log = lambda m: None) -> dict:
+                  allow_host_mismatch: bool = False, out: Path | None = None, junit: Path | None = None) -> dict:
     """Measure an encoder artifact and compare it (see :mod:`.measure` for the document, :mod:`.gate`
     for ``comparison``); a baseline with other settings, or from another host without
     ``allow_host_mismatch``, is refused (InputError) before anything is timed."""
@@ -124,10 +124,10 @@ def bench_encoder(artifact: Path, *, baseline: Path | None = None, data: Path | 
     opts = measure.Overrides(data=data, text_column=text_column, text_pair_column=text_pair_column,
                              label_column=label_column, limit=limit, seed=seed, threads=threads,
                              rounds=rounds, warmup=warmup, repeats=repeats)
-    run = measure.plan(art, opts, log)
+    run = measure.plan(art, opts)
     if base_doc is not None:  # refuse an incomparable baseline before spending time on timing
         gate.check_comparable(base_doc, measure.preview(art, run), allow_host_mismatch)
-    doc = measure.measure(art, run, log)
+    doc = measure.measure(art, run)
     if base_doc is not None:
         comparison = gate.compare(base_doc, doc, max_latency_regression=limit_fraction, max_accuracy_drop=max_accuracy_drop,
                                   allow_host_mismatch=allow_host_mismatch, gated=True, baseline_path=str(baseline))
@@ -138,9 +138,9 @@ def bench_encoder(artifact: Path, *, baseline: Path | None = None, data: Path | 
         comparison = gate.compare(art.report, doc, max_latency_regression=limit_fraction,
                                   max_accuracy_drop=max_accuracy_drop, gated=False, baseline_path=str(own))
     doc = {key: (comparison if key == "comparison" else doc[key]) for key in measure.TOP_LEVEL_KEYS}
-    write_document(doc, out, log)
+    write_document(doc, out)
     if junit is not None:
         write_atomic(junit, junit_xml(comparison, artifact=art.path.name, seconds=time.perf_counter() - started,
                                       properties={"host_fingerprint": doc["host_fingerprint"]}))
-        log(f"wrote {junit}")
+        _log.info(f"wrote {junit}")
     return doc

@@ -196,7 +196,7 @@ def bench(
         allow_host_mismatch=allow_host_mismatch, output=out, junit=junit,
         prompt_tokens=None if prompt_tokens is None else ints(prompt_tokens, "--prompt-tokens"),
         new_tokens=None if new_tokens is None else ints(new_tokens, "--new-tokens"),
-        compare=compare or (), cache_only=cache_only, pytorch=not no_pytorch, log=output.log,
+        compare=compare or (), cache_only=cache_only, pytorch=not no_pytorch,
     )
     if as_json:
         output.emit_json(result.doc)

@@ -94,7 +94,7 @@ def generate(
     sampling_of(**sampling)  # a bad temperature or top-p fails before the model is opened
     check_prompt(prompt, chat, system)
     open_decoder(artifact)  # not a decoder artifact: say so (api.load would open an encoder's predictor)
-    generator = api.load(artifact, threads=threads, io_binding=io_binding, log=output.log)
+    generator = api.load(artifact, threads=threads, io_binding=io_binding)
     streamer = None if as_json else Streamer(generator.tokenizer, sys.stdout)
     out = generator.generate(prompt, max_new_tokens, chat=chat, system=system, stop=stop, **sampling, use_cache=cache,
                              stop_at_eos=stop_at_eos, on_token=streamer)

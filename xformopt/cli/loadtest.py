@@ -120,7 +120,7 @@ def register(app: typer.Typer) -> None:
                 if not Path(spec).is_dir():
                     raise InputError(f"{spec} is neither a URL (http://...) nor an artifact directory")
                 args = serve_args if label == "target" else compare_serve_args
-                server = stack.enter_context(LocalServer(Path(spec), args, output.log))
+                server = stack.enter_context(LocalServer(Path(spec), args))
                 targets.append(Target(server.url, f"{label} ({Path(spec).name})"))
             if len(targets) == 2:
                 targets[1].route, targets[1].field_name = compare_route, compare_field
@@ -130,9 +130,9 @@ def register(app: typer.Typer) -> None:
                 stream_options = StreamOptions(levels, duration or 30.0, warmup, max_tokens, prompt_chars,
                                                not stop_at_eos, route=route, model=model, api_key=key, seed=seed)
                 document = run_streams(targets, [t if isinstance(t, str) else t["context"] for t in texts],
-                                       stream_options, output.log)
+                                       stream_options)
             else:
-                document = run(targets, texts, options, output.log)
+                document = run(targets, texts, options)
         render = stream_report if decoder else report
         for warning in document["warnings"]:
             output.log(f"warning: {warning}")

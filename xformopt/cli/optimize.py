@@ -108,7 +108,7 @@ def optimize(
                     max_accuracy_drop=max_accuracy_drop, per_channel=per_channel, min_agreement=min_agreement)
     with output.progress_bars() as progress:
         result = api.optimize(model, recipe=recipe_name, target=target, data=data, output=out, force=force,
-                              use_cache=not no_cache, trust_remote_code=trust_remote_code, wait=wait, log=output.log,
+                              use_cache=not no_cache, trust_remote_code=trust_remote_code, wait=wait,
                               progress=progress, **settings)
     if as_json:
         output.emit_json(result.report)

@@ -86,11 +86,12 @@ def log(message: str) -> None:
 
 
 class _LogLines(logging.Handler):
-    """Records of the ``xformopt`` logger (sources/: downloads, packaged weights, GGUF conversion) as the
-    CLI's own log lines, so -q silences them too."""
+    """Records of the ``xformopt`` logger (every module below the CLI logs there) as the CLI's own log
+    lines, so -q silences them too; warnings say so."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        log(record.getMessage())
+        message = record.getMessage()
+        log(f"warning: {message}" if record.levelno >= logging.WARNING else message)
 
 
 def install_log_handler() -> None:

@@ -19,7 +19,7 @@ from xformopt.passes.record import PassRecord
 def _run(name: str, src, out: Path, options: dict, as_json: bool, **run) -> None:
     """Run the pass through the API and print its record (--json) or its one-line summary."""
 
-    result = api.run_pass(name, src, out, log=output.log, **run, **options)
+    result = api.run_pass(name, src, out, **run, **options)
     if as_json:
         output.emit_json(result.entry)
         return

@@ -70,13 +70,13 @@ def profile(
     check_threads(threads)
     art = measure.load_artifact(artifact)
     run = measure.plan(art, measure.Overrides(data=data, text_column=text_column, text_pair_column=text_pair_column,
-                                              seed=seed, threads=threads), output.log)
+                                              seed=seed, threads=threads))
     texts, pairs = art.spec.task_def.timing_inputs(run.heldout)
     settings = Settings(batch=batch, seq=seq, runs=runs, warmup=warmup, threads=run.settings["threads"],
                         seed=run.settings["seed"])
     with tempfile.TemporaryDirectory(prefix="xformopt-profile-") as work:
-        doc, trace = profile_stage(art.spec, art.path, texts, pairs, settings, Path(work), output.log)
-        add_peak(doc, settings.threads, output.log, remeasure=remeasure_peak)
+        doc, trace = profile_stage(art.spec, art.path, texts, pairs, settings, Path(work))
+        add_peak(doc, settings.threads, remeasure=remeasure_peak)
         info = host_info()
         doc = {"schema": doc.pop("schema"), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "artifact": str(artifact), "stage": art.stage, "heldout": run.settings["heldout"], "host": info,

@@ -70,7 +70,7 @@ def report(
         return chain_report(directory, as_json, as_markdown)
     data, folder = load_report(directory)
     try:
-        written = write_derived_files(data, folder, log=output.log)
+        written = write_derived_files(data, folder)
         output.log("re-wrote " + ", ".join(str(p) for p in written))
     except OSError as exc:  # a read-only artifact still prints
         output.log(f"could not re-write report.md/plots in {folder} ({type(exc).__name__}: {exc.strerror or exc})")

@@ -57,7 +57,7 @@ def search(
         model, output=out, space=space, preset=preset, trials=trials, objective=objective,
         max_accuracy_drop=max_accuracy_drop, sampler=sampler, seed=seed, ray=ray, workers=workers,
         cpus_per_trial=cpus_per_trial, remeasure_rounds=remeasure_rounds, expand=expand, resume=resume, force=force,
-        trust_remote_code=trust_remote_code, log=output.log,
+        trust_remote_code=trust_remote_code,
     )
     if as_json:
         output.emit_json(result.doc)

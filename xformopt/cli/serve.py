@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
         if ray is not None:
             from xformopt.serve import ray_serve
 
-            ray_serve.run(config, address=ray, host=host, port=port, replicas=replicas, log=output.log)
+            ray_serve.run(config, address=ray, host=host, port=port, replicas=replicas)
             return
 
         app = create_app(config)

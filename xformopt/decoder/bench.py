@@ -14,8 +14,8 @@ ignored, so every run does the same work) from a prompt of real held-out text cu
 
 from __future__ import annotations
 
+import logging
 import random
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -32,6 +32,8 @@ from xformopt.models import load_tokenizer
 from xformopt.resources import vader_split_path
 from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 from xformopt.runtime.session import thread_pool_setting
+
+_log = logging.getLogger(__name__)
 
 CACHE_MODES = {"cache": True, "no_cache": False}
 
@@ -80,7 +82,6 @@ def bench_generation(
     rounds: int = 3,
     warmup: int = 1,
     seed: int = 0,
-    log: Callable[[str], None] = lambda m: None,
 ) -> dict:
     """Time every runner x cache mode at every (prompt length, new tokens), interleaved per round."""
     cells = []
@@ -89,7 +90,7 @@ def bench_generation(
         for n_new in new_tokens:
             pairs = [(name, mode) for name in runners for mode in cache_modes]
             runs: dict[tuple[str, str], list] = {pair: [] for pair in pairs}
-            log(f"generation bench: prompt {prompt_len} tokens, {n_new} new tokens, {len(pairs)} variants x {rounds} rounds")
+            _log.info(f"generation bench: prompt {prompt_len} tokens, {n_new} new tokens, {len(pairs)} variants x {rounds} rounds")
             for name, mode in pairs:  # warm-up: first calls pay for allocations and kernel choice
                 for _ in range(warmup):
                     generate(runners[name], prompt, min(n_new, 4), Sampling(), use_cache=CACHE_MODES[mode])
@@ -142,7 +143,7 @@ def rows(doc: dict) -> tuple[list[str], list[list[str]]]:
 GENERATION_BENCH_SCHEMA = "xformopt.generation-bench/1"
 
 
-def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str], None] = lambda m: None):
+def plan_stages(artifact, compare=(), pytorch: bool = True):
     """What to time: the PyTorch model the manifest names, earlier stages still in the pass cache,
     ``compare`` directories, then the artifact. Returns ({name: (kind, path)}, notes)."""
     artifact = Path(artifact)
@@ -182,10 +183,9 @@ def plan_stages(artifact, compare=(), pytorch: bool = True, log: Callable[[str],
 
 
 def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths=(16, 64), new_tokens=(32, 128),
-                   cache_modes=("cache", "no_cache"), rounds: int = 3, threads: int | None = None, seed: int = 0,
-                   log: Callable[[str], None] = lambda m: None) -> dict:
+                   cache_modes=("cache", "no_cache"), rounds: int = 3, threads: int | None = None, seed: int = 0) -> dict:
     """The generation bench document for a decoder artifact (schema ``xformopt.generation-bench/1``)."""
-    stages, notes = plan_stages(artifact, compare, pytorch, log)
+    stages, notes = plan_stages(artifact, compare, pytorch)
     context = context_window(artifact)
     longest = max(prompt_lengths) + max(new_tokens)
     if context and longest > context:
@@ -197,10 +197,10 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
     tokenizer = load_tokenizer(artifact)
 
     texts = load_text_dataset(vader_split_path("test"), label_column="", limit=None, seed=seed).texts
-    log(f"timing {', '.join(stages)}: prompts {list(prompt_lengths)} x new tokens {list(new_tokens)}, "
+    _log.info(f"timing {', '.join(stages)}: prompts {list(prompt_lengths)} x new tokens {list(new_tokens)}, "
         f"{' and '.join(cache_modes)}, {rounds} interleaved rounds, {threads} threads")
     doc = bench_generation(runners, tokenizer, texts, list(prompt_lengths), list(new_tokens), cache_modes=tuple(cache_modes),
-                           rounds=rounds, seed=seed, log=log)
+                           rounds=rounds, seed=seed)
     host = host_info()
     return {
         "schema": GENERATION_BENCH_SCHEMA,

@@ -15,7 +15,7 @@ Per stage (the report's rows, same shape as for encoders):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 import numpy as np
 
@@ -27,6 +27,8 @@ from xformopt.models import load_tokenizer
 from xformopt.onnx_graph import dir_size_bytes
 from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 from xformopt.scoring.metrics import proportion
+
+_log = logging.getLogger(__name__)
 
 PPL_WINDOW = 128
 STEP_PROMPT = 32
@@ -72,11 +74,11 @@ def solo_steps(call, n: int, rounds: int, warmup: int, repeats: int) -> dict:
             "unit": "one cached decode step (batch 1)"}
 
 
-def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
+def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int,
                             progress=None) -> dict:
     encoder_only = [m for m in settings.modes if m != "real"]
     if encoder_only:  # said, not silently dropped: a decoder's timing is its decode step and generation
-        log(f"latency modes {', '.join(encoder_only)} time encoders; this decoder's report times one cached "
+        _log.info(f"latency modes {', '.join(encoder_only)} time encoders; this decoder's report times one cached "
             "decode step (no tokenization) and greedy generation")
     runners = runners_for(stages, spec, threads)
     tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
@@ -86,7 +88,7 @@ def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: 
     nll: dict[str, list] = {name: [] for name in runners}
     argmax: dict[str, list] = {name: [] for name in runners}
     for name, runner in runners.items():
-        log(f"scoring {name}: perplexity on {len(lists)} held-out texts")
+        _log.info(f"scoring {name}: perplexity on {len(lists)} held-out texts")
         for ids in lists:
             if len(ids) < 2:  # nothing to predict; kept as a (0, 0) row so reference/ aligns with the rows
                 nll[name].append((0.0, 0))
@@ -104,21 +106,21 @@ def evaluate_decoder_stages(stages, spec, heldout, settings, threads: int, log: 
         metrics[name] = {"perplexity": summarize(rows, settings.seed), "next_token_agreement": proportion(same)}
 
     calls, n_inputs = step_calls(runners, tokenizer, heldout.texts)
-    log(f"timing one cached decode step per stage, interleaved ({settings.latency_rounds} rounds, {threads} threads)")
+    _log.info(f"timing one cached decode step per stage, interleaved ({settings.latency_rounds} rounds, {threads} threads)")
     latency = run_interleaved(calls, n_inputs, warmup=settings.warmup, iterations=settings.latency_rounds, seed=settings.seed)
     speedup = compare(latency, base)
     final = stages[-1].name
-    log(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} cached steps)")
+    _log.info(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} cached steps)")
     artifact_latency = solo_steps(calls[final], n_inputs, settings.latency_rounds, settings.warmup, settings.repeats)
     context = context_window(spec.path)
     prompts = [p for p in PROMPTS if not context or p + max(NEW_TOKENS) <= context]
     generation = None
     if prompts:
-        log(f"generation benchmark: prompts {prompts} x new tokens {list(NEW_TOKENS)}, with and without the cache")
+        _log.info(f"generation benchmark: prompts {prompts} x new tokens {list(NEW_TOKENS)}, with and without the cache")
         generation = bench_generation(runners, tokenizer, heldout.texts, prompts, list(NEW_TOKENS),
-                                      rounds=GENERATION_ROUNDS, seed=settings.seed, log=log)
+                                      rounds=GENERATION_ROUNDS, seed=settings.seed)
     else:
-        log(f"note: no generation benchmark: the context window ({context}) is shorter than "
+        _log.info(f"note: no generation benchmark: the context window ({context}) is shorter than "
             f"{min(PROMPTS)} + {max(NEW_TOKENS)} tokens")
 
     def size(stage) -> int:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shutil
 import sys
 import tempfile
@@ -61,6 +62,8 @@ from xformopt.models.quiet import load_quietly, quiet_loggers
 from xformopt.onnx_graph import fused_counts
 from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 from xformopt.scoring.metrics import row_cosine
+
+_log = logging.getLogger(__name__)
 
 # Small files a decoder stage carries beside model.onnx (config, generation defaults, tokenizer).
 CONFIG_FILES = (
@@ -225,7 +228,7 @@ EXPORTERS = {
 }
 
 
-def exporter_for(model_type: str, log=None):
+def exporter_for(model_type: str):
     """(description, function) from the family table; a model_type it does not know, and genai
     families when the optional builder is not installed (loudly), go through the dynamo exporter."""
 
@@ -233,9 +236,8 @@ def exporter_for(model_type: str, log=None):
     if family is None or family.exporter not in EXPORTERS:
         return DYNAMO_EXPORTER
     if family.exporter == "genai" and not families.genai_builder_available():
-        if log:
-            log(f"WARNING: {GENAI_EXTRA} is not installed: exporting {model_type} with torch's dynamo exporter "
-                f"(attention fuses as MultiHeadAttention, not GroupQueryAttention; pip install 'xformopt[genai]')")
+        _log.warning(f"{GENAI_EXTRA} is not installed: exporting {model_type} with torch's dynamo exporter "
+                     f"(attention fuses as MultiHeadAttention, not GroupQueryAttention; pip install 'xformopt[genai]')")
         return DYNAMO_EXPORTER
     return EXPORTERS[family.exporter]
 
@@ -324,7 +326,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
     """The export pass for text-generation: export with past, copy configs, verify every step."""
     import onnx
 
-    how, exporter = exporter_for(ctx.spec.model_type, ctx.log)
+    how, exporter = exporter_for(ctx.spec.model_type)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
     with quiet_loggers("transformers", "torch.onnx", "onnxscript"):
         exporter(src, dst, options.opset, ctx.spec.trust_remote_code)
@@ -371,4 +373,4 @@ def _fused_at_export(ctx, model, how: str) -> dict:
     if short:
         detail = ", ".join(f"{op} {got}/{want}" for op, (got, want) in short.items())
         raise PassFailed(f"the genai builder's graph fell short of the fused ops expected: {detail} (fused {counts})")
-    return {"fused": counts, "expected_fused": expected, "decoder": attention_record(ctx.spec, counts, ctx.log)}
+    return {"fused": counts, "expected_fused": expected, "decoder": attention_record(ctx.spec, counts)}

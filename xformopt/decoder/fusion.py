@@ -16,12 +16,15 @@ Measured with onnxruntime 1.32, onnxscript 0.7.2 and transformers 5.23 (tiny con
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from xformopt.measure.latency import run_interleaved
 from xformopt.models import load_tokenizer
 from xformopt.runtime.decoder import OrtDecoder
 from xformopt.scoring.metrics import row_cosine
+
+_log = logging.getLogger(__name__)
 
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 
@@ -43,7 +46,7 @@ def attention_layers(spec) -> int:
     return sum(t != "linear_attention" for t in types) or spec.num_layers
 
 
-def attention_record(spec, counts: dict[str, int], log) -> dict:
+def attention_record(spec, counts: dict[str, int]) -> dict:
     """Whether attention fused; a family whose attention cannot fuse is logged loudly, never silent."""
     fused = sum(counts.get(op, 0) for op in ATTENTION_OPS)
     layers = attention_layers(spec)
@@ -52,7 +55,7 @@ def attention_record(spec, counts: dict[str, int], log) -> dict:
     if fused < layers:
         why = ATTENTION_NOT_FUSED if spec.model_type != "gpt2" else "the attention pattern was not recognized"
         record["attention_note"] = f"{fused} of {layers} attention layers fused: {why}"
-        log(f"WARNING: {record['attention_note']}")
+        _log.warning(f"{record['attention_note']}")
     return record
 
 

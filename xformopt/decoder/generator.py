@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,8 @@ from xformopt.measure.host import usable_cpus
 from xformopt.models import load_tokenizer
 from xformopt.models.validate import check_threads
 from xformopt.runtime.decoder import OrtDecoder
+
+_log = logging.getLogger(__name__)
 
 
 def open_decoder(artifact: Path):
@@ -85,7 +88,7 @@ class TextGenerator:
     task = "text-generation"
 
     def __init__(self, artifact: Path, *, threads: int | None = None, io_binding: bool = True,
-                 spinning: bool = False, log: Callable[[str], None] = lambda m: None):
+                 spinning: bool = False):
 
         check_threads(threads)
         self.spec = open_decoder(artifact)
@@ -94,7 +97,6 @@ class TextGenerator:
         self.threads = threads or usable_cpus()
         self.io_binding = io_binding
         self.runner = OrtDecoder(self.spec.path, threads=self.threads, io_binding=io_binding, spinning=spinning)
-        self.log = log
 
     def generate(self, prompt: str | None = None, max_new_tokens: int = 32, *, chat: str | None = None,
                  system: str | None = None, stop: list[str] | None = None, do_sample: bool | None = None,
@@ -113,7 +115,7 @@ class TextGenerator:
         ids = encode_prompt(self.tokenizer, text_in, max_new_tokens, context_window(self.spec.path),
                             templated=chat is not None)
         stopper = StopStrings(self.tokenizer, list(stop)) if stop else None
-        self.log(f"{self.spec.model_type} from {self.spec.path}: prompt {len(ids)} tokens, {sampling.describe()}, "
+        _log.info(f"{self.spec.model_type} from {self.spec.path}: prompt {len(ids)} tokens, {sampling.describe()}, "
                  f"{'KV cache' if use_cache else 'no cache'}, {self.threads} threads")
         result = run_generation(self.runner, ids, max_new_tokens, sampling,
                                 eos_token_id=eos_token_ids(self.spec.path, self.tokenizer) if stop_at_eos else None,

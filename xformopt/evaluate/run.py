@@ -7,7 +7,7 @@ alike. The final artifact is additionally timed alone, in repeats: that is the f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 import numpy as np
 
@@ -18,6 +18,8 @@ from xformopt.measure import memory, modes
 from xformopt.measure.latency import compare
 from xformopt.onnx_graph import dir_size_bytes
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+
+_log = logging.getLogger(__name__)
 
 
 def stage_predictor(stage, spec, threads: int):
@@ -39,14 +41,14 @@ def quality(task, outputs: dict[str, np.ndarray], baseline_name: str, heldout, s
     return {name: task.score(out, baseline, heldout, seed) for name, out in outputs.items()}
 
 
-def evaluate_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None], progress=None) -> dict:
+def evaluate_stages(stages, spec, heldout, settings, threads: int, progress=None) -> dict:
     """Metrics and latency for every stage; returns per-stage results plus the artifact's solo timing.
     How depends on the task's graph (``EVALUATIONS``): decoders are scored on perplexity and timed per
     cached step, with a generation grid (xformopt/decoder/evaluate.py)."""
-    return EVALUATIONS[spec.task_def.graph](stages, spec, heldout, settings, threads, log, progress)
+    return EVALUATIONS[spec.task_def.graph](stages, spec, heldout, settings, threads, progress)
 
 
-def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
+def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int,
                             progress=None) -> dict:
     """Every stage scored by the task on the held-out rows and timed interleaved per request."""
     report = progress or progress_events.report  # (label, done, total): a live bar or periodic lines
@@ -63,34 +65,34 @@ def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int, log: 
         stage_memory[stage.name] = {"load": loaded.to_dict()}
     outputs = {}
     for name, predictor in predictors.items():
-        log(f"evaluating {name} on {len(heldout)} held-out rows")
+        _log.info(f"evaluating {name} on {len(heldout)} held-out rows")
         with memory.measured(f"evaluate {name}") as scored:
             outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
         stage_memory[name]["evaluate"] = scored.to_dict()
     metrics = quality(spec.task_def, outputs, stages[0].name, heldout, settings.seed)
     texts, pairs = spec.task_def.timing_inputs(heldout)
 
-    log(f"timing {len(predictors)} stages interleaved at batch 1 ({settings.latency_rounds} rounds, {threads} threads)")
+    _log.info(f"timing {len(predictors)} stages interleaved at batch 1 ({settings.latency_rounds} rounds, {threads} threads)")
     latency = modes.real(predictors, texts, pairs, rounds=settings.latency_rounds,
                          warmup=settings.warmup, seed=settings.seed, progress=bar("latency (real, interleaved)"))
     speedup = compare(latency, stages[0].name)
     final = stages[-1].name
-    log(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} rounds)")
+    _log.info(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} rounds)")
     artifact_latency = modes.solo_repeats(predictors[final], texts, pairs,
                                           rounds=settings.latency_rounds, warmup=settings.warmup,
                                           repeats=settings.repeats, seed=settings.seed,
                                           progress=bar(f"latency ({final} alone, {settings.repeats} repeats)"))
     extra = {}
     if "fixed" in settings.modes:
-        log(f"timing fixed shapes: batch {settings.batch} x seq {settings.seq}")
+        _log.info(f"timing fixed shapes: batch {settings.batch} x seq {settings.seq}")
         extra["fixed"] = modes.fixed(predictors, texts, settings.batch, settings.seq,
                                      rounds=settings.fixed_rounds, warmup=2, seed=settings.seed, progress=bar("latency (fixed grid)"))
     if "throughput" in settings.modes:
-        log(f"measuring throughput at batch sizes {settings.batch}")
+        _log.info(f"measuring throughput at batch sizes {settings.batch}")
         extra["throughput"] = modes.throughput(predictors, texts, pairs, settings.batch, seed=settings.seed,
                                                progress=bar("throughput (passes)"))
     if "model" in settings.modes:
-        log(f"timing the model call alone, every text tokenized beforehand ({settings.latency_rounds} rounds)")
+        _log.info(f"timing the model call alone, every text tokenized beforehand ({settings.latency_rounds} rounds)")
         model_only = modes.model_call(predictors, texts, pairs, rounds=settings.latency_rounds, warmup=settings.warmup,
                                       seed=settings.seed, progress=bar("latency (model call, interleaved)"))
         extra["model_call"] = {name: stats.to_dict() for name, stats in model_only.items()}

@@ -16,7 +16,7 @@ attention's share). ``reference_outputs`` are the baseline's generated ids (padd
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from xformopt.seq2seq import GRAPH_FILES
 from xformopt.seq2seq.generate import GenerationSettings, generate
 from xformopt.seq2seq.measure import decode, encode, forced_agreement, generate_rows, padded, step_cost_by_length
 from xformopt.seq2seq.runner import OrtSeq2Seq, TorchSeq2Seq
+
+_log = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 128  # a bound on evaluation time; generation stops at EOS first
 AGREEMENT_ROWS = 64
@@ -46,7 +48,7 @@ def size_bytes(stage) -> int:
     return sum(p.stat().st_size for p in weights) or dir_size_bytes(stage.path)
 
 
-def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int, log: Callable[[str], None],
+def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int,
                             progress=None) -> dict:
     task = spec.task_def
     tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
@@ -57,7 +59,7 @@ def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int, log: 
     texts = list(heldout.texts)
     rows, decoded = {}, {}
     for name, runner in runners.items():
-        log(f"generating with {name} for {len(texts)} held-out sources ({generation.num_beams} beam(s), "
+        _log.info(f"generating with {name} for {len(texts)} held-out sources ({generation.num_beams} beam(s), "
             f"up to {generation.max_new_tokens} tokens)")
         rows[name] = generate_rows(runner, tokenizer, texts, generation)
         decoded[name] = decode(tokenizer, rows[name])
@@ -70,16 +72,16 @@ def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int, log: 
     encoded = [encode(tokenizer, [t]) for t in texts]
     calls = {name: (lambda i, r=runner: generate(r, encoded[i]["input_ids"], encoded[i]["attention_mask"], generation))
              for name, runner in runners.items()}
-    log(f"timing one generated sentence per stage, interleaved ({settings.latency_rounds} rounds, {threads} threads)")
+    _log.info(f"timing one generated sentence per stage, interleaved ({settings.latency_rounds} rounds, {threads} threads)")
     latency = run_interleaved(calls, len(encoded), warmup=settings.warmup, iterations=settings.latency_rounds,
                               seed=settings.seed)
     speedup = compare(latency, base)
-    log(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} sentences)")
+    _log.info(f"timing the artifact alone ({settings.repeats} repeats x {settings.latency_rounds} sentences)")
     solo = {**solo_steps(calls[final], len(encoded), settings.latency_rounds, settings.warmup, settings.repeats),
             "unit": UNIT}
     positions = position_limit(spec.path)
     lengths = [n for n in STEP_LENGTHS if positions is None or n < positions - 1]
-    log(f"cached-step cost of the artifact after {lengths} earlier steps")
+    _log.info(f"cached-step cost of the artifact after {lengths} earlier steps")
     steps = step_cost_by_length(runners[final], tokenizer, texts[0], lengths)
 
     def tokens_per_s(name: str) -> float:

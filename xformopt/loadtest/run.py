@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shlex
@@ -29,6 +30,8 @@ from xformopt.loadtest import overload
 from xformopt.loadtest.generator import Request, json_bodies, run_step
 from xformopt.loadtest.report import LAG_LIMIT_MS, SCHEMA, summarize, sustainable
 from xformopt.measure.host import cpu_model, usable_cpus
+
+_log = logging.getLogger(__name__)
 
 PAUSE_S = 1.0  # between steps, so one step's backlog does not spill into the next
 
@@ -114,7 +117,7 @@ def batch_totals(target: Target, api_key: str | None) -> tuple[float, float] | N
     return float(values.get(b"sum", 0)), float(values.get(b"count", 0))
 
 
-async def ladder(targets: list[Target], options: Options, log) -> None:
+async def ladder(targets: list[Target], options: Options) -> None:
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -122,7 +125,7 @@ async def ladder(targets: list[Target], options: Options, log) -> None:
         for target in targets:
             if target.has_metrics:
                 target.idle_bytes = await overload.resident_bytes(session, f"{target.url}/metrics", _auth(options))
-            log(f"warm-up: {target.label} at {options.rates[0]:g} req/s for {options.warmup_s:g} s")
+            _log.info(f"warm-up: {target.label} at {options.rates[0]:g} req/s for {options.warmup_s:g} s")
             await run_step(session, target.request, options.rates[0], options.warmup_s, options.seed + 999,
                            options.concurrency_limit, options.timeout_s)
         for i, rate in enumerate(options.rates):
@@ -139,27 +142,27 @@ async def ladder(targets: list[Target], options: Options, log) -> None:
                     batch = (after[0] - before[0]) / (after[1] - before[1])
                 step = summarize(outcomes, rate, options.duration_s, batch)
                 target.steps.append(step)
-                log(f"{target.label} @ {rate:g} req/s: achieved {step['achieved_rps']:g}, p50 {step['p50_ms']:g} ms, "
+                _log.info(f"{target.label} @ {rate:g} req/s: achieved {step['achieved_rps']:g}, p50 {step['p50_ms']:g} ms, "
                     f"p99 {step['p99_ms']:g} ms, errors {sum(step['errors'].values())}"
                     + (f", mean batch {batch:.1f}" if batch else "")
                     + (" (client-bound: its send lag was high)" if step["client_bound"] else ""))
                 over = [s["p99_ms"] > options.p99_ms or s["errors"] for s in target.steps[-2:]]
                 if not options.full_ladder and len(over) == 2 and all(over):
                     target.done = True
-                    log(f"{target.label}: two rates past the bound; its ladder stops here")
+                    _log.info(f"{target.label}: two rates past the bound; its ladder stops here")
         if options.overload_factor or options.overload_rps:
             await asyncio.sleep(PAUSE_S * 3)
-            await _overload(session, targets[0], options, log)
+            await _overload(session, targets[0], options)
 
 
 def _auth(options: Options) -> dict:
     return {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
 
 
-async def _overload(session, target: Target, options: Options, log) -> None:
+async def _overload(session, target: Target, options: Options) -> None:
     full = sustainable(target.steps, options.p99_ms) or options.rates[0]
     over = options.overload_rps or full * options.overload_factor
-    log(f"overload: {target.label} at {over:g} req/s for {options.overload_s:g} s, then {full:g} req/s for "
+    _log.info(f"overload: {target.label} at {over:g} req/s for {options.overload_s:g} s, then {full:g} req/s for "
         f"{options.recovery_s:g} s")
     result = await overload.run(session, target.request, f"{target.url}/metrics" if target.has_metrics else None,
                                 _auth(options), over, full, options.overload_s, options.recovery_s, options.p99_ms,
@@ -167,7 +170,7 @@ async def _overload(session, target: Target, options: Options, log) -> None:
     result["checks"] = overload.verdict(result)
     target.overload = result
     memory = result["memory"]
-    log(f"overload: lost {result['lost']}, hung {result['hung']}, statuses {result['overload']['by_status']}; memory "
+    _log.info(f"overload: lost {result['lost']}, hung {result['hung']}, statuses {result['overload']['by_status']}; memory "
         f"peak/idle {memory['peak_over_idle']}; recovered after {result['recovery']['recovered_after_s']} s")
 
 
@@ -180,8 +183,8 @@ def _free_port() -> int:
 class LocalServer:
     """``xformopt serve ARTIFACT`` on a free local port for the duration of the run."""
 
-    def __init__(self, artifact: Path, serve_args: str, log):
-        self.artifact, self.args, self.log = Path(artifact), shlex.split(serve_args or ""), log
+    def __init__(self, artifact: Path, serve_args: str):
+        self.artifact, self.args = Path(artifact), shlex.split(serve_args or "")
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -189,7 +192,7 @@ class LocalServer:
     def __enter__(self) -> LocalServer:
         command = [sys.executable, "-m", "xformopt.cli.app", "serve", str(self.artifact), "--port", str(self.port),
                    *self.args]
-        self.log(f"starting: {shlex.join(command[2:])}")
+        _log.info(f"starting: {shlex.join(command[2:])}")
         self.process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
                                         stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + 600
@@ -214,13 +217,13 @@ class LocalServer:
                 self.process.kill()
 
 
-def run(targets: list[Target], texts: list, options: Options, log) -> dict:
+def run(targets: list[Target], texts: list, options: Options) -> dict:
 
     for target in targets:
         describe(target, texts, options)
     load_before = os.getloadavg()
     started = time.time()
-    asyncio.run(ladder(targets, options, log))
+    asyncio.run(ladder(targets, options))
     document = {
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -24,6 +25,8 @@ from xformopt.loadtest.streams import (
     summarize,
 )
 from xformopt.measure.host import cpu_model, usable_cpus
+
+_log = logging.getLogger(__name__)
 
 SCHEMA = "xformopt.loadtest.streams/1"
 # what an xformopt server's /metrics says about its decode calls: rows, calls, seconds inside them
@@ -98,14 +101,14 @@ def server_decode(before: dict | None, after: dict | None) -> tuple[float | None
     return rows / (after["calls"] - before["calls"]), rows / (after["seconds"] - before["seconds"])
 
 
-async def _ladder(targets: list[Target], plans: list[tuple], options: StreamOptions, log) -> None:
+async def _ladder(targets: list[Target], plans: list[tuple], options: StreamOptions) -> None:
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         for target, (url, bodies, headers) in zip(targets, plans):
             if options.warmup_s > 0:
-                log(f"warm-up: {target.label}, 1 stream for {options.warmup_s:g} s")
+                _log.info(f"warm-up: {target.label}, 1 stream for {options.warmup_s:g} s")
                 await run_level(session, url, bodies, headers, 1, options.warmup_s, options.timeout_s, offset=999)
         for i, streams in enumerate(options.streams):
             order = list(zip(targets, plans))
@@ -118,20 +121,20 @@ async def _ladder(targets: list[Target], plans: list[tuple], options: StreamOpti
                 level = summarize(records, streams, wall, batch)
                 level["server_decode_tokens_per_s"] = None if inside is None else round(inside, 3)
                 target.steps.append(level)
-                log(f"{target.label} @ {streams} stream(s): {level['ok']} requests, TTFT p50 {level['ttft_p50_ms']} ms, "
+                _log.info(f"{target.label} @ {streams} stream(s): {level['ok']} requests, TTFT p50 {level['ttft_p50_ms']} ms, "
                     f"ITL p50/p99 {level['itl_p50_ms']}/{level['itl_p99_ms']} ms, decode "
                     f"{level['aggregate_decode_tokens_per_s']} tok/s together, output {level['output_tokens_per_s']} "
                     f"tok/s, errors {sum(level['errors'].values())}" + (f", mean decode batch {batch:.1f}" if batch else ""))
 
 
-def run_streams(targets: list[Target], texts: list[str], options: StreamOptions, log) -> dict:
+def run_streams(targets: list[Target], texts: list[str], options: StreamOptions) -> dict:
     prompts = prompt_texts(texts, options.prompt_chars)
     if not prompts:
         raise InputError("no texts to build prompts from; pass --data with a text column")
     plans = [_prepare(t, prompts, options) for t in targets]
     load_before = os.getloadavg()
     started = time.time()
-    asyncio.run(_ladder(targets, plans, options, log))
+    asyncio.run(_ladder(targets, plans, options))
     document = {
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

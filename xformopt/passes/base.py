@@ -8,7 +8,8 @@ shell command of its own, a cache entry of its own, and a stage the report can e
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -22,6 +23,8 @@ from xformopt.resources.defaults import VADER_LABELS, labels_cover_vendored
 from xformopt.targets import Target, host_supports
 
 Kind = Literal["hf", "onnx"]
+
+_log = logging.getLogger("xformopt.passes")
 
 
 class PassOptions(BaseModel):
@@ -37,9 +40,14 @@ class PassContext:
     sample_texts: Sequence[str]  # real held-out texts for parity checks and timing (a fixed sample)
     threads: int
     host_flags: set[str] = field(default_factory=set)
-    log: Callable[[str], None] = lambda message: None
     reported_texts: Sequence[str] | None = None  # every row the report scores (distill keeps out of training)
     sample: TextDataset | None = None  # the sample as the task reads it (pairs, words, answers); None: texts only
+    quiet: bool = False  # a pass run inside another (candidate graphs) keeps its lines to itself
+
+    def log(self, message: str) -> None:
+        """A pass's progress line, to the ``xformopt.passes`` logger (xformopt/logs.py)."""
+        if not self.quiet:
+            _log.info(message)
 
     @property
     def sample_data(self) -> TextDataset:

@@ -31,8 +31,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,8 @@ from xformopt.data import TextDataset
 from xformopt.models import load_tokenizer
 from xformopt.onnx_graph import load_graph
 from xformopt.runtime.session import ort_feed, ort_session
+
+_log = logging.getLogger(__name__)
 
 METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
@@ -159,8 +162,7 @@ def prepare_for_static(src: Path, dst: Path) -> dict:
 
 
 def calibrate(model_path: Path, reader: TextBatchReader, method: str, op_types: Sequence[str], cache_path: Path,
-              workdir: Path, *, chunk_batches: int = 16, symmetric: bool = False, percentile: float = 99.999,
-              log: Callable[[str], None] = lambda m: None) -> dict:
+              workdir: Path, *, chunk_batches: int = 16, symmetric: bool = False, percentile: float = 99.999) -> dict:
     """Activation ranges for ``model_path`` from ``reader``, in chunks; saved to ``cache_path``."""
     from onnxruntime.quantization.calibrate import (
         CalibrationMethod,
@@ -190,7 +192,7 @@ def calibrate(model_path: Path, reader: TextBatchReader, method: str, op_types: 
         chunks += 1
         progress.report(f"calibrating ({METHODS[method]}, batches)", reader.batches, total)
         if chunks % max(1, 16 // chunk_batches) == 0 or reader.batches == total:
-            log(f"calibrating ({METHODS[method]}): {reader.batches}/{total} batches")
+            _log.info(f"calibrating ({METHODS[method]}): {reader.batches}/{total} batches")
     with contextlib.redirect_stdout(io.StringIO()):
         ranges = calibrator.compute_data()
     save_tensors_data(ranges, cache_path)

@@ -65,7 +65,7 @@ class CandidateGraphs:
         """Run the checkpoint ``src`` through xformopt's export and fuse (select=all) passes; returns the
         fuse record."""
         ctx = self.ctx
-        sub = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src), log=lambda m: None)
+        sub = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src), quiet=True)
         exported, fused = self.work / f"{key}-export", self.work / f"{key}-fused"
         exported.mkdir()
         fused.mkdir()

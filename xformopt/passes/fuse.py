@@ -113,7 +113,6 @@ def weights_dir(path: Path):
         _thread_weights.path = previous
 
 
-
 class _NarrowAttentionNote(logging.Filter):
     """Pruned heads leave a layer's attention narrower than the hidden size (8 heads x 32 = 256 of 384):
     ORT's attention fusion warns on each such layer that the widths differ, which is what pruning meant."""
@@ -333,7 +332,7 @@ class FusePass(Pass):
             chosen = wanted[0]
             reason = f"select={options.select}"
 
-        graph_facts = stage_runs(ctx.spec).fusion_record(ctx.spec, counts["all"], ctx.log)  # decoders: attention fused?
+        graph_facts = stage_runs(ctx.spec).fusion_record(ctx.spec, counts["all"])  # decoders: attention fused?
         at_load = runtime_fusions(src / "model.onnx", work)
         for item in candidates[chosen].iterdir():
             shutil.move(str(item), dst / item.name)

@@ -319,7 +319,7 @@ class QuantizePass(Pass):
         cache = work / "calibration.json"
         stats = cal.calibrate(prepared, reader, options.calibration_method, formats["op_types"], cache, work,
                               chunk_batches=options.calibration_chunk_batches,
-                              symmetric=formats["activation_symmetric"], log=ctx.log)
+                              symmetric=formats["activation_symmetric"])
         ctx.log(f"calibrated {stats['tensors']} tensors in {stats['chunks']} chunk(s) of <= {stats['chunk_batches']} batches "
                 f"({stats['seconds']:.1f}s)")
         record = {**cal.dataset_record(dataset, "calibration"), **stats, "prepare": prep}

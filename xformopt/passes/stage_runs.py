@@ -45,7 +45,7 @@ class EncoderRuns:
         return output_agreement(ctx, float_dir, quantized_dir)
 
     @staticmethod
-    def fusion_record(spec: ModelSpec, counts: dict[str, int], log) -> dict:
+    def fusion_record(spec: ModelSpec, counts: dict[str, int]) -> dict:
         """Nothing beyond the counts: ``expect_full`` already fails a pass whose attention does not fuse."""
         return {}
 
@@ -62,10 +62,10 @@ class DecoderRuns:
         return logits_agreement(ctx, float_dir, quantized_dir)
 
     @staticmethod
-    def fusion_record(spec: ModelSpec, counts: dict[str, int], log) -> dict:
+    def fusion_record(spec: ModelSpec, counts: dict[str, int]) -> dict:
         """Whether attention fused, loud when it did not: a family exported without onnxruntime-genai's
         builder is expected to fuse its norms and rotary embeddings only (xformopt/decoder/fusion.py)."""
-        return {"decoder": attention_record(spec, counts, log)}
+        return {"decoder": attention_record(spec, counts)}
 
 
 RUNS: dict[str, type[EncoderRuns] | type[DecoderRuns]] = {"encoder": EncoderRuns, "decoder": DecoderRuns}

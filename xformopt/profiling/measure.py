@@ -10,11 +10,12 @@ own work between kernels, and the Python call with its feed.
 
 from __future__ import annotations
 
+import logging
 import random
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,11 +29,11 @@ from xformopt.profiling.trace import runs as trace_runs
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.session import ort_feed, ort_session
 
+_log = logging.getLogger(__name__)
+
 SCHEMA = "xformopt.profile/1"
 NAMED_SHARES = ("gemm", "attention", "layer norm", "tokenization")
 COVERAGE_LIMIT = 0.10  # operators + tokenization must come within 10% of the end-to-end median
-
-Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def _weighted_nodes(graph) -> dict[str, bool]:
 
 
 def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[str] | None, settings: Settings,
-                  workdir: Path, log: Log = lambda m: None) -> tuple[dict, Path]:
+                  workdir: Path) -> tuple[dict, Path]:
     """Profile ``model_dir/model.onnx`` on ``texts``; returns (the profile document without host
     and peak, the path of ORT's trace file in ``workdir``)."""
     import onnx
@@ -99,7 +100,7 @@ def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[s
     sessions = {"on": profiled, "off": plain.session}
     samples: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}  # (tokenization s, end-to-end s)
     rng = random.Random(settings.seed)
-    log(f"profiling {settings.runs} requests (batch {settings.batch}, "
+    _log.info(f"profiling {settings.runs} requests (batch {settings.batch}, "
         f"{'exact length ' + str(settings.seq) if settings.seq else 'real lengths'}, {settings.threads} threads; "
         f"{settings.warmup} warm-up), interleaved with the same requests unprofiled")
     step = progress.tracker("profiling (requests)")
@@ -229,14 +230,14 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
     }
 
 
-def add_peak(doc: dict, threads: int, log: Log = lambda m: None, *, remeasure: bool = False) -> dict:
+def add_peak(doc: dict, threads: int, *, remeasure: bool = False) -> dict:
     """The host's GEMM peak into ``doc``; a cached peak that this profile's GEMMs beat was measured
     on a busier host, so it is measured again (once) before comparing."""
 
-    attach_peak(doc, gemm_peak(threads, log, remeasure=remeasure))
+    attach_peak(doc, gemm_peak(threads, remeasure=remeasure))
     if not remeasure and any((row.get("fraction_of_peak") or 0) > 1 for row in doc["gemm_throughput"]):
-        log("this profile's GEMMs ran faster than the cached peak (measured on a busier host); measuring it again")
-        attach_peak(doc, gemm_peak(threads, log, remeasure=True))
+        _log.info("this profile's GEMMs ran faster than the cached peak (measured on a busier host); measuring it again")
+        attach_peak(doc, gemm_peak(threads, remeasure=True))
     return doc
 
 
@@ -255,7 +256,7 @@ def attach_peak(doc: dict, peak: dict) -> dict:
 REPORT_RUNS, REPORT_WARMUP = 30, 5
 
 
-def profile_for_report(stage, heldout, threads: int, seed: int, log: Log = lambda m: None) -> dict | None:
+def profile_for_report(stage, heldout, threads: int, seed: int) -> dict | None:
     """A short profile of an ONNX encoder stage for report.json (``profile``), or None where there
     is nothing to profile (a PyTorch stage or a decoder). A profile that fails is logged and
     recorded as ``{"error": ...}``: it informs, it never fails the run."""
@@ -267,11 +268,11 @@ def profile_for_report(stage, heldout, threads: int, seed: int, log: Log = lambd
     settings = Settings(runs=REPORT_RUNS, warmup=REPORT_WARMUP, threads=threads, seed=seed)
     try:
         with tempfile.TemporaryDirectory(prefix="xformopt-profile-") as work:
-            doc, _ = profile_stage(stage.spec, stage.path, texts, pairs, settings, Path(work), log)
-        add_peak(doc, threads, log)
+            doc, _ = profile_stage(stage.spec, stage.path, texts, pairs, settings, Path(work))
+        add_peak(doc, threads)
     except Exception as exc:  # noqa: BLE001 - ORT's profiler, a damaged trace: the artifact is still good
         message = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-        log(f"profile of {stage.name} not made: {message}")
+        _log.info(f"profile of {stage.name} not made: {message}")
         return {"error": message}
     doc["stage"] = stage.name
     return doc

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,13 +24,13 @@ from xformopt.cache import cache_root
 from xformopt.locks import Lock
 from xformopt.measure import host
 
+_log = logging.getLogger(__name__)
+
 SCHEMA = "xformopt.gemm-peak/1"
 # Big enough that the kernel, not call overhead, sets the pace; small enough to run in ~0.5 s.
 SHAPE = {"m": 512, "k": 1024, "n": 1024}
 MIN_CALLS = 5
 BUDGET_S = 0.15
-
-Log = Callable[[str], None]
 
 
 def peak_dir() -> Path:
@@ -107,7 +107,7 @@ def _load_average() -> float | None:
         return None
 
 
-def gemm_peak(threads: int, log: Log = lambda m: None, *, remeasure: bool = False) -> dict:
+def gemm_peak(threads: int, *, remeasure: bool = False) -> dict:
     """{fp32_gflops, int8_gflops, threads, shape, host_fingerprint, host, load_average, measured,
     cached}: from the cache when a verified entry for this host and thread count exists (unless
     ``remeasure``: a peak taken on a busy machine is low), else measured and stored (the higher of
@@ -121,8 +121,8 @@ def gemm_peak(threads: int, log: Log = lambda m: None, *, remeasure: bool = Fals
         if not remeasure and (payload := _read(path, fingerprint, threads)) is not None:  # measured meanwhile
             return {**payload, "cached": True}
         if path.exists() and not remeasure:
-            log(f"GEMM peak cache {path} is damaged or from another host; measuring again")
-        log(f"measuring this host's GEMM peak (fp32 and int8, {threads} threads)")
+            _log.info(f"GEMM peak cache {path} is damaged or from another host; measuring again")
+        _log.info(f"measuring this host's GEMM peak (fp32 and int8, {threads} threads)")
         # A peak is the best ever seen here: a measurement on a busy host can only lower it, so an
         # earlier verified one is kept where it was higher.
         earlier = _read(path, fingerprint, threads) or {}

@@ -5,9 +5,9 @@ the sampler proposes on an executor, re-measure the front candidates serially, w
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,8 @@ from xformopt.recipe_search.trial import (
 )
 from xformopt.runtime.encoder import TorchPredictor
 
+_log = logging.getLogger(__name__)
+
 CONFIG = "search-config.json"
 REFERENCE = "reference-int8"  # the unpruned model through the `default` recipe: export -> fuse -> dynamic INT8
 OPTIMUM = "optimum-int8"  # optimum's own dynamic INT8 of the unpruned model (xformopt/benchmarking/optimum_reference.py)
@@ -60,7 +62,6 @@ class Settings:
     max_candidates: int = 16
     trust_remote_code: bool = False
     expand: bool = True  # after a trial with new prune/distill choices, run its fuse/quantize variants next
-    log: Callable[[str], None] = lambda m: None
 
 
 def trial_dir(out: Path, number: int) -> Path:
@@ -114,7 +115,7 @@ def baseline_on_validation(s: Settings, spec, validation: dict, threads: int) ->
     if path.is_file():
         outputs = np.load(path, allow_pickle=False)
     else:
-        s.log(f"scoring the PyTorch fp32 baseline on {len(data)} validation rows")
+        _log.info(f"scoring the PyTorch fp32 baseline on {len(data)} validation rows")
         outputs = TorchPredictor(spec, threads=threads).predict_data(data)
         path.parent.mkdir(parents=True, exist_ok=True)
         np.save(path, outputs.astype(np.float32), allow_pickle=False)
@@ -146,7 +147,7 @@ def search(s: Settings) -> dict:
     try:
         baseline_metric, validation_rows, vdata = baseline_on_validation(s, spec, validation, cpus)
         allowed = points(s.max_accuracy_drop, baseline_metric * 100)
-        s.log(f"baseline (PyTorch fp32) on validation: {baseline_metric:.4f}; budget {allowed:.2f} points")
+        _log.info(f"baseline (PyTorch fp32) on validation: {baseline_metric:.4f}; budget {allowed:.2f} points")
 
         def job_for(number: int | str, r, out: Path) -> TrialJob:
             rd = r.to_dict()
@@ -169,7 +170,7 @@ def search(s: Settings) -> dict:
     # Front after front (by the noisy parallel latencies) until max_candidates: quiet timing is cheap next to
     # a trial, and a point two fronts back in parallel may lead once measured alone.
     candidates = fronts.layers(unique, len(unique))[: s.max_candidates]
-    s.log(f"re-measuring {len(candidates)} front candidates serially, interleaved with the baseline, optimum's INT8 and the "
+    _log.info(f"re-measuring {len(candidates)} front candidates serially, interleaved with the baseline, optimum's INT8 and the "
           f"reference INT8 ({s.remeasure_rounds} rounds, {cpus} threads)")
     rows = min(s.remeasure_rows, len(vdata))
     paths = {f"trial-{t['trial']:03d}": trial_dir(s.out, t["trial"]) for t in candidates}
@@ -206,15 +207,15 @@ def reference_int8(s: Settings, job_for) -> dict:
     r = recipes.validate({**recipes.load("default").to_dict(), "task": s.space.base.task,
                           "evaluation": {**recipes.load("default").evaluation.model_dump(), **s.space.evaluation}},
                          "reference")
-    s.log("building the reference INT8 artifact (recipe default: export -> fuse -> dynamic INT8)")
+    _log.info("building the reference INT8 artifact (recipe default: export -> fuse -> dynamic INT8)")
     result = run_trial(job_for("reference", r, out))
     result["recipe"] = "default"
     result["artifact"] = REFERENCE
     write_text(saved, json.dumps(result, indent=2) + "\n")
     if result["status"] != "complete":
-        s.log(f"warning: the reference INT8 artifact failed: {result.get('error')}")
+        _log.warning(f"the reference INT8 artifact failed: {result.get('error')}")
     else:
-        s.log(f"reference INT8: metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms")
+        _log.info(f"reference INT8: metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms")
     return result
 
 
@@ -225,17 +226,17 @@ def optimum_int8(s: Settings, spec, validation: dict, threads: int) -> dict:
     if saved.is_file() and (s.out / OPTIMUM / "model.onnx").is_file():
         return json.loads(saved.read_text())
     target = targets.resolve(s.space.base.target).name
-    s.log(f"building the {NAME} artifact ({target})")
+    _log.info(f"building the {NAME} artifact ({target})")
     result = {"artifact": OPTIMUM, "target": target, "config": f"{NAME}: AutoQuantizationConfig.{target}"
               "(is_static=False, per_channel=False)"}
     try:
         optimum_dynamic_int8(spec.path, s.out / OPTIMUM, spec, target)
         metric, rows, _ = score_artifact(spec, s.out / OPTIMUM, validation, threads)
         result.update(status="complete", metric=metric, validation_rows=rows)
-        s.log(f"optimum INT8: metric {metric:.4f}")
+        _log.info(f"optimum INT8: metric {metric:.4f}")
     except Exception as exc:  # the comparison is missing, the search is not: say so and go on
         result.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        s.log(f"warning: optimum's INT8 artifact could not be built: {result['error']}")
+        _log.warning(f"optimum's INT8 artifact could not be built: {result['error']}")
     write_text(saved, json.dumps(result, indent=2) + "\n")
     return result
 
@@ -250,7 +251,7 @@ def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
         elif t.state in (TrialState.RUNNING, TrialState.WAITING):  # interrupted: run again under a new number
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
     if results:
-        s.log(f"resuming: {len(results)} trial(s) already finished")
+        _log.info(f"resuming: {len(results)} trial(s) already finished")
     by_recipe = {canonical(r["recipe"]): r["trial"] for r in results.values() if r["status"] == "complete"}
     running: dict[object, tuple] = {}
     waiting: dict[str, list] = {}  # recipe -> asked trials that duplicate a running one
@@ -286,7 +287,7 @@ def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
         info = f"{len(running)} running" + (f", best {best:.4f}" if best is not None else "")
         progress_events.report("search trials", counted(), s.trials, info)
         same = f" (the recipe of trial {result['duplicate_of']:03d}, not run again)" if "duplicate_of" in result else ""
-        s.log(f"trial {trial.number:03d}: {result['status']}{same}" + (
+        _log.info(f"trial {trial.number:03d}: {result['status']}{same}" + (
             f", metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms (parallel)"
             if result["status"] == "complete" else f": {result.get('error')}"))
 

@@ -24,6 +24,7 @@ runs as for any recipe.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from xformopt.recipe_search.space import SearchSpace
 from xformopt.recipe_search.trial import TrialJob, run_trial, score_outputs, validation_set
 from xformopt.runtime.encoder import TorchPredictor
 from xformopt.scoring.metrics import mean_with_bootstrap
+
+_log = logging.getLogger(__name__)
 
 SHAPE_KEYS = ("layers", "heads_per_layer", "ffn_dim")
 TRIAL_TIMING = {"latency_rounds": 10, "warmup": 2, "repeats": 1, "modes": ["real"]}
@@ -105,8 +108,7 @@ def label(candidate: Candidate) -> str:
     return text + (f", distill {candidate.minutes:g} min" if candidate.minutes else "")
 
 
-def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, force: bool, trust_remote_code: bool,
-           log=lambda m: None) -> tuple[recipes.Recipe, dict]:
+def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, force: bool, trust_remote_code: bool) -> tuple[recipes.Recipe, dict]:
     """Run the shape search; returns the kept shape's recipe (shape_search dropped) and the record."""
     search = recipe.shape_search
     steps = [(s.name, s.options) for s in recipe.passes]
@@ -131,14 +133,14 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
 
     validation = validation_spec(recipe)
     vdata = validation_set(spec, validation)
-    log(f"shape search: scoring the PyTorch fp32 model on {len(vdata)} validation rows ({vdata.source})")
+    _log.info(f"shape search: scoring the PyTorch fp32 model on {len(vdata)} validation rows ({vdata.source})")
     base_out = TorchPredictor(spec, threads=threads).predict_data(vdata)
     np.save(work / "baseline_outputs.npy", base_out.astype(np.float32), allow_pickle=False)
     validation["baseline"] = str((work / "baseline_outputs.npy").resolve())
     baseline = score_outputs(spec, base_out, vdata, base_out)
     base_rows = spec.task_def.row_scores(base_out, vdata)
     allowed = points(max_accuracy_drop, baseline * 100)
-    log(f"shape search: fp32 validation metric {baseline:.4f}; budget {allowed:.2f} points; {len(tries)} shapes, "
+    _log.info(f"shape search: fp32 validation metric {baseline:.4f}; budget {allowed:.2f} points; {len(tries)} shapes, "
         f"fewest FLOPs first, within {search.max_minutes:g} min")
 
     tried, kept = [], None
@@ -157,13 +159,13 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
             tried.append({**entry, "status": "skipped",
                           "why": f"would not fit: about {estimate / 60:.1f} min left to run, "
                                  f"{(budget_s - elapsed) / 60:.1f} min left of the budget"})
-            log(f"shape search: {label(candidate)}: skipped (would not fit in the time left)")
+            _log.info(f"shape search: {label(candidate)}: skipped (would not fit in the time left)")
             continue
         r = space.recipe_for(params, name=f"{recipe.name}-shape-{n:02d}")
         # the report's own timing of each tried artifact is not used (they are timed together below):
         # a short one; the evaluation rows stay the run's, so the final run reuses every pass from the cache
         r = recipes.validate({**r.to_dict(), "evaluation": {**r.evaluation.model_dump(), **TRIAL_TIMING}}, r.name)
-        log(f"shape search [{n + 1}/{len(tries)}]: {label(candidate)}")
+        _log.info(f"shape search [{n + 1}/{len(tries)}]: {label(candidate)}")
         result = run_trial(TrialJob(n, model, r.to_dict(), str((work / f"{n:03d}").resolve()), None, validation,
                                     trust_remote_code))
         entry.update({k: result[k] for k in ("status", "metric", "seconds", "budget_met", "error") if k in result})
@@ -174,10 +176,10 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
             entry["drop_points"] = drop
             entry["within_budget"] = drop <= allowed + 1e-9
             entry.update(drop_interval(spec, result.get("validation_outputs"), vdata, base_rows, recipe.evaluation.seed))
-            log(f"shape search: {label(candidate)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
+            _log.info(f"shape search: {label(candidate)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
                 f"{'within' if entry['within_budget'] else 'outside'} the budget) in {result['seconds'] / 60:.1f} min")
         else:
-            log(f"shape search: {label(candidate)}: failed: {result.get('error')}")
+            _log.info(f"shape search: {label(candidate)}: failed: {result.get('error')}")
         tried.append(entry)
         if entry.get("within_budget"):
             kept = entry
@@ -202,11 +204,11 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
         lo, hi = kept["drop_ci95"]
         why += (f"; on these {len(vdata)} rows the drop's 95% interval is {lo:+.2f} to {hi:+.2f} points, wider than the "
                 "budget: more validation rows would narrow it")
-        log(f"shape search: warning: {len(vdata)} validation rows cannot resolve a {allowed:.2f}-point budget (the kept "
+        _log.info(f"shape search: warning: {len(vdata)} validation rows cannot resolve a {allowed:.2f}-point budget (the kept "
             f"shape's drop: 95% interval {lo:+.2f} to {hi:+.2f} points); pass more rows with --validation-data")
     for t in tried:
         t["kept"] = t is kept
-    latency = _time_tried(spec, work, tried, vdata, threads, recipe.evaluation.seed, log)
+    latency = _time_tried(spec, work, tried, vdata, threads, recipe.evaluation.seed)
     record = {
         "max_accuracy_drop": max_accuracy_drop, "allowed_points": round(allowed, 4),
         "validation": {"source": vdata.source, "rows": len(vdata), "fp32_metric": round(baseline, 6)},
@@ -232,7 +234,7 @@ def drop_interval(spec, outputs: str | None, vdata, base_rows, seed: int) -> dic
     return {"drop_ci95": [round(100 * lo, 2), round(100 * hi, 2)]}
 
 
-def _time_tried(spec, work: Path, tried: list[dict], vdata, threads: int, seed: int, log) -> dict | None:
+def _time_tried(spec, work: Path, tried: list[dict], vdata, threads: int, seed: int) -> dict | None:
     """The tried artifacts timed interleaved at batch 1 on validation texts (the record's latency column)."""
     paths = {f"shape-{i:03d}": work / f"{i:03d}" for i, t in enumerate(tried)
              if t.get("status") == "complete" and (work / f"{i:03d}" / "model.onnx").is_file()}
@@ -243,7 +245,7 @@ def _time_tried(spec, work: Path, tried: list[dict], vdata, threads: int, seed: 
         measured = remeasure(spec, paths, vdata.texts[:rows], vdata.text_pairs[:rows] if vdata.text_pairs else None,
                              rounds=30, warmup=5, threads=threads, seed=seed, include_pytorch=False)
     except Exception as exc:  # noqa: BLE001 - the timings inform the record; the choice is made already
-        log(f"shape search: tried artifacts not timed ({type(exc).__name__}: {exc})")
+        _log.info(f"shape search: tried artifacts not timed ({type(exc).__name__}: {exc})")
         return None
     for i, t in enumerate(tried):
         stats = measured["latency"].get(f"shape-{i:03d}")

