@@ -23,6 +23,10 @@ every MatMul/Gemm with a constant weight. Embeddings and layer norms stay float,
 
 from __future__ import annotations
 
+import logging
+
+_log = logging.getLogger(__name__)
+
 
 def qconfig(per_channel: bool, reduce_range: bool):
     import torch
@@ -105,7 +109,7 @@ def budget_share(epochs: float, qat_epochs: float) -> float:
 
 
 def run_phase(*, trainer_cls, trainer_kwargs: dict, settings, qat_epochs: float, lr: float, per_channel: bool,
-              reduce_range: bool, max_seconds: float | None, log) -> dict:
+              reduce_range: bool, max_seconds: float | None) -> dict:
     """The last epoch(s) with fake quantization: a second training run of the (already distilled)
     student, same data, teacher outputs and loss, learning rate ``lr`` decaying linearly to 0, held-out
     evaluation under fake quantization; its step 0 is post-training INT8 of the same student (so the
@@ -117,7 +121,7 @@ def run_phase(*, trainer_cls, trainer_kwargs: dict, settings, qat_epochs: float,
     wrapped = attach(student, per_channel=per_channel, reduce_range=reduce_range)
     phase = dataclasses.replace(settings, lr=lr, warmup=0.0, epochs=qat_epochs, max_steps=None,
                                 max_seconds=max_seconds, patience=0, stop_at=None, checkpoint_every=0)
-    log(f"distill: quantization-aware phase: {qat_epochs:g} epoch(s), {wrapped} Linear layers fake-quantized "
+    _log.info(f"distill: quantization-aware phase: {qat_epochs:g} epoch(s), {wrapped} Linear layers fake-quantized "
         f"(INT8 weights {'per channel' if per_channel else 'per tensor'}{', 7-bit' if reduce_range else ''}, "
         "dynamic u8 activations)")
     trainer = trainer_cls(**{**trainer_kwargs, "settings": phase, "resume": False,

@@ -24,13 +24,15 @@ interruption without sleeping or sending signals.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import signal
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from xformopt import progress
@@ -47,6 +49,8 @@ from xformopt.distill.data import (
 )
 from xformopt.distill.relations import QKV
 from xformopt.errors import PassFailed
+
+_log = logging.getLogger(__name__)
 
 CLOCK: Callable[[], float] = time.monotonic
 ON_STEP: Callable[[int, Trainer], None] | None = None  # called after every optimizer step (tests)
@@ -81,6 +85,39 @@ class Settings:
     keep: str = "best"  # the weights returned: the best evaluation's ("best") or the last step's ("last")
     # relation loss: (student layer, teacher layer) 0-based, relation heads, and the family's Arch
     relations: tuple | None = None
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint carries of the loop (``asdict`` of it is the checkpoint's state.json)."""
+    step: int = 0
+    horizon: int = 1
+    planned: int = 1
+    warm: int = 0
+    history: list[dict] = field(default_factory=list)
+    best_step: int = 0
+    best_score: list | None = None
+    bad_evals: int = 0
+    elapsed: float = 0.0
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    loss_sum: float = 0.0
+    loss_n: int = 0
+    term_sums: dict[str, float] = field(default_factory=dict)
+    replans: list[dict] = field(default_factory=list)
+    resumed_from: list[int] = field(default_factory=list)
+    last_eval_step: int | None = None
+    last_eval_duration: float = 0.0
+
+
+@dataclass
+class _Session:
+    """This process's share of a run (a resumed run starts a new one): speed and checkpoints written."""
+    start: float
+    steps: int = 0
+    train_seconds: float = 0.0
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=SPEED_WINDOW))  # latest step durations
+    checkpoints: int = 0
 
 
 @dataclass
@@ -121,8 +158,8 @@ class Progress:
     else a log line every ``every`` seconds with step, loss, learning rate, speed and ETA (the
     training loop knows a better ETA than a generic rate: the horizon moves under a time budget)."""
 
-    def __init__(self, log, every: float):
-        self.log, self.every = log, every
+    def __init__(self, every: float):
+        self.every = every
         self.last = -math.inf
         self.step, self.horizon = 0, 1
 
@@ -134,7 +171,7 @@ class Progress:
             return
         if now - self.last >= self.every:
             self.last = now
-            self.log(f"distill: step {step}/{horizon} ({step / max(horizon, 1):.0%}), {info}, ETA {fmt_seconds(eta)}")
+            _log.info(f"distill: step {step}/{horizon} ({step / max(horizon, 1):.0%}), {info}, ETA {fmt_seconds(eta)}")
 
     def close(self) -> None:
         if progress.interactive():  # stopped early (patience, time, Ctrl-C): the bar ends here too
@@ -150,12 +187,12 @@ def fmt_seconds(s: float) -> str:
 
 class Trainer:
     def __init__(self, *, student, teacher, settings: Settings, train: Encoded, heldout: Encoded,
-                 cache: TeacherCache, heldout_teacher, accepts: set[str], device, log, started: float,
+                 cache: TeacherCache, heldout_teacher, accepts: set[str], device, started: float,
                  checkpoint_root: Path, identity: str, resume: bool, online_teacher: bool):
         self.student, self.teacher, self.s = student, teacher, settings
         self.train_data, self.heldout = train, heldout
         self.cache, self.heldout_teacher = cache, heldout_teacher
-        self.accepts, self.device, self.log = accepts, device, log
+        self.accepts, self.device = accepts, device
         self.started = started  # CLOCK() when the pass began: the time budget covers the teacher pass too
         self.root, self.identity, self.resume = Path(checkpoint_root), identity, resume
         self.online = online_teacher
@@ -171,6 +208,11 @@ class Trainer:
         # so the optimizer, the checkpoints and the best state carry it; the pass removes it before saving)
         self.projection = getattr(student, "distill_projection", None)
         self.captures = None
+        self.state = LoopState()
+        self.best_state = None  # the best evaluation's weights (CPU)
+        self.prior_elapsed = 0.0  # seconds spent in earlier sessions of a resumed run
+        self.session = _Session(start=CLOCK())
+        self.eval_every = max(1, self.spe // 2)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -266,193 +308,218 @@ class Trainer:
         if self.interrupt_requested:  # second Ctrl-C: abort now
             raise KeyboardInterrupt
         self.interrupt_requested = True
-        self.log("interrupt: finishing this step and writing a checkpoint (Ctrl-C again to abort at once)")
+        _log.info("interrupt: finishing this step and writing a checkpoint (Ctrl-C again to abort at once)")
 
     def run(self) -> Result:
-        import torch
-
         s = self.s
         planned = math.ceil(s.epochs * self.spe)
         if s.max_steps is not None:
             planned = min(planned, s.max_steps)
         planned = max(planned, 1)
-        state = {
-            "step": 0, "horizon": planned, "planned": planned, "warm": max(1, math.ceil(s.warmup * planned)) if s.warmup else 0,
-            "history": [], "best_step": 0, "best_score": None, "bad_evals": 0, "elapsed": 0.0,
-            "train_seconds": 0.0, "eval_seconds": 0.0, "loss_sum": 0.0, "loss_n": 0, "term_sums": {},
-            "replans": [], "resumed_from": [], "last_eval_step": None, "last_eval_duration": 0.0,
-        }
+        self.state = LoopState(horizon=planned, planned=planned,
+                               warm=max(1, math.ceil(s.warmup * planned)) if s.warmup else 0)
         optimizer = self._optimizer()
         if self.need_rel:
             s_layer, t_layer, _, arch = self.s.relations
             self.captures = (QKV(self.student, arch, s_layer), QKV(self.teacher, arch, t_layer))
-        best_state = None
-        resumed_from = None
-        loaded = ckpt.load(self.root, self.identity) if self.resume else None
-        if loaded:
-            self.student.load_state_dict(loaded["student"])
-            optimizer.load_state_dict(loaded["optimizer"])
-            ckpt.restore_rng(loaded["rng"])
-            best_state = loaded["best"]
-            state.update({k: v for k, v in loaded["state"].items() if k in state})
-            resumed_from = state["step"]
-            state["resumed_from"] = [*state["resumed_from"], resumed_from]
-            self.log(f"resuming from the checkpoint at step {resumed_from} in {self.root}")
-        prior_elapsed = state["elapsed"]
-        session_start = CLOCK()
-        session_steps, session_train = 0, 0.0
-        recent: deque[float] = deque(maxlen=SPEED_WINDOW)  # durations of the latest steps
-        checkpoints = 0
-
-        def elapsed() -> float:
-            return prior_elapsed + CLOCK() - self.started
-
-        def save_checkpoint() -> None:
-            nonlocal checkpoints
-            state["elapsed"] = elapsed()
-            ckpt.save(self.root, identity=self.identity, student_state=ckpt.state_dict_cpu(self.student),
-                      best_state=best_state, optimizer_state=optimizer.state_dict(), state=dict(state))
-            checkpoints += 1
-
-        def do_eval() -> dict:
-            nonlocal best_state
-            t = CLOCK()
-            metrics = self.evaluate()
-            duration = CLOCK() - t
-            state["eval_seconds"] += duration
-            state["last_eval_duration"] = duration
-            step = state["step"]
-            entry = {"step": step, "epoch": round(step / self.spe, 3), "seconds": round(elapsed(), 1),
-                     "lr": lr_at(max(step - 1, 0), s.lr, state["warm"], state["horizon"]) if step else 0.0}
-            if state["loss_n"]:
-                entry["train_loss"] = round(state["loss_sum"] / state["loss_n"], 6)
-                entry["train_steps"] = state["loss_n"]  # the steps that mean is over
-                entry["train_terms"] = {k: round(v / state["loss_n"], 6) for k, v in state["term_sums"].items()}
-            entry.update(metrics)
-            state["loss_sum"], state["loss_n"], state["term_sums"] = 0.0, 0, {}
-            score = self.score(metrics)
-            best = state["best_score"]
-            improved = best is None or tuple(score) > tuple(best)
-            if best is None or score[0] > best[0] + s.min_delta:
-                state["bad_evals"] = 0
-            else:
-                state["bad_evals"] += 1
-            if improved:
-                state["best_score"], state["best_step"] = list(score), step
-                best_state = ckpt.state_dict_cpu(self.student)
-            entry["best_so_far"] = state["best_step"]
-            state["history"].append(entry)
-            state["last_eval_step"] = step
-            shown = ", ".join(f"{k} {entry[k]:.4f}" for k in ("train_loss", *metrics) if k in entry)
-            self.log(f"distill: eval at step {step} (epoch {entry['epoch']:.2f}): {shown}; best at step {state['best_step']}")
-            return metrics
-
-        eval_every = s.eval_every or max(1, self.spe // 2)
-        if state["step"] == 0 and not state["history"]:
-            do_eval()  # the student before distillation: also a candidate for the best checkpoint
-        before = dict(state["history"][0])
+        resumed_from = self._resume(optimizer)
+        self.prior_elapsed = self.state.elapsed
+        self.session = _Session(start=CLOCK())
+        self.eval_every = s.eval_every or max(1, self.spe // 2)
+        if self.state.step == 0 and not self.state.history:
+            self._evaluate_now()  # the student before distillation: also a candidate for the best checkpoint
+        before = dict(self.state.history[0])
 
         self.student.train()
         if self.teacher is not None:
             self.teacher.eval()
-        stopped = None
-        meter = Progress(self.log, s.log_every_seconds)
+        meter = Progress(s.log_every_seconds)
         handler_installed = False
         if threading.current_thread() is threading.main_thread():
             previous_handler = signal.signal(signal.SIGINT, self._sigint)
             handler_installed = True
-        order_epoch, order = None, None
         try:
-            while True:
-                step = state["step"]
-                if step >= state["horizon"]:
-                    if state["horizon"] < state["planned"]:  # the budget shortened the schedule
-                        stopped = "time"
-                    else:
-                        stopped = "steps" if s.max_steps is not None and state["horizon"] == s.max_steps else "epochs"
-                    break
-                if s.max_seconds is not None:
-                    reserve = state["last_eval_duration"] + 1.0
-                    if elapsed() + reserve >= s.max_seconds:
-                        stopped = "time"
-                        break
-                    if recent and (session_steps == 10 or step % REPLAN_EVERY == 0):
-                        # Speed of the latest SPEED_WINDOW steps: a burst of load elsewhere shortens the
-                        # schedule only while it lasts (the horizon may grow back, up to the plan).
-                        per_step = sum(recent) / len(recent) + state["last_eval_duration"] / eval_every
-                        possible = step + int((s.max_seconds - elapsed() - reserve) / max(per_step, 1e-9))
-                        new = min(state["planned"], max(step + 1, possible))
-                        if abs(new - state["horizon"]) > max(2, 0.02 * state["horizon"]):
-                            state["replans"].append({"at_step": step, "from": state["horizon"], "to": new})
-                            state["horizon"] = new
-                epoch, pos = divmod(step, self.spe)
-                if order_epoch != epoch:
-                    order, order_epoch = epoch_batches(self.lengths, s.batch_size, s.seed, epoch), epoch
-                idx = order[pos]
-                t = CLOCK()
-                lr = lr_at(step, s.lr, state["warm"], state["horizon"])
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                terms = self.loss_terms(idx)
-                loss = L.combine(terms, s.weights)
-                if not torch.isfinite(loss):
-                    raise PassFailed(f"distillation diverged: loss is {float(loss)} at step {step}; lower lr "
-                                     f"(now {s.lr}) or the temperature")
-                loss.backward()
-                if s.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(self.student.parameters(), s.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                state["step"] = step = step + 1
-                state["loss_sum"] += float(loss.detach())
-                state["loss_n"] += 1
-                for k, v in terms.items():
-                    state["term_sums"][k] = state["term_sums"].get(k, 0.0) + float(v.detach())
-                if ON_STEP is not None:
-                    ON_STEP(step, self)
-                dt = CLOCK() - t
-                session_train += dt
-                state["train_seconds"] += dt
-                session_steps += 1
-                recent.append(dt)
-                if step % eval_every == 0 or step == state["horizon"]:
-                    metrics = do_eval()
-                    if s.patience and state["bad_evals"] >= s.patience:
-                        stopped = "early_stop"
-                    elif s.stop_at is not None and (
-                            metrics[self.metric] >= s.stop_at if HIGHER_IS_BETTER[self.metric]
-                            else metrics[self.metric] <= s.stop_at):
-                        stopped = "converged"
-                if self.interrupt_requested:
-                    save_checkpoint()
-                    self.log(f"checkpoint written at step {step} in {self.root}; rerun the same command to resume")
-                    raise KeyboardInterrupt
-                if stopped:
-                    break
-                if s.checkpoint_every and step % s.checkpoint_every == 0 and step < state["horizon"]:
-                    save_checkpoint()
-                rate = session_steps / max(session_train, 1e-9)
-                eta = (state["horizon"] - step) * (session_train / session_steps + state["last_eval_duration"] / eval_every)
-                meter.update(step, state["horizon"], float(loss.detach()), lr, rate, eta, CLOCK())
+            stopped = self._loop(optimizer, meter)
         finally:
             meter.close()
             for capture in self.captures or ():
                 capture.remove()
             if handler_installed:
                 signal.signal(signal.SIGINT, previous_handler)
-        if state["last_eval_step"] != state["step"]:
-            do_eval()
-        kept_step = state["best_step"] if s.keep == "best" else state["step"]
-        if kept_step != state["step"] and best_state is not None:
-            self.student.load_state_dict(best_state)
-        kept = next(h for h in state["history"] if h["step"] == kept_step)
+        if self.state.last_eval_step != self.state.step:
+            self._evaluate_now()
+        return self._result(stopped, before, resumed_from)
+
+    # ------------------------------------------------------------------ the loop's parts
+
+    def _elapsed(self) -> float:
+        return self.prior_elapsed + CLOCK() - self.started
+
+    def _resume(self, optimizer) -> int | None:
+        """Load the latest checkpoint of this run, when asked and one exists: the step it resumes from."""
+        loaded = ckpt.load(self.root, self.identity) if self.resume else None
+        if not loaded:
+            return None
+        self.student.load_state_dict(loaded["student"])
+        optimizer.load_state_dict(loaded["optimizer"])
+        ckpt.restore_rng(loaded["rng"])
+        self.best_state = loaded["best"]
+        names = {f.name for f in fields(LoopState)}
+        self.state = dataclasses.replace(self.state, **{k: v for k, v in loaded["state"].items() if k in names})
+        resumed_from = self.state.step
+        self.state.resumed_from = [*self.state.resumed_from, resumed_from]
+        _log.info(f"resuming from the checkpoint at step {resumed_from} in {self.root}")
+        return resumed_from
+
+    def _save_checkpoint(self, optimizer) -> None:
+        self.state.elapsed = self._elapsed()
+        ckpt.save(self.root, identity=self.identity, student_state=ckpt.state_dict_cpu(self.student),
+                  best_state=self.best_state, optimizer_state=optimizer.state_dict(), state=asdict(self.state))
+        self.session.checkpoints += 1
+
+    def _evaluate_now(self) -> dict:
+        """A held-out evaluation at the current step: the history entry, the best checkpoint, patience."""
+        s, state = self.s, self.state
+        t = CLOCK()
+        metrics = self.evaluate()
+        duration = CLOCK() - t
+        state.eval_seconds += duration
+        state.last_eval_duration = duration
+        step = state.step
+        entry = {"step": step, "epoch": round(step / self.spe, 3), "seconds": round(self._elapsed(), 1),
+                 "lr": lr_at(max(step - 1, 0), s.lr, state.warm, state.horizon) if step else 0.0}
+        if state.loss_n:
+            entry["train_loss"] = round(state.loss_sum / state.loss_n, 6)
+            entry["train_steps"] = state.loss_n  # the steps that mean is over
+            entry["train_terms"] = {k: round(v / state.loss_n, 6) for k, v in state.term_sums.items()}
+        entry.update(metrics)
+        state.loss_sum, state.loss_n, state.term_sums = 0.0, 0, {}
+        score = self.score(metrics)
+        best = state.best_score
+        improved = best is None or tuple(score) > tuple(best)
+        if best is None or score[0] > best[0] + s.min_delta:
+            state.bad_evals = 0
+        else:
+            state.bad_evals += 1
+        if improved:
+            state.best_score, state.best_step = list(score), step
+            self.best_state = ckpt.state_dict_cpu(self.student)
+        entry["best_so_far"] = state.best_step
+        state.history.append(entry)
+        state.last_eval_step = step
+        shown = ", ".join(f"{k} {entry[k]:.4f}" for k in ("train_loss", *metrics) if k in entry)
+        _log.info(f"distill: eval at step {step} (epoch {entry['epoch']:.2f}): {shown}; best at step {state.best_step}")
+        return metrics
+
+    def _out_of_schedule(self) -> str | None:
+        """Why the loop stops before the next step (horizon or time budget), else None; under a time
+        budget the horizon is re-planned from the latest steps' speed."""
+        s, state, step = self.s, self.state, self.state.step
+        if step >= state.horizon:
+            if state.horizon < state.planned:  # the budget shortened the schedule
+                return "time"
+            return "steps" if s.max_steps is not None and state.horizon == s.max_steps else "epochs"
+        if s.max_seconds is None:
+            return None
+        reserve = state.last_eval_duration + 1.0
+        if self._elapsed() + reserve >= s.max_seconds:
+            return "time"
+        recent = self.session.recent
+        if recent and (self.session.steps == 10 or step % REPLAN_EVERY == 0):
+            # Speed of the latest SPEED_WINDOW steps: a burst of load elsewhere shortens the
+            # schedule only while it lasts (the horizon may grow back, up to the plan).
+            per_step = sum(recent) / len(recent) + state.last_eval_duration / self.eval_every
+            possible = step + int((s.max_seconds - self._elapsed() - reserve) / max(per_step, 1e-9))
+            new = min(state.planned, max(step + 1, possible))
+            if abs(new - state.horizon) > max(2, 0.02 * state.horizon):
+                state.replans.append({"at_step": step, "from": state.horizon, "to": new})
+                state.horizon = new
+        return None
+
+    def _step(self, optimizer, idx) -> tuple[float, float]:
+        """One optimizer step on batch ``idx``: (loss, learning rate)."""
+        import torch
+
+        s, state, step = self.s, self.state, self.state.step
+        lr = lr_at(step, s.lr, state.warm, state.horizon)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        terms = self.loss_terms(idx)
+        loss = L.combine(terms, s.weights)
+        if not torch.isfinite(loss):
+            raise PassFailed(f"distillation diverged: loss is {float(loss)} at step {step}; lower lr "
+                             f"(now {s.lr}) or the temperature")
+        loss.backward()
+        if s.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.student.parameters(), s.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        state.step = step + 1
+        state.loss_sum += float(loss.detach())
+        state.loss_n += 1
+        for k, v in terms.items():
+            state.term_sums[k] = state.term_sums.get(k, 0.0) + float(v.detach())
+        return float(loss.detach()), lr
+
+    def _stop_after_eval(self, metrics: dict) -> str | None:
+        s, state = self.s, self.state
+        if s.patience and state.bad_evals >= s.patience:
+            return "early_stop"
+        if s.stop_at is not None and (metrics[self.metric] >= s.stop_at if HIGHER_IS_BETTER[self.metric]
+                                      else metrics[self.metric] <= s.stop_at):
+            return "converged"
+        return None
+
+    def _loop(self, optimizer, meter: Progress) -> str:
+        """Steps until a stop; returns why it stopped."""
+        s, state, session = self.s, self.state, self.session
+        order_epoch, order = None, None
+        while True:
+            stopped = self._out_of_schedule()
+            if stopped:
+                return stopped
+            epoch, pos = divmod(state.step, self.spe)
+            if order_epoch != epoch:
+                order, order_epoch = epoch_batches(self.lengths, s.batch_size, s.seed, epoch), epoch
+            t = CLOCK()
+            loss, lr = self._step(optimizer, order[pos])
+            step = state.step
+            if ON_STEP is not None:
+                ON_STEP(step, self)
+            dt = CLOCK() - t
+            session.train_seconds += dt
+            state.train_seconds += dt
+            session.steps += 1
+            session.recent.append(dt)
+            if step % self.eval_every == 0 or step == state.horizon:
+                stopped = self._stop_after_eval(self._evaluate_now())
+            if self.interrupt_requested:
+                self._save_checkpoint(optimizer)
+                _log.info(f"checkpoint written at step {step} in {self.root}; rerun the same command to resume")
+                raise KeyboardInterrupt
+            if stopped:
+                return stopped
+            if s.checkpoint_every and step % s.checkpoint_every == 0 and step < state.horizon:
+                self._save_checkpoint(optimizer)
+            rate = session.steps / max(session.train_seconds, 1e-9)
+            eta = (state.horizon - step) * (session.train_seconds / session.steps
+                                            + state.last_eval_duration / self.eval_every)
+            meter.update(step, state.horizon, loss, lr, rate, eta, CLOCK())
+
+    def _result(self, stopped: str, before: dict, resumed_from: int | None) -> Result:
+        s, state = self.s, self.state
+        kept_step = state.best_step if s.keep == "best" else state.step
+        if kept_step != state.step and self.best_state is not None:
+            self.student.load_state_dict(self.best_state)
+        kept = next(h for h in state.history if h["step"] == kept_step)
         return Result(
-            history=state["history"], best_step=state["best_step"], kept_step=kept_step, kept=kept, before=before,
-            steps=state["step"], epochs=round(state["step"] / self.spe, 3), stopped_because=stopped,
-            horizon={"planned": state["planned"], "final": state["horizon"], "warmup_steps": state["warm"],
-                     "steps_per_epoch": self.spe, "replans": state["replans"]},
-            seconds={"training": round(state["train_seconds"], 2), "evaluation": round(state["eval_seconds"], 2),
-                     "total_with_teacher_pass": round(elapsed(), 2), "this_session": round(CLOCK() - session_start, 2)},
-            resumed_from_step=resumed_from, checkpoints_written=checkpoints,
-            extra={"resumed_from_steps": state["resumed_from"], "eval_every": eval_every, "metric": self.metric},
+            history=state.history, best_step=state.best_step, kept_step=kept_step, kept=kept, before=before,
+            steps=state.step, epochs=round(state.step / self.spe, 3), stopped_because=stopped,
+            horizon={"planned": state.planned, "final": state.horizon, "warmup_steps": state.warm,
+                     "steps_per_epoch": self.spe, "replans": state.replans},
+            seconds={"training": round(state.train_seconds, 2), "evaluation": round(state.eval_seconds, 2),
+                     "total_with_teacher_pass": round(self._elapsed(), 2),
+                     "this_session": round(CLOCK() - self.session.start, 2)},
+            resumed_from_step=resumed_from, checkpoints_written=self.session.checkpoints,
+            extra={"resumed_from_steps": state.resumed_from, "eval_every": self.eval_every, "metric": self.metric},
         )

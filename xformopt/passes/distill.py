@@ -36,6 +36,7 @@ import hashlib
 import inspect
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -44,23 +45,22 @@ from pydantic import Field, model_validator
 
 from xformopt import progress
 from xformopt.artifact import copy_side_files, hash_dir
-from xformopt.data import load_text_dataset
 from xformopt.distill import checkpoint as ckpt
 from xformopt.distill import data as D
 from xformopt.distill import losses as L
 from xformopt.distill import qat as Q
 from xformopt.distill import student as S
 from xformopt.distill import train as T
-from xformopt.distill.augment import augmented
 from xformopt.distill.curve import plot_training_curve
 from xformopt.distill.data import collate, forward
+from xformopt.distill.record import LOSS_DEFINITIONS, metrics_only, teacher_metrics
 from xformopt.distill.relations import relation_heads
+from xformopt.distill.sets import extra_training_texts, load_sets, texts_digest
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.records import DistillRecord
 from xformopt.passes.surgery import arch_for, current_shape, weights_sha256
-from xformopt.resources import vader_split_path
 
 CURVE = "distill_curve.png"
 # Options that do not change what is learned: left out of the checkpoint identity, so a rerun with
@@ -138,76 +138,6 @@ class DistillOptions(PassOptions):
         return self
 
 
-# --------------------------------------------------------------------------- data
-
-
-def load_sets(ctx: PassContext, options: DistillOptions, labelled: bool):
-    """(training rows, evaluation rows, notes): see the module docstring for defaults and disjointness."""
-    label_column = options.label_column if labelled else ""
-    kwargs = dict(text_column=options.text_column, text_pair_column=options.text_pair_column,
-                  label_column=label_column, label2id=(ctx.spec.label2id or None) if labelled else None)
-    notes = {}
-    if options.train_data:
-        train = load_text_dataset(Path(options.train_data), **kwargs)
-    else:
-        train = load_text_dataset(vader_split_path("train"), **{**kwargs, "text_column": None, "text_pair_column": ""})
-    if options.eval_data:
-        heldout = load_text_dataset(Path(options.eval_data), **kwargs, limit=options.eval_samples, seed=options.seed)
-    elif options.train_data:
-        if len(train) < 16:
-            raise InputError(f"{options.train_data} has {len(train)} rows; distillation needs at least 16 "
-                             "(training + held-out evaluation), or pass eval_data")
-        want = options.eval_samples or min(1000, max(8, len(train) // 5))
-        heldout, train = train.split(min(0.5, want / len(train)), options.seed)
-    else:
-        heldout = load_text_dataset(vader_split_path("validation"), **{**kwargs, "text_column": None, "text_pair_column": ""},
-                                    limit=options.eval_samples, seed=options.seed)
-    reported = set(ctx.heldout_texts)
-    keep_eval = [i for i, t in enumerate(heldout.texts) if t not in reported]
-    notes["eval_rows_dropped_as_in_reported_heldout"] = len(heldout) - len(keep_eval)
-    if not keep_eval:
-        raise InputError("every evaluation row is also in the held-out set the run reports on; pass eval_data "
-                         "with other rows")
-    heldout = heldout.subset(keep_eval) if len(keep_eval) < len(heldout) else heldout
-    excluded = reported | set(heldout.texts)
-    keep = [i for i, t in enumerate(train.texts) if t not in excluded]
-    notes["train_rows_dropped_as_in_heldout_or_eval"] = len(train) - len(keep)
-    if not keep:
-        raise InputError(f"no training rows left: all {len(train)} rows of {train.source} are also in the held-out "
-                         "or evaluation rows; pass train_data with other texts")
-    if options.train_samples and options.train_samples < len(keep):
-        keep = sorted(np.random.default_rng(options.seed).permutation(keep)[: options.train_samples].tolist())
-    train = train.subset(keep) if len(keep) < len(train) else train
-    if labelled and options.select == "accuracy" and heldout.labels is None:
-        raise InputError("select: accuracy needs labels in the evaluation rows; pass eval_data with labels "
-                         "or select: agreement")
-    return train, heldout, notes
-
-
-# --------------------------------------------------------------------------- the pass
-
-
-def _texts_digest(*datasets) -> str:
-    h = hashlib.sha256()
-    for ds in datasets:
-        for i, t in enumerate(ds.texts):
-            h.update(t.encode())
-            h.update(b"\x1f")
-            if ds.text_pairs:
-                h.update(ds.text_pairs[i].encode())
-            if ds.labels is not None:
-                h.update(str(ds.labels[i]).encode())
-            h.update(b"\x1e")
-        h.update(b"\x1d")
-    return h.hexdigest()
-
-
-def _load(spec, path: Path, eager: bool):
-    model = load_torch_model(spec, path)
-    if eager:  # attention maps are only returned by the eager implementation
-        model.set_attn_implementation("eager")
-    return model
-
 
 class DistillPass(Pass):
     name = "distill"
@@ -257,74 +187,159 @@ class DistillPass(Pass):
     def run(self, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> DistillRecord:
         import torch
 
-        started = T.CLOCK()
-        wall_start = time.perf_counter()
-        objective = ctx.spec.task_def.torch_objective
-        labelled = objective == "logits"
-        arch = arch_for(ctx.spec.model_type)
-        src = Path(src)
-        choice = S.resolve_teacher(src, ctx.spec.path, options.teacher)
+        job = _Distillation.start(ctx, Path(src), Path(dst), options)
+        tokenizer = job.check_pair()
+        job.check_losses()
+        job.load_data()
+        previous_threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, ctx.threads))
+        try:
+            return job.train(tokenizer)
+        finally:
+            torch.set_num_threads(previous_threads)
+
+
+def _load(spec, path: Path, eager: bool):
+    model = load_torch_model(spec, path)
+    if eager:  # attention maps are only returned by the eager implementation
+        model.set_attn_implementation("eager")
+    return model
+
+
+def _device(options: DistillOptions):
+    import torch
+
+    want_cuda = options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if want_cuda else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError("device: cuda asked for, but no CUDA device is available; use device: auto or cpu")
+    return device
+
+
+def _layer_map(options: DistillOptions, origins: list[int] | None, n_student: int, teacher_layers: int) -> list[int]:
+    if options.layer_map is not None:
+        bad = [j for j in options.layer_map if not 0 <= j <= teacher_layers]
+        if len(options.layer_map) != n_student or bad:
+            raise InputError(f"layer_map {options.layer_map}: give one teacher layer (1..{teacher_layers}; 0 = "
+                             f"embeddings) for each of the student's {n_student} layers")
+        layer_map = list(options.layer_map)
+    else:
+        layer_map = S.default_layer_map(origins, n_student, teacher_layers)
+    if (options.attention_weight > 0 or options.relation_weight > 0) and 0 in layer_map:
+        raise InputError("layer_map index 0 (the embeddings) has no attention map; map every student layer to a "
+                         "teacher layer 1.. for attention transfer")
+    return layer_map
+
+
+@dataclass
+class _Data:
+    train: object  # TextDataset
+    heldout: object
+    notes: dict
+    has_labels: bool
+    extra_texts: list[str]
+
+
+@dataclass
+class _Pair:
+    """The teacher and the student, ready to train (layers dropped, layer map chosen)."""
+    teacher: object
+    student: object
+    teacher_layers: int
+    origins: list[int] | None  # the teacher layer each student layer came from, when known
+    source: str
+    dropped_here: bool
+    layer_map: list[int]
+
+
+@dataclass
+class _Targets:
+    """The teacher's outputs the student learns from: cached (in memory, maybe reused from disk) or online."""
+    cache: D.TeacherCache
+    heldout: object  # the teacher's outputs on the evaluation rows
+    from_disk: bool
+    cache_mb: float
+    cached_layers: list[int]
+    online: bool
+
+
+@dataclass
+class _Distillation:
+    """One distillation, step by step: checks, data, the pair, the teacher's targets, training, the record."""
+    ctx: PassContext
+    options: DistillOptions
+    src: Path
+    dst: Path
+    choice: S.TeacherChoice
+    arch: object
+    objective: str
+    started: float  # T.CLOCK() at the start: the time budget covers the teacher pass too
+    wall_start: float
+    weights: dict = field(default_factory=dict)
+    data: _Data | None = None
+    device: object = None
+
+    @classmethod
+    def start(cls, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> _Distillation:
+        started, wall_start = T.CLOCK(), time.perf_counter()
+        return cls(ctx=ctx, options=options, src=src, dst=dst, arch=arch_for(ctx.spec.model_type),
+                   choice=S.resolve_teacher(src, ctx.spec.path, options.teacher),
+                   objective=ctx.spec.task_def.torch_objective, started=started, wall_start=wall_start)
+
+    def check_pair(self):
+        """Teacher and student are one family with one vocabulary: the student's tokenizer."""
+        choice, src, trust = self.choice, self.src, self.ctx.spec.trust_remote_code
         teacher_cfg = json.loads((choice.path / "config.json").read_text())
         student_cfg = json.loads((src / "config.json").read_text())
         if teacher_cfg.get("model_type") != student_cfg.get("model_type"):
             raise InputError(f"teacher {choice.path} is a {teacher_cfg.get('model_type')!r} model and the student "
                              f"{src} a {student_cfg.get('model_type')!r} one; distill within one architecture family")
-        student_tok = load_tokenizer(src, ctx.spec.trust_remote_code)
+        student_tok = load_tokenizer(src, trust)
         try:
-            teacher_tok = load_tokenizer(choice.path, ctx.spec.trust_remote_code)
+            teacher_tok = load_tokenizer(choice.path, trust)
         except Exception:  # noqa: BLE001 - no (fast) tokenizer files: the vocabulary size is still compared
             teacher_tok = None
         # hidden states go through a projection when the widths differ; attention maps and relations are L x L
-        S.check_compatible(objective, teacher_cfg, student_cfg, teacher_tok, student_tok, choice.path, src,
+        S.check_compatible(self.objective, teacher_cfg, student_cfg, teacher_tok, student_tok, choice.path, src,
                            need_same_hidden=False)
-        offered = arch.layout.distill_terms
+        return student_tok
+
+    def _weights(self, has_labels: bool) -> dict:
+        o = self.options
+        return L.weights_for(self.objective, has_labels, alpha=o.alpha, mse_weight=o.mse_weight,
+                             cosine_weight=o.cosine_weight, hidden_weight=o.hidden_weight,
+                             attention_weight=o.attention_weight, relation_weight=o.relation_weight)
+
+    def check_losses(self) -> None:
+        options, labelled = self.options, self.objective == "logits"
+        offered = self.arch.layout.distill_terms
         for term, weight in (("hidden_mse", options.hidden_weight), ("attention_mse", options.attention_weight),
                              ("relation_kl", options.relation_weight)):
             if weight > 0 and term not in offered:
-                raise InputError(f"{term} is not offered for {ctx.spec.model_type} (its family row offers "
+                raise InputError(f"{term} is not offered for {self.ctx.spec.model_type} (its family row offers "
                                  f"{', '.join(offered) or 'none'}); set {term.split('_')[0]}_weight to 0")
-        weights = L.weights_for(objective, True, alpha=options.alpha, mse_weight=options.mse_weight,
-                                cosine_weight=options.cosine_weight, hidden_weight=options.hidden_weight,
-                                attention_weight=options.attention_weight, relation_weight=options.relation_weight)
-        if not weights:
+        if not self._weights(True):
             raise InputError("every loss weight is 0: nothing to train on; raise alpha, mse_weight or cosine_weight")
         if options.select == "cosine" and labelled or options.select in ("accuracy", "agreement", "kl_to_teacher") \
                 and not labelled:
-            raise InputError(f"select: {options.select} does not apply to {objective}; use auto")
+            raise InputError(f"select: {options.select} does not apply to {self.objective}; use auto")
 
-        train_set, heldout_set, notes = load_sets(ctx, options, labelled)
-        has_labels = labelled and train_set.labels is not None
-        weights = L.weights_for(objective, has_labels, alpha=options.alpha, mse_weight=options.mse_weight,
-                                cosine_weight=options.cosine_weight, hidden_weight=options.hidden_weight,
-                                attention_weight=options.attention_weight, relation_weight=options.relation_weight)
-        extra_texts, notes["extra_texts"] = extra_training_texts(options, train_set)
-        ctx.log(f"distill: teacher {choice.path} ({choice.how}); {len(train_set)} training rows "
-                f"({'labelled' if has_labels else 'no labels'}), {len(heldout_set)} evaluation rows")
+    def load_data(self) -> None:
+        train_set, heldout_set, notes = load_sets(self.ctx, self.options, self.objective == "logits")
+        has_labels = self.objective == "logits" and train_set.labels is not None
+        self.weights = self._weights(has_labels)
+        extra_texts, notes["extra_texts"] = extra_training_texts(self.options, train_set)
+        self.data = _Data(train_set, heldout_set, notes, has_labels, extra_texts)
+        self.ctx.log(f"distill: teacher {self.choice.path} ({self.choice.how}); {len(train_set)} training rows "
+                     f"({'labelled' if has_labels else 'no labels'}), {len(heldout_set)} evaluation rows")
 
-        previous_threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, ctx.threads))
-        try:
-            return self._train(ctx, src, dst, options, choice, train_set, heldout_set, notes, weights, has_labels,
-                               student_tok, arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape,
-                               extra_texts)
-        finally:
-            torch.set_num_threads(previous_threads)
-
-    def _train(self, ctx, src, dst, options, choice, train_set, heldout_set, notes, weights, has_labels, tokenizer,
-               arch, started, wall_start, hash_dir, ckpt, D, S, T, current_shape, extra_texts=()) -> dict:
-        import torch
-
-        objective = ctx.spec.task_def.torch_objective
-        torch.manual_seed(options.seed)
-        device = torch.device("cuda" if options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available())
-                              else "cpu")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise InputError("device: cuda asked for, but no CUDA device is available; use device: auto or cpu")
+    def pair(self) -> _Pair:
+        options, arch, spec = self.options, self.arch, self.ctx.spec
         eager = options.attention_weight > 0
-        teacher = _load(ctx.spec, choice.path, eager)
+        teacher = _load(spec, self.choice.path, eager)
         teacher.requires_grad_(False)
         teacher_layers = len(arch.layers(teacher))
-        if choice.student_from_teacher:
+        if self.choice.student_from_teacher:
             student = copy.deepcopy(teacher)
             origins = list(range(teacher_layers))
             source = "cut from the teacher (layers dropped)"
@@ -333,8 +348,8 @@ class DistillPass(Pass):
                 raise InputError(f"the student would keep all {teacher_layers} layers of the teacher: nothing to distill "
                                  "into; give student_layers below that, or a pruned student (run prune first)")
         else:
-            student = _load(ctx.spec, src, eager)
-            origins = S.prune_origins(src)
+            student = _load(spec, self.src, eager)
+            origins = S.prune_origins(self.src)
             source = "the input stage" + (" (pruned; layer origins from its prune record)" if origins else "")
             n = len(arch.layers(student))
             if origins is None or len(origins) != n:
@@ -346,150 +361,180 @@ class DistillPass(Pass):
         student.requires_grad_(True)
         if options.freeze_embeddings:
             student.get_input_embeddings().weight.requires_grad_(False)
-        n_student = len(arch.layers(student))
-        if options.layer_map is not None:
-            bad = [j for j in options.layer_map if not 0 <= j <= teacher_layers]
-            if len(options.layer_map) != n_student or bad:
-                raise InputError(f"layer_map {options.layer_map}: give one teacher layer (1..{teacher_layers}; 0 = "
-                                 f"embeddings) for each of the student's {n_student} layers")
-            layer_map = list(options.layer_map)
-        else:
-            layer_map = S.default_layer_map(origins, n_student, teacher_layers)
-        if (options.attention_weight > 0 or options.relation_weight > 0) and 0 in layer_map:
-            raise InputError("layer_map index 0 (the embeddings) has no attention map; map every student layer to a "
-                             "teacher layer 1.. for attention transfer")
-        teacher.to(device)
-        student.to(device)
+        layer_map = _layer_map(options, origins, len(arch.layers(student)), teacher_layers)
+        teacher.to(self.device)
+        student.to(self.device)
+        return _Pair(teacher, student, teacher_layers, origins, source, keep is not None, layer_map)
 
-        accepts = set(inspect.signature(student.forward).parameters)
-        train_enc = D.encode(tokenizer, train_set.texts, train_set.text_pairs,
-                             train_set.labels if has_labels else None, options.max_length)
-        if extra_texts:  # teacher-labelled rows: soft targets only (label -100, skipped by the cross-entropy)
-            extra = D.encode(tokenizer, extra_texts, None, None, options.max_length)
+    def encode(self, tokenizer) -> tuple[D.Encoded, D.Encoded]:
+        data, max_length = self.data, self.options.max_length
+        train_enc = D.encode(tokenizer, data.train.texts, data.train.text_pairs,
+                             data.train.labels if data.has_labels else None, max_length)
+        if data.extra_texts:  # teacher-labelled rows: soft targets only (label -100, skipped by the cross-entropy)
+            extra = D.encode(tokenizer, data.extra_texts, None, None, max_length)
             train_enc.ids += extra.ids
             if train_enc.types is not None:
                 train_enc.types += extra.types or [np.zeros_like(i) for i in extra.ids]
             if train_enc.labels is not None:
                 train_enc.labels = np.concatenate([train_enc.labels, np.full(len(extra), -100, dtype=np.int64)])
-        heldout_enc = D.encode(tokenizer, heldout_set.texts, heldout_set.text_pairs,
-                               heldout_set.labels if objective == "logits" else None, options.max_length)
+        heldout_enc = D.encode(tokenizer, data.heldout.texts, data.heldout.text_pairs,
+                               data.heldout.labels if self.objective == "logits" else None, max_length)
+        return train_enc, heldout_enc
 
+    def relations(self, pair: _Pair) -> tuple | None:
+        """MiniLM's relation loss: the last student layer against its mapped teacher layer."""
+        if self.options.relation_weight <= 0:
+            return None
+        arch, last = self.arch, self.arch.layers(pair.student)[-1]
+        t_last = arch.layers(pair.teacher)[pair.layer_map[-1] - 1]
+        heads = relation_heads(arch.heads(last) * arch.head_dim(last), arch.heads(t_last) * arch.head_dim(t_last),
+                               arch.head_dim(t_last))
+        return len(arch.layers(pair.student)) - 1, pair.layer_map[-1] - 1, heads, arch
+
+    def teacher_targets(self, pair: _Pair, train_enc, heldout_enc, accepts, relations, teacher_hash: str) -> _Targets:
+        options, ctx = self.options, self.ctx
         need_hidden = options.hidden_weight > 0
-        hidden_size = arch.hidden(teacher.config)
+        hidden_size = self.arch.hidden(pair.teacher.config)
+        layer_map = pair.layer_map
         cache_mb = D.hidden_cache_mb(train_enc.lengths, hidden_size, len(set(layer_map))) if need_hidden else 0.0
-        relations = None
-        if options.relation_weight > 0:  # the last student layer against its mapped teacher layer (MiniLM)
-            s_width = arch.heads(arch.layers(student)[-1]) * arch.head_dim(arch.layers(student)[-1])
-            t_last = arch.layers(teacher)[layer_map[-1] - 1]
-            relations = (n_student - 1, layer_map[-1] - 1,
-                         relation_heads(s_width, arch.heads(t_last) * arch.head_dim(t_last), arch.head_dim(t_last)), arch)
-        if need_hidden:
-            s_hidden, t_hidden = arch.hidden(student.config), arch.hidden(teacher.config)
-            if s_hidden != t_hidden:
-                student.distill_projection = torch.nn.Linear(s_hidden, t_hidden).to(device)
         online = options.attention_weight > 0 or relations is not None or (need_hidden and cache_mb > options.teacher_cache_mb)
         cached_layers = sorted(set(layer_map)) if need_hidden and not online else []
-        student_hash = hash_dir(src)
-        teacher_hash = student_hash if choice.student_from_teacher else hash_dir(choice.path)
-        disk_key = hashlib.sha256(json.dumps([teacher_hash, objective, D.ids_digest(train_enc, heldout_enc)]).encode())
+        disk_key = hashlib.sha256(json.dumps([teacher_hash, self.objective, D.ids_digest(train_enc, heldout_enc)]).encode())
         disk_path = ckpt.home() / "distill-teacher" / f"{disk_key.hexdigest()[:24]}.safetensors"
         on_disk = None if cached_layers or online else D.load_cached_main(disk_path)
         if on_disk and on_disk[0] is not None and len(on_disk[0]) == len(train_enc) and len(on_disk[1]) == len(heldout_enc):
             ctx.log(f"distill: teacher outputs reused from {disk_path}")
-            cache = D.TeacherCache(on_disk[0], [], None, None, 0.0)
-            heldout_teacher, from_disk = on_disk[1], True
-        else:
-            ctx.log(f"distill: teacher pass over {len(train_enc)} training rows" + (
-                f" (caching {len(cached_layers)} hidden layers, {cache_mb:.0f} MB float16)" if cached_layers else ""))
-            cache = D.teacher_outputs(teacher, train_enc, objective, accepts, cached_layers, 64, device,
-                                      progress=progress.tracker("distill: teacher pass (batches)"))
-            if cached_layers:  # the cache is indexed by position in cached_layers
-                position = {j: p for p, j in enumerate(cached_layers)}
-                cache.hidden = [cache.hidden[position[j]] for j in layer_map]
-            heldout_teacher = D.teacher_outputs(teacher, heldout_enc, objective, accepts, [], 64, device).main
-            from_disk = False
-            try:
-                D.save_cached_main(disk_path, cache.main, heldout_teacher)
-            except OSError as exc:  # a read-only cache only costs the next run the teacher pass
-                ctx.log(f"distill: teacher outputs not kept on disk ({exc})")
-        teacher_for_training = teacher if online else None
-        if not online:
-            del teacher  # its outputs are all in the cache now
+            return _Targets(D.TeacherCache(on_disk[0], [], None, None, 0.0), on_disk[1], True, cache_mb,
+                            cached_layers, online)
+        ctx.log(f"distill: teacher pass over {len(train_enc)} training rows" + (
+            f" (caching {len(cached_layers)} hidden layers, {cache_mb:.0f} MB float16)" if cached_layers else ""))
+        cache = D.teacher_outputs(pair.teacher, train_enc, self.objective, accepts, cached_layers, 64, self.device,
+                                  progress=progress.tracker("distill: teacher pass (batches)"))
+        if cached_layers:  # the cache is indexed by position in cached_layers
+            position = {j: p for p, j in enumerate(cached_layers)}
+            cache.hidden = [cache.hidden[position[j]] for j in layer_map]
+        heldout_teacher = D.teacher_outputs(pair.teacher, heldout_enc, self.objective, accepts, [], 64, self.device).main
+        try:
+            D.save_cached_main(disk_path, cache.main, heldout_teacher)
+        except OSError as exc:  # a read-only cache only costs the next run the teacher pass
+            ctx.log(f"distill: teacher outputs not kept on disk ({exc})")
+        return _Targets(cache, heldout_teacher, False, cache_mb, cached_layers, online)
 
+    def settings(self, layer_map: list[int], relations) -> T.Settings:
+        options = self.options
         budget = options.max_minutes * 60 if options.max_minutes else None
         if budget and options.qat:  # the QAT phase's share of the budget is kept for it
-            budget_first = budget * (1 - Q.budget_share(options.epochs, options.qat_epochs))
-        else:
-            budget_first = budget
-        settings = T.Settings(
-            objective=objective, weights=weights, temperature=options.temperature, layer_map=layer_map, lr=options.lr,
-            weight_decay=options.weight_decay, warmup=options.warmup, epochs=options.epochs,
-            max_steps=options.max_steps, max_seconds=budget_first,
+            budget = budget * (1 - Q.budget_share(options.epochs, options.qat_epochs))
+        return T.Settings(
+            objective=self.objective, weights=self.weights, temperature=options.temperature, layer_map=layer_map,
+            lr=options.lr, weight_decay=options.weight_decay, warmup=options.warmup, epochs=options.epochs,
+            max_steps=options.max_steps, max_seconds=budget,
             batch_size=options.batch_size, eval_every=options.eval_every, patience=options.patience,
             min_delta=options.min_delta, stop_at=options.stop_at, select=options.select, keep=options.keep,
             grad_clip=options.grad_clip,
             checkpoint_every=options.checkpoint_every, seed=options.seed, log_every_seconds=options.log_every_seconds,
             relations=relations)
-        identity = hashlib.sha256(json.dumps({
-            "student": student_hash, "teacher": teacher_hash if not choice.student_from_teacher else "input",
-            "objective": objective, "data": _texts_digest(train_set, heldout_set),
-            "options": {k: v for k, v in options.model_dump().items() if k not in NOT_IN_IDENTITY},
-        }, sort_keys=True, default=str).encode()).hexdigest()
-        root = Path(options.checkpoint_dir) if options.checkpoint_dir else ckpt.default_root(identity)
-        trainer_kwargs = dict(student=student, teacher=teacher_for_training, settings=settings, train=train_enc,
-                              heldout=heldout_enc, cache=cache, heldout_teacher=heldout_teacher, accepts=accepts,
-                              device=device, log=ctx.log, started=started, checkpoint_root=root, identity=identity,
-                              resume=options.resume, online_teacher=online)
-        result = T.Trainer(**trainer_kwargs).run()
-        qat_record = None
-        if options.qat:
-            quant = ctx.target.quant
-            qat_record = Q.run_phase(
-                trainer_cls=T.Trainer, trainer_kwargs=trainer_kwargs, settings=settings, qat_epochs=options.qat_epochs,
-                lr=options.qat_lr or options.lr / 2,
-                per_channel=quant.per_channel if options.qat_per_channel is None else options.qat_per_channel,
-                reduce_range=quant.reduce_range if options.qat_reduce_range is None else options.qat_reduce_range,
-                max_seconds=budget, log=ctx.log)
 
+    def identity(self, student_hash: str, teacher_hash: str) -> str:
+        """What a checkpoint must match to be resumed: inputs, data and the options that change learning."""
+        return hashlib.sha256(json.dumps({
+            "student": student_hash, "teacher": teacher_hash if not self.choice.student_from_teacher else "input",
+            "objective": self.objective, "data": texts_digest(self.data.train, self.data.heldout),
+            "options": {k: v for k, v in self.options.model_dump().items() if k not in NOT_IN_IDENTITY},
+        }, sort_keys=True, default=str).encode()).hexdigest()
+
+    def qat(self, trainer_kwargs: dict, settings: T.Settings) -> dict:
+        options, quant = self.options, self.ctx.target.quant
+        return Q.run_phase(
+            trainer_cls=T.Trainer, trainer_kwargs=trainer_kwargs, settings=settings, qat_epochs=options.qat_epochs,
+            lr=options.qat_lr or options.lr / 2,
+            per_channel=quant.per_channel if options.qat_per_channel is None else options.qat_per_channel,
+            reduce_range=quant.reduce_range if options.qat_reduce_range is None else options.qat_reduce_range,
+            max_seconds=options.max_minutes * 60 if options.max_minutes else None)
+
+    def train(self, tokenizer) -> dict:
+        import torch
+
+        options = self.options
+        torch.manual_seed(options.seed)
+        self.device = _device(options)
+        pair = self.pair()
+        student = pair.student
+        accepts = set(inspect.signature(student.forward).parameters)
+        train_enc, heldout_enc = self.encode(tokenizer)
+        relations = self.relations(pair)
+        if options.hidden_weight > 0:
+            s_hidden, t_hidden = self.arch.hidden(student.config), self.arch.hidden(pair.teacher.config)
+            if s_hidden != t_hidden:
+                student.distill_projection = torch.nn.Linear(s_hidden, t_hidden).to(self.device)
+        student_hash = hash_dir(self.src)
+        teacher_hash = student_hash if self.choice.student_from_teacher else hash_dir(self.choice.path)
+        targets = self.teacher_targets(pair, train_enc, heldout_enc, accepts, relations, teacher_hash)
+        if not targets.online:
+            pair.teacher = None  # its outputs are all in the cache now
+        settings = self.settings(pair.layer_map, relations)
+        identity = self.identity(student_hash, teacher_hash)
+        root = Path(options.checkpoint_dir) if options.checkpoint_dir else ckpt.default_root(identity)
+        trainer_kwargs = dict(student=student, teacher=pair.teacher, settings=settings, train=train_enc,
+                              heldout=heldout_enc, cache=targets.cache, heldout_teacher=targets.heldout,
+                              accepts=accepts, device=self.device, started=self.started, checkpoint_root=root,
+                              identity=identity, resume=options.resume, online_teacher=targets.online)
+        result = T.Trainer(**trainer_kwargs).run()
+        qat_record = self.qat(trainer_kwargs, settings) if options.qat else None
         projected = hasattr(student, "distill_projection")
         if projected:  # a training aid, not part of the student
             del student.distill_projection
         student.to("cpu").eval()
-        student.save_pretrained(dst)
-        copy_side_files(src, dst)
-        reload = self._reload_check(ctx, student, dst, heldout_enc, accepts)
+        student.save_pretrained(self.dst)
+        copy_side_files(self.src, self.dst)
+        reload = _reload_check(self.ctx, student, self.dst, heldout_enc, accepts)
         ckpt.remove(root)
+        record = self.record(pair, heldout_enc, targets, result, relations, projected, root)
+        record.update({"qat": qat_record, "reload_check": reload, "weights_sha256": weights_sha256(student),
+                       "pass_seconds": round(time.perf_counter() - self.wall_start, 2)})
+        try:
+            plot_training_curve(record, self.dst / CURVE, title=f"{self.ctx.spec.source}: distill")
+            record["curve"] = CURVE
+        except Exception as exc:  # noqa: BLE001 - a plot is never worth the run
+            self.ctx.log(f"{CURVE} not written: {type(exc).__name__}: {exc}")
+            record["curve"] = None
+        return record
 
-        teacher_metrics = self._teacher_metrics(objective, heldout_teacher, heldout_enc)
-        shape = current_shape(student, arch)
-        params = int(sum(p.numel() for p in student.parameters()))
-        record = {
-            "teacher": {"path": str(choice.path), "how": choice.how, "layers": teacher_layers,
-                        "metrics_on_eval_rows": teacher_metrics},
-            "student": {"source": source, "layers": shape.num_layers, "heads_per_layer": shape.heads,
-                        "ffn_per_layer": shape.ffn, "hidden": shape.hidden, "params": params,
-                        "origins": origins, "dropped_here": keep is not None},
+    def record(self, pair: _Pair, heldout_enc, targets: _Targets, result: T.Result, relations, projected: bool,
+               root: Path) -> dict:
+        import torch
+
+        options, data, arch = self.options, self.data, self.arch
+        teacher = teacher_metrics(self.objective, targets.heldout, heldout_enc)
+        shape = current_shape(pair.student, arch)
+        return {
+            "teacher": {"path": str(self.choice.path), "how": self.choice.how, "layers": pair.teacher_layers,
+                        "metrics_on_eval_rows": teacher},
+            "student": {"source": pair.source, "layers": shape.num_layers, "heads_per_layer": shape.heads,
+                        "ffn_per_layer": shape.ffn, "hidden": shape.hidden,
+                        "params": int(sum(p.numel() for p in pair.student.parameters())),
+                        "origins": pair.origins, "dropped_here": pair.dropped_here},
             "losses": {
-                "weights": weights, "temperature": options.temperature, "layer_map": layer_map if (
+                "weights": self.weights, "temperature": options.temperature, "layer_map": pair.layer_map if (
                     options.hidden_weight or options.attention_weight or options.relation_weight) else None,
                 "hidden_projection": projected, "relation_layers": [relations[0], relations[1]] if relations else None,
                 "relation_heads": relations[2] if relations else None,
                 "family_terms": list(arch.layout.distill_terms),
-                "definitions": LOSS_DEFINITIONS[objective],
+                "definitions": LOSS_DEFINITIONS[self.objective],
             },
             "data": {
-                "train": {"source": train_set.source, "rows": len(train_set), "labelled": has_labels},
-                "eval": {"source": heldout_set.source, "rows": len(heldout_set),
+                "train": {"source": data.train.source, "rows": len(data.train), "labelled": data.has_labels},
+                "eval": {"source": data.heldout.source, "rows": len(data.heldout),
                          "labelled": heldout_enc.labels is not None},
-                **notes, "max_length": options.max_length, "batch_size": options.batch_size,
-                "teacher_outputs": {"mode": "online" if online else "cached", "seconds": round(cache.seconds, 2),
-                                    "reused_from_disk": from_disk,
-                                    "hidden_cache_mb": round(cache_mb, 1) if cached_layers else 0.0},
+                **data.notes, "max_length": options.max_length, "batch_size": options.batch_size,
+                "teacher_outputs": {"mode": "online" if targets.online else "cached",
+                                    "seconds": round(targets.cache.seconds, 2), "reused_from_disk": targets.from_disk,
+                                    "hidden_cache_mb": round(targets.cache_mb, 1) if targets.cached_layers else 0.0},
             },
             "training": {
                 "steps": result.steps, "epochs": result.epochs, "stopped_because": result.stopped_because,
                 "lr": options.lr, "warmup": options.warmup, "schedule": "linear warm-up, then linear decay to 0 at the horizon",
-                "horizon": result.horizon, "seconds": result.seconds, "device": str(device),
+                "horizon": result.horizon, "seconds": result.seconds, "device": str(self.device),
                 "threads": torch.get_num_threads(), "seed": options.seed,
                 "resumed_from_step": result.resumed_from_step, "resumed_from_steps": result.extra["resumed_from_steps"],
                 "checkpoints_written": result.checkpoints_written,
@@ -499,93 +544,23 @@ class DistillPass(Pass):
             "evaluations": result.history,
             "selection": {"metric": result.extra["metric"], "best_step": result.best_step, "keep": options.keep,
                           "kept_step": result.kept_step},
-            "quality": {"teacher": teacher_metrics, "before": _metrics_only(result.before),
-                        "after": _metrics_only(result.kept), "eval_rows": len(heldout_set)},
-            "qat": qat_record,
-            "reload_check": reload,
-            "weights_sha256": weights_sha256(student),
-            "pass_seconds": round(time.perf_counter() - wall_start, 2),
+            "quality": {"teacher": teacher, "before": metrics_only(result.before),
+                        "after": metrics_only(result.kept), "eval_rows": len(data.heldout)},
         }
-        try:
-            plot_training_curve(record, dst / CURVE, title=f"{ctx.spec.source}: distill")
-            record["curve"] = CURVE
-        except Exception as exc:  # noqa: BLE001 - a plot is never worth the run
-            ctx.log(f"{CURVE} not written: {type(exc).__name__}: {exc}")
-            record["curve"] = None
-        return record
-
-    @staticmethod
-    def _teacher_metrics(objective, heldout_teacher, heldout_enc) -> dict:
-        if objective != "logits":
-            return {"cosine": 1.0}
-        out = {"agreement": 1.0}
-        if heldout_enc.labels is not None:
-            pred = heldout_teacher.argmax(-1).numpy()
-            out = {"accuracy": round(float((pred == heldout_enc.labels).mean()), 6), **out}
-        return out
-
-    @staticmethod
-    def _reload_check(ctx, student, dst: Path, heldout_enc, accepts) -> dict:
-        """The saved folder loads (models.load_torch_model) and computes what the trained student computes."""
-        import torch
-
-        idx = list(range(min(16, len(heldout_enc))))
-        enc = collate(heldout_enc, idx, accepts)
-        reloaded = load_torch_model(ctx.spec, dst)
-        with torch.inference_mode():
-            a = forward(student, enc, ctx.spec.task_def.torch_objective)[0]
-            b = forward(reloaded, enc, ctx.spec.task_def.torch_objective)[0]
-        diff = float((a - b).abs().max())
-        if not diff <= 1e-4:
-            raise PassFailed(f"the saved student does not reproduce the trained one (max |diff| {diff:.2e}); "
-                             "report this with XFORMOPT_DEBUG=1")
-        return {"rows": len(idx), "max_abs_diff": diff}
 
 
-def extra_training_texts(options: DistillOptions, train_set) -> tuple[list[str], dict]:
-    """Texts for the teacher to label beside the training rows: unlabeled_data, else ``augment`` augmented
-    copies of the training texts; rows also in the training set are not repeated."""
-    if options.unlabeled_data:
-        path = Path(options.unlabeled_data)
-        if path.suffix.lower() == ".txt":  # one text per line
-            texts = [t.strip() for t in path.read_text(encoding="utf-8", errors="replace").splitlines() if t.strip()]
-        else:
-            texts = load_text_dataset(path, text_column=options.text_column, label_column="").texts
-        if not texts:
-            raise InputError(f"unlabeled_data {path} has no texts")
-        source = options.unlabeled_data
-    elif options.augment:
-        texts = augmented(train_set.texts, options.augment, options.seed)
-        source = f"{options.augment} augmented cop{'y' if options.augment == 1 else 'ies'} of each training text"
-    else:
-        return [], None
-    seen = set(train_set.texts)
-    kept = list(dict.fromkeys(t for t in texts if t not in seen))
-    return kept, {"source": source, "rows": len(kept), "labels": "the teacher's (soft targets only)"}
+def _reload_check(ctx, student, dst: Path, heldout_enc, accepts) -> dict:
+    """The saved folder loads (models.load_torch_model) and computes what the trained student computes."""
+    import torch
 
-
-def _metrics_only(entry: dict) -> dict:
-    keep = ("accuracy", "agreement", "kl_to_teacher", "cosine", "min_cosine", "mse")
-    return {"step": entry["step"], **{k: entry[k] for k in keep if k in entry}}
-
-
-LOSS_DEFINITIONS = {
-    "logits": {
-        "soft_kl": "T^2 * KL(softmax(teacher/T) || softmax(student/T)), summed over classes, mean over the batch",
-        "hard_ce": "cross-entropy of the student's logits on the gold labels, mean over the batch",
-        "hidden_mse": "MSE of student layer i vs teacher layer layer_map[i] token states over real tokens, mean over layers",
-        "attention_mse": "MSE of head-averaged attention maps over real (query, key) pairs, mean over mapped layers",
-        "relation_kl": "MiniLM: KL(teacher || student) of softmax(A A^T / sqrt(d_r)) for A in query, key, value of "
-                       "the last student layer and its mapped teacher layer, R relation heads, over real positions",
-        "total": "alpha * soft_kl + (1 - alpha) * hard_ce (soft_kl alone without labels) "
-                 "+ hidden_weight * hidden_mse + attention_weight * attention_mse + relation_weight * relation_kl",
-    },
-    "embedding": {
-        "embedding_mse": "mean over batch and dimensions of (student - teacher)^2, mean-pooled embeddings",
-        "embedding_cosine": "mean over the batch of 1 - cos(student, teacher)",
-        "hidden_mse": "MSE of student layer i vs teacher layer layer_map[i] token states over real tokens, mean over layers",
-        "attention_mse": "MSE of head-averaged attention maps over real (query, key) pairs, mean over mapped layers",
-        "total": "mse_weight * embedding_mse + cosine_weight * embedding_cosine "
-                 "+ hidden_weight * hidden_mse + attention_weight * attention_mse",
-    },
-}
+    idx = list(range(min(16, len(heldout_enc))))
+    enc = collate(heldout_enc, idx, accepts)
+    reloaded = load_torch_model(ctx.spec, dst)
+    with torch.inference_mode():
+        a = forward(student, enc, ctx.spec.task_def.torch_objective)[0]
+        b = forward(reloaded, enc, ctx.spec.task_def.torch_objective)[0]
+    diff = float((a - b).abs().max())
+    if not diff <= 1e-4:
+        raise PassFailed(f"the saved student does not reproduce the trained one (max |diff| {diff:.2e}); "
+                         "report this with XFORMOPT_DEBUG=1")
+    return {"rows": len(idx), "max_abs_diff": diff}
