@@ -96,25 +96,19 @@ the deepest cut directly (``width``: no layer dropped).
 
 from __future__ import annotations
 
-import copy
 import inspect
-import os
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
-from xformopt import progress
 from xformopt.artifact import copy_side_files
 from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
-from xformopt.measure.host import host_info
 from xformopt.models import ModelSpec, load_tokenizer, load_torch_model, pruned_heads
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.candidates import CandidateGraphs
-from xformopt.passes.fuse import reached
 from xformopt.passes.prune_flops import Shape, encoder_flops
 from xformopt.passes.prune_importance import (
     Batches,
@@ -138,6 +132,7 @@ from xformopt.passes.prune_plans import (
     select_plan,
     shape_text,
 )
+from xformopt.passes.prune_timing import measure_onnx_latency, time_plans
 from xformopt.passes.records import PruneRecord
 from xformopt.passes.surgery import (
     Arch,
@@ -146,7 +141,6 @@ from xformopt.passes.surgery import (
     current_shape,
     weights_sha256,
 )
-from xformopt.passes.timing import TIMED_TEXTS
 from xformopt.resources import vader_split_path
 
 
@@ -216,77 +210,6 @@ def load_sets(ctx: PassContext, options: PruneOptions, labelled: bool):
     return imp, held
 
 
-def measure_onnx_latency(ctx: PassContext, original: Path, pruned: Path, rounds: int) -> dict:
-    """Export and fully fuse both models with xformopt's own passes, then time them interleaved at
-    batch 1 over real held-out texts (tokenization included)."""
-    out = {}
-    with CandidateGraphs(ctx, "xformopt-prune-") as graphs:
-        for name, src in (("unpruned", original), ("pruned", pruned)):
-            ctx.log(f"exporting and fusing the {name} model for timing")
-            record = graphs.add_checkpoint(name, src)
-            out[f"{name}_fused"] = {k: v for k, v in record["fused_kept"].items() if v}
-            out[f"{name}_expected"] = record["expected"]
-        texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data)  # text pairs timed as pairs
-        ctx.log(f"timing pruned vs unpruned ONNX interleaved ({rounds} rounds, batch 1)")
-        stats = graphs.time_real(texts[:200], rounds, pairs[:200] if pairs else None)
-    host = host_info()
-    out.update({
-        "measured_on": f"measured on {host.get('cpu_model', 'this host')} ({ctx.threads} threads)",
-        "what": "ONNX fp32, fully fused (xformopt export + fuse select=all), batch 1, real held-out texts, "
-                "tokenization included, interleaved rounds",
-        "texts": len(texts),
-        "rounds": rounds,
-        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-        "unpruned_ms": {k: round(getattr(stats["unpruned"], k), 4) for k in ("median_ms", "p90_ms")},
-        "pruned_ms": {k: round(getattr(stats["pruned"], k), 4) for k in ("median_ms", "p90_ms")},
-        "speedup_median": round(stats["unpruned"].median_ms / stats["pruned"].median_ms, 3),
-    })
-    return out
-
-
-def time_plans(ctx: PassContext, model, arch: Arch, plans: list[Plan], tokenizer_dir: Path, rounds: int) -> dict:
-    """Export (in memory, no parity check) and fully fuse the unpruned model and every candidate
-    (masks are numerically the same, but only a really smaller model is faster), then time them interleaved
-    at batch 1 on up to 64 real held-out texts (``passes.timing.time_stage_dirs``: the same ORT session
-    settings as every other timing). Sets each plan's ``median_ms``, ``p90_ms`` and ``fused_attention``;
-    returns the unpruned model's figures and how they were measured."""
-    started = time.perf_counter()
-    fused: dict[str, int] = {}
-    with CandidateGraphs(ctx, "xformopt-prune-candidates-") as graphs:
-        for n, (key, plan) in enumerate([("unpruned", None), *((f"candidate{i}", p) for i, p in enumerate(plans))]):
-            progress.report("prune: exporting candidates", n, len(plans) + 1)
-            candidate = copy.deepcopy(model)
-            if plan is not None:
-                apply_plan(candidate, arch, plan)
-            candidate.eval()
-            fused[key] = reached(graphs.add_model(key, candidate, pruned=plan is not None), "Attention")
-            layers = len(plan.keep_layers) if plan else len(arch.layers(model))
-            if fused[key] < layers:  # timed as it is, but say so: an unfused graph is slower for another reason
-                ctx.log(f"{plan.note if plan else 'unpruned'}: only {fused[key]}/{layers} attention layers fused")
-            del candidate
-        progress.report("prune: exporting candidates", len(plans) + 1, len(plans) + 1)
-        ctx.log(f"timing the unpruned model and {len(plans)} candidates interleaved ({rounds} rounds, batch 1)")
-        stats = graphs.time_encoded(rounds, tokenizer_dir=tokenizer_dir)
-    for i, plan in enumerate(plans):
-        s = stats[f"candidate{i}"]
-        plan.median_ms, plan.p90_ms = round(s["median_ms"], 4), round(s["p90_ms"], 4)
-        plan.fused_attention = fused[f"candidate{i}"]
-    host = host_info()
-    return {
-        "what": "ONNX fp32 (export in memory, no parity check; ORT fusions select=all), batch 1, "
-                f"up to {TIMED_TEXTS} real held-out texts pre-tokenized, all candidates and the unpruned model "
-                "interleaved in shuffled order every round",
-        "measured_on": f"measured on {host.get('cpu_model', 'this host')} ({ctx.threads} threads)",
-        "texts": min(TIMED_TEXTS, len(ctx.sample_texts)),
-        "rounds": rounds,
-        "unpruned_ms": {"median_ms": round(stats["unpruned"]["median_ms"], 4),
-                        "p90_ms": round(stats["unpruned"]["p90_ms"], 4)},
-        "unpruned_fused_attention": fused["unpruned"],
-        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
-
-
 # --------------------------------------------------------------------------- the pass
 
 
@@ -297,6 +220,184 @@ def shape_record(shape: Shape, ref_len: int, mean_len: float) -> dict:
         "ffn_per_layer": shape.ffn,
         "flops_at_reference": encoder_flops(shape, ref_len),
         "flops_at_sample_mean_length": encoder_flops(shape, mean_len),
+    }
+
+
+# --------------------------------------------------------------------------- the pass's steps
+
+
+@dataclass
+class PruneInputs:
+    """What the pass's steps share: the unpruned model (pruned in place at the end), the importance and
+    held-out samples batched with their reference outputs, and the shape and size the model started with."""
+
+    arch: Arch
+    model: Any
+    objective: str
+    labelled: bool
+    imp_set: Any
+    held_set: Any
+    imp_b: Batches
+    held_b: Batches
+    imp_ref: Any
+    held_ref: Any
+    mean_len: float
+    shape0: Shape
+    params0: int
+    multiple: int
+
+
+@dataclass
+class Importance:
+    """Per-head, per-neuron and per-layer scores, and how they were obtained (the record's ``importance``)."""
+
+    head_scores: list
+    ffn_scores: list
+    layer_scores: list
+    method: dict
+
+
+def load_inputs(ctx: PassContext, src: Path, options: PruneOptions) -> PruneInputs:
+    """Refuse what cannot be pruned, then load the model, the tokenizer and both samples."""
+    import torch
+
+    arch = arch_for(ctx.spec.model_type)
+    if options.heads_per_layer is not None and not arch.layout.head_pruning:
+        raise InputError(f"{ctx.spec.model_type} attention heads cannot be pruned (its heads share one "
+                         "position bias); drop heads_per_layer and prune ffn_dim or layers")
+    objective = ctx.spec.task_def.torch_objective
+    torch.manual_seed(options.seed)
+    model = load_torch_model(ctx.spec, src)
+    model.requires_grad_(False)
+    if options.sparsity is None:
+        check_explicit_prunes(current_shape(model, arch), options, ctx.target.simd_multiple)
+    tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
+    accepts = set(inspect.signature(model.forward).parameters)
+    labelled = objective == "logits"
+    imp_set, held_set = load_sets(ctx, options, labelled)
+    ctx.log(f"importance sample {len(imp_set)} rows ({imp_set.source}); held-out {len(held_set)} rows")
+
+    def batches_of(ds):
+        return make_batches(tokenizer, ds.texts, ds.text_pairs, ds.labels if labelled else None,
+                            options.batch_size, options.max_length, accepts)
+
+    imp_b, held_b = batches_of(imp_set), batches_of(held_set)
+    imp_ref = reference_embeddings(model, imp_b, objective)
+    held_ref = reference_embeddings(model, held_b, objective)
+    mean_len = float(np.mean([len(ids) for ids in tokenizer(list(held_set.texts), truncation=True,
+                                                              max_length=options.max_length)["input_ids"]]))
+    return PruneInputs(arch, model, objective, labelled, imp_set, held_set, imp_b, held_b, imp_ref, held_ref,
+                       mean_len, current_shape(model, arch), sum(p.numel() for p in model.parameters()),
+                       ctx.target.simd_multiple)
+
+
+def score_importance(ctx: PassContext, inputs: PruneInputs, options: PruneOptions) -> Importance:
+    """Taylor (data) or magnitude (data-free) scores for every head, FFN neuron and layer."""
+    model, arch, objective, labelled = inputs.model, inputs.arch, inputs.objective, inputs.labelled
+    if options.importance == "taylor":
+        ctx.log("scoring heads and FFN neurons (Taylor: |d loss / d mask|)")
+        head_scores, ffn_scores = taylor_importance(model, arch, inputs.imp_b, objective, options.seed)
+        ctx.log("measuring layer-drop sensitivity")
+        layer_scores = layer_sensitivity(model, arch, inputs.imp_b, objective, inputs.imp_ref)
+        method = {
+            "method": "taylor",
+            "heads": "accumulated |dL/d head_mask| (Michel et al. 2019), normalised per layer for global ranking"
+            if labelled else "E[(z . d emb / d head_mask)^2], Gaussian probes z (2nd-order term of the embedding-MSE proxy)",
+            "ffn": "accumulated |activation x gradient| per neuron (Taylor, Molchanov et al. 2019)"
+            if labelled else "E[(z . d emb / d neuron_mask)^2], Gaussian probes z",
+            "layers": "loss increase on the sample when the layer is skipped"
+            + ("" if labelled else " (MSE to the unpruned embeddings)"),
+            "loss": "cross-entropy on the labels" if labelled
+            else "MSE between pooled embeddings and the unpruned model's (self-supervised proxy)",
+        }
+        method.update({"samples": len(inputs.imp_set), "source": inputs.imp_set.source, "seed": options.seed})
+    else:
+        head_scores, ffn_scores, layer_scores = magnitude_importance(model, arch)
+        method = {
+            "method": "magnitude",
+            "note": "data-free fallback: weight norms, no data used for importance "
+                    "(heads |W_v|x|W_o|, neurons |W_in|x|W_out|, layers |output projections|)",
+        }
+        method.update({"samples": 0, "candidate_choice": "rule (no data): fewest layers dropped, most heads kept"})
+    return Importance(head_scores, ffn_scores, layer_scores, method)
+
+
+def make_plans(inputs: PruneInputs, importance: Importance, options: PruneOptions) -> list[Plan]:
+    """The candidate plans for a sparsity target, or the one plan the explicit targets describe."""
+    shape0, multiple = inputs.shape0, inputs.multiple
+    scores = (importance.head_scores, importance.ffn_scores, importance.layer_scores)
+    if options.sparsity is not None:
+        plans = candidate_plans(*scores, shape0, options.sparsity, options.strategy, multiple,
+                                options.reference_length,
+                                HEAD_FRACTIONS if inputs.arch.layout.head_pruning else (1.0,))
+        # A small sparsity can round back to the full shape (the FFN width is a SIMD multiple, and
+        # 5% of the target is tolerated): such a candidate removes nothing and is not a prune.
+        plans = distinct([p for p in plans if not removes_nothing(p, shape0)])
+        if not plans:
+            raise InputError(f"nothing to prune: sparsity {options.sparsity} rounds back to the model's whole shape "
+                             f"({shape_text(shape0)}; FFN widths are multiples of {multiple}); ask for fewer "
+                             f"heads/FFN/layers or a larger sparsity")
+        return plans
+    plans = [explicit_plan(*scores, shape0, options, multiple)]
+    if removes_nothing(plans[0], shape0):  # check_explicit_prunes already refused this; kept as a guard
+        raise InputError(f"nothing to prune: the explicit targets keep the model's whole shape "
+                         f"({shape_text(shape0)}); ask for fewer heads/FFN/layers or sparsity > 0")
+    return plans
+
+
+def most_structure(plans: list[Plan]) -> tuple[Plan, dict]:
+    """Data-free: no sample loss to weigh speed against; the allocation that keeps the most structure."""
+    plan = min(plans, key=lambda p: (-len(p.keep_layers), -p.kept_heads))
+    return plan, {"prefer": None, "timed": False,
+                  "reason": "magnitude importance (no data): no layer dropped if possible, the most heads kept"}
+
+
+def prune_model(inputs: PruneInputs, plan: Plan) -> tuple[tuple[dict, dict], Shape]:
+    """Apply ``plan`` in place; the held-out quality (unpruned, pruned) and the new shape."""
+    model = inputs.model
+    before_quality = quality(model, inputs.held_b, inputs.objective, inputs.held_ref)
+    apply_plan(model, inputs.arch, plan)
+    model.eval()
+    after_quality = quality(model, inputs.held_b, inputs.objective, inputs.held_ref)
+    shape1 = current_shape(model, inputs.arch)
+    if shape1.num_layers == 0 or min(shape1.heads) == 0:
+        raise PassFailed("pruning would leave a layer without attention heads")
+    return (before_quality, after_quality), shape1
+
+
+def prune_record(inputs: PruneInputs, options: PruneOptions, importance: Importance, plan: Plan, selection: dict,
+                 qualities: tuple[dict, dict], shape1: Shape) -> dict:
+    """The pass's record (docs/report-schema.md), from the pruned model still in memory."""
+    model, shape0, mean_len, ref_len = inputs.model, inputs.shape0, inputs.mean_len, options.reference_length
+    removed_layers = [i for i in range(shape0.num_layers) if i not in plan.keep_layers]
+    f_ref0 = encoder_flops(shape0, ref_len)["total"]
+    f_ref1 = encoder_flops(shape1, ref_len)["total"]
+    f_mean0 = encoder_flops(shape0, mean_len)["total"]
+    f_mean1 = encoder_flops(shape1, mean_len)["total"]
+    return {
+        "flops_formula": "per layer, a = heads x head_dim: 8*L*d*a (Q,K,V,out projections) + 4*L^2*a "
+                         "(scores, context) + 4*L*d*f (FFN); multiply-add = 2 FLOPs; encoder layers only",
+        "reference_length": ref_len,
+        "sample_mean_length": round(mean_len, 2),
+        "target": {"sparsity": options.sparsity} if options.sparsity is not None else {
+            k: getattr(options, k) for k in ("heads_per_layer", "ffn_dim", "layers")},
+        "strategy": options.strategy if options.sparsity else "explicit",
+        "simd_multiple": inputs.multiple,
+        "sparsity_achieved": {"at_reference": round(1 - f_ref1 / f_ref0, 4),
+                              "at_sample_mean_length": round(1 - f_mean1 / f_mean0, 4)},
+        "before": shape_record(shape0, ref_len, mean_len),
+        "after": shape_record(shape1, ref_len, mean_len),
+        "params": {"before": int(inputs.params0), "after": int(sum(p.numel() for p in model.parameters()))},
+        "removed_layers": removed_layers,
+        "kept_layers": plan.keep_layers,
+        "pruned_heads": {str(k): v for k, v in pruned_heads.recorded(model.config).items()},
+        "importance": importance.method,
+        "candidates": selection.pop("candidates", []),
+        "chosen": plan.note,
+        "selection": selection,
+        "quality_before_recovery": {"unpruned": qualities[0], "pruned": qualities[1],
+                                    "heldout": inputs.held_set.source},
+        "weights_sha256": weights_sha256(model),
     }
 
 
@@ -338,129 +439,19 @@ class PrunePass(Pass):
         return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: PruneOptions) -> PruneRecord:
-        import torch
-
-        arch = arch_for(ctx.spec.model_type)
-        if options.heads_per_layer is not None and not arch.layout.head_pruning:
-            raise InputError(f"{ctx.spec.model_type} attention heads cannot be pruned (its heads share one "
-                             "position bias); drop heads_per_layer and prune ffn_dim or layers")
-        objective = ctx.spec.task_def.torch_objective
-        torch.manual_seed(options.seed)
-        model = load_torch_model(ctx.spec, src)
-        model.requires_grad_(False)
-        if options.sparsity is None:
-            check_explicit_prunes(current_shape(model, arch), options, ctx.target.simd_multiple)
-        tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
-        accepts = set(inspect.signature(model.forward).parameters)
-        labelled = objective == "logits"
-        imp_set, held_set = load_sets(ctx, options, labelled)
-        ctx.log(f"importance sample {len(imp_set)} rows ({imp_set.source}); held-out {len(held_set)} rows")
-
-        def batches_of(ds):
-            return make_batches(tokenizer, ds.texts, ds.text_pairs, ds.labels if labelled else None,
-                                options.batch_size, options.max_length, accepts)
-
-        imp_b, held_b = batches_of(imp_set), batches_of(held_set)
-        imp_ref = reference_embeddings(model, imp_b, objective)
-        held_ref = reference_embeddings(model, held_b, objective)
-        mean_len = float(np.mean([len(ids) for ids in tokenizer(list(held_set.texts), truncation=True,
-                                                                  max_length=options.max_length)["input_ids"]]))
-        shape0 = current_shape(model, arch)
-        params0 = sum(p.numel() for p in model.parameters())
-        multiple = ctx.target.simd_multiple
-
+        inputs = load_inputs(ctx, src, options)
+        importance = score_importance(ctx, inputs, options)
+        plans = make_plans(inputs, importance, options)
         if options.importance == "taylor":
-            ctx.log("scoring heads and FFN neurons (Taylor: |d loss / d mask|)")
-            head_scores, ffn_scores = taylor_importance(model, arch, imp_b, objective, options.seed)
-            ctx.log("measuring layer-drop sensitivity")
-            layer_scores = layer_sensitivity(model, arch, imp_b, objective, imp_ref)
-            method = {
-                "method": "taylor",
-                "heads": "accumulated |dL/d head_mask| (Michel et al. 2019), normalised per layer for global ranking"
-                if labelled else "E[(z . d emb / d head_mask)^2], Gaussian probes z (2nd-order term of the embedding-MSE proxy)",
-                "ffn": "accumulated |activation x gradient| per neuron (Taylor, Molchanov et al. 2019)"
-                if labelled else "E[(z . d emb / d neuron_mask)^2], Gaussian probes z",
-                "layers": "loss increase on the sample when the layer is skipped"
-                + ("" if labelled else " (MSE to the unpruned embeddings)"),
-                "loss": "cross-entropy on the labels" if labelled
-                else "MSE between pooled embeddings and the unpruned model's (self-supervised proxy)",
-            }
+            plan, selection = self.choose(inputs.model, inputs.arch, plans, inputs.imp_b, inputs.objective,
+                                          inputs.imp_ref, ctx, options, src)
         else:
-            head_scores, ffn_scores, layer_scores = magnitude_importance(model, arch)
-            method = {
-                "method": "magnitude",
-                "note": "data-free fallback: weight norms, no data used for importance "
-                        "(heads |W_v|x|W_o|, neurons |W_in|x|W_out|, layers |output projections|)",
-            }
-        if options.importance == "taylor":
-            method.update({"samples": len(imp_set), "source": imp_set.source, "seed": options.seed})
-        else:
-            method.update({"samples": 0, "candidate_choice": "rule (no data): fewest layers dropped, most heads kept"})
-
-        if options.sparsity is not None:
-            plans = candidate_plans(head_scores, ffn_scores, layer_scores, shape0, options.sparsity,
-                                    options.strategy, multiple, options.reference_length,
-                                    HEAD_FRACTIONS if arch.layout.head_pruning else (1.0,))
-            # A small sparsity can round back to the full shape (the FFN width is a SIMD multiple, and
-            # 5% of the target is tolerated): such a candidate removes nothing and is not a prune.
-            plans = distinct([p for p in plans if not removes_nothing(p, shape0)])
-            if not plans:
-                raise InputError(f"nothing to prune: sparsity {options.sparsity} rounds back to the model's whole shape "
-                                 f"({shape_text(shape0)}; FFN widths are multiples of {multiple}); ask for fewer "
-                                 f"heads/FFN/layers or a larger sparsity")
-        else:
-            plans = [explicit_plan(head_scores, ffn_scores, layer_scores, shape0, options, multiple)]
-            if removes_nothing(plans[0], shape0):  # check_explicit_prunes already refused this; kept as a guard
-                raise InputError(f"nothing to prune: the explicit targets keep the model's whole shape "
-                                 f"({shape_text(shape0)}); ask for fewer heads/FFN/layers or sparsity > 0")
-        if options.importance == "taylor":
-            plan, selection = self.choose(model, arch, plans, imp_b, objective, imp_ref, ctx, options, src)
-        else:  # data-free: no sample loss to weigh speed against; the allocation that keeps the most structure
-            plan = min(plans, key=lambda p: (-len(p.keep_layers), -p.kept_heads))
-            selection = {"prefer": None, "timed": False,
-                         "reason": "magnitude importance (no data): no layer dropped if possible, the most heads kept"}
-
-        before_quality = quality(model, held_b, objective, held_ref)
-        apply_plan(model, arch, plan)
-        model.eval()
-        after_quality = quality(model, held_b, objective, held_ref)
-        shape1 = current_shape(model, arch)
-        if shape1.num_layers == 0 or min(shape1.heads) == 0:
-            raise PassFailed("pruning would leave a layer without attention heads")
-
-        model.save_pretrained(dst)
+            plan, selection = most_structure(plans)
+        qualities, shape1 = prune_model(inputs, plan)
+        inputs.model.save_pretrained(dst)
         copy_side_files(src, dst)  # tokenizer and any other non-weight files
-        removed_layers = [i for i in range(shape0.num_layers) if i not in plan.keep_layers]
-        f_ref0 = encoder_flops(shape0, options.reference_length)["total"]
-        f_ref1 = encoder_flops(shape1, options.reference_length)["total"]
-        f_mean0 = encoder_flops(shape0, mean_len)["total"]
-        f_mean1 = encoder_flops(shape1, mean_len)["total"]
-        record = {
-            "flops_formula": "per layer, a = heads x head_dim: 8*L*d*a (Q,K,V,out projections) + 4*L^2*a "
-                             "(scores, context) + 4*L*d*f (FFN); multiply-add = 2 FLOPs; encoder layers only",
-            "reference_length": options.reference_length,
-            "sample_mean_length": round(mean_len, 2),
-            "target": {"sparsity": options.sparsity} if options.sparsity is not None else {
-                k: getattr(options, k) for k in ("heads_per_layer", "ffn_dim", "layers")},
-            "strategy": options.strategy if options.sparsity else "explicit",
-            "simd_multiple": multiple,
-            "sparsity_achieved": {"at_reference": round(1 - f_ref1 / f_ref0, 4),
-                                  "at_sample_mean_length": round(1 - f_mean1 / f_mean0, 4)},
-            "before": shape_record(shape0, options.reference_length, mean_len),
-            "after": shape_record(shape1, options.reference_length, mean_len),
-            "params": {"before": int(params0), "after": int(sum(p.numel() for p in model.parameters()))},
-            "removed_layers": removed_layers,
-            "kept_layers": plan.keep_layers,
-            "pruned_heads": {str(k): v for k, v in pruned_heads.recorded(model.config).items()},
-            "importance": method,
-            "candidates": selection.pop("candidates", []),
-            "chosen": plan.note,
-            "selection": selection,
-            "quality_before_recovery": {"unpruned": before_quality, "pruned": after_quality,
-                                        "heldout": held_set.source},
-            "weights_sha256": weights_sha256(model),
-        }
-        del model
+        record = prune_record(inputs, options, importance, plan, selection, qualities, shape1)
+        inputs.model = None  # the only reference: freed before the latency check exports two more models
         if options.measure_latency:
             record["latency"] = measure_onnx_latency(ctx, src, dst, options.latency_rounds)
         return record
@@ -480,6 +471,7 @@ class PrunePass(Pass):
         if options.prefer != "accuracy" and want_timing:
             ctx.log(f"exporting and fusing the unpruned model and {len(plans)} candidates for timing")
             try:
+                # time_plans by this module's name (imported from prune_timing): tests replace it here
                 timing = time_plans(ctx, model, arch, plans, tokenizer_dir or ctx.spec.path, options.candidate_rounds)
             except Exception as exc:  # noqa: BLE001 -- timing informs the choice; the record says it failed
                 for plan in plans:
