@@ -99,7 +99,7 @@ def dynamo_fp32(src: Path, dst: Path) -> None:
 def graph_facts(path: Path) -> dict:
     import onnx
 
-    from xformopt.passes.quantize_int4 import nbits_counts
+    from xformopt.passes.int4.run import nbits_counts
 
     model = onnx.load(path / "model.onnx", load_external_data=False)
     attrs = {}

@@ -55,7 +55,7 @@ def pack_inc_into_matmulnbits(inc_model, float_model, model_dir: Path, ctx, work
     from onnx import helper, numpy_helper
 
     from xformopt.decoder.export import copy_config_files
-    from xformopt.passes.quantize_int4 import build_candidate
+    from xformopt.passes.int4.run import build_candidate
 
     ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     deq = copy.deepcopy(float_model)

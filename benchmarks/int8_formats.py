@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt.measure.kernel_probe import int8_gemm_saturates
-    from xformopt.passes.quantize import _dynamic
+    from xformopt.passes.quantize.run import _dynamic
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor
     from xformopt.scoring.metrics import row_cosine

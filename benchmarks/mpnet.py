@@ -7,7 +7,7 @@ under --work:
 
 - ``xformopt-int8``: xformopt's passes, export -> fuse (select all: MPNet's attention in
   MultiHeadAttention, xformopt/fusions/mpnet.py) -> quantize (dynamic INT8 for this host's target, the
-  family's outlier rules: FFN inputs smoothed, FFN output projections split, xformopt/passes/outliers.py);
+  family's outlier rules: FFN inputs smoothed, FFN output projections split, xformopt/passes/quantize/outliers.py);
 - ``xformopt-int8-plain`` (``--plain``): the same quantize with ``outlier_rules: false`` (and
   ``min_agreement: 0``: the pass refuses it otherwise, its cosine to float being far below 0.99);
 - ``optimum-int8``: optimum's ORTModelForFeatureExtraction export + ORTQuantizer with

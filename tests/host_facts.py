@@ -98,8 +98,8 @@ def decided(timer, winner: str):
 def decide_timing_races(winner: str) -> None:
     """Replace every candidate timer, wherever it was imported, by its decided form."""
     import xformopt.decoder.fusion  # noqa: F401  (import the homes of the timers before patching)
-    import xformopt.passes.fuse  # noqa: F401
-    import xformopt.passes.quantize  # noqa: F401
+    import xformopt.passes.fuse.run  # noqa: F401
+    import xformopt.passes.quantize.run  # noqa: F401
     import xformopt.passes.timing  # noqa: F401
 
     originals = {}

@@ -135,7 +135,7 @@ def test_run_pass_chain_and_its_manifest(tiny_classifier, tmp_path):
 
 def _budget_always_missed(monkeypatch):
     """The float graph scores 90, every INT8 candidate 80: no candidate meets a 0.5-point budget."""
-    import xformopt.passes.int8_budget as q_mod
+    import xformopt.passes.quantize.budget as q_mod
 
     scores = iter([90.0])
     monkeypatch.setattr(q_mod, "budget_evaluation", lambda *a, **k: (next(scores, 80.0), {}))

@@ -326,7 +326,7 @@ def test_optimize_flags_override_recipe(tiny_classifier, tiny_recipe_file, tmp_p
 def test_failed_pass_exit_3_leaves_nothing(tiny_classifier, tiny_recipe_file, tmp_path, capsys, monkeypatch,
                                            isolated_cache):
     from xformopt.errors import PassFailed
-    from xformopt.passes.fuse import FusePass
+    from xformopt.passes.fuse.run import FusePass
 
     def broken(self, ctx, src, dst, options):
         (dst / "model.onnx").write_bytes(b"partial")
@@ -348,7 +348,7 @@ def test_failed_pass_exit_3_leaves_nothing(tiny_classifier, tiny_recipe_file, tm
 
 def test_failed_pass_command_exit_3(exported_classifier, tmp_path, capsys, monkeypatch):
     from xformopt.errors import PassFailed
-    from xformopt.passes.quantize import QuantizePass
+    from xformopt.passes.quantize.run import QuantizePass
 
     def broken(self, ctx, src, dst, options):
         (dst / "model.onnx").write_bytes(b"partial")

@@ -139,13 +139,13 @@ def test_optimize_mode_is_a_deprecated_alias_of_latency_mode(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command, flag, options, field", [
-    ("fuse", "--select", "xformopt.passes.fuse:FuseOptions", "select"),
-    ("quantize", "--mode", "xformopt.passes.quantize:QuantizeOptions", "mode"),
-    ("quantize", "--calibration-method", "xformopt.passes.quantize:QuantizeOptions", "calibration_method"),
-    ("int4", "--algorithm", "xformopt.passes.quantize_int4:Int4Options", "algorithm"),
-    ("prune", "--strategy", "xformopt.passes.prune:PruneOptions", "strategy"),
-    ("prune", "--importance", "xformopt.passes.prune:PruneOptions", "importance"),
-    ("distill", "--device", "xformopt.passes.distill:DistillOptions", "device"),
+    ("fuse", "--select", "xformopt.passes.fuse.run:FuseOptions", "select"),
+    ("quantize", "--mode", "xformopt.passes.quantize.run:QuantizeOptions", "mode"),
+    ("quantize", "--calibration-method", "xformopt.passes.quantize.run:QuantizeOptions", "calibration_method"),
+    ("int4", "--algorithm", "xformopt.passes.int4.run:Int4Options", "algorithm"),
+    ("prune", "--strategy", "xformopt.passes.prune.run:PruneOptions", "strategy"),
+    ("prune", "--importance", "xformopt.passes.prune.run:PruneOptions", "importance"),
+    ("distill", "--device", "xformopt.passes.distill.run:DistillOptions", "device"),
 ])
 def test_cli_choices_are_the_pass_options_choices(command, flag, options, field):
     """The CLI states the choices (help shows them, a typo is a usage error); they must be the pass's."""
@@ -244,7 +244,7 @@ def test_bench_gate_reads_a_relative_budget_against_the_baseline():
 
 
 def test_quantize_and_bench_share_the_parser():
-    from xformopt.passes.quantize import QuantizeOptions
+    from xformopt.passes.quantize.run import QuantizeOptions
 
     assert QuantizeOptions(max_accuracy_drop="1%").max_accuracy_drop == "1%"
     with pytest.raises(ValueError, match="max_accuracy_drop must be points"):

@@ -26,7 +26,7 @@ from conftest import (
 )
 
 from xformopt import sources
-from xformopt.passes.fuse import choose
+from xformopt.passes.fuse.run import choose
 
 V3 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
           max_position_embeddings=128, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,

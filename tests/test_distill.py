@@ -13,12 +13,12 @@ import pytest
 from conftest import make_ctx, run_cli, run_pass
 from harden_helpers import assert_distill_refuses
 
-from xformopt.distill import data as D
-from xformopt.distill import losses as L
-from xformopt.distill import student as S
-from xformopt.distill import train as T
 from xformopt.errors import InputError
 from xformopt.passes import get_pass
+from xformopt.passes.distill import data as D
+from xformopt.passes.distill import losses as L
+from xformopt.passes.distill import student as S
+from xformopt.passes.distill import train as T
 
 # Small and quick: 128 training rows, 32 evaluation rows, short inputs.
 FAST = dict(train_samples=128, eval_samples=32, max_length=48, batch_size=16, patience=0, checkpoint_every=0, epochs=50)

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_ctx, run_pass
 from harden_helpers import assert_distill_refuses
 
-from xformopt.distill import qat as Q
+from xformopt.passes.distill import qat as Q
 
 FAST = dict(train_samples=96, eval_samples=32, max_length=32, batch_size=16, patience=0, checkpoint_every=0)
 

@@ -11,11 +11,11 @@ import shutil
 import pytest
 from conftest import make_ctx, run_pass
 
-from xformopt.distill import augment as A
-from xformopt.distill import losses as L
-from xformopt.distill.relations import relation_heads
 from xformopt.errors import InputError
 from xformopt.families import FAMILIES
+from xformopt.passes.distill import augment as A
+from xformopt.passes.distill import losses as L
+from xformopt.passes.distill.relations import relation_heads
 
 FAST = dict(train_samples=64, eval_samples=32, max_length=32, batch_size=16, patience=0, checkpoint_every=0,
             label_column="", select="agreement")

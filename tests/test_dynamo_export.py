@@ -12,7 +12,7 @@ from conftest import TINY, make_ctx, onnx_op_counts, run_pass
 from xformopt import pipeline, recipe
 from xformopt.errors import InputError
 from xformopt.onnx_graph import load_graph
-from xformopt.passes.export_dynamo import is_dynamo_graph
+from xformopt.passes.export.dynamo import is_dynamo_graph
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 LAYERS = TINY["layers"]
@@ -63,7 +63,7 @@ def test_dynamo_export_fuses_every_layer(dynamo_fused):
 
 
 def test_dynamo_no_attention_candidate_leaves_attention(tiny_classifier, dynamo_classifier, sample_texts, tmp_path):
-    from xformopt.passes.fuse import build_fused
+    from xformopt.passes.fuse.run import build_fused
 
     ctx = make_ctx(tiny_classifier, sample_texts)
     counts = build_fused(dynamo_classifier[0] / "model.onnx", tmp_path / "model.onnx", ctx, ("enable_attention",))

@@ -1,4 +1,4 @@
-"""GGUF input (xformopt/sources/gguf.py) and carrying its blocks into MatMulNBits (passes/gguf_blocks.py),
+"""GGUF input (xformopt/sources/gguf.py) and carrying its blocks into MatMulNBits (passes/int4/gguf_blocks.py),
 on a tiny random Llama GGUF file written here with the gguf package's writer."""
 
 from __future__ import annotations
@@ -182,9 +182,9 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path, monkeypatch, 
     from gguf.quants import dequantize as gguf_dequantize
     from onnx import numpy_helper
 
-    from xformopt.passes import gguf_blocks
-    from xformopt.passes.gguf_blocks import LAYOUTS, unpack
-    from xformopt.passes.quantize_int4 import Int4Options, build_candidate
+    from xformopt.passes.int4 import gguf_blocks
+    from xformopt.passes.int4.gguf_blocks import LAYOUTS, unpack
+    from xformopt.passes.int4.run import Int4Options, build_candidate
 
     if form == "explicit_zero_points":
         monkeypatch.setattr(gguf_blocks, "symmetric_minimums", lambda blocks: None)
@@ -231,7 +231,7 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path, monkeypatch, 
 
 
 def test_symmetric_minimums_only_where_float32_holds_m_plus_8d():
-    from xformopt.passes.gguf_blocks import Blocks, symmetric_minimums
+    from xformopt.passes.int4.gguf_blocks import Blocks, symmetric_minimums
 
     q = np.zeros((1, 2, 32), dtype=np.uint8)
     d = np.array([[0.25, 2.0 ** -24]], dtype=np.float32)  # the second: fp16's smallest subnormal
@@ -250,7 +250,7 @@ def test_real_smollm2_q4_1_and_q8_0_blocks_are_carried_in_checkpoint_row_order(t
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
     from xformopt.errors import InputError
-    from xformopt.passes.gguf_blocks import carry_into, unpack
+    from xformopt.passes.int4.gguf_blocks import carry_into, unpack
     from xformopt.sources.gguf import packaged_file
 
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(Path.home() / ".cache" / "xformopt"))  # the shared wheel

@@ -32,7 +32,7 @@ def graph_of(path: Path) -> list:
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_mid_pass_cleans_up_and_says_one_line(signum, code, tiny_classifier, heldout_file, tmp_path, capsys,
                                                        monkeypatch, isolated_cache):
-    from xformopt.passes.export import ExportPass
+    from xformopt.passes.export.run import ExportPass
 
     real = ExportPass.run
 

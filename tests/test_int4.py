@@ -192,7 +192,7 @@ def test_perplexity_budget_moves_the_most_harmful_matmuls_to_8_bits(family_model
     1, 2, 4 ... MatMuls at 8 bits, and writes the fewest that meet it (or the best, flagged)."""
     from xformopt.decoder.perplexity import perplexity, token_lists
     from xformopt.models import load_tokenizer
-    from xformopt.passes import calibration as cal
+    from xformopt.passes.quantize import calibration as cal
 
     model = family_models["qwen2"]
     ctx = make_ctx(model, sample_texts)
@@ -243,8 +243,8 @@ def test_int4_bad_input_fails_before_any_work(family_stages, exported_classifier
 
 def test_int4_records_no_int8_options_and_int8_none_of_int4s():
     """int4 is its own pass: neither options model carries the other's fields (nor its manifest entry)."""
-    from xformopt.passes.quantize import QuantizeOptions
-    from xformopt.passes.quantize_int4 import Int4Options
+    from xformopt.passes.int4.run import Int4Options
+    from xformopt.passes.quantize.run import QuantizeOptions
 
     int8, int4 = set(QuantizeOptions.model_fields), set(Int4Options.model_fields)
     assert not {"block_size", "algorithm", "keep_8bit", "max_perplexity_increase", "carry_gguf"} & int8

@@ -23,9 +23,9 @@ from onnx import numpy_helper
 from xformopt import targets
 from xformopt.measure.host import cpu_flags
 from xformopt.measure.kernel_probe import int8_gemm_saturates
-from xformopt.passes import quantize as q
 from xformopt.passes import stage_runs
-from xformopt.passes.int8_formats import agreement_floor, format_ladder
+from xformopt.passes.quantize import run as q
+from xformopt.passes.quantize.formats import agreement_floor, format_ladder
 
 FORMATS = {"weight_type": "int8", "per_channel": False, "reduce_range": False, "activation_type": "uint8",
            "activation_symmetric": False, "op_types": ["MatMul"], "format": "QOperator"}

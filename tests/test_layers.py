@@ -23,7 +23,7 @@ LAYERS = [
                                             "models", "targets", "onnx_graph", "exporting", "fusions"}),
     ("runtime", {"runtime"}),
     ("sources", {"sources"}),
-    ("pass libraries", {"decoder", "distill", "seq2seq"}),
+    ("pass libraries", {"decoder", "seq2seq"}),
     ("passes, evaluation, reports", {"passes", "evaluate", "profiling", "report"}),
     ("recipes", {"recipe"}),
     ("pipeline and the bench library", {"pipeline", "benchmarking"}),

@@ -149,7 +149,7 @@ def test_outlier_rules_keep_every_gemm_int8(mpnet_stages, sample_texts, tmp_path
 
 
 def test_the_mpnet_rules_name_the_ffn_gemms():
-    from xformopt.passes.outliers import matching
+    from xformopt.passes.quantize.outliers import matching
 
     names = [f"/encoder/layer.{i}/{role}/MatMul" for i in (0, 11) for role in
              ("attention/attn/q", "attention/attn/o", "intermediate/dense", "output/dense")]

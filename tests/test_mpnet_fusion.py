@@ -170,7 +170,7 @@ def test_fusing_with_the_weights_on_disk_writes_the_same_graph(mpnet, tmp_path, 
     """fuse keeps the weights on disk while ORT's optimizer runs (memory: issue 21); every weight there
     (threshold 0) must give byte for byte the graph an all-in-memory fusion writes."""
     from xformopt import models
-    from xformopt.passes.fuse import build_fused
+    from xformopt.passes.fuse.run import build_fused
 
     model, exported, _, _ = mpnet
     ctx = make_ctx(model, sample_texts)

@@ -1,4 +1,4 @@
-"""xformopt/passes/outliers.py on a graph built in code whose activations carry outlier channels: the
+"""xformopt/passes/quantize/outliers.py on a graph built in code whose activations carry outlier channels: the
 rewrites are exact in float, and dynamic INT8 of the treated graph is closer to float than of the
 plain one."""
 
@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from xformopt.errors import PassFailed
-from xformopt.passes import outliers
+from xformopt.passes.quantize import outliers
 
 D, F, O = 32, 64, 16
 RULES = ((r"ffn_in", "smooth"), (r"ffn_out", "split"))

@@ -16,7 +16,7 @@ from xformopt.errors import InputError, PassFailed
 from xformopt.exporting import compare, parity_texts
 from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, weighted_gemms
 from xformopt.passes import all_passes, get_pass
-from xformopt.passes.fuse import choose
+from xformopt.passes.fuse.run import choose
 
 LAYERS = TINY["layers"]
 
@@ -138,7 +138,7 @@ def test_timing_and_parity_feed_text_pairs_as_pairs(exported_classifier, tiny_cl
     import xformopt.passes.timing as timing
     from xformopt.data import TextDataset
     from xformopt.models import load_tokenizer
-    from xformopt.passes.export import ExportOptions, check_parity
+    from xformopt.passes.export.run import ExportOptions, check_parity
 
     seconds = ["good", "a good film", "a good film , really", "a good film , really , truly and deeply"] * 3
     data = TextDataset(texts=["the film"] * len(seconds), text_pairs=seconds, labels=None, label_names=None,
@@ -179,7 +179,7 @@ def test_compare_ignores_padding_positions():
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_default_torch_onnx_export_does_not_fuse_but_ours_does(tmp_path, tiny_classifier, exported_classifier,
                                                             fused_classifier):
-    """PROOF of the claim in passes/export_dynamo.py.
+    """PROOF of the claim in passes/export/dynamo.py.
 
     ``torch.onnx.export`` with today's defaults (dynamo=True, over transformers' default SDPA
     attention) gives a graph in which ORT's BERT optimizer alone fuses no Attention node; our export
@@ -242,7 +242,7 @@ def test_fuse_all_reaches_full_fusion(fused_classifier):
 def test_fuse_with_the_weights_on_disk_writes_the_same_graph(exported_classifier, tiny_classifier, tmp_path, sample_texts):
     """ORT's Attention fusion reads the Q/K/V weights to pack them: from the scratch file when they are on
     disk (issue 21: memory). Every weight on disk must give the bytes an all-in-memory fusion writes."""
-    from xformopt.passes.fuse import build_fused
+    from xformopt.passes.fuse.run import build_fused
 
     stage, _ = exported_classifier
     ctx = make_ctx(tiny_classifier, sample_texts)
@@ -267,7 +267,7 @@ def test_fusion_finds_its_weights_without_changing_directory(exported_classifier
     import os
     import threading
 
-    from xformopt.passes.fuse import build_fused
+    from xformopt.passes.fuse.run import build_fused
 
     def refuse(path):
         raise AssertionError(f"os.chdir({path!r}) while fusing")

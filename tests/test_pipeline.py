@@ -292,7 +292,7 @@ def test_no_cache_run_stores_nothing(tiny_classifier, heldout_file, tmp_path, is
 
 
 def test_failed_pass_leaves_nothing(tiny_classifier, heldout_file, tmp_path, isolated_cache, monkeypatch):
-    from xformopt.passes.quantize import QuantizePass
+    from xformopt.passes.quantize.run import QuantizePass
 
     def broken(self, ctx, src, dst, options):
         (dst / "model.onnx").write_bytes(b"half written")

@@ -24,14 +24,11 @@ from conftest import (
 )
 
 from xformopt.errors import InputError
-from xformopt.passes import (
-    get_pass,
-    prune_flops,
-    prune_importance,
-    prune_plans,
-    surgery,
-)
-from xformopt.passes import prune as P
+from xformopt.passes import get_pass, surgery
+from xformopt.passes.prune import flops as prune_flops
+from xformopt.passes.prune import importance as prune_importance
+from xformopt.passes.prune import plans as prune_plans
+from xformopt.passes.prune import run as P
 
 HEAD_DIM = TINY["hidden"] // TINY["heads"]
 FAST = dict(measure_latency=False, samples=32, eval_samples=32, batch_size=16)
@@ -171,7 +168,7 @@ def test_sparsity_record(pruned_classifier):
     assert "accuracy" in record["quality_before_recovery"]["pruned"]
     lat = record["latency"]
     assert lat["measured_on"].startswith("measured on") and lat["pruned_ms"]["median_ms"] > 0
-    from xformopt.passes.fuse import reached  # a one-head layer fuses into MultiHeadAttention (onnxscript)
+    from xformopt.passes.fuse.run import reached  # a one-head layer fuses into MultiHeadAttention (onnxscript)
 
     assert reached(lat["pruned_fused"], "Attention") == after["layers"]
 

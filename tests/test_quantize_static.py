@@ -48,7 +48,7 @@ def test_each_calibration_method(method, fused_classifier, tiny_classifier, tmp_
 
 def test_calibration_rows_disjoint_from_evaluation_rows(tiny_classifier):
     from xformopt import sources
-    from xformopt.passes.calibration import load_split
+    from xformopt.passes.quantize.calibration import load_split
     from xformopt.resources import vader_split_path
 
     spec = sources.resolve(str(tiny_classifier))
@@ -105,7 +105,7 @@ def test_calibration_streams_bounded_chunks(fused_classifier, tiny_classifier, t
     """A large calibration set is tokenized batch by batch and flushed every chunk_batches batches."""
     from onnxruntime.quantization import calibrate as ort_cal
 
-    from xformopt.passes import calibration
+    from xformopt.passes.quantize import calibration
 
     big = tmp_path / "big.jsonl"
     big.write_text("".join(json.dumps({"text": f"{t} #{i}"}) + "\n" for i in range(40) for t in sample_texts))
@@ -144,7 +144,7 @@ def test_ort_calib_max_intermediate_outputs_still_drops_chunks(fused_classifier,
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
     from xformopt.models import load_tokenizer
-    from xformopt.passes.calibration import (
+    from xformopt.passes.quantize.calibration import (
         TextBatchReader,
         graph_input_names,
         prepare_for_static,
@@ -201,8 +201,8 @@ def test_budget_generous_no_fallback(fused_classifier, tiny_classifier, tmp_path
 
 @pytest.mark.host_sensitive
 def test_budget_falls_back_most_harmful_first(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
-    import xformopt.passes.calibration as cal_mod
-    import xformopt.passes.int8_budget as q_mod
+    import xformopt.passes.quantize.budget as q_mod
+    import xformopt.passes.quantize.calibration as cal_mod
 
     names = gemm_names(fused_classifier[0])
     order = [names[3], names[0], names[5], names[1]] + [n for i, n in enumerate(names) if i not in (0, 1, 3, 5)]
@@ -224,7 +224,7 @@ def test_budget_falls_back_most_harmful_first(fused_classifier, tiny_classifier,
 
 
 def test_budget_relative_percent(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch):
-    import xformopt.passes.int8_budget as q_mod
+    import xformopt.passes.quantize.budget as q_mod
 
     names = gemm_names(fused_classifier[0])
     monkeypatch.setattr(q_mod, "budget_evaluation", fake_metric({names[0]}, drop_per_node=0.8))  # 0.8 of 90 points
@@ -235,7 +235,7 @@ def test_budget_relative_percent(fused_classifier, tiny_classifier, tmp_path, sa
 
 
 def test_budget_unmet_writes_artifact_and_exits_1(fused_classifier, tiny_classifier, tmp_path, sample_texts, monkeypatch, capsys):
-    import xformopt.passes.int8_budget as q_mod
+    import xformopt.passes.quantize.budget as q_mod
 
     names = gemm_names(fused_classifier[0])
     monkeypatch.setattr(q_mod, "budget_evaluation", fake_metric(set(names)))  # every node hurts: half in float is not enough
@@ -253,8 +253,8 @@ def test_budget_unmet_writes_artifact_and_exits_1(fused_classifier, tiny_classif
 
 
 def test_budget_option_validation():
-    from xformopt.passes.int8_budget import allowed_drop
-    from xformopt.passes.quantize import QuantizeOptions
+    from xformopt.passes.quantize.budget import allowed_drop
+    from xformopt.passes.quantize.run import QuantizeOptions
 
     assert QuantizeOptions(max_accuracy_drop="0.5").max_accuracy_drop == 0.5
     assert QuantizeOptions(max_accuracy_drop="2%").max_accuracy_drop == "2%"
@@ -271,7 +271,7 @@ def test_harm_scores_rank_a_damaged_layer_first(fused_classifier, tiny_classifie
 
     from xformopt.models import load_tokenizer
     from xformopt.onnx_graph import weighted_gemms
-    from xformopt.passes.calibration import (
+    from xformopt.passes.quantize.calibration import (
         TextBatchReader,
         graph_input_names,
         harm_scores,

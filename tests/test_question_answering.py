@@ -410,7 +410,7 @@ def test_parity_catches_a_divergence_only_long_contexts_show(tmp_path, tiny_qa, 
     from onnx import numpy_helper
 
     from xformopt.errors import PassFailed
-    from xformopt.passes.export import ExportOptions, check_parity
+    from xformopt.passes.export.run import ExportOptions, check_parity
     from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 
     data = load_squad(same_question_file)

@@ -59,7 +59,7 @@ class Layout:
     head_pruning: bool = True  # False: heads stay whole (prune cuts FFN width and layers only)
     attn_query: str = ""  # the query and key projections (distill's MiniLM relation loss reads their outputs)
     attn_key: str = ""
-    # distill's intermediate-layer losses this family supports (xformopt/distill/losses.py): hidden_mse
+    # distill's intermediate-layer losses this family supports (xformopt/passes/distill/losses.py): hidden_mse
     # (token states through the layer map, projected when widths differ), attention_mse (head-averaged
     # attention maps), relation_kl (MiniLM's query/key/value relations of the last layer pair)
     distill_terms: tuple[str, ...] = ("hidden_mse", "attention_mse", "relation_kl")
@@ -126,7 +126,7 @@ class Family:
     own_fusion: str | None = None
     # GEMMs whose inputs carry activation outliers that per-tensor INT8 cannot hold: (regex, treatment),
     # full match on the exported ONNX node names, treatment "smooth", "split" or "float"
-    # (xformopt/passes/outliers.py); quantize applies them unless told not to (outlier_rules: false).
+    # (xformopt/passes/quantize/outliers.py); quantize applies them unless told not to (outlier_rules: false).
     int8_outliers: tuple[tuple[str, str], ...] = ()
     generic: bool = False  # built by family_of for a model type the table does not know (no row of facts)
 

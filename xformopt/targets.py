@@ -71,7 +71,7 @@ PROFILES: dict[str, Target] = {
             # Static QOperator (QLinearMatMul) over QDQ, measured on an AVX-512 VNNI host (2 cores,
             # fused all-MiniLM-L6-v2, batch 1, 200 interleaved rounds over validation texts, median
             # relative to fp32): QOperator 0.605, QDQ 0.651; with Attention dynamically quantized
-            # (QAttention, see passes/quantize.py) 0.425; dynamic INT8 0.367.
+            # (QAttention, see passes/quantize/run.py) 0.425; dynamic INT8 0.367.
             quant=QuantFormat("int8", "uint8", False, True, "QOperator", _X86_OPS),
             simd_multiple=16,
         ),

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from xformopt.models import load_torch_model
-from xformopt.passes.export_dynamo import export_encoder
+from xformopt.passes.export.dynamo import export_encoder
 
 NAME = "dynamic INT8, optimum's settings (ONNX Runtime quantize_dynamic)"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from xformopt.families import refuse_unexportable_cache
 from xformopt.models.quiet import load_quietly
 
-EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export_dynamo.py)
+EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export/dynamo.py)
 SAMPLE_BATCH, SAMPLE_NEW, SAMPLE_PAST = 2, 3, 4
 
 

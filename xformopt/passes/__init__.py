@@ -7,12 +7,12 @@ from importlib import import_module
 from xformopt.passes.base import Pass
 
 REGISTRY: dict[str, str] = {
-    "prune": "xformopt.passes.prune:PrunePass",
-    "distill": "xformopt.passes.distill:DistillPass",
-    "export": "xformopt.passes.export:ExportPass",
-    "fuse": "xformopt.passes.fuse:FusePass",
-    "quantize": "xformopt.passes.quantize:QuantizePass",
-    "int4": "xformopt.passes.quantize_int4:Int4Pass",
+    "prune": "xformopt.passes.prune.run:PrunePass",
+    "distill": "xformopt.passes.distill.run:DistillPass",
+    "export": "xformopt.passes.export.run:ExportPass",
+    "fuse": "xformopt.passes.fuse.run:FusePass",
+    "quantize": "xformopt.passes.quantize.run:QuantizePass",
+    "int4": "xformopt.passes.int4.run:Int4Pass",
 }
 
 

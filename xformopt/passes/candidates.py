@@ -19,9 +19,9 @@ from pathlib import Path
 from xformopt import models
 from xformopt.measure.modes import real
 from xformopt.models.quiet import quiet_loggers
-from xformopt.passes.export import DYNAMO_MIN_OPSET, ExportOptions, ExportPass
-from xformopt.passes.export_dynamo import export_encoder
-from xformopt.passes.fuse import FuseOptions, FusePass, build_fused
+from xformopt.passes.export.dynamo import export_encoder
+from xformopt.passes.export.run import DYNAMO_MIN_OPSET, ExportOptions, ExportPass
+from xformopt.passes.fuse.run import FuseOptions, FusePass, build_fused
 from xformopt.passes.timing import time_stage_dirs
 from xformopt.runtime.encoder import OrtPredictor
 

@@ -21,8 +21,8 @@ from xformopt.measure.latency import run_interleaved
 from xformopt.models import load_tokenizer
 from xformopt.onnx_graph import fused_counts, int8_coverage, load_graph
 from xformopt.passes.base import PassContext
-from xformopt.passes.calibration import load_split
-from xformopt.passes.export_dynamo import onnxscript_fusions
+from xformopt.passes.export.dynamo import onnxscript_fusions
+from xformopt.passes.quantize.calibration import load_split
 from xformopt.passes.timing import preferred_within_tolerance
 from xformopt.seq2seq import GRAPH_FILES
 from xformopt.seq2seq.generate import GenerationSettings, generate

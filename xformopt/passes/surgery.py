@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from xformopt.families import Layout, layout_of
 from xformopt.models import pruned_heads
-from xformopt.passes.prune_flops import Shape
-from xformopt.passes.prune_plans import Plan
+from xformopt.passes.prune.flops import Shape
+from xformopt.passes.prune.plans import Plan
 
 
 @dataclass

@@ -38,7 +38,7 @@ from xformopt.accuracy_budget import points
 from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
-from xformopt.passes.prune_flops import Shape, encoder_flops
+from xformopt.passes.prune.flops import Shape, encoder_flops
 from xformopt.recipe_search.remeasure import remeasure
 from xformopt.recipe_search.space import SearchSpace
 from xformopt.recipe_search.trial import TrialJob, run_trial, score_outputs, validation_set
@@ -92,7 +92,7 @@ def candidates(recipe: recipes.Recipe) -> list[Candidate]:
 
 def shape_flops(config: dict, shape: dict, length: float = 32.0) -> float:
     """Encoder FLOPs of a shape (``layers``, ``heads_per_layer``, ``ffn_dim``; None: the model's) at ``length``
-    tokens (xformopt/passes/prune_flops.py's model)."""
+    tokens (xformopt/passes/prune/flops.py's model)."""
     full_heads = int(config.get("num_attention_heads") or config.get("n_heads") or 1)
     hidden = int(config.get("hidden_size") or config.get("dim") or 1)
     layers = shape.get("layers") or int(config.get("num_hidden_layers") or config.get("n_layers") or 1)

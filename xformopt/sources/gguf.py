@@ -7,7 +7,7 @@ its tokenizer and chat template; that checkpoint is written once into the xformo
 by the file's sha256, built in a temp folder and renamed into place under an flock, and re-verified
 (every file's size and sha256) on reuse. ``gguf_source.json`` in the checkpoint names the source file,
 its hash and the quantization types it carried: the manifest reports it, and the ``int4`` pass
-reads the file's own blocks through it (xformopt/passes/gguf_blocks.py).
+reads the file's own blocks through it (xformopt/passes/int4/gguf_blocks.py).
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
         warnings.simplefilter("ignore")
         try:
             # transformers 5 keeps GGUF blocks packed (GgufLinear) unless told to dequantize; a plain
-            # float checkpoint is what export and passes/gguf_blocks.py expect
+            # float checkpoint is what export and passes/int4/gguf_blocks.py expect
             model = load_quietly(AutoModelForCausalLM.from_pretrained, gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32,
                                                          quantization_config=GgufConfig(dequantize=True))
             tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)

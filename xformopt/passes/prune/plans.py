@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xformopt.errors import InputError
-from xformopt.passes.prune_flops import (
+from xformopt.passes.prune.flops import (
     Shape,
     encoder_flops,
     head_step,

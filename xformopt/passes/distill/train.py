@@ -36,9 +36,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from xformopt import progress
-from xformopt.distill import checkpoint as ckpt
-from xformopt.distill import losses as L
-from xformopt.distill.data import (
+from xformopt.errors import PassFailed
+from xformopt.passes.distill import checkpoint as ckpt
+from xformopt.passes.distill import losses as L
+from xformopt.passes.distill.data import (
     Encoded,
     TeacherCache,
     collate,
@@ -47,8 +48,7 @@ from xformopt.distill.data import (
     sorted_batches,
     steps_per_epoch,
 )
-from xformopt.distill.relations import QKV
-from xformopt.errors import PassFailed
+from xformopt.passes.distill.relations import QKV
 
 _log = logging.getLogger(__name__)
 

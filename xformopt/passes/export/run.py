@@ -2,7 +2,7 @@
 
 Encoders go through torch's dynamo exporter (``torch.onnx.export(dynamo=True)``), the exporter
 transformers and torch maintain; its graphs reach ONNX Runtime's fused kernels through onnxscript's ORT
-fusion rewriter in ``fuse`` (xformopt/passes/export_dynamo.py). ``exporter: torchscript`` traces with
+fusion rewriter in ``fuse`` (xformopt/passes/export/dynamo.py). ``exporter: torchscript`` traces with
 the TorchScript exporter over eager attention instead, for a model torch.export cannot trace. Decoders
 go through their KV-cache exporters (xformopt/decoder/export.py).
 """
@@ -24,7 +24,7 @@ from xformopt.measure import memory
 from xformopt.models import load_torch_model
 from xformopt.models.quiet import quiet_loggers
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.export_dynamo import DYNAMO, export_encoder, require_onnxscript
+from xformopt.passes.export.dynamo import DYNAMO, export_encoder, require_onnxscript
 from xformopt.passes.records import ExportRecord
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
 from xformopt.seq2seq.stage import export_seq2seq_stage

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.data import load_text_dataset
-from xformopt.distill.augment import augmented
 from xformopt.errors import InputError
+from xformopt.passes.distill.augment import augmented
 from xformopt.resources import vader_split_path
 
 

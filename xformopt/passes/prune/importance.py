@@ -1,6 +1,6 @@
 """What removing a unit costs, measured on the importance sample: 0/1 masks on heads and FFN
 neurons, the per-row loss, Taylor / layer-drop / magnitude importance, and each plan's sample loss.
-The method is explained in ``xformopt.passes.prune``'s docstring."""
+The method is explained in ``xformopt.passes.prune.run``'s docstring."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xformopt import progress
-from xformopt.passes.prune_plans import Plan
+from xformopt.passes.prune.plans import Plan
 from xformopt.passes.surgery import Arch
 from xformopt.scoring.pooling import mean_pool
 

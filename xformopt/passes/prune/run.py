@@ -109,8 +109,8 @@ from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import ModelSpec, load_tokenizer, load_torch_model, pruned_heads
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.prune_flops import Shape, encoder_flops
-from xformopt.passes.prune_importance import (
+from xformopt.passes.prune.flops import Shape, encoder_flops
+from xformopt.passes.prune.importance import (
     Batches,
     layer_sensitivity,
     magnitude_importance,
@@ -120,7 +120,7 @@ from xformopt.passes.prune_importance import (
     score_plans,
     taylor_importance,
 )
-from xformopt.passes.prune_plans import (
+from xformopt.passes.prune.plans import (
     HEAD_FRACTIONS,
     Plan,
     candidate_plans,
@@ -132,7 +132,7 @@ from xformopt.passes.prune_plans import (
     select_plan,
     shape_text,
 )
-from xformopt.passes.prune_timing import measure_onnx_latency, time_plans
+from xformopt.passes.prune.timing import measure_onnx_latency, time_plans
 from xformopt.passes.records import PruneRecord
 from xformopt.passes.surgery import (
     Arch,
@@ -471,7 +471,7 @@ class PrunePass(Pass):
         if options.prefer != "accuracy" and want_timing:
             ctx.log(f"exporting and fusing the unpruned model and {len(plans)} candidates for timing")
             try:
-                # time_plans by this module's name (imported from prune_timing): tests replace it here
+                # time_plans by this module's name (imported from prune.timing): tests replace it here
                 timing = time_plans(ctx, model, arch, plans, tokenizer_dir or ctx.spec.path, options.candidate_rounds)
             except Exception as exc:  # noqa: BLE001 -- timing informs the choice; the record says it failed
                 for plan in plans:

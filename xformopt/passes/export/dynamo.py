@@ -31,7 +31,7 @@ TORCHSCRIPT = "torchscript"
 _REWRITER_LOCK = threading.Lock()
 WEIGHT_FOLD_LIMIT = 1 << 28  # elements: any packed weight of an encoder that fits in one protobuf
 # torch.export specialises a dimension of size 0 or 1 to a constant: trace with 2 rows and a length
-# that is neither (parity then checks batch 1 and padded batches, xformopt/passes/export.py).
+# that is neither (parity then checks batch 1 and padded batches, xformopt/passes/export/run.py).
 TRACE_BATCH, TRACE_LENGTH = 2, 16
 
 

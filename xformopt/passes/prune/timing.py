@@ -1,7 +1,7 @@
 """prune's two timings, both through :class:`~xformopt.passes.candidates.CandidateGraphs` (export, fuse
 select=all, time interleaved at batch 1): every candidate plan against the unpruned model, to choose
 (``time_plans``), and the saved checkpoint against the unpruned one, for the record (``measure_onnx_latency``).
-The method is explained in ``xformopt.passes.prune``'s docstring."""
+The method is explained in ``xformopt.passes.prune.run``'s docstring."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from xformopt import progress
 from xformopt.measure.host import host_info
 from xformopt.passes.base import PassContext
 from xformopt.passes.candidates import CandidateGraphs
-from xformopt.passes.fuse import reached
-from xformopt.passes.prune_plans import Plan
+from xformopt.passes.fuse.run import reached
+from xformopt.passes.prune.plans import Plan
 from xformopt.passes.surgery import Arch, apply_plan
 from xformopt.passes.timing import TIMED_TEXTS
 

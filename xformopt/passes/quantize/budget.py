@@ -13,9 +13,9 @@ import numpy as np
 
 from xformopt import accuracy_budget, progress
 from xformopt.onnx_graph import load_graph, weighted_gemms
-from xformopt.passes import calibration as cal
 from xformopt.passes.base import PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
+from xformopt.passes.quantize import calibration as cal
 from xformopt.passes.timing import preferred_within_tolerance, time_stage_dirs
 from xformopt.runtime.encoder import OrtPredictor
 

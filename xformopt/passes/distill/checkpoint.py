@@ -25,7 +25,7 @@ from pathlib import Path
 
 from xformopt.cache import cache_root
 
-SCHEMA = "xformopt.distill-checkpoint/1"
+SCHEMA = "xformopt.passes.distill-checkpoint/1"
 
 
 def home() -> Path:

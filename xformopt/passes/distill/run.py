@@ -3,9 +3,9 @@
 The teacher is the original model (the recipe's input, ``--teacher DIR``, or the model named in the
 input's ``manifest.json``); the student is the input stage -- e.g. the output of ``prune`` -- or,
 when distill is the first torch pass, a copy of the teacher with layers dropped (``student_layers``,
-evenly spaced from the first to the last; or ``keep_layers``). See ``xformopt.distill.student``.
+evenly spaced from the first to the last; or ``keep_layers``). See ``xformopt.passes.distill.student``.
 
-Losses (``xformopt.distill.losses``): classification ``alpha * T^2 * KL(teacher || student at
+Losses (``xformopt.passes.distill.losses``): classification ``alpha * T^2 * KL(teacher || student at
 temperature T) + (1 - alpha) * cross-entropy(labels)`` (KL alone on unlabelled data); feature
 extraction ``mse_weight * MSE + cosine_weight * (1 - cosine)`` between the mean-pooled embeddings
 (no labels needed: any text works); optional ``hidden_weight`` x hidden-state MSE and
@@ -16,12 +16,12 @@ Data: ``train_data`` through the shared loader (labelled or not; default the ven
 tokenized once; rows whose text is also in the held-out set the run reports on, or in the
 evaluation set used for early stopping, are dropped. Evaluation/early stopping: ``eval_data``
 (default the vendored validation split), or a held-out part of ``train_data``. The teacher's outputs
-are computed once and kept in memory (see ``xformopt.distill.data`` for the bounds).
+are computed once and kept in memory (see ``xformopt.passes.distill.data`` for the bounds).
 
-Training (``xformopt.distill.train``): AdamW, warm-up + linear decay, ``epochs``/``max_steps`` and a
+Training (``xformopt.passes.distill.train``): AdamW, warm-up + linear decay, ``epochs``/``max_steps`` and a
 ``max_minutes`` budget (the whole pass, teacher pass included), held-out evaluation every
 ``eval_every`` steps with early stopping and best-checkpoint selection, resumable checkpoints
-(``xformopt.distill.checkpoint``), seeded; CPU with ``ctx.threads`` threads, CUDA when present
+(``xformopt.passes.distill.checkpoint``), seeded; CPU with ``ctx.threads`` threads, CUDA when present
 (``device``).
 
 Output: a stock Hugging Face directory (reloaded and checked against the in-memory student before
@@ -45,20 +45,20 @@ from pydantic import Field, model_validator
 
 from xformopt import progress
 from xformopt.artifact import copy_side_files, hash_dir
-from xformopt.distill import checkpoint as ckpt
-from xformopt.distill import data as D
-from xformopt.distill import losses as L
-from xformopt.distill import qat as Q
-from xformopt.distill import student as S
-from xformopt.distill import train as T
-from xformopt.distill.curve import plot_training_curve
-from xformopt.distill.data import collate, forward
-from xformopt.distill.record import LOSS_DEFINITIONS, metrics_only, teacher_metrics
-from xformopt.distill.relations import relation_heads
-from xformopt.distill.sets import extra_training_texts, load_sets, texts_digest
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.distill import checkpoint as ckpt
+from xformopt.passes.distill import data as D
+from xformopt.passes.distill import losses as L
+from xformopt.passes.distill import qat as Q
+from xformopt.passes.distill import student as S
+from xformopt.passes.distill import train as T
+from xformopt.passes.distill.curve import plot_training_curve
+from xformopt.passes.distill.data import collate, forward
+from xformopt.passes.distill.record import LOSS_DEFINITIONS, metrics_only, teacher_metrics
+from xformopt.passes.distill.relations import relation_heads
+from xformopt.passes.distill.sets import extra_training_texts, load_sets, texts_digest
 from xformopt.passes.records import DistillRecord
 from xformopt.passes.surgery import arch_for, current_shape, weights_sha256
 
@@ -85,7 +85,7 @@ class DistillOptions(PassOptions):
     unlabeled_data: str | None = Field(None, description="more texts for the teacher to label (soft targets only): "
                                                          "a .txt file (one per line) or any data file's text column")
     augment: int = Field(0, ge=0, le=16, description="without unlabeled_data: teacher-labelled augmented copies "
-                                                     "of each training text (xformopt/distill/augment.py)")
+                                                     "of each training text (xformopt/passes/distill/augment.py)")
     layer_map: list[int] | None = Field(None, description="teacher hidden-state index (1-based) per student layer; "
                                                           "default: the layers the student came from")
     train_data: str | None = Field(None, description="training texts (labels optional); default: vendored train split")
@@ -125,7 +125,7 @@ class DistillOptions(PassOptions):
     resume: bool = Field(True, description="continue from a checkpoint of the same run when one exists")
     log_every_seconds: float = Field(30.0, gt=0, description="progress line interval when stderr is not a terminal")
     qat: bool = Field(False, description="quantization-aware training in the last qat_epochs: the student's Linear "
-                                         "layers see the target's dynamic INT8 (xformopt/distill/qat.py)")
+                                         "layers see the target's dynamic INT8 (xformopt/passes/distill/qat.py)")
     qat_epochs: float = Field(1.0, gt=0, description="epochs of the quantization-aware phase (after the others)")
     qat_lr: float | None = Field(None, gt=0, description="peak learning rate of the QAT phase; default: lr / 2")
     qat_per_channel: bool | None = Field(None, description="QAT weight scales per channel; default: the target's")

@@ -1,7 +1,7 @@
 """Quantization-aware training: the student's Linear layers see the INT8 arithmetic ONNX Runtime's
 dynamic quantization will run, so the last distillation epoch(s) learn weights that survive it.
 
-What is simulated (the formats of ``quantize`` with ``mode: dynamic``, xformopt/passes/quantize.py):
+What is simulated (the formats of ``quantize`` with ``mode: dynamic``, xformopt/passes/quantize/run.py):
 
 - weights: signed 8-bit, symmetric, one scale per output channel (``per_channel``) or per tensor, range
   [-127, 127], or [-64, 64] with ``reduce_range`` (the 7-bit weights of targets without VNNI); the scale is

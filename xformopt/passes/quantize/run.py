@@ -52,13 +52,13 @@ from xformopt.onnx_graph import (
     op_counts,
     weighted_gemms,
 )
-from xformopt.passes import calibration as cal
-from xformopt.passes import outliers
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.calibration import METHODS, dataset_reader, load_split
 from xformopt.passes.fewest import fewest_that_pass
-from xformopt.passes.int8_budget import budget_search
-from xformopt.passes.int8_formats import (
+from xformopt.passes.quantize import calibration as cal
+from xformopt.passes.quantize import outliers
+from xformopt.passes.quantize.budget import budget_search
+from xformopt.passes.quantize.calibration import METHODS, dataset_reader, load_split
+from xformopt.passes.quantize.formats import (
     accept_floor,
     agreement_floor,
     describe,
@@ -133,7 +133,7 @@ class QuantizeOptions(PassOptions):
 
 
 def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
-    """The family's outlier rules applied to a copy of the float stage (xformopt/passes/outliers.py):
+    """The family's outlier rules applied to a copy of the float stage (xformopt/passes/quantize/outliers.py):
     the stage to quantize, and the record (None when the family has no rules or they are off)."""
     rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
     if not rules:

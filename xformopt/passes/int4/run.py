@@ -40,11 +40,11 @@ from xformopt.decoder.generate import context_window
 from xformopt.decoder.perplexity import perplexity, token_lists
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer
-from xformopt.passes import calibration as cal
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
-from xformopt.passes.gguf_blocks import AUX, aux_nodes, carry_into
-from xformopt.passes.int8_formats import agreement_floor
+from xformopt.passes.int4.gguf_blocks import AUX, aux_nodes, carry_into
+from xformopt.passes.quantize import calibration as cal
+from xformopt.passes.quantize.formats import agreement_floor
 from xformopt.passes.records import Int4Record
 from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder, step_token_limit
@@ -122,7 +122,7 @@ def role_of(name: str) -> str | None:
 
 def weighted_matmuls(model) -> list[str]:
     """Names of MatMuls whose second input is a 2-D initializer (what MatMulNBits can take), less the
-    float helpers of carried Q4_1 blocks (xformopt/passes/gguf_blocks.py)."""
+    float helpers of carried Q4_1 blocks (xformopt/passes/int4/gguf_blocks.py)."""
     inits = {i.name: i for i in model.graph.initializer}
     return [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits
             and len(inits[n.input[1]].dims) == 2 and AUX not in n.name]

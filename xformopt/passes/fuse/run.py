@@ -32,7 +32,7 @@ from xformopt.fusions import embed_layer_norm
 from xformopt.measure import memory
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
-from xformopt.passes.export_dynamo import (
+from xformopt.passes.export.dynamo import (
     add_missing_layernorm_bias,
     is_dynamo_graph,
     onnxscript_fusions,
@@ -229,7 +229,7 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
 
 def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
     """The graph ORT's optimizer gets: a dynamo export first goes through onnxscript's ORT fusions
-    (its attention fuses only there: xformopt/passes/export_dynamo.py), skipped when attention must stay
+    (its attention fuses only there: xformopt/passes/export/dynamo.py), skipped when attention must stay
     unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them). The
     path itself when neither applies."""
     import onnx

@@ -14,7 +14,7 @@ beside a median of 2 leaves the others a handful of levels. Treatments, each exa
 - ``float``: the GEMM is kept in float.
 
 Hand-written because no library does it for ONNX graphs: ORT's ``SmoothQuant`` option imports
-neural-compressor 2.x's ONNX backend, which 3.x removed (``passes/calibration.py``).
+neural-compressor 2.x's ONNX backend, which 3.x removed (``passes/quantize/calibration.py``).
 """
 
 from __future__ import annotations
