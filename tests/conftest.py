@@ -399,6 +399,11 @@ def onnx_op_counts(model_path: Path) -> Counter:
     return Counter(n.op_type for n in onnx.load(str(model_path), load_external_data=False).graph.node)
 
 
+# A latency limit no timing noise can trip (a loaded 2-core host has shown 16x medians between two runs of
+# a sub-millisecond model): for tests of the gate's accuracy side or its wiring, never of the host's speed.
+ANY_LATENCY_DRIFT = "1e9%"
+
+
 def check_bench_report_and_gate(artifact: Path, capsys) -> dict:
     """`bench`, `bench --baseline` (the CI gate) and `report` work on an artifact of any task: bench on
     the report's rows reproduces the report's metrics exactly, the gate against its own report passes
@@ -414,7 +419,7 @@ def check_bench_report_and_gate(artifact: Path, capsys) -> dict:
     for name, metric in want.items():
         assert bench["artifact"]["metrics"][name]["value"] == pytest.approx(metric["value"], abs=1e-9), name
     code, out, err = run_cli(["bench", artifact, "--baseline", artifact / "report.json", "--rounds", "3", "--repeats", "1",
-                              "--max-latency-regression", "1000%"], capsys)
+                              "--max-latency-regression", ANY_LATENCY_DRIFT], capsys)
     assert code == 0 and "gate passed" in out, (out, err)
     code, out, err = run_cli(["report", artifact, "--json"], capsys)
     assert code == 0, err

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import ANY_LATENCY_DRIFT, run_cli
 
 import xformopt
 from xformopt.errors import BudgetMissed, GateFailed, InputError, XformoptError
@@ -165,10 +165,10 @@ def test_bench_result_informative_then_gated(optimized, tmp_path):
     assert informative.doc["artifact"]["metrics"]["accuracy"]["value"] == pytest.approx(want, abs=1e-9)
     # Latency may drift any way on a shared machine: allow it, so only accuracy decides the verdict.
     gated = xformopt.bench(result.artifact, baseline=tmp_path / "b.json", rounds=3, repeats=1,
-                           max_latency_regression="1000%", junit=tmp_path / "b.xml")
+                           max_latency_regression=ANY_LATENCY_DRIFT, junit=tmp_path / "b.xml")
     checks = {c["name"]: c["verdict"] for c in gated.comparison["checks"]}
     assert gated.gated and checks["accuracy"] == "pass"  # the same rows through the same graph
-    # ... and 3 rounds at batch 1 on a busy host may still be 11x slower: the verdict follows the checks
+    # the verdict follows the checks
     assert gated.verdict == ("regression" if "regression" in checks.values() else "pass") != "informative"
     assert (gated.failure is None) == (gated.verdict == "pass") == gated.comparison["passed"]
     assert "<testsuite" in (tmp_path / "b.xml").read_text()
@@ -184,11 +184,11 @@ def test_bench_check_raises_gate_failed_on_a_regression(optimized, tmp_path):
     accuracy["value"] += 0.1  # the baseline was 10 points better
     (tmp_path / "base.json").write_text(json.dumps(base, default=str))
     regressed = xformopt.bench(result.artifact, baseline=tmp_path / "base.json", rounds=3, repeats=1,
-                               max_latency_regression="1000%")
+                               max_latency_regression=ANY_LATENCY_DRIFT)
     assert regressed.verdict == "regression" and "accuracy" in regressed.failure
     with pytest.raises(GateFailed, match="accuracy"):
         xformopt.bench(result.artifact, baseline=tmp_path / "base.json", rounds=3, repeats=1,
-                       max_latency_regression="1000%", check=True)
+                       max_latency_regression=ANY_LATENCY_DRIFT, check=True)
 
 
 def test_search_refuses_bad_settings_before_any_work(tiny_classifier, tmp_path):

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import error_lines, run_cli
+from conftest import ANY_LATENCY_DRIFT, error_lines, run_cli
 
 from xformopt import progress
 from xformopt.cli import output
@@ -429,7 +429,7 @@ def test_bench_gates_a_chain_against_its_own_earlier_bench(chain, tmp_path, caps
     code, _, err = run_cli(["bench", chain / "q", *BENCH_FAST, "-o", first, "-q"], capsys)
     assert code == 0, err
     code, out, err = run_cli(["bench", chain / "q", *BENCH_FAST, "--baseline", first, "--json",
-                              "--max-latency-regression", "1000%", "--max-accuracy-drop", "1%"], capsys)
+                              "--max-latency-regression", ANY_LATENCY_DRIFT, "--max-accuracy-drop", "1%"], capsys)
     assert code == 0, err
     comparison = json.loads(out)["comparison"]
     assert comparison["gated"] and comparison["passed"]
@@ -448,12 +448,12 @@ def test_bench_gates_an_embeddings_chain_on_latency_alone_and_says_so(tiny_encod
     code, _, err = run_cli(["bench", tmp_path / "q", *BENCH_FAST, "-o", first, "-q"], capsys)
     assert code == 0, err
     code, out, err = run_cli(["bench", tmp_path / "q", *BENCH_FAST, "--baseline", first, "-q",
-                              "--max-latency-regression", "1000%"], capsys)
+                              "--max-latency-regression", ANY_LATENCY_DRIFT], capsys)
     assert code == 0, err
     flat = " ".join(out.split())
     assert "cosine_to_baseline not gated: neither run has it" in flat and "gate passed" in flat
     code, out, _ = run_cli(["bench", tmp_path / "q", *BENCH_FAST, "--baseline", first, "--json", "-q",
-                            "--max-latency-regression", "1000%"], capsys)
+                            "--max-latency-regression", ANY_LATENCY_DRIFT], capsys)
     comparison = json.loads(out)["comparison"]
     assert comparison["gated"] and comparison["passed"] and "neither run has it" in comparison["latency_only"]
     assert {c["name"]: c["verdict"] for c in comparison["checks"]} == {"latency_median_ms": "pass",
