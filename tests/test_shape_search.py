@@ -123,7 +123,7 @@ def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, h
     baseline = {}
 
     def fake_trial(job):
-        layers = next(iter(job.recipe["passes"][0].values()))["layers"]
+        layers = job.recipe.passes[0].options["layers"]
         import numpy as np
 
         from xformopt import sources

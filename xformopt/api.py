@@ -199,11 +199,14 @@ def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None
     out = Path(output) if output is not None else default_output(str(model))
     extra = None
     if shapes.wanted(r, overrides.get("max_accuracy_drop")):  # the prune shape chosen for this task
-        r, searched = shapes.choose(str(model), r, overrides["max_accuracy_drop"], out, force=force,
+        ready = pipeline.prepare(str(model), [(s.name, s.options) for s in r.passes], out, force=force,
+                                 target=r.target, task=r.task, data=r.evaluation.data,
+                                 trust_remote_code=trust_remote_code)  # every input check before the search
+        r, searched = shapes.choose(ready, str(model), r, overrides["max_accuracy_drop"], out,
                                     trust_remote_code=trust_remote_code)
         extra = {"shape_search": searched}
     elif r.shape_search is not None:
-        r = recipes.validate({**r.to_dict(), "shape_search": None}, r.name)  # no budget: the recipe's own shape
+        r = r.without_shape_search()  # no budget: the recipe's own shape
     try:
         run = pipeline.run(str(model), r, out, force=force, use_cache=use_cache, trust_remote_code=trust_remote_code,
                            progress=progress, wait=wait, extra_report=extra)

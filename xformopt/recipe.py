@@ -117,6 +117,26 @@ class Recipe(BaseModel):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def with_step_options(self, name: str, changes: dict[str, Any]) -> Recipe:
+        """This recipe with step ``name``'s options updated, checked by that pass's options model; the other
+        steps and settings are kept as they are."""
+        steps = []
+        for step in self.passes:
+            if step.name == name:
+                options = {**step.options, **changes}
+                validate_options(name, options, f"{self.name}: {name}")
+                step = step.model_copy(update={"options": options})
+            steps.append(step)
+        return self.model_copy(update={"passes": steps})
+
+    def with_evaluation(self, **changes) -> Recipe:
+        """This recipe with evaluation settings changed (checked by EvaluationSettings)."""
+        evaluation = EvaluationSettings.model_validate({**self.evaluation.model_dump(), **changes})
+        return self.model_copy(update={"evaluation": evaluation})
+
+    def without_shape_search(self) -> Recipe:
+        return self.model_copy(update={"shape_search": None})
+
 
 def _line_index(text: str) -> dict[tuple, int]:
     """Map each YAML path (keys and list indices) to its 1-based line, for error messages."""

@@ -11,8 +11,9 @@ still applies to it). Each drop carries its paired 95% bootstrap interval over t
 (where the task's headline is a mean over rows): the budget is held on the point estimate, and the
 record warns when the kept shape's interval reaches past it, i.e. when the rows cannot resolve P.
 
-Machinery: the search's own parts (xformopt/recipe_search): each shape is a recipe made by
-:class:`~xformopt.recipe_search.space.SearchSpace` from the run's recipe, run by
+Machinery: a step ``optimize`` takes between checking its inputs (``pipeline.prepare``) and running the
+kept recipe. Each shape is the run's recipe object with its shaping (and timed) step's options changed
+(:meth:`Candidate.apply`, checked by the pass's options model), run by
 :func:`~xformopt.recipe_search.trial.run_trial` into ``DIR.shape-search/NNN`` (the shared pass cache keeps its
 prune/distill/export/fuse/quantize stages), scored on the validation rows by
 :func:`~xformopt.recipe_search.trial.score_artifact` against the fp32 baseline; the tried artifacts are then timed
@@ -32,15 +33,14 @@ from pathlib import Path
 
 import numpy as np
 
-from xformopt import pipeline
 from xformopt import recipe as recipes
 from xformopt.accuracy_budget import points
 from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
 from xformopt.passes.prune.flops import Shape, encoder_flops
+from xformopt.pipeline import Prepared
 from xformopt.recipe_search.remeasure import remeasure
-from xformopt.recipe_search.space import SearchSpace
 from xformopt.recipe_search.trial import TrialJob, run_trial, score_outputs, validation_set
 from xformopt.runtime.encoder import TorchPredictor
 from xformopt.scoring.metrics import mean_with_bootstrap
@@ -68,12 +68,18 @@ def validation_spec(recipe: recipes.Recipe) -> dict:
 
 @dataclass
 class Candidate:
-    """One shape to try: the shape itself, the minutes of the timed step (None: the recipe's), and both as
-    the search's ``PASS.OPTION`` parameters of the recipe's shaping and timed steps."""
+    """One shape to try: the shape itself, the minutes of the timed step (None: the recipe's), and what it
+    changes in the recipe's shaping and timed steps (step name -> options)."""
 
     shape: dict
     minutes: float | None
-    params: dict
+    changes: dict[str, dict]
+
+    def apply(self, recipe: recipes.Recipe) -> recipes.Recipe:
+        """``recipe`` with this shape (each changed step checked by its pass's options model)."""
+        for step, options in self.changes.items():
+            recipe = recipe.with_step_options(step, options)
+        return recipe
 
 
 def candidates(recipe: recipes.Recipe) -> list[Candidate]:
@@ -82,11 +88,10 @@ def candidates(recipe: recipes.Recipe) -> list[Candidate]:
     out = []
     for choice in recipe.shape_search.shapes:
         shape = {k: getattr(choice, k) for k in SHAPE_KEYS}
-        params = {f"{shaped.name}.{k}": v for k, v in shape.items()}
-        params.update({f"{shaped.name}.{k}": None for k in owner.shape_replaces})
+        changes = {shaped.name: {**shape, **{k: None for k in owner.shape_replaces}}}
         if choice.distill_minutes is not None:
-            params[f"{timed.name}.{get_pass(timed.name).minutes_option}"] = choice.distill_minutes
-        out.append(Candidate(shape, choice.distill_minutes, params))
+            changes.setdefault(timed.name, {})[get_pass(timed.name).minutes_option] = choice.distill_minutes
+        out.append(Candidate(shape, choice.distill_minutes, changes))
     return out
 
 
@@ -108,15 +113,13 @@ def label(candidate: Candidate) -> str:
     return text + (f", distill {candidate.minutes:g} min" if candidate.minutes else "")
 
 
-def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, force: bool, trust_remote_code: bool) -> tuple[recipes.Recipe, dict]:
-    """Run the shape search; returns the kept shape's recipe (shape_search dropped) and the record."""
+def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *,
+           trust_remote_code: bool) -> tuple[recipes.Recipe, dict]:
+    """Run the shape search on inputs ``pipeline.prepare`` has checked (``ready``); returns the kept shape's
+    recipe (shape_search dropped) and the record."""
     search = recipe.shape_search
-    steps = [(s.name, s.options) for s in recipe.passes]
-    ready = pipeline.prepare(model, steps, out, force=force, target=recipe.target, task=recipe.task,
-                             data=recipe.evaluation.data, trust_remote_code=trust_remote_code)  # all input checks first
     spec = ready.spec
-    base = recipes.validate({**recipe.to_dict(), "shape_search": None}, recipe.name)
-    space = SearchSpace(f"{recipe.name}-shapes", recipe.name, base, {})
+    base = recipe.without_shape_search()
     config = json.loads((Path(spec.path) / "config.json").read_text())
     tries = sorted(candidates(recipe), key=lambda c: shape_flops(config, c.shape))
     work = Path(str(out).rstrip("/") + ".shape-search")
@@ -147,7 +150,6 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
     timed = recipes.timed_step(base)
     default_minutes = timed.options.get(get_pass(timed.name).minutes_option) if timed else None
     for n, candidate in enumerate(tries):
-        params = candidate.params
         entry = {"shape": candidate.shape, "distill_minutes": candidate.minutes or default_minutes,
                  "flops_at_32_tokens": round(shape_flops(config, candidate.shape))}
         elapsed = time.monotonic() - started
@@ -161,16 +163,14 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
                                  f"{(budget_s - elapsed) / 60:.1f} min left of the budget"})
             _log.info(f"shape search: {label(candidate)}: skipped (would not fit in the time left)")
             continue
-        r = space.recipe_for(params, name=f"{recipe.name}-shape-{n:02d}")
         # the report's own timing of each tried artifact is not used (they are timed together below):
         # a short one; the evaluation rows stay the run's, so the final run reuses every pass from the cache
-        r = recipes.validate({**r.to_dict(), "evaluation": {**r.evaluation.model_dump(), **TRIAL_TIMING}}, r.name)
+        r = candidate.apply(base).model_copy(update={"name": f"{recipe.name}-shape-{n:02d}"}).with_evaluation(**TRIAL_TIMING)
         _log.info(f"shape search [{n + 1}/{len(tries)}]: {label(candidate)}")
-        result = run_trial(TrialJob(n, model, r.to_dict(), str((work / f"{n:03d}").resolve()), None, validation,
+        result = run_trial(TrialJob(n, model, r, str((work / f"{n:03d}").resolve()), None, validation,
                                     trust_remote_code))
         entry.update({k: result[k] for k in ("status", "metric", "seconds", "budget_met", "error") if k in result})
-        entry["recipe"] = r.to_dict()
-        entry["params"] = params
+        entry["candidate"] = candidate
         if result["status"] == "complete":
             drop = round((baseline - result["metric"]) * 100, 4)
             entry["drop_points"] = drop
@@ -214,13 +214,12 @@ def choose(model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *, 
         "validation": {"source": vdata.source, "rows": len(vdata), "fp32_metric": round(baseline, 6)},
         "order": "fewest encoder FLOPs first; stop at the first within the budget",
         "max_minutes": search.max_minutes, "seconds": round(time.monotonic() - started, 1),
-        "tried": [{k: v for k, v in t.items() if k not in ("recipe", "params")} for t in tried],
+        "tried": [{k: v for k, v in t.items() if k != "candidate"} for t in tried],
         "latency": latency, "kept": kept["shape"], "why": why,
     }
     if not search.keep_trials:
         shutil.rmtree(work, ignore_errors=True)
-    chosen = space.recipe_for(kept["params"], name=recipe.name)  # the run's own evaluation settings
-    return chosen, record
+    return kept["candidate"].apply(base), record  # the run's own evaluation settings
 
 
 def drop_interval(spec, outputs: str | None, vdata, base_rows, seed: int) -> dict:

@@ -28,14 +28,17 @@ from xformopt.runtime.encoder import OrtPredictor
 class TrialJob:
     number: int
     model: str
-    recipe: dict  # a validated recipe's to_dict()
+    recipe: recipes.Recipe | dict  # a Recipe in this process; its to_dict() across processes (search executors)
     out: str  # DIR/trials/NNN (absolute)
     cache_dir: str | None  # XFORMOPT_CACHE_DIR for the pass cache shared by the trials
     validation: dict  # see validation_set(); plus "baseline" (.npy of the fp32 outputs, feature extraction)
     trust_remote_code: bool = False
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if isinstance(self.recipe, recipes.Recipe):
+            out["recipe"] = self.recipe.to_dict()
+        return out
 
 
 def validation_set(spec, validation: dict):
@@ -89,7 +92,7 @@ def run_trial(job: TrialJob | dict) -> dict:
     write_text(out.parent / f"{out.name}.worker", f"{where['host']} {where['pid']}\n")
     result = {"trial": job.number, "attempts": attempts, **where}
     started = time.perf_counter()
-    r = recipes.validate(job.recipe, f"trial {job.number}")
+    r = job.recipe if isinstance(job.recipe, recipes.Recipe) else recipes.validate(job.recipe, f"trial {job.number}")
     try:
         budget_met = True
         try:
