@@ -23,7 +23,6 @@ KNOWN_LONG = {
     "recipe_search/run.py::run_trials": 100,
     "recipe_search/shapes.py::choose": 113,
     "report/markdown.py::markdown": 108,
-    "serve/app.py::create_app": 165,
 }
 
 

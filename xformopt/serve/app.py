@@ -272,37 +272,76 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
     decoder = decoder_routes.decoder_spec(config.artifact)  # text generation: the decoder routes
     seq2seq = seq2seq_routes.seq2seq_spec(config.artifact)  # translation, summarization: /v1/completions
     spec = decoder or seq2seq or artifact_spec(config.artifact)  # refuses an unservable artifact before anything listens
-    factory = predictor_factory or load_predictor
     metrics = Metrics()
     state = {"ready": False, "draining": False, "scheduler": None, "predictor": None}
+    if seq2seq is not None:
+        lifespan = _seq2seq_lifespan(config, state)
+    elif decoder is not None:
+        lifespan = _decoder_lifespan(config, state, metrics, engine_factory)
+    else:
+        lifespan = _encoder_lifespan(config, spec, state, metrics, predictor_factory or load_predictor)
+    app = FastAPI(title="xformopt serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description=f"{spec.task} model {config.model_name or Path(config.artifact).name}",
+                  **_NO_TELEMETRY)
+    _add_error_handlers(app)
+    routes = _add_common_routes(app, config, spec, state, metrics)
+    if decoder is not None:
+        routes |= decoder_routes.add_routes(app, config, state)
+    elif seq2seq is not None:
+        routes |= seq2seq_routes.add_routes(app, config, state)
+    elif tasks.get(spec.task).head.embeds:
+        routes |= _add_embedding_routes(app, config, spec, _runner(state))
+    else:
+        routes |= _add_task_route(app, config, spec, _runner(state))
 
+    app.state.serve = state
+    # pure ASGI middlewares; the last added runs first: metrics see every answer, auth runs before the body is read
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    if config.api_key:
+        app.add_middleware(BearerAuth, key=config.api_key)
+    app.add_middleware(RequestMetrics, metrics=metrics, routes=routes)
+    app.add_middleware(CloseWhileDraining, state=state)
+    return app
+
+
+def _seq2seq_lifespan(config: ServeConfig, state: dict):
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        if seq2seq is not None:
-            service = await seq2seq_routes.start_service(config)
-            state.update(predictor=service, ready=True)
-            try:
-                yield
-            finally:
-                state["ready"] = False
-                await service.stop()
-            return
-        if decoder is not None:
-            service = await decoder_routes.start_service(config, metrics, engine_factory)
-            state.update(predictor=service, scheduler=service.scheduler, ready=True)
-            scheduler_drain = service.scheduler.begin_drain
+        service = await seq2seq_routes.start_service(config)
+        state.update(predictor=service, ready=True)
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await service.stop()
 
-            def begin_drain():  # serve.server calls it on SIGTERM (plain stores: signal-handler safe)
-                state["draining"] = True
-                scheduler_drain()
+    return lifespan
 
-            app.state.begin_drain = begin_drain
-            try:
-                yield
-            finally:
-                state["ready"] = False
-                await service.scheduler.stop()
-            return
+
+def _decoder_lifespan(config: ServeConfig, state: dict, metrics: Metrics, engine_factory):
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        service = await decoder_routes.start_service(config, metrics, engine_factory)
+        state.update(predictor=service, scheduler=service.scheduler, ready=True)
+        scheduler_drain = service.scheduler.begin_drain
+
+        def begin_drain():  # serve.server calls it on SIGTERM (plain stores: signal-handler safe)
+            state["draining"] = True
+            scheduler_drain()
+
+        app.state.begin_drain = begin_drain
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await service.scheduler.stop()
+
+    return lifespan
+
+
+def _encoder_lifespan(config: ServeConfig, spec, state: dict, metrics: Metrics, factory):
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
         predictor = factory(config.artifact, config.threads, config.int8_scales)
         scheduler = Scheduler(predictor, config.scheduler, metrics)
         warmup = [tasks.get(spec.task).serving.warmup(WARMUP_TEXT)]
@@ -316,10 +355,10 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
             state["ready"] = False
             await scheduler.stop()  # every accepted request is answered first
 
-    app = FastAPI(title="xformopt serve", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description=f"{spec.task} model {config.model_name or Path(config.artifact).name}",
-                  **_NO_TELEMETRY)
+    return lifespan
 
+
+def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPFailure)
     async def _failure(request, exc: HTTPFailure):
         return error_response(exc.status, exc.message, exc.kind, exc.headers)
@@ -332,6 +371,10 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
     @app.exception_handler(Exception)
     async def _crash(request, exc: Exception):
         return error_response(500, f"internal error ({type(exc).__name__}); the server logged it", "Backend")
+
+
+def _runner(state: dict):
+    """``run(items, **options)``: the items through the encoder scheduler, its refusals as HTTP answers."""
 
     async def run(items: list, **options) -> list[tuple]:
         scheduler = state["scheduler"]
@@ -348,7 +391,11 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
         except BatchFailed as exc:
             raise HTTPFailure(500, str(exc), "Backend") from None
 
-    routes = {"/health", "/info", "/metrics", "/openapi.json"}
+    return run
+
+
+def _add_common_routes(app: FastAPI, config: ServeConfig, spec, state: dict, metrics: Metrics) -> set[str]:
+    """/health, /info and /metrics, for every artifact; returns the routes the metrics label by name."""
 
     @app.get("/health", summary="200 once the model is loaded and warmed up; 503 before, and while draining")
     async def health():
@@ -366,66 +413,57 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    return {"/health", "/info", "/metrics", "/openapi.json"}
+
+
+def _add_embedding_routes(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
+    """OpenAI's /v1/embeddings and TEI's /embed."""
     width = spec.hidden_size
     model_name = config.model_name or Path(config.artifact).name
 
-    if decoder is not None:
-        routes |= decoder_routes.add_routes(app, config, state)
+    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
+    async def openai_embeddings(body: schemas.OpenAIEmbeddingRequest):
+        texts, _ = _as_list(body.input)
+        _check_inputs(texts, config.max_inputs)
+        if body.dimensions is not None and body.dimensions != width:
+            raise HTTPFailure(422, f"dimensions {body.dimensions}: this model gives {width}; omit dimensions",
+                              "Validation")
+        answers = await run(texts, truncate=True, normalize=None)
+        tokens = sum(t for _, t in answers)
+        data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+                for i, (v, _) in enumerate(answers)]
+        return _json({"object": "list", "data": data, "model": body.model or model_name,
+                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-    elif seq2seq is not None:
-        routes |= seq2seq_routes.add_routes(app, config, state)
+    @app.post("/embed", summary="text-embeddings-inference embeddings: [[float]]")
+    async def embed(body: schemas.EmbedRequest):
+        texts, _ = _as_list(body.inputs)
+        _check_inputs(texts, config.max_inputs)
+        answers = await run(texts, truncate=body.truncate, normalize=body.normalize)
+        return _json([np.asarray(v, dtype=np.float32) for v, _ in answers])
 
-    elif tasks.get(spec.task).head.embeds:
-        routes |= set(tasks.get(spec.task).serving.routes)
+    return set(tasks.get(spec.task).serving.routes)
 
-        @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
-        async def openai_embeddings(body: schemas.OpenAIEmbeddingRequest):
-            texts, _ = _as_list(body.input)
-            _check_inputs(texts, config.max_inputs)
-            if body.dimensions is not None and body.dimensions != width:
-                raise HTTPFailure(422, f"dimensions {body.dimensions}: this model gives {width}; omit dimensions",
-                                  "Validation")
-            answers = await run(texts, truncate=True, normalize=None)
-            tokens = sum(t for _, t in answers)
-            data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
-                    for i, (v, _) in enumerate(answers)]
-            return _json({"object": "list", "data": data, "model": body.model or model_name,
-                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-        @app.post("/embed", summary="text-embeddings-inference embeddings: [[float]]")
-        async def embed(body: schemas.EmbedRequest):
-            texts, _ = _as_list(body.inputs)
-            _check_inputs(texts, config.max_inputs)
-            answers = await run(texts, truncate=body.truncate, normalize=body.normalize)
-            return _json([np.asarray(v, dtype=np.float32) for v, _ in answers])
+def _add_task_route(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
+    """The task's own TEI-style route (its Task.serving says which, and the request body)."""
+    serving = tasks.get(spec.task).serving
+    request_model, route = serving.request_model(), serving.routes[0]
 
-    else:
-        serving = tasks.get(spec.task).serving
-        request_model, route = serving.request_model(), serving.routes[0]
-        routes.add(route)
+    async def predict(body):
+        value = body.inputs
+        if serving.two_texts_are_a_pair and isinstance(value, list) and len(value) == 2 \
+                and all(isinstance(v, str) for v in value):
+            value = tuple(value)  # TEI: a list of two texts is one pair
+        items, single = _as_list(value)
+        if serving.structured:
+            items = [q.model_dump() for q in items]
+        else:  # a pair is a tuple for the predictor (a list there is a batch)
+            items = [tuple(i) if isinstance(i, (list, tuple)) else i for i in items]
+        _check_inputs(items, config.max_inputs)
+        answers = [a for a, _ in await run(items, **{name: getattr(body, name) for name in serving.options})]
+        return _json(answers[0] if single else answers)
 
-        async def predict(body):
-            value = body.inputs
-            if serving.two_texts_are_a_pair and isinstance(value, list) and len(value) == 2 \
-                    and all(isinstance(v, str) for v in value):
-                value = tuple(value)  # TEI: a list of two texts is one pair
-            items, single = _as_list(value)
-            if serving.structured:
-                items = [q.model_dump() for q in items]
-            else:  # a pair is a tuple for the predictor (a list there is a batch)
-                items = [tuple(i) if isinstance(i, (list, tuple)) else i for i in items]
-            _check_inputs(items, config.max_inputs)
-            answers = [a for a, _ in await run(items, **{name: getattr(body, name) for name in serving.options})]
-            return _json(answers[0] if single else answers)
-
-        predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI
-        app.post(route, summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)
-
-    app.state.serve = state
-    # pure ASGI middlewares; the last added runs first: metrics see every answer, auth runs before the body is read
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
-    if config.api_key:
-        app.add_middleware(BearerAuth, key=config.api_key)
-    app.add_middleware(RequestMetrics, metrics=metrics, routes=routes)
-    app.add_middleware(CloseWhileDraining, state=state)
-    return app
+    predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI
+    app.post(route, summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)
+    return {route}
