@@ -449,6 +449,24 @@ def test_cli_bench_generation_document(gpt2_stages, tiny_gpt2, capsys):
     assert code == 2 and "not available for text-generation" in err
 
 
+def test_api_bench_generation_is_the_decoder_bench_and_bench_hands_decoders_to_it(gpt2_stages, tmp_path):
+    import xformopt
+
+    artifact = gpt2_stages["quantize"][0]
+    direct = xformopt.bench_generation(artifact, prompt_tokens=[8], new_tokens=[4], rounds=3, cache_only=True,
+                                       output=tmp_path / "g.json")
+    assert direct.kind == "generation" and direct.verdict == "informative" and direct.comparison is None
+    cell = direct.doc["cells"][0]
+    assert (cell["prompt_tokens"], cell["new_tokens"]) == (8, 4) and set(cell["results"]["artifact"]) == {"cache"}
+    assert json.loads((tmp_path / "g.json").read_text())["schema"] == "xformopt.generation-bench/1"
+    via_bench = xformopt.bench(artifact, prompt_tokens=[8], new_tokens=[4], rounds=3, cache_only=True)
+    assert via_bench.kind == "generation" and via_bench.doc["cells"][0]["prompt_tokens"] == 8
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        xformopt.bench(artifact, prompt_length=[8])
+    with pytest.raises(InputError, match="not a text-generation artifact"):
+        xformopt.bench_generation(gpt2_stages["export"][0].parent / "nowhere")
+
+
 def test_cli_optimize_decoder_end_to_end(tiny_gpt2, tmp_path, capsys):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(

@@ -22,14 +22,14 @@ _switch_off()
 # name -> the module that defines it; resolved by __getattr__ (PEP 562) when first used.
 _EXPORTS = {
     "optimize": "xformopt.api", "run_pass": "xformopt.api", "load": "xformopt.api",
-    "bench": "xformopt.api", "search": "xformopt.api", "Result": "xformopt.api", "PassResult": "xformopt.api",
+    "bench": "xformopt.api", "bench_generation": "xformopt.api", "search": "xformopt.api", "Result": "xformopt.api", "PassResult": "xformopt.api",
     "BenchResult": "xformopt.api", "SearchResult": "xformopt.api",
     "XformoptError": "xformopt.errors", "InputError": "xformopt.errors", "GateFailed": "xformopt.errors",
     "BudgetMissed": "xformopt.errors", "PassFailed": "xformopt.errors",
 }
 
 __all__ = [  # noqa: RUF022 (grouped: functions, results, errors)
-    "__version__", "optimize", "run_pass", "load", "bench", "search",
+    "__version__", "optimize", "run_pass", "load", "bench", "bench_generation", "search",
     "Result", "PassResult", "BenchResult", "SearchResult",
     "XformoptError", "InputError", "GateFailed", "BudgetMissed", "PassFailed",
 ]
@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ imports
         Result,
         SearchResult,
         bench,
+        bench_generation,
         load,
         optimize,
         run_pass,

@@ -345,11 +345,13 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
           limit: int | None = None, seed: int | None = None, threads: int | None = None, rounds: int | None = None,
           warmup: int | None = None, repeats: int | None = None, max_latency_regression: str | float = "5%",
           max_accuracy_drop: str | float = "0.5", allow_host_mismatch: bool = False,
-          output: str | Path | None = None, junit: str | Path | None = None,
-          prompt_tokens: Sequence[int] | None = None, new_tokens: Sequence[int] | None = None,
-          compare: Sequence[str | Path] = (), cache_only: bool = False, pytorch: bool = True,
-          check: bool = False, log: Log | None = None) -> BenchResult:
+          output: str | Path | None = None, junit: str | Path | None = None, check: bool = False,
+          log: Log | None = None, **generation) -> BenchResult:
     """Re-measure an artifact as ``optimize`` measured it and, with ``baseline``, gate on it: ``xformopt bench``.
+
+    A text-generation artifact is measured by :func:`bench_generation`: ``seed``, ``threads``, ``rounds`` and
+    ``output`` carry over, and ``**generation`` takes its own settings (``prompt_tokens``, ``new_tokens``,
+    ``compare``, ``cache_only``, ``pytorch``), refused for any other artifact.
 
     Args:
         artifact: the output folder of ``optimize`` or of a single pass.
@@ -361,7 +363,6 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
         max_accuracy_drop: allowed drop of the headline metric in points (``0.5``) or relative (``"1%"``).
         allow_host_mismatch: compare with a baseline from another host (settings must still match).
         output: also write the bench document (JSON) here; junit: also write the checks as JUnit XML.
-        prompt_tokens, new_tokens, compare, cache_only, pytorch: decoder artifacts only (generation bench).
         check: raise ``GateFailed`` on a regression (default False: read ``verdict``).
         log: progress lines.
 
@@ -374,54 +375,73 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
     """
 
     artifact = Path(artifact)
+    task = artifact_task(artifact)
+    graph = task.graph if task is not None else "encoder"  # not an artifact: the encoder bench says why
+    _check_generation_settings(generation, graph)
+    if graph == "decoder":
+        if baseline is not None or junit is not None:  # nothing gates generation
+            task.refuse("gate", ", ".join(f for f, v in {"--baseline": baseline, "--junit": junit}.items() if v))
+        return bench_generation(artifact, **generation, rounds=rounds, threads=threads, seed=seed, output=output)
+    if graph != "encoder":
+        task.refuse("bench", f"{artifact} is a {task.name} artifact")  # encoder-decoders: their refusal says what measures them
     paths = {k: Path(v) if v is not None else None for k, v in (("baseline", baseline), ("data", data),
                                                                   ("output", output), ("junit", junit))}
     bench_run.check_apart(artifact, (paths["data"], paths["baseline"]), **{"-o": paths["output"], "--junit": paths["junit"]})
-    task = artifact_task(artifact)
-    if task is not None:
-        used = [flag for flag, value in {"--baseline": baseline, "--junit": junit}.items() if value]
-        if used:  # what gates (a baseline, JUnit checks) for the artifact's task
-            task.refuse("gate", ", ".join(used))
-    run = _BENCHES[task.graph if task is not None else "encoder"]  # not an artifact: the encoder bench says why
-    result = run(artifact, paths=paths, text_column=text_column, text_pair_column=text_pair_column,
-                 label_column=label_column, limit=limit, seed=seed, threads=threads, rounds=rounds, warmup=warmup,
-                 repeats=repeats, max_latency_regression=max_latency_regression, max_accuracy_drop=max_accuracy_drop,
-                 allow_host_mismatch=allow_host_mismatch, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                 compare=compare, cache_only=cache_only, pytorch=pytorch)
+    if task is not None and (used := [f for f, v in {"--baseline": baseline, "--junit": junit}.items() if v]):
+        task.refuse("gate", ", ".join(used))  # what gates (a baseline, JUnit checks) for the artifact's task
+    doc = bench_run.bench_encoder(artifact, baseline=paths["baseline"], data=paths["data"], out=paths["output"],
+                                  junit=paths["junit"], text_column=text_column, text_pair_column=text_pair_column,
+                                  label_column=label_column, limit=limit, seed=seed, threads=threads, rounds=rounds,
+                                  warmup=warmup, repeats=repeats, max_latency_regression=max_latency_regression,
+                                  max_accuracy_drop=max_accuracy_drop, allow_host_mismatch=allow_host_mismatch)
+    result = BenchResult(doc, "encoder")
     if check and result.verdict == "regression":
         raise GateFailed(result.failure)
     return result
 
 
-def _bench_generation(artifact: Path, *, paths: dict, compare, pytorch, prompt_tokens, new_tokens, cache_only, rounds,
-                      threads, seed, **_encoder_settings) -> BenchResult:
-    """A decoder artifact: TTFT, per-token latency and tokens/s (the generation benchmark); nothing gated."""
+_GENERATION_SETTINGS = {"prompt_tokens": "--prompt-tokens", "new_tokens": "--new-tokens", "compare": "--compare",
+                        "cache_only": "--cache-only", "pytorch": "--no-pytorch"}
+
+
+def _check_generation_settings(given: dict, graph: str) -> None:
+    """The generation bench's own settings: known names, and for a text-generation artifact only."""
+    unknown = [k for k in given if k not in _GENERATION_SETTINGS]
+    if unknown:
+        raise TypeError(f"bench() got unexpected keyword argument(s) {', '.join(unknown)}")
+    used = [_GENERATION_SETTINGS[k] for k, v in given.items() if (not v if k == "pytorch" else v)]
+    if used and graph != "decoder":
+        raise InputError(f"{', '.join(used)} apply to text-generation artifacts only")
+
+
+@_forwarding_log
+def bench_generation(artifact: str | Path, *, prompt_tokens: Sequence[int] | None = None,
+                     new_tokens: Sequence[int] | None = None, compare: Sequence[str | Path] = (),
+                     cache_only: bool = False, pytorch: bool = True, rounds: int | None = None,
+                     threads: int | None = None, seed: int | None = None, output: str | Path | None = None,
+                     log: Log | None = None) -> BenchResult:
+    """A text-generation artifact's benchmark: TTFT, per-token latency and tokens/s (``xformopt bench`` of a
+    decoder); nothing is gated.
+
+    Args:
+        artifact: a decoder artifact (``optimize`` or the ``int4`` pass's output).
+        prompt_tokens, new_tokens: prompt lengths and tokens generated per run [default: 16,64 and 32,128].
+        compare: more ONNX stage folders timed beside it. cache_only: skip the runs without the KV cache.
+        pytorch: time the PyTorch model too. rounds, threads, seed: timing settings.
+        output: also write the document (JSON) here. log: progress lines.
+    """
+    artifact = Path(artifact)
+    task = artifact_task(artifact)
+    if task is None or task.graph != "decoder":
+        raise InputError(f"{artifact} is not a text-generation artifact; xformopt.bench measures it")
+    out = Path(output) if output is not None else None
+    bench_run.check_apart(artifact, (), **{"-o": out})
     doc = bench_run.bench_generation(artifact, compare=[Path(c) for c in compare], pytorch=pytorch,
                                      prompt_tokens=prompt_tokens, new_tokens=new_tokens, cache_only=cache_only,
-                                     rounds=rounds, threads=threads, seed=seed, out=paths["output"])
+                                     rounds=rounds, threads=threads, seed=seed, out=out)
     return BenchResult(doc, "generation")
 
 
-def _bench_encoder(artifact: Path, *, paths: dict, compare, pytorch, prompt_tokens, new_tokens, cache_only,
-                   **settings) -> BenchResult:
-    """An encoder artifact: re-measured as optimize measured it, gated against ``paths["baseline"]``."""
-    decoder_only = {"--prompt-tokens": prompt_tokens, "--new-tokens": new_tokens, "--compare": compare,
-                    "--cache-only": cache_only, "--no-pytorch": not pytorch}
-    if any(decoder_only.values()):
-        raise InputError(f"{', '.join(k for k, v in decoder_only.items() if v)} apply to text-generation artifacts only")
-    doc = bench_run.bench_encoder(artifact, baseline=paths["baseline"], data=paths["data"], out=paths["output"],
-                                  junit=paths["junit"], **settings)
-    return BenchResult(doc, "encoder")
-
-
-def _bench_refused(artifact: Path, **_) -> None:
-    """Encoder-decoder artifacts: no bench yet; the task's refusal names what measures them."""
-    task = artifact_task(artifact)
-    task.refuse("bench", f"{artifact} is a {task.name} artifact")
-
-
-_BENCHES = {"encoder": _bench_encoder, "decoder": _bench_generation,  # Task.graph -> its benchmark
-            "seq2seq": _bench_refused}
 
 
 # --------------------------------------------------------------------------- search
