@@ -62,7 +62,8 @@ class FuseOptions(PassOptions):
     select: Literal["fastest", "all", "none"] = Field(
         "fastest", description="fastest: time candidates and keep the quickest; all: keep full fusion"
     )
-    candidates: list[Candidate] = Field(["all", "no_attention", "none"], min_length=1)
+    candidates: list[Candidate] = Field(["all", "no_attention", "none"], min_length=1,
+                                        description="select fastest: the fusion levels timed against each other")
     expect: dict[str, int] = Field(default_factory=dict, description="minimum fused-op counts, e.g. {Attention: 6}")
     expect_full: bool = Field(True, description="every layer's attention and layer norms must fuse")
     timing_rounds: int = Field(40, ge=3, description="interleaved rounds when selecting the fastest")
