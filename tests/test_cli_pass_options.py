@@ -94,11 +94,12 @@ def test_a_field_without_a_command_line_form_must_be_left_out():
         mapping: dict[str, int] = Field(default_factory=dict, description="op -> count")
         level: Literal["a", "b"] | None = Field(None, description="a or b")
         tri: bool | None = Field(None, description="default: the target's")
+        size: int = Field(description="required: no default")
 
     with pytest.raises(Unexpressible, match="mapping"):
         model_flags(Toy)
     flags = model_flags(Toy, left_out={"mapping": "a mapping: recipes"})
-    assert [f.name for f in flags] == ["level", "tri"]
+    assert [f.name for f in flags] == ["level", "tri", "size"]
     seen = []
     toy = typer.Typer()
     toy.command()(build_command("toy", "A toy.", [f.parameter for f in flags],
@@ -106,8 +107,10 @@ def test_a_field_without_a_command_line_form_must_be_left_out():
     toy.command("other")(lambda: None)  # two commands: `toy` is a subcommand, as the passes are
     for args, want in ((["toy"], {}), (["toy", "--no-tri", "--level", "b"], {"tri": False, "level": "b"}),
                        (["toy", "--tri"], {"tri": True})):
-        result = CliRunner().invoke(toy, args)
-        assert result.exit_code == 0 and seen.pop() == want, (args, result.output)
+        result = CliRunner().invoke(toy, [*args, "--size", "3"])
+        assert result.exit_code == 0 and seen.pop() == {**want, "size": 3}, (args, result.output)
+    result = CliRunner().invoke(toy, ["toy"])
+    assert result.exit_code == 2 and "--size" in result.output and not seen
     with pytest.raises(ValueError, match="no field"):
         model_flags(Toy, left_out={"mapping": "x", "missing": "y"})
 

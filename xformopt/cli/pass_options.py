@@ -125,7 +125,9 @@ def field_flag(name: str, info: FieldInfo, *, spelling: Spelling | None = None,
     flag = "--" + name.replace("_", "-")
     decls = spelling.decls or ((f"{flag}/--no-{flag[2:]}",) if bool in _members(info.annotation)[0] else (flag,))
     cli_default = spelling.default
-    if cli_default is _EMPTY:
+    if info.is_required():  # no default: a required option, always sent
+        cli_default = _EMPTY
+    elif cli_default is _EMPTY:
         cli_default = ",".join(map(str, default)) if parse and default else (None if parse else default)
     if parse is not None:
         option = {**option, "callback": parse}
