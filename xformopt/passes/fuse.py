@@ -28,7 +28,6 @@ from pydantic import Field
 from xformopt import models
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
-from xformopt.fusions import embed_layer_norm
 from xformopt.measure import memory
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -179,6 +178,8 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.onnx_model import OnnxModel
     from onnxruntime.transformers.optimizer import optimize_model
+
+    from xformopt.fusions import embed_layer_norm  # imports onnx, like the lines above: loaded when fusing
 
     fusion = FusionOptions(ctx.spec.ort_model_type)
     for switch in (*ctx.target.fusion_disabled, *disabled):
