@@ -24,7 +24,6 @@ from xformopt.passes import get_pass
 from xformopt.passes.record import PassRecord
 
 _KW = inspect.Parameter.KEYWORD_ONLY
-_REQUIRED = inspect.Parameter.empty
 
 # The options every pass command may take, in the order --help shows them: name -> (type, default).
 SHARED: dict[str, tuple[Any, Any]] = {
@@ -106,7 +105,7 @@ COMMANDS = (
         Example: xformopt export minilm -o e/
         """,
         ("model", opt.Model),
-        ("task", *_RUN[:-2], "trust_remote_code", *_RUN[-2:]),
+        ("task", "target", "data", "force", "wait", "trust_remote_code", "as_json", "quiet"),
         # `--exporter family` (the default) is the model family's exporter: the field's None.
         spellings={"exporter": Spelling(type=Literal["family", "torchscript", "dynamo"], default="family",
                                         to_option=lambda value: None if value == "family" else value)},
