@@ -54,13 +54,14 @@ class PassCommand:
     source: tuple[str, Any]  # ("model" | "stage", the argument's annotated type)
     shared: tuple[str, ...]
     spellings: dict[str, Spelling] = field(default_factory=dict)
-    left_out: dict[str, str] = field(default_factory=dict)  # field -> why it has no flag
+    left_out: dict[str, str] = field(default_factory=dict)  # field -> why no flag sets it (a recipe does)
     data: Any = None  # --data's own type and help, where the pass reads it for more than parity
+    data_field: str | None = None  # the field the shared --data also sets (api.run_pass): no flag of its own
 
     def flags(self) -> list[Flag]:
         cls = get_pass(self.name)
-        return model_flags(cls.Options, spellings=self.spellings, left_out=self.left_out,
-                           data_options=cls.data_options)
+        left_out = {**self.left_out, **({self.data_field: "--data"} if self.data_field else {})}
+        return model_flags(cls.Options, spellings=self.spellings, left_out=left_out, data_options=cls.data_options)
 
 
 # The two budget flags keep the spellings quantize and int4 shared with `optimize` (metavar, range, parsing).
@@ -80,7 +81,7 @@ COMMANDS = (
         ("model", _model("Local Hugging Face folder, cached hub id, or alias (an encoder).")),
         ("task", *_RUN),
         spellings={"measure_latency": Spelling(decls=("--latency/--no-latency",))},
-        left_out={"data": "--data sets it (importance and accuracy rows, and the parity sample)"},
+        data_field="data",
         data=_data("Texts (and labels) for importance and accuracy [default: vendored train/test splits]."),
     ),
     PassCommand(
@@ -166,9 +167,8 @@ def summary(entry: dict) -> str:
 
 def _doc(spec: PassCommand) -> str:
     doc = inspect.cleandoc(spec.doc)
-    recipe_only = [name for name, why in spec.left_out.items() if "recipe" in why]
-    if recipe_only:
-        doc += (f"\n\nSet only in a recipe: {', '.join(recipe_only)} "
+    if spec.left_out:
+        doc += (f"\n\nSet only in a recipe: {', '.join(spec.left_out)} "
                 f"(`xformopt passes show {spec.name}`).")
     return doc
 
