@@ -84,9 +84,9 @@ def test_every_command_takes_quiet_after_it_and_shows_no_bool_metavar(command, c
     options = out[out.index("Options"):]
     assert re.findall(r"<[a-z]+[^>]*>", options) == []  # values named TEXT/N/PATH/FILE or a|b, as DIR and FILE
     for line in options.splitlines():  # data files are FILE, folders DIR, on every command
-        if re.match(r" {1,6}--(data|train-data|eval-data|validation-data|calibration-data)\b", line):
+        if re.match(r" {1,6}--(data|train-data|eval-data|validation-data|calibration-data|budget-data|unlabeled-data)(?=\s)", line):
             assert re.match(r" +--[a-z-]+ FILE ", line), line
-        if re.match(r" {1,6}--(teacher|checkpoint-dir)\b", line):
+        if re.match(r" {1,6}--(teacher|checkpoint-dir)(?=\s)", line):
             assert re.match(r" +--[a-z-]+ DIR ", line), line
     assert re.search(r"^ {1,6}--data FILE ", out, re.M) or "--data" not in out
     usage = next(line for line in out.splitlines() if "Usage:" in line)

@@ -91,15 +91,15 @@ class DistillOptions(PassOptions):
     train_data: str | None = Field(None, description="training texts (labels optional); default: vendored train split")
     eval_data: str | None = Field(None, description="held-out texts for evaluation and early stopping; default: "
                                                     "vendored validation split (or part of train_data)")
-    text_column: str | None = None
-    text_pair_column: str | None = None
+    text_column: str | None = Field(None, description="text column of train_data/eval_data; default: guessed")
+    text_pair_column: str | None = Field(None, description="second-sentence column for pair tasks")
     label_column: str | None = Field(None, description="'' trains on texts only (KL to the teacher, no labels)")
     train_samples: int | None = Field(None, ge=1, description="train on at most this many rows (seeded)")
     eval_samples: int | None = Field(None, ge=8, description="evaluate on at most this many rows (seeded)")
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(32, ge=1, description="rows per training batch")
     max_length: int = Field(128, ge=8, description="truncate inputs to this many tokens")
     lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW)")
-    weight_decay: float = Field(0.01, ge=0)
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay")
     warmup: float = Field(0.06, ge=0, lt=1, description="fraction of the planned steps spent warming up")
     epochs: float = Field(3.0, gt=0, description="passes over the training rows")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
@@ -116,7 +116,7 @@ class DistillOptions(PassOptions):
                             "rows then choose nothing, so they stay an unbiased estimate of the student)")
     grad_clip: float = Field(1.0, ge=0, description="max gradient norm (0: no clipping)")
     freeze_embeddings: bool = Field(False, description="do not train the word embeddings (faster steps)")
-    seed: int = 0
+    seed: int = Field(0, description="seed for data order, dropout and sampling")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when present, else CPU")
     teacher_cache_mb: int = Field(1024, ge=0, description="memory for cached teacher hidden states (float16); "
                                                           "above it the teacher runs beside the student")

@@ -28,7 +28,6 @@ from pydantic import Field
 from xformopt import models
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
-from xformopt.fusions import embed_layer_norm
 from xformopt.measure import memory
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -62,7 +61,8 @@ class FuseOptions(PassOptions):
     select: Literal["fastest", "all", "none"] = Field(
         "fastest", description="fastest: time candidates and keep the quickest; all: keep full fusion"
     )
-    candidates: list[Candidate] = Field(["all", "no_attention", "none"], min_length=1)
+    candidates: list[Candidate] = Field(["all", "no_attention", "none"], min_length=1,
+                                        description="select fastest: the fusion levels timed against each other")
     expect: dict[str, int] = Field(default_factory=dict, description="minimum fused-op counts, e.g. {Attention: 6}")
     expect_full: bool = Field(True, description="every layer's attention and layer norms must fuse")
     timing_rounds: int = Field(40, ge=3, description="interleaved rounds when selecting the fastest")
@@ -178,6 +178,8 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.onnx_model import OnnxModel
     from onnxruntime.transformers.optimizer import optimize_model
+
+    from xformopt.fusions import embed_layer_norm  # imports onnx, like the lines above: loaded when fusing
 
     fusion = FusionOptions(ctx.spec.ort_model_type)
     for switch in (*ctx.target.fusion_disabled, *disabled):

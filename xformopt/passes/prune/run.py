@@ -176,12 +176,12 @@ class PruneOptions(PassOptions):
     data: str | None = Field(None, description="texts (and labels) for importance; default: vendored train split")
     samples: int = Field(256, ge=8, description="importance sample size (seeded)")
     eval_samples: int = Field(500, ge=8, description="held-out rows for accuracy before/after")
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1, description="rows per importance and evaluation batch")
     max_length: int = Field(128, ge=8, description="truncate importance and evaluation inputs to this many tokens")
     reference_length: int = Field(128, ge=1, description="sequence length the FLOPs target is counted at")
-    seed: int = 0
+    seed: int = Field(0, description="seed for the samples and probes")
     measure_latency: bool = Field(True, description="export + fuse both models and time them interleaved")
-    latency_rounds: int = Field(300, ge=3)
+    latency_rounds: int = Field(300, ge=3, description="interleaved rounds timing pruned vs unpruned ONNX")
 
     @model_validator(mode="after")
     def _one_target(self):
