@@ -17,6 +17,9 @@ package's own reference quantizers (``gguf.quants.quantize``, the same rounding 
 fp16 weights are not available offline, so Q4_0 is a second quantization of the Q4_1 weights (it
 carries Q4_1's error as well as its own); its perplexity says so.
 
+Bytes read per decode step (weights by role, the KV cache at the mean length of the decode) are
+printed for every variant beside its tokens/s, with the bandwidth that pace achieves.
+
 Every variant runs in its own subprocess (peak RSS is that process's ``ru_maxrss``, including its
 8-stream cache), at every thread count asked for; rounds interleave all (variant, threads) cells in a
 rotating order, and medians are reported. Token ids come from the checkpoint's Hugging Face tokenizer
@@ -261,6 +264,18 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+def bytes_per_step(variants: dict, positions: int) -> dict:
+    """What one decode step of each variant reads at ``positions`` cached tokens (xformopt/decoder/traffic.py):
+    the ONNX graph's weights as ONNX Runtime packs them, the GGUF's as llama.cpp reads them (fp16 KV)."""
+    from xformopt.decoder.traffic import gguf_step_bytes, onnx_step_bytes
+
+    out = {}
+    for name, (kind, target, _, _) in variants.items():
+        step = onnx_step_bytes(Path(target)) if kind == "xformopt" else gguf_step_bytes(Path(target))
+        out[name] = step.at(positions)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--artifact", type=Path, help="the xformopt int4 artifact of the model")
@@ -332,6 +347,7 @@ def main() -> None:
                 + (f", perplexity {row['perplexity']:.3f}" if row["perplexity"] is not None else ""))
     inputs = json.loads(inputs_path.read_text())
     reference = runs[cells[0]][0]["greedy"]
+    step_bytes = bytes_per_step(variants, len(inputs["prompt"]) + args.new_tokens // 2)
     table = {}
     for (name, t), rows in runs.items():
         med = {k: statistics.median(r[k] for r in rows) for k in ("prompt_s", "decode_s", "multi_s", "peak_rss_mb")}
@@ -344,21 +360,28 @@ def main() -> None:
             "perplexity": scored, "peak_rss_mb": med["peak_rss_mb"],
             "streams_match_single": all(r["streams_match_single"] for r in rows),
             "greedy_first_divergence_from_xformopt": first_divergence(reference, rows[0]["greedy"]),
+            "bytes_per_token": step_bytes[name]["total"],
+            "gb_per_s": step_bytes[name]["total"] * (args.new_tokens - 1) / med["decode_s"] / 1e9,
         }
     doc = {"host": host_info(), "load_average_start": started, "load_average_end": os.getloadavg(),
            "threads": threads, "rounds": args.rounds, "prompt_tokens": len(inputs["prompt"]),
            "new_tokens": args.new_tokens, "streams": args.streams, "perplexity_texts": len(inputs["ppl_lists"]),
-           "perplexity_source": inputs["ppl_source"], "results": table}
+           "perplexity_source": inputs["ppl_source"], "bytes_per_step": step_bytes, "results": table}
     for t, rows in table.items():
         base = rows["llama.cpp Q4_0"]["decode_tokens_per_s_1_stream"]
         print(f"\n{t} thread(s)\n")
         print("| variant | prompt tok/s | decode tok/s, 1 stream | vs llama.cpp Q4_0 | decode tok/s, 8 streams "
-              "| perplexity | peak RSS MB |")
-        print("|---|---|---|---|---|---|---|")
+              "| perplexity | peak RSS MB | MB read per token | GB/s |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, row in rows.items():
             print(f"| {name} | {row['prompt_tokens_per_s']:.0f} | {row['decode_tokens_per_s_1_stream']:.1f} | "
                   f"{row['decode_tokens_per_s_1_stream'] / base:.2f}x | {row['decode_tokens_per_s_8_streams']:.1f} | "
-                  f"{row['perplexity']:.3f} | {row['peak_rss_mb']:.0f} |")
+                  f"{row['perplexity']:.3f} | {row['peak_rss_mb']:.0f} | {row['bytes_per_token'] / 1e6:.1f} | "
+                  f"{row['gb_per_s']:.1f} |")
+    for name, step in step_bytes.items():
+        parts = ", ".join(f"{role} {b / 1e6:.1f}" for role, b in step["weights_by_role"].items())
+        print(f"{name}: {step['total'] / 1e6:.1f} MB per step at {step['positions']} positions = weights "
+              f"{step['weights'] / 1e6:.1f} ({parts}) + KV {step['kv'] / 1e6:.1f} ({step['kv_dtype']})")
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
 

@@ -445,6 +445,13 @@ def test_cli_bench_generation_document(gpt2_stages, tiny_gpt2, capsys):
         assert set(modes) == {"cache", "no_cache"}
         assert modes["cache"]["per_token"]["n"] == 3 * 3 and modes["cache"]["ttft_ms"] > 0
     assert set(cell["cache_speedup"]) == {"f", "artifact"}
+    traffic = doc["bytes_per_token"]  # bytes a cached step reads (tests/test_traffic.py checks the counting)
+    assert set(traffic) == {"f", "artifact"} and traffic["f"]["kv_per_position"] > 0
+    assert traffic["artifact"]["weights"] < traffic["f"]["weights"]  # INT8 weights: fewer bytes than fp32
+    for name, modes in cell["results"].items():
+        step = traffic[name]
+        assert modes["cache"]["bytes_per_token"] == step["weights"] + step["state"] + step["kv_per_position"] * (8 + 4 // 2)
+        assert modes["cache"]["gb_per_s"] > 0 and "bytes_per_token" not in modes["no_cache"]
     code, _, err = run_cli(["bench", artifact, "--baseline", artifact / "manifest.json"], capsys)
     assert code == 2 and "not available for text-generation" in err
 

@@ -39,7 +39,8 @@ def generation_table(doc: dict) -> Table:
     s = doc["settings"]
     table = Table(title=f"generation bench {doc['artifact_path']} (greedy, batch 1, times in ms)",
                   caption=f"{s['threads']} threads, {s['rounds']} interleaved rounds, prompts of real held-out text; "
-                          "KV gain = total time without the cache / with it")
+                          "KV gain = total time without the cache / with it; MB/token: bytes a cached step reads "
+                          "(weights as the kernels read them, KV at the cell's mean length), GB/s at its p50")
     for i, name in enumerate(header):
         table.add_column(name, justify="left" if i in (2, 3) else "right", no_wrap=i in (2, 5))
     for row in body:

@@ -25,6 +25,7 @@ from xformopt import cache
 from xformopt.artifact import read_manifest
 from xformopt.data import load_text_dataset
 from xformopt.decoder.generate import Sampling, context_window, generate
+from xformopt.decoder.traffic import achieved_gb_per_s, onnx_step_bytes
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
 from xformopt.measure.host import host_fingerprint, host_info
@@ -120,7 +121,8 @@ def bench_generation(
 
 def rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     """A flat table of a bench document: one row per cell x runner x cache mode (times in ms)."""
-    header = ["Prompt", "New", "Stage", "KV", "TTFT", "Per token p50/p90/p99", "Tok/s", "Total", "KV gain"]
+    header = ["Prompt", "New", "Stage", "KV", "TTFT", "Per token p50/p90/p99", "Tok/s", "Total", "KV gain",
+              "MB/token", "GB/s"]
     body = []
 
     def ms(value: float) -> str:
@@ -132,9 +134,11 @@ def rows(doc: dict) -> tuple[list[str], list[list[str]]]:
                 pt = s["per_token"]
                 per_token = "-" if pt["n"] == 0 else "/".join(ms(pt[k]) for k in ("p50_ms", "p90_ms", "p99_ms"))
                 speedup = cell["cache_speedup"].get(name)
+                step = s.get("bytes_per_token")
                 body.append([str(cell["prompt_tokens"]), str(cell["new_tokens"]), name, "yes" if mode == "cache" else "no",
                              ms(s["ttft_ms"]), per_token, f"{s['tokens_per_s']:.0f}", ms(s["total_ms"]),
-                             f"{speedup:.1f}x" if speedup and mode == "cache" else ""])
+                             f"{speedup:.1f}x" if speedup and mode == "cache" else "",
+                             f"{step / 1e6:.1f}" if step else "", f"{s['gb_per_s']:.1f}" if s.get("gb_per_s") else ""])
     return header, body
 
 
@@ -201,6 +205,7 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
         f"{' and '.join(cache_modes)}, {rounds} interleaved rounds, {threads} threads")
     doc = bench_generation(runners, tokenizer, texts, list(prompt_lengths), list(new_tokens), cache_modes=tuple(cache_modes),
                            rounds=rounds, seed=seed)
+    traffic = add_traffic(doc["cells"], stages, notes)
     host = host_info()
     return {
         "schema": GENERATION_BENCH_SCHEMA,
@@ -213,5 +218,28 @@ def bench_artifact(artifact, *, compare=(), pytorch: bool = True, prompt_lengths
         "host": host,
         "host_fingerprint": host_fingerprint(host),
         "cells": doc["cells"],
+        "bytes_per_token": traffic,
         "notes": notes,
     }
+
+
+def add_traffic(cells: list[dict], stages: dict, notes: list[str]) -> dict:
+    """Bytes each ONNX stage reads per cached decode step (xformopt.decoder.traffic), and in each cell the
+    step's bytes at its mean cached length (prompt + half the new tokens) and the GB/s its p50 achieves.
+    Returns {stage: weights by role, KV bytes per position}."""
+    per_stage = {}
+    for name, (kind, path) in stages.items():
+        if kind != "onnx":
+            continue
+        try:
+            per_stage[name] = onnx_step_bytes(path)
+        except Exception as exc:  # noqa: BLE001 - a figure beside the timings, never worth the bench
+            notes.append(f"bytes per token of {name} not counted ({type(exc).__name__}: {exc})")
+    for cell in cells:
+        positions = cell["prompt_tokens"] + cell["new_tokens"] // 2
+        for name, modes in cell["results"].items():
+            if name in per_stage and "cache" in modes:
+                total = per_stage[name].at(positions)["total"]
+                modes["cache"]["bytes_per_token"] = total
+                modes["cache"]["gb_per_s"] = achieved_gb_per_s(total, modes["cache"]["per_token"]["p50_ms"])
+    return {name: {**step.at(0), "kv_per_position": step.kv_per_position} for name, step in per_stage.items()}

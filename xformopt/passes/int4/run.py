@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import shutil
 import sys
 import time
@@ -38,6 +37,7 @@ from pydantic_core import PydanticCustomError
 from xformopt.artifact import copy_stage
 from xformopt.decoder.generate import context_window
 from xformopt.decoder.perplexity import perplexity, token_lists
+from xformopt.decoder.traffic import role_of
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer
 from xformopt.passes.base import Pass, PassContext, PassOptions
@@ -50,14 +50,6 @@ from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder, step_token_limit
 from xformopt.sources.gguf import read_source, sha256_of
 
-# Role of a weighted MatMul, from its node name (onnxruntime-genai builder and optimum names alike).
-ROLES = {
-    "lm_head": r"lm_head",
-    "attention_output": r"(o_proj|out_proj|attn/dense|attention/dense)",
-    "down_proj": r"(down_proj|fc2)",
-    "qkv": r"(qkv_proj|q_proj|k_proj|v_proj)",
-    "mlp_in": r"(gate_up_proj|gate_proj|up_proj|fc1)",
-}
 Role = Literal["lm_head", "attention_output", "down_proj", "qkv", "mlp_in"]
 HARM_TEXTS = 8
 
@@ -114,10 +106,6 @@ class Int4Options(PassOptions):
 
 def allowed_increase(budget: float | str) -> float:
     return float(budget[:-1]) / 100 if isinstance(budget, str) else float(budget)
-
-
-def role_of(name: str) -> str | None:
-    return next((role for role, pattern in ROLES.items() if re.search(pattern, name)), None)
 
 
 def weighted_matmuls(model) -> list[str]:
