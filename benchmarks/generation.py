@@ -52,7 +52,7 @@ def stages(work: Path, args) -> dict[str, Path]:
             log(f"{name}: reusing {dst}")
             continue
         started = time.perf_counter()
-        entry = run_single(name, str(src), dst, options, log=log)
+        entry = run_single(name, str(src), dst, options)
         record = entry["record"]
         detail = {"export": lambda r: f"parity max|diff| {r['parity']['max_abs_diff']:.1e} over past lengths "
                                       f"{r['parity']['past_lengths'][:3]}..{r['parity']['past_lengths'][-1]}",
@@ -101,14 +101,14 @@ def main() -> None:
         log(f"load average {os.getloadavg()}; timing {', '.join(names)} with and without the cache, {threads} threads")
         started = time.perf_counter()
         doc = bench_generation(runners, tokenizer, corpus("test"), args.prompt, args.new_tokens, rounds=args.rounds,
-                               warmup=1, log=log)
+                               warmup=1)
         if args.io_binding:
             plain = {f"{n} (no IO binding)": OrtDecoder(dirs[n], threads=threads, io_binding=False)
                      for n in ("fp32", "int8") if n in names}
             log("IO binding: cached generation with and without it, interleaved")
             doc["io_binding"] = bench_generation({**{n: runners[n] for n in ("fp32", "int8") if n in names}, **plain},
                                                  tokenizer, corpus("test"), args.prompt, args.new_tokens,
-                                                 cache_modes=("cache",), rounds=max(args.rounds, 5), warmup=1, log=log)
+                                                 cache_modes=("cache",), rounds=max(args.rounds, 5), warmup=1)
         doc["seconds"] = round(time.perf_counter() - started, 1)
         doc["load_average_after"] = os.getloadavg()
         doc["model"] = {"family": "gpt2", "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
@@ -134,4 +134,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from xformopt.logs import forwarded_to
+
+    with forwarded_to(log):  # xformopt's own log lines, in this script's format
+        main()

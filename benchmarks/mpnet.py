@@ -57,7 +57,7 @@ def xformopt_artifact(model: Path, work: Path, plain: bool = False) -> tuple[Pat
             continue
         shutil.rmtree(dst, ignore_errors=True)
         started = time.perf_counter()
-        records[name] = run_single(name, str(src), dst, options, task="feature-extraction", log=log)["record"]
+        records[name] = run_single(name, str(src), dst, options, task="feature-extraction")["record"]
         log(f"{name}: {time.perf_counter() - started:.0f}s")
     return int8, records
 
@@ -155,4 +155,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from xformopt.logs import forwarded_to
+
+    with forwarded_to(log):  # xformopt's own log lines, in this script's format
+        main()

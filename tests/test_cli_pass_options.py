@@ -69,6 +69,9 @@ def test_established_flags_keep_their_meaning(root):
     assert parse(root, "int4", "--keep-8bit", "lm_head, qkv", "--max-perplexity-increase", "3%",
                  "--algorithm", "hqq") == {"keep_8bit": ["lm_head", "qkv"], "max_perplexity_increase": "3%",
                                            "algorithm": "hqq"}
+    assert parse(root, "int4", "--block-sizes", "down_proj=128, lm_head=64", "--requantize", "lm_head",
+                 "--kv-cache", "int8", "--no-exact-gguf") == {
+        "block_sizes": "down_proj=128, lm_head=64", "requantize": ["lm_head"], "kv_cache": "int8", "exact_gguf": False}
     assert parse(root, "quantize", "--mode", "static", "--max-accuracy-drop", "1%", "--min-agreement", "0.95",
                  "--calibration-data", "rows.jsonl") == {
         "mode": "static", "max_accuracy_drop": parse_budget("1%"), "min_agreement": 0.95,
@@ -132,6 +135,10 @@ def test_fuse_runs_with_derived_flags(exported_classifier, heldout_file, tmp_pat
     (["distill", "STAGE", "--keep-layers", "0,x"], "--keep-layers"),  # not a comma list of ints
     (["prune", "STAGE", "--sparsity", "0.5", "--layers", "2"], "exclusive"),  # the model's own rule
     (["int4", "STAGE", "--block-size", "48"], "block_size"),
+    (["int4", "STAGE", "--block-sizes", "down_proj=48"], "block_sizes.down_proj"),  # each pair checked as block_size
+    (["int4", "STAGE", "--block-sizes", "down_proj:64"], "role=N"),
+    (["int4", "STAGE", "--block-sizes", "lm_head=64", "--algorithm", "gptq"], "rtn and hqq"),
+    (["int4", "STAGE", "--kv-cache", "int4"], "--kv-cache"),
 ])
 def test_bad_values_are_one_line_and_exit_2(exported_classifier, tmp_path, capsys, args, fragment):
     out = tmp_path / "o"

@@ -230,6 +230,48 @@ def test_int4_carries_the_files_blocks_bit_for_bit(tiny, tmp_path, monkeypatch, 
         assert np.array_equal(got, reference), hf_name
 
 
+def test_rounded_zero_points_carry_q4_1_in_one_op_with_the_files_codes(tiny, tmp_path):
+    """exact_gguf false: each Q4_1 MatMul is one MatMulNBits with the file's codes and scales and
+    zero points round(-m/d); no block-sum term; the weights it computes are d * (q - zp)."""
+    import onnx
+    import onnxruntime as ort
+
+    from xformopt.passes.int4.gguf_blocks import rounded_zero_points, unpack
+    from xformopt.passes.int4.run import Int4Options, build_candidate
+
+    src, folder = tiny
+    names = ["model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight"]  # both Q4_1
+    graph = _graph_over(folder, names, tmp_path / "float")
+    counts = build_candidate(graph, tmp_path / "q" / "model.onnx", Int4Options(accuracy_level=0, exact_gguf=False),
+                             [], gguf=src)
+    assert {row["zero_point"] for row in counts["gguf_carried"]} == {"rounded minimum"}
+    assert all(0 <= row["max_shift_in_steps"] <= 0.5 for row in counts["gguf_carried"])  # random weights: min < 0 < max
+    model = onnx.load(tmp_path / "q" / "model.onnx")
+    assert [n.op_type for n in model.graph.node] == ["MatMulNBits"] * 2 and all(len(n.input) == 4 for n in model.graph.node)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    gguf_names = {"model.layers.0.self_attn.k_proj.weight": "blk.0.attn_k.weight",
+                  "model.layers.0.mlp.up_proj.weight": "blk.0.ffn_up.weight"}
+    for i, hf_name in enumerate(names):
+        blocks = unpack(*_raw_in_hf_order(src, gguf_names[hf_name]))
+        zero_points, _ = rounded_zero_points(blocks)
+        want = (blocks.d[..., None] * (blocks.q.astype(np.float32) - zero_points[..., None])).reshape(blocks.q.shape[0], -1)
+        eye = np.eye(want.shape[1], dtype=np.float32)[None]
+        np.testing.assert_allclose(session.run([f"Y{i}"], {"X": eye})[0][0].T, want, rtol=1e-6, atol=1e-7)
+
+
+def test_rounded_zero_points_say_how_far_a_block_moved():
+    from xformopt.passes.int4.gguf_blocks import Blocks, pack_zero_points, rounded_zero_points
+
+    q = np.zeros((1, 3, 32), dtype=np.uint8)
+    d = np.array([[0.5, 0.5, 0.0]], dtype=np.float32)
+    m = np.array([[-1.2, 3.0, -0.25]], dtype=np.float32)  # -m/d = 2.4 -> 2; -6 -> clipped to 0; d = 0 -> 8
+    zero_points, shift = rounded_zero_points(Blocks("Q4_1", q, d, m))
+    assert zero_points.tolist() == [[2, 0, 8]] and shift == np.inf  # a zero step cannot hold its minimum
+    _, shift = rounded_zero_points(Blocks("Q4_1", q[:, :2], d[:, :2], m[:, :2]))
+    assert shift == pytest.approx(6.0)  # the clipped block moved by 3.0 = 6 steps
+    assert pack_zero_points(np.array([[2, 0, 8]], dtype=np.uint8)).tolist() == [0x02, 0x08]
+
+
 def test_symmetric_minimums_only_where_float32_holds_m_plus_8d():
     from xformopt.passes.int4.gguf_blocks import Blocks, symmetric_minimums
 

@@ -124,15 +124,21 @@ def test_gqa_decode_writes_into_one_shared_kv_buffer_with_the_copying_paths_logi
     assert last.writes[-1] == got[-1][1].length - 1
 
 
-def test_decoder_workers_sleep_unless_asked_to_spin(family_stages):
+def test_decoder_workers_spin_a_bounded_time_unless_asked_to_sleep(family_stages):
     from xformopt.runtime.decoder import OrtDecoder
+    from xformopt.runtime.session import DECODER_SPIN_US
 
-    directory, entry = family_stages["qwen2"]["int4"][0], "session.intra_op.allow_spinning"
-    asleep, spinning = OrtDecoder(directory, threads=2), OrtDecoder(directory, threads=2, spinning=True)
-    assert asleep.session.get_session_options().get_session_config_entry(entry) == "0"
-    assert spinning.session.get_session_options().get_session_config_entry(entry) == "1"
+    directory = family_stages["qwen2"]["int4"][0]
+    runners = {"default": OrtDecoder(directory, threads=2), "asleep": OrtDecoder(directory, threads=2, spinning=False),
+               "unbounded": OrtDecoder(directory, threads=2, spin_us=None)}
+    entries = {name: (r.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning"),
+                      r.session.get_session_options().get_session_config_entry("session.intra_op.spin_duration_us")
+                      if name == "default" else None) for name, r in runners.items()}
+    assert entries == {"default": ("1", str(DECODER_SPIN_US)), "asleep": ("0", None), "unbounded": ("1", None)}
     ids = np.array([[5, 6, 7, 8]])
-    np.testing.assert_array_equal(asleep.forward(ids)[0], spinning.forward(ids)[0])  # the same numbers either way
+    first = runners["default"].forward(ids)[0]
+    for runner in runners.values():  # the same numbers either way
+        np.testing.assert_array_equal(runner.forward(ids)[0], first)
 
 
 def test_a_shared_buffer_state_reruns_but_a_superseded_one_refuses(family_stages):
@@ -185,6 +191,88 @@ def test_keep_8bit_roles_pack_those_matmuls_at_8_bits(family_models, family_stag
     roles = sorted(r["role"] for r in record["int8_matmuls"])
     assert roles == ["down_proj"] * LAYERS + ["lm_head"] and record["matmulnbits"]["8bit"] == LAYERS + 1
     assert record["matmulnbits"]["4bit"] == record["weighted_matmuls"] - LAYERS - 1
+
+
+def test_block_sizes_per_role_and_an_8bit_head_at_its_own_block(family_models, family_stages, sample_texts, tmp_path):
+    import onnx
+
+    from xformopt.decoder.traffic import role_of
+
+    ctx = make_ctx(family_models["qwen2"], sample_texts)
+    record = run_pass("int4", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q", keep_8bit=["lm_head"],
+                      block_sizes="down_proj=64,lm_head=16")
+    assert record["block_sizes"] == {"down_proj": 64, "lm_head": 16}
+    seen = {}
+    for node in onnx.load(tmp_path / "q" / "model.onnx", load_external_data=False).graph.node:
+        if node.op_type == "MatMulNBits":
+            attrs = {a.name: a.i for a in node.attribute}
+            seen.setdefault(role_of(node.name), set()).add((attrs["bits"], attrs["block_size"]))
+    assert seen.pop("down_proj") == {(4, 64)} and seen.pop("lm_head") == {(8, 16)}
+    assert set().union(*seen.values()) == {(4, 32)}  # every other role at block_size
+    assert record["agreement"]["mean_agreement"] > 0.98
+
+
+def test_int8_kv_cache_halves_nothing_but_the_cache_and_keeps_perplexity(family_models, family_stages, sample_texts,
+                                                                          tmp_path):
+    """kv_cache int8: every GroupQueryAttention keeps K and V at 8 bits with calibrated per-channel
+    scales; the graph's cache inputs are int8, the shared-buffer decode runs on int8 buffers, and
+    perplexity stays within 2% of the same weights with a float cache."""
+    import onnx
+
+    from xformopt.decoder.perplexity import load_token_lists, perplexity
+    from xformopt.decoder.traffic import onnx_step_bytes
+    from xformopt.models import load_tokenizer
+    from xformopt.runtime.decoder import SharedCache
+
+    model = family_models["qwen2"]
+    out = tmp_path / "kv8"
+    record = run_pass("int4", make_ctx(model, sample_texts), family_stages["qwen2"]["export"][0], out,
+                      kv_cache="int8", calibration_limit=16)
+    assert record["kv_cache"]["type"] == "int8" and record["kv_cache"]["caches"] == 2 * LAYERS
+    graph = onnx.load(out / "model.onnx", load_external_data=False).graph
+    gqa = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == LAYERS
+    for node in gqa:
+        attrs = {a.name: a for a in node.attribute}
+        assert attrs["kv_cache_bit_width"].i == 8 and attrs["k_quant_type"].s == b"PER_CHANNEL"
+    inits = {i.name: i for i in graph.initializer}
+    scales = [inits[n.input[12]] for n in gqa] + [inits[n.input[13]] for n in gqa]
+    shape = tiny_decoders.SHAPE
+    channels = shape["num_key_value_heads"] * shape["hidden_size"] // shape["num_attention_heads"]
+    assert all(list(s.dims) == [channels] for s in scales)
+    past = [i for i in graph.input if i.name.startswith("past_key_values.")]
+    assert past and {i.type.tensor_type.elem_type for i in past} == {onnx.TensorProto.INT8}
+
+    runner = _onnx(out)
+    _, state = runner.forward(np.array([[5, 6, 7, 8]]))
+    assert isinstance(state.cache, SharedCache)
+    assert {a.dtype for a in runner.cache_arrays(state).values()} == {np.dtype(np.int8)}
+    float_kv = family_stages["qwen2"]["int4"][0]
+    step = onnx_step_bytes(out), onnx_step_bytes(float_kv)
+    assert step[0].kv_per_position * 4 == step[1].kv_per_position and step[0].kv_dtype == "int8"
+
+    lists, _ = load_token_lists(None, load_tokenizer(model), 128, limit=40)
+    with_int8, with_float = perplexity(runner, lists)["value"], perplexity(_onnx(float_kv), lists)["value"]
+    assert abs(with_int8 - with_float) / with_float < 0.02
+
+
+def test_int8_kv_cache_needs_grouped_query_attention(family_models, family_stages, sample_texts, tmp_path):
+    """A decoder whose attention is not GroupQueryAttention (the dynamo path's MultiHeadAttention, say)
+    is refused before any work: no other op takes an int8 cache."""
+    import shutil
+
+    import onnx
+
+    stage = tmp_path / "mha"
+    shutil.copytree(family_stages["qwen2"]["export"][0], stage)
+    model = onnx.load(stage / "model.onnx", load_external_data=False)
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention":
+            node.op_type = "MultiHeadAttention"
+    onnx.save(model, stage / "model.onnx")
+    with pytest.raises(InputError, match="no GroupQueryAttention"):
+        run_pass("int4", make_ctx(family_models["qwen2"], sample_texts), stage, tmp_path / "q", kv_cache="int8")
+    assert not any((tmp_path / "q").iterdir())  # the helper made the folder; the pass wrote nothing in it
 
 
 def test_perplexity_budget_moves_the_most_harmful_matmuls_to_8_bits(family_models, family_stages, sample_texts, tmp_path):

@@ -4,7 +4,7 @@ Every field of ``Pass.Options`` becomes ``--field-name`` with the field's defaul
 as help: ``Literal[...]`` as choices, ``bool`` as ``--x/--no-x`` (three states when the field may be
 None: the target decides), int/float/str, a data option (``Pass.data_options``) as a FILE,
 ``list[int]``/``list[str]`` as a comma-separated value parsed back, and a union with ``str`` as text
-the model parses. A field no flag can express (a mapping) must be named in the command's
+the model parses (a mapping too, as ``key=value,...``). A field no flag can express (a mapping) must be named in the command's
 ``left_out`` (the builder refuses otherwise), and the command's help says it is set in a recipe.
 
 A ``Spelling`` keeps a flag's established form where it differs (prune's ``--latency`` for
@@ -104,6 +104,8 @@ def _cli_type(name: str, info: FieldInfo, data_options: tuple[str, ...]) -> tupl
     if len(members) > 1:  # e.g. float | str: the model's own validator parses the text
         if str in members and all(m in _SCALARS for m in members):
             return Optional[str], {}, None
+        if str in members and all(m in _SCALARS or typing.get_origin(m) is dict for m in members):
+            return Optional[str], {"metavar": "KEY=VALUE,..."}, lambda value: value  # the model parses the pairs
         raise Unexpressible(name)
     (kind,) = members
     if name in data_options:

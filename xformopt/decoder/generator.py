@@ -88,7 +88,7 @@ class TextGenerator:
     task = "text-generation"
 
     def __init__(self, artifact: Path, *, threads: int | None = None, io_binding: bool = True,
-                 spinning: bool = False):
+                 spinning: bool = True):
 
         check_threads(threads)
         self.spec = open_decoder(artifact)

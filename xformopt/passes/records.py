@@ -95,6 +95,9 @@ class Int4Record(TypedDict, total=False):
     symmetric: Required[bool]
     accuracy_level: Required[int]
     weighted_matmuls: Required[int]
+    block_sizes: dict[str, int]  # per-role block sizes over block_size
+    requantize: list[str]  # roles quantized again though the GGUF file had their blocks
+    kv_cache: dict[str, Any]  # int8: the cache's type and its calibrated scales
     matmulnbits: Required[dict[str, Any]]
     int8_matmuls: Required[list[dict[str, Any]]]
     kept_float: Required[list[dict[str, Any]]]

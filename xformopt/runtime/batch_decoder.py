@@ -32,7 +32,7 @@ import numpy as np
 from xformopt.errors import InputError
 from xformopt.runtime import last_logits
 from xformopt.runtime.decoder import SPLIT, CacheLayout, _gqa_max_positions
-from xformopt.runtime.session import ort_session
+from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
 QUANTUM = 64  # positions a buffer's capacity is rounded up to, so growth reallocates rarely
 
@@ -67,7 +67,8 @@ class BatchDecoder:
         # position instead of the whole prompt.
         graph = last_logits.rewritten(self.model_dir) if last_position_logits else None
         self.last_position_logits = graph is not None
-        self.session = ort_session(graph or self.model_dir / "model.onnx", threads, external_data_dir=self.model_dir)
+        self.session = ort_session(graph or self.model_dir / "model.onnx", threads, external_data_dir=self.model_dir,
+                                   spinning=True, spin_us=DECODER_SPIN_US)
         self.layout = CacheLayout.from_session(self.session)
         if self.layout.kind != SPLIT or not self.layout.has_attention_mask or self.layout.has_position_ids:
             raise InputError(f"{self.model_dir}: expected the builder's inputs (input_ids, attention_mask, "
@@ -77,7 +78,8 @@ class BatchDecoder:
         if not all(isinstance(d, int) for d in (self.kv_heads, self.head_dim)):
             raise InputError(f"{self.model_dir}: the cache's head axes are not static ({shape}); re-export the decoder")
         self.max_kv_tokens, self.max_rows = int(max_kv_tokens), int(max_rows)
-        self.bytes_per_position = 4 * self.kv_heads * self.head_dim * len(self.layout.past_names)
+        self.bytes_per_position = (np.dtype(self.layout.past_dtype).itemsize * self.kv_heads * self.head_dim
+                                   * len(self.layout.past_names))
         self.arrays: dict[str, np.ndarray] = {}
         self.rows_allocated = self.capacity = 0
         self._views: dict[tuple[int, int], tuple] = {}
@@ -192,7 +194,7 @@ class BatchDecoder:
             want_cap = max(positions, self.max_kv_tokens // want_rows)
         if want_rows * want_cap > self.max_kv_tokens:  # fits() was not asked
             raise InputError(f"{rows} rows of {positions} positions exceed max_kv_tokens {self.max_kv_tokens}")
-        arrays = {n: np.zeros((want_rows, self.kv_heads, want_cap, self.head_dim), dtype=np.float32)
+        arrays = {n: np.zeros((want_rows, self.kv_heads, want_cap, self.head_dim), dtype=self.layout.past_dtype)
                   for n in self.layout.past_names}
         live = max((s.length for s in self.slots), default=0)
         if self.arrays and live:  # the open rows' cached positions move over

@@ -30,9 +30,10 @@ import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.models.quiet import load_quietly
-from xformopt.runtime.session import ort_session
+from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
 STACKED, SPLIT = "stacked", "split"
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class CacheLayout:
     num_layers: int
     has_position_ids: bool
     has_attention_mask: bool
+    past_dtype: Any = np.float32  # an int8 KV cache (GroupQueryAttention's kv_cache_bit_width 8) takes int8
 
     @classmethod
     def from_session(cls, session) -> CacheLayout:
@@ -79,9 +81,10 @@ class CacheLayout:
             num_layers=len(past) if kind == STACKED else len({n.split(".")[1] for n in past}),
             has_position_ids="position_ids" in inputs,
             has_attention_mask="attention_mask" in inputs,
+            past_dtype=_ORT_TYPES.get(inputs[past[0]].type, np.float32) if past else np.float32,
         )
 
-    def empty_past(self, batch: int, dtype=np.float32) -> dict[str, np.ndarray]:
+    def empty_past(self, batch: int) -> dict[str, np.ndarray]:
         """Zero-length past tensors: what step 0 (the prompt) is fed."""
         out = {}
         for name, shape in zip(self.past_names, self.past_shapes):
@@ -94,7 +97,7 @@ class CacheLayout:
                 dims[0] = 2
             if any(not isinstance(d, int) for d in dims):
                 raise InputError(f"cannot size the empty past for {name}: shape {shape} has unknown static axes")
-            out[name] = np.zeros(dims, dtype=dtype)
+            out[name] = np.zeros(dims, dtype=self.past_dtype)
         return out
 
 
@@ -129,7 +132,7 @@ class SharedCache:
     binding: Any = None  # the session's IOBinding with these buffers bound (made by the first step)
 
     @classmethod
-    def allocate(cls, names, shapes, batch: int, capacity: int) -> SharedCache:
+    def allocate(cls, names, shapes, batch: int, capacity: int, dtype=np.float32) -> SharedCache:
         import onnxruntime as ort
 
         arrays = {}
@@ -137,7 +140,7 @@ class SharedCache:
             dims = [batch, shape[1], capacity, shape[3]]
             if any(not isinstance(d, int) for d in dims):
                 raise InputError(f"cannot size the KV cache for {name}: shape {shape} has unknown static axes")
-            arrays[name] = np.zeros(dims, dtype=np.float32)
+            arrays[name] = np.zeros(dims, dtype=dtype)
         return cls(arrays, {n: ort.OrtValue.ortvalue_from_numpy(a) for n, a in arrays.items()}, capacity)
 
 
@@ -163,7 +166,8 @@ class OrtDecoder:
     io_binding: bool = True
     share_buffer: bool | None = None  # None: on for GroupQueryAttention graphs (needs io_binding)
     growth_quantum: int = 256  # positions a shared buffer is sized and grown by
-    spinning: bool = False  # intra-op workers spin between ops (runtime/session.py says when that pays)
+    spinning: bool = True  # intra-op workers spin between ops (runtime/session.py: DECODER_SPIN_US)
+    spin_us: int | None = DECODER_SPIN_US  # at most this long before a worker sleeps (None: ORT's own count)
     tokens_processed: int = 0
     session: Any = field(init=False, repr=False)
     layout: CacheLayout = field(init=False)
@@ -172,7 +176,8 @@ class OrtDecoder:
 
     def __post_init__(self):
         self.model_dir = Path(self.model_dir)
-        self.session = ort_session(self.model_dir / "model.onnx", self.threads, spinning=self.spinning)
+        self.session = ort_session(self.model_dir / "model.onnx", self.threads, spinning=self.spinning,
+                                   spin_us=self.spin_us)
         self.layout = CacheLayout.from_session(self.session)
         self.output_names = ["logits", *self.layout.present_names]
         gqa_positions = _gqa_max_positions(self.model_dir / "model.onnx")
@@ -289,7 +294,8 @@ class OrtDecoder:
         quantum = self.growth_quantum
         capacity = -(-(total + max(total, quantum)) // quantum) * quantum
         capacity = max(total, min(capacity, self.max_positions or capacity))
-        cache = SharedCache.allocate(self.layout.past_names, self.layout.past_shapes, batch, capacity)
+        cache = SharedCache.allocate(self.layout.past_names, self.layout.past_shapes, batch, capacity,
+                                     self.layout.past_dtype)
         if old is not None:
             for name, array in cache.arrays.items():
                 array[:, :, :keep] = old.arrays[name][:, :, :keep]

@@ -18,15 +18,23 @@ def ort_feed(encoded: dict, input_names) -> dict[str, np.ndarray]:
     return feed
 
 
+# A decoder's workers spin this long after each parallel section before they sleep: a decode step is
+# hundreds of small ops, and waking a sleeping worker for each one cost more than the second thread gave
+# (SmolLM2 int4, 2 threads: 82 tokens/s sleeping, 136 spinning at most 1000 us, 133 spinning unbounded;
+# docs/results/llms.md). Bounded, so a pool left idle gives its cores back within a millisecond.
+DECODER_SPIN_US = 1000
+
+
 def thread_pool_setting() -> str:
     """How the thread pools wait, as this process really has it (recorded in every report)."""
     omp = os.environ.get("OMP_WAIT_POLICY", "unset: OpenMP's default, which spins")
-    return f"ONNX Runtime allow_spinning=0; PyTorch OMP_WAIT_POLICY={omp}"
+    return (f"ONNX Runtime allow_spinning=0 (decoders: spin_duration_us={DECODER_SPIN_US}); "
+            f"PyTorch OMP_WAIT_POLICY={omp}")
 
 
 def ort_session(model_path: Path | bytes, threads: int | None = None, level: str = "all", disabled_optimizers=(), *,
                 profile_prefix: str | None = None, optimized_path: str | None = None,
-                external_data_dir: Path | None = None, spinning: bool = False):
+                external_data_dir: Path | None = None, spinning: bool = False, spin_us: int | None = None):
     """An ONNX Runtime CPU session with an explicit thread count (timings must be reproducible).
 
     ``disabled_optimizers``: ORT graph transformers to leave out, by name; ``profile_prefix``: ORT's
@@ -34,7 +42,8 @@ def ort_session(model_path: Path | bytes, threads: int | None = None, level: str
     ``optimized_path``: the graph as ORT runs it (after its own fusions) is saved there, so the trace's
     node names can be looked up. ``model_path`` may be a serialized graph (bytes) whose external weights
     lie in ``external_data_dir`` (a graph rewritten in memory over the artifact's own weights);
-    ``spinning``: let idle intra-op workers spin (off by default, below)."""
+    ``spinning``: let idle intra-op workers spin (off by default, below), for at most ``spin_us``
+    microseconds before they sleep when given (ORT's ``session.intra_op.spin_duration_us``)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -53,10 +62,10 @@ def ort_session(model_path: Path | bytes, threads: int | None = None, level: str
     # Idle workers sleep instead of spin-waiting: spinning pools steal the cores that the other
     # variants of an interleaved comparison (and the tokenizer) need. Measured on a 2-core host:
     # MiniLM at batch 1 took 6.1 ms with spinning and 2.6 ms without.
-    # ``spinning``: intra-op workers spin between parallel sections instead, for a process that owns
-    # its cores: a decode step is ~350 small ops per token, and waking a sleeping worker for each cost
-    # more than the second thread gave (SmolLM2 int4, 2 threads: 91 tokens/s sleeping, 128 spinning).
+    # ``spinning``: intra-op workers spin between parallel sections instead (decoders do, DECODER_SPIN_US).
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if spinning and spin_us:
+        options.add_session_config_entry("session.intra_op.spin_duration_us", str(int(spin_us)))
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads

@@ -15,6 +15,10 @@ The GGUF types that map onto MatMulNBits (blocks of 32 along K, one fp16 scale e
   float zero points, which would say ``d * (q - zp)`` in one op, but ORT 1.32's CPU kernel runs them
   by dequantizing the whole weight on every call (25x slower than uint8 zero points, measured on a
   576x1536 weight), and ``-m/d`` as a zero point is not exact in float arithmetic.
+  ``exact=False`` (the int4 pass's ``exact_gguf: false``) drops the separate term instead: codes and
+  scales stay the file's, and the minimum becomes the nearest 4-bit zero point, ``d * (q - zp)`` with
+  ``zp = round(-m / d)`` in 0..15: one op per MatMul and no block sums, at the cost of shifting each
+  block's weights by at most ``d / 2`` (recorded per tensor).
 
 Rows are found by content, not by name: every row of every carried GGUF tensor is dequantized (with
 the gguf package's own ``dequantize``) and hashed; a weighted MatMul's ``[K, N]`` initializer is
@@ -142,10 +146,10 @@ AUX = "/gguf_min_"  # in the names of the Q4_1 minimum term's nodes (no MatMul t
 
 
 def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, only: set[str] | None = None,
-               ) -> tuple[list[dict], dict[str, str]]:
+               exact: bool = True) -> tuple[list[dict], dict[str, str]]:
     """Replace each weighted MatMul (of ``only``, when given) whose weights are a GGUF tensor's rows
-    with MatMulNBits holding those blocks, in place. Returns (a record per carried MatMul, {name: why
-    not} for the others)."""
+    with MatMulNBits holding those blocks, in place (Q4_1's minimums exactly, or as rounded zero points
+    when ``exact`` is false). Returns (a record per carried MatMul, {name: why not} for the others)."""
     from onnx import helper, numpy_helper
 
     rows = GgufRows(gguf_path)
@@ -171,7 +175,13 @@ def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, onl
                                         numpy_helper.from_array(blocks.d.reshape(-1), s_name)])
         inputs, out = [node.input[0], b_name, s_name], node.output[0]
         record = {"name": node.name, "type": blocks.qtype, "bits": bits, "K": k, "N": n}
-        if blocks.qtype == "Q4_1":
+        if blocks.qtype == "Q4_1" and not exact:
+            zero_points, shift = rounded_zero_points(blocks)
+            zp_name = f"{base}.gguf_zero_points"
+            model.graph.initializer.append(numpy_helper.from_array(pack_zero_points(zero_points), zp_name))
+            inputs.append(zp_name)
+            record.update(zero_point="rounded minimum", max_shift_in_steps=round(shift, 4))
+        elif blocks.qtype == "Q4_1":
             out = f"{base}.gguf_scaled"
             minimums = symmetric_minimums(blocks)
             if minimums is None:  # m + 8d not exact somewhere: zero points 0 and m as it is
@@ -182,7 +192,7 @@ def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, onl
             record["zero_point"] = "explicit 0" if len(inputs) > 3 else "default 8 (minimum + 8d)"
         new_nodes.append(helper.make_node("MatMulNBits", inputs, [out], name=f"{base}_Q{bits}", domain="com.microsoft",
                                           K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=accuracy_level))
-        if blocks.qtype == "Q4_1":
+        if blocks.qtype == "Q4_1" and exact:
             new_nodes.extend(_minimum_term(node, base, minimums, k, block_sums, model))
         replaced.add(init.name)
         carried.append(record)
@@ -202,6 +212,27 @@ def symmetric_minimums(blocks: Blocks) -> np.ndarray | None:
     shifted = blocks.m + np.float32(8) * blocks.d
     exact = shifted.astype(np.float64) == blocks.m.astype(np.float64) + 8 * blocks.d.astype(np.float64)
     return shifted if bool(exact.all()) else None
+
+
+def rounded_zero_points(blocks: Blocks) -> tuple[np.ndarray, float]:
+    """Q4_1's ``d * q + m`` as ``d * (q - zp)``: ``zp = round(-m / d)`` clipped to 0..15 ([rows, K/32]
+    uint8), and the largest shift this puts on a block's weights, in units of its step ``d`` (0.5
+    unless a clip or a zero step made it larger)."""
+    d, m = blocks.d.astype(np.float64), blocks.m.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ideal = np.where(d != 0, -m / np.where(d != 0, d, 1), 8.0)
+    zero_points = np.clip(np.rint(ideal), 0, 15)
+    shift = np.abs(m + d * zero_points)  # what d * (q - zp) misses of d * q + m, per block
+    steps = np.where(d != 0, shift / np.where(d != 0, np.abs(d), 1), np.where(shift > 0, np.inf, 0))
+    return zero_points.astype(np.uint8), float(steps.max(initial=0.0))
+
+
+def pack_zero_points(zero_points: np.ndarray) -> np.ndarray:
+    """MatMulNBits' 4-bit zero points: [N, ceil(K/32 / 2)] uint8, block 2j in byte j's low nibble."""
+    rows, count = zero_points.shape
+    padded = np.zeros((rows, count + count % 2), dtype=np.uint8)
+    padded[:, :count] = zero_points
+    return np.ascontiguousarray(padded[:, 0::2] | (padded[:, 1::2] << 4)).reshape(-1)
 
 
 def _rank(model, name: str) -> int | None:

@@ -42,6 +42,7 @@ from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
+from xformopt.passes.int4 import kv_cache
 from xformopt.passes.int4.gguf_blocks import AUX, aux_nodes, carry_into
 from xformopt.passes.quantize import calibration as cal
 from xformopt.passes.quantize.formats import agreement_floor
@@ -66,6 +67,16 @@ class Int4Options(PassOptions):
     max_8bit_nodes: int | None = Field(None, ge=0, description="most MatMuls the budget may move to 8 bits; default: half")
     carry_gguf: bool = Field(True, description="a model converted from GGUF keeps the file's own Q4_0/Q4_1/Q8_0 "
                                                "blocks (exact) instead of being quantized again")
+    exact_gguf: bool = Field(True, description="carried Q4_1 blocks keep their minimums exactly (a block-sum term "
+                                               "beside each MatMul); false: the minimum rounds to a 4-bit zero point "
+                                               "(one op per MatMul, weights shift by at most half a step)")
+    requantize: list[Role] = Field(default_factory=list, description="roles the algorithm quantizes even where the "
+                                                                     "GGUF file has blocks (e.g. lm_head at 4 bits)")
+    kv_cache: Literal["float", "int8", "auto"] = Field(
+        "float", description="the KV cache's type; int8: GroupQueryAttention keeps K and V at 8 bits (per-channel "
+                             "scales calibrated on the train split); auto: int8 where the graph has GroupQueryAttention")
+    block_sizes: dict[Role, int] | str = Field(
+        default_factory=dict, description="block size per role, over block_size ('down_proj=128,lm_head=64'; rtn, hqq)")
     exclude_nodes: list[str] = Field(default_factory=list, description="MatMul node names kept in float")
     min_agreement: float | None = Field(
         None, ge=0, le=1, description="floor on the logits' cosine to the float graph; default: the task's (0.9)")
@@ -85,9 +96,27 @@ class Int4Options(PassOptions):
     @field_validator("block_size")
     @classmethod
     def _block(cls, value):
-        if value not in (16, 32, 64, 128, 256):
-            raise ValueError(f"block_size must be 16, 32, 64, 128 or 256, got {value}")
-        return value
+        return _checked_block(value, "block_size")
+
+    @field_validator("block_sizes", mode="before")
+    @classmethod
+    def _blocks(cls, value):
+        if isinstance(value, str):  # the command line's 'role=N,role=N'
+            pairs = [item.partition("=") for item in value.split(",") if item.strip()]
+            if any(not sep or not size.strip().isdigit() for _, sep, size in pairs):
+                raise ValueError(f"block_sizes must read 'role=N,role=N' (e.g. 'down_proj=128'), got {value!r}")
+            value = {role.strip(): int(size) for role, _, size in pairs}
+        return {role: _checked_block(size, f"block_sizes.{role}") for role, size in dict(value).items()}
+
+    @model_validator(mode="after")
+    def _blocks_need_a_nodewise_algorithm(self):
+        if self.block_sizes and self.algorithm == "gptq":
+            raise PydanticCustomError("int4_blocks", "block_sizes works with rtn and hqq (GPTQ quantizes the whole "
+                                                     "graph at one block size); drop it or use --algorithm rtn")
+        return self
+
+    def block_for(self, role: str | None) -> int:
+        return self.block_sizes.get(role, self.block_size)
 
     @field_validator("max_perplexity_increase", mode="before")
     @classmethod
@@ -102,6 +131,12 @@ class Int4Options(PassOptions):
         if isinstance(value, bool) or not 0 <= fraction < 10:
             raise ValueError(f"max_perplexity_increase must be a relative increase like '3%' or 0.03, got {value!r}")
         return text if text.endswith("%") else fraction
+
+
+def _checked_block(value: int, name: str) -> int:
+    if value not in (16, 32, 64, 128, 256):
+        raise ValueError(f"{name} must be 16, 32, 64, 128 or 256, got {value}")
+    return value
 
 
 def allowed_increase(budget: float | str) -> float:
@@ -166,47 +201,73 @@ class DecoderCalibrationReader:
             yield feed
 
 
-def _algo_config(options, reader):
+def _algo_config(options, reader, block: int, bits: int = 4, included_only: bool = False):
+    """ORT's quantizer settings; ``included_only``: quantize the quantizer's ``nodes_to_include`` and
+    nothing else (no op type matches "__none__")."""
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
+    only = {"op_types_to_quantize": ("__none__",)} if included_only else {}
+    if bits == 8 or options.algorithm == "rtn":
+        return mnb.DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=options.symmetric,
+                                                accuracy_level=options.accuracy_level, bits=bits, **only)
     if options.algorithm == "hqq":
-        return mnb.HQQWeightOnlyQuantConfig(block_size=options.block_size, bits=4)
-    if options.algorithm == "gptq":
-        return mnb.GPTQWeightOnlyQuantConfig(calibration_data_reader=reader, block_size=options.block_size)
-    return mnb.DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
-                                            accuracy_level=options.accuracy_level, bits=4)
+        return mnb.HQQWeightOnlyQuantConfig(block_size=block, bits=4, **only)
+    return mnb.GPTQWeightOnlyQuantConfig(calibration_data_reader=reader, block_size=block)
+
+
+def _by_block(options, names) -> dict[int, list[str]]:
+    """``names`` grouped by the block size their role gets."""
+    groups: dict[int, list[str]] = {}
+    for name in names:
+        groups.setdefault(options.block_for(role_of(name)), []).append(name)
+    return groups
+
+
+def _quantize_nodes(model, options, names: list[str], bits: int, reader=None):
+    """``names`` packed at ``bits``, one quantizer run per block size; the model it returns."""
+    from onnxruntime.quantization import matmul_nbits_quantizer as mnb
+
+    for block, group in sorted(_by_block(options, names).items()):
+        quantizer = mnb.MatMulNBitsQuantizer(model, bits=bits, block_size=block, is_symmetric=options.symmetric,
+                                             accuracy_level=options.accuracy_level, nodes_to_include=group,
+                                             algo_config=_algo_config(options, reader, block, bits, True))
+        with contextlib.redirect_stdout(sys.stderr):
+            quantizer.process()
+        model = quantizer.model.model
+    return model
 
 
 def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str], reader=None,
-                    gguf: Path | None = None) -> dict:
+                    gguf: Path | None = None, kv_scales: dict | None = None) -> dict:
     """8-bit MatMulNBits for ``keep8`` first (so no algorithm touches them again), then the GGUF
-    file's own blocks where ``gguf`` has them, then 4 bits for every other weighted MatMul; saved
-    with external data beside ``out_model``."""
+    file's own blocks where ``gguf`` has them (less the ``requantize`` roles), then 4 bits for every
+    other weighted MatMul (roles with their own ``block_sizes`` first); saved with external data
+    beside ``out_model``; with ``kv_scales``, an int8 KV cache (passes/int4/kv_cache.py)."""
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
 
     logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
     model = onnx.load(src_model)
     if keep8:
-        config8 = mnb.DefaultWeightOnlyQuantConfig(block_size=options.block_size, is_symmetric=options.symmetric,
-                                                   accuracy_level=options.accuracy_level, bits=8,
-                                                   op_types_to_quantize=("__none__",))
-        eight = mnb.MatMulNBitsQuantizer(model, bits=8, block_size=options.block_size, is_symmetric=options.symmetric,
-                                         accuracy_level=options.accuracy_level, nodes_to_include=list(keep8),
-                                         algo_config=config8)
-        eight.process()
-        model = eight.model.model
+        model = _quantize_nodes(model, options, list(keep8), bits=8)
     carried, not_carried = [], {}
     if gguf is not None:
-        carried, not_carried = carry_into(model, src_model.parent, gguf, options.accuracy_level,
-                                          only=set(weighted_matmuls(model)))
+        wanted = {n for n in weighted_matmuls(model) if role_of(n) not in options.requantize}
+        carried, not_carried = carry_into(model, src_model.parent, gguf, options.accuracy_level, only=wanted,
+                                          exact=options.exact_gguf)
+    own_block = [n for n in weighted_matmuls(model) if role_of(n) in options.block_sizes]
+    if own_block:
+        model = _quantize_nodes(model, options, own_block, bits=4, reader=reader)
     four = mnb.MatMulNBitsQuantizer(model, bits=4, block_size=options.block_size, is_symmetric=options.symmetric,
-                                    accuracy_level=options.accuracy_level, algo_config=_algo_config(options, reader),
+                                    accuracy_level=options.accuracy_level,
+                                    algo_config=_algo_config(options, reader, options.block_size),
                                     nodes_to_exclude=aux_nodes(model))
     with contextlib.redirect_stdout(sys.stderr):  # GPTQ prints a progress bar: results own stdout
         four.process()
     model = four.model.model
     _set_accuracy_level(model, options.accuracy_level)
+    if kv_scales:
+        kv_cache.to_int8(model, kv_scales)
     out_model.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, out_model, save_as_external_data=True, all_tensors_to_one_file=True,
               location=out_model.name + ".data", size_threshold=1024)
@@ -281,7 +342,7 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
         x = np.concatenate(feeds[probe[name]]).astype(np.float32)
         w = numpy_helper.to_array(inits[nodes[name].input[1]], base_dir=str(src_model.parent)).astype(np.float32)
         reference = x @ w
-        error = x @ (w - _simulate(w, 4, options.block_size, options.symmetric))
+        error = x @ (w - _simulate(w, 4, options.block_for(role_of(name)), options.symmetric))
         scores[name] = float((error ** 2).sum() / max((reference ** 2).sum(), 1e-30))
     shutil.rmtree(probe_dir)
     return scores
@@ -333,7 +394,8 @@ class Int4Pass(Pass):
         return run_int4(ctx, src, dst, options)
 
 
-def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
+def _checked_input(ctx, src: Path, options: Int4Options) -> tuple[list[str], bool]:
+    """(the weighted MatMuls to pack, whether the KV cache becomes int8); bad input refused before any work."""
     import onnx
 
     graph = onnx.load(src / "model.onnx", load_external_data=False)
@@ -342,6 +404,19 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
     candidates = weighted_matmuls(graph)
     if not candidates:
         raise InputError(f"{src / 'model.onnx'} has no MatMul with a constant 2-D weight for MatMulNBits to pack")
+    has_gqa = bool(kv_cache.gqa_nodes(graph))
+    if options.kv_cache == "int8" and not has_gqa:
+        raise InputError(f"{src} has no GroupQueryAttention, so kv_cache int8 has no cache op to give it to; export "
+                         "the decoder with the genai extra (pip install 'xformopt[genai]') or drop kv_cache")
+    if options.kv_cache == "auto" and not has_gqa:
+        ctx.log("kv_cache auto: no GroupQueryAttention in the graph, the KV cache stays float")
+    return candidates, options.kv_cache != "float" and has_gqa
+
+
+def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
+    import onnx
+
+    candidates, int8_kv = _checked_input(ctx, src, options)
     roles = {name: role_of(name) for name in candidates}
     planned8 = [n for n in candidates if roles[n] in options.keep_8bit and n not in options.exclude_nodes]
     tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
@@ -353,6 +428,7 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         calibration = cal.dataset_record(dataset, "calibration")
         ctx.log(f"GPTQ calibration on {len(dataset)} rows from {dataset.source}")
 
+    kv_scales, kv_record = _kv_scales(ctx, options, src, tokenizer) if int8_kv else (None, None)
     gguf, record_gguf = _gguf_source(ctx, src, options)
     copy_stage(src, dst, with_model=False)
     work = dst / ".int4"
@@ -361,12 +437,16 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         "mode": "int4", "algorithm": options.algorithm, "block_size": options.block_size,
         "symmetric": options.symmetric if options.algorithm != "hqq" else False,  # HQQ always writes zero points
         "accuracy_level": options.accuracy_level, "weighted_matmuls": len(candidates),
+        **({"block_sizes": dict(options.block_sizes)} if options.block_sizes else {}),
+        **({"requantize": list(options.requantize)} if options.requantize else {}),
         **({"calibration": calibration} if calibration else {}),
+        **({"kv_cache": kv_record} if kv_record else {}),
     }
     try:
         def build(k_dir: Path, keep8: list[str]) -> dict:
             started = time.perf_counter()
-            counts = build_candidate(src / "model.onnx", k_dir / "model.onnx", options, keep8, reader, gguf)
+            counts = build_candidate(src / "model.onnx", k_dir / "model.onnx", options, keep8, reader, gguf,
+                                     kv_scales)
             return {**counts, "build_seconds": round(time.perf_counter() - started, 2)}
 
         ctx.log(f"quantizing to 4-bit MatMulNBits ({options.algorithm}, block {options.block_size}, "
@@ -375,7 +455,8 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         first = work / "candidate-0"
         counts = build(first, planned8)
         if record_gguf is not None:
-            record["gguf"] = _carry_record(ctx, record_gguf, counts, candidates) if gguf else record_gguf
+            record["gguf"] = (_carry_record(ctx, record_gguf, counts, candidates, options.exact_gguf) if gguf
+                                  else record_gguf)
         chosen_dir, chosen8 = first, planned8
         if options.max_perplexity_increase is not None:
             chosen_dir, chosen8, record["budget"] = _budget(ctx, options, src, work, build, candidates, planned8, tokenizer,
@@ -405,6 +486,18 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
     return record
 
 
+def _kv_scales(ctx, options, src: Path, tokenizer) -> tuple[dict, dict]:
+    """Per-channel int8 scales of every layer's K and V, from the float graph on the train split (the
+    calibration rows GPTQ would take, never the budget's or the report's)."""
+    dataset = cal.load_split(options.calibration_data, "train", ctx.spec, options.calibration_limit, 0, labels=False)
+    lists = token_lists(dataset.texts, tokenizer, context_window(src), 128)
+    ctx.log(f"int8 KV cache: calibrating per-channel scales on {len(lists)} texts from {dataset.source}")
+    scales = kv_cache.calibrate(src, lists, ctx.threads)
+    record = {"type": "int8", "scales": "per channel (kv_heads x head_dim), peak |value| / 127 over calibration",
+              "caches": len(scales), "calibration": cal.dataset_record(dataset, "calibration")}
+    return scales, record
+
+
 def _gguf_source(ctx, src: Path, options) -> tuple[Path | None, dict | None]:
     """The GGUF file ``src`` was converted from (xformopt/sources/gguf.py), when its blocks are to be
     carried and the file is still there with the same content; else None (logged: RTN then)."""
@@ -419,18 +512,22 @@ def _gguf_source(ctx, src: Path, options) -> tuple[Path | None, dict | None]:
     return path, source
 
 
-def _carry_record(ctx, source: dict, counts: dict, candidates: list[str]) -> dict:
+def _carry_record(ctx, source: dict, counts: dict, candidates: list[str], exact: bool) -> dict:
     carried, missed = counts["gguf_carried"], counts["gguf_not_carried"]
     by_type: dict[str, int] = {}
     for row in carried:
         by_type[row["type"]] = by_type.get(row["type"], 0) + 1
-    ctx.log(f"carried {len(carried)}/{len(candidates)} MatMuls' blocks from {source['name']} exactly "
+    ctx.log(f"carried {len(carried)}/{len(candidates)} MatMuls' blocks from {source['name']} "
+            f"{'exactly' if exact else 'with Q4_1 minimums rounded to zero points'} "
             f"({', '.join(f'{n} {t}' for t, n in by_type.items()) or 'none'}); "
             f"{len(missed)} left to the int4 algorithm")
     return {"file": source["file"], "sha256": source["sha256"], "file_type": source.get("file_type"),
             "carried": len(carried), "carried_by_type": by_type, "not_carried": missed,
-            "how": "GGUF blocks copied into MatMulNBits (Q4_1 minimums as a block-sum term), checked to dequantize "
-                   "to the checkpoint's weights bit for bit"}
+            "exact": exact,
+            "how": ("GGUF blocks copied into MatMulNBits (Q4_1 minimums as a block-sum term), checked to dequantize "
+                    "to the checkpoint's weights bit for bit") if exact else
+                   ("GGUF codes and scales copied into MatMulNBits, Q4_1 minimums rounded to 4-bit zero points "
+                    "(each block's weights shift by at most half a step; max_shift_in_steps per tensor)")}
 
 
 def _size(stage: Path) -> int:
