@@ -4,8 +4,9 @@ Every field of ``Pass.Options`` becomes ``--field-name`` with the field's defaul
 as help: ``Literal[...]`` as choices, ``bool`` as ``--x/--no-x`` (three states when the field may be
 None: the target decides), int/float/str, a data option (``Pass.data_options``) as a FILE,
 ``list[int]``/``list[str]`` as a comma-separated value parsed back, and a union with ``str`` as text
-the model parses (a mapping too, as ``key=value,...``). A field no flag can express (a mapping) must be named in the command's
-``left_out`` (the builder refuses otherwise), and the command's help says it is set in a recipe.
+the model parses (a mapping in such a union as ``key=value,...``). A field no flag can express (a bare
+mapping) must be named in the command's ``left_out`` (the builder refuses otherwise), and the command's
+help says it is set in a recipe.
 
 A ``Spelling`` keeps a flag's established form where it differs (prune's ``--latency`` for
 ``measure_latency``, export's ``--exporter family`` for None). The command function is built with an

@@ -17,6 +17,11 @@ float input graph's; over budget, the 4-bit MatMuls are ranked by harm (the rela
 their simulated 4-bit weights on real activations) and the most harmful go to 8 bits, 1, 2, 4 ...
 then bisected: the fewest that meet the budget are kept, every candidate timed and recorded.
 
+Decode levers (docs/guides/llms.md, "Decode levers"): ``block_sizes`` per role over ``block_size``;
+``kv_cache`` int8 (passes/int4/kv_cache.py); for a model converted from GGUF, ``requantize`` roles
+despite the file's blocks and ``exact_gguf`` false (Q4_1 minimums as rounded zero points,
+passes/int4/gguf_blocks.py).
+
 The pass fails when nothing became 4-bit, and checks the logits against the float graph.
 """
 
