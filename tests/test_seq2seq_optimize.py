@@ -64,6 +64,35 @@ def test_summarization_scores_rouge(trained_bart, tmp_path):
     assert {"rouge1", "rouge2", "rougeL"} <= set(metrics) and result.report["headline_metric"] == "rougeL"
 
 
+def test_beam_width_from_the_flags_is_what_every_stage_generates_with(trained_bart, tmp_path, capsys):
+    from conftest import run_cli
+
+    code, out, err = run_cli(["optimize", trained_bart, "-o", tmp_path / "out", "--no-cache", "--num-beams", "3",
+                              "--limit", "12", "--threads", "1", "--json", "--recipe", str(_export_only(tmp_path))],
+                             capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["artifact"]["generation"]["num_beams"] == 3 and "3 beam(s)" in err
+    export = {s["name"]: s for s in report["stages"]}["export"]
+    assert export["metrics"]["same_output_as_baseline"]["value"] == 1.0  # beams too: the artifact's are PyTorch's
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["recipe"]["evaluation"]["num_beams"] == 3
+
+
+def _export_only(tmp_path):
+    path = tmp_path / "export-only.yaml"
+    path.write_text("name: export-only\npasses:\n  - export: {}\nevaluation:\n  latency_rounds: 4\n  warmup: 1\n"
+                    "  repeats: 2\n")
+    return path
+
+
+def test_a_beam_width_for_a_model_that_does_not_generate_text_is_refused(tiny_classifier, tmp_path, capsys):
+    from conftest import run_cli
+
+    code, _, err = run_cli(["optimize", tiny_classifier, "-o", tmp_path / "out", "--num-beams", "2"], capsys)
+    assert code == 2 and "--num-beams" in err and "text-classification" in err and not (tmp_path / "out").exists()
+
+
 def test_refusals_before_any_work(trained_bart, tmp_path):
     with pytest.raises(InputError, match="dynamic INT8"):
         api.optimize(trained_bart, output=tmp_path / "a", recipe={"passes": [{"export": {}}, {"quantize": {"mode": "static"}}]})

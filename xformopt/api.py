@@ -183,7 +183,7 @@ def optimize(model: str | Path, *, recipe: RecipeLike = None, target: str | None
         **overrides: recipe settings, as the CLI flags of the same name: ``task``; evaluation settings
             (``text_column``, ``text_pair_column``, ``label_column``, ``limit``, ``threads``, ``seed``,
             ``latency_modes`` (or ``modes``), ``batch``, ``seq``, ``latency_rounds``, ``warmup``, ``repeats``,
-            ``fixed_rounds``); and what feeds the passes (``train_data``, ``validation_data``,
+            ``fixed_rounds``, ``num_beams``); and what feeds the passes (``train_data``, ``validation_data``,
             ``calibration_data``, ``max_accuracy_drop``, ``per_channel``, ``min_agreement``).
 
     Returns:

@@ -117,11 +117,16 @@ def execute(pass_cls, ctx: PassContext, src: Path, dst: Path, options) -> dict:
         raise PassFailed(f"pass {pass_cls.name!r} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def check_fixed_lengths(recipe: Recipe, spec: models.ModelSpec) -> None:
-    """A fixed-shape latency mode longer than the model's positions would only fail minutes in: fail now."""
+def check_evaluation(recipe: Recipe, spec: models.ModelSpec) -> None:
+    """Evaluation settings this model cannot take, refused before any work: a fixed-shape latency mode
+    longer than the model's positions (it would only fail minutes in), a beam width for a model that
+    does not generate text to text (it would silently do nothing)."""
     import json
 
     ev = recipe.evaluation
+    if ev.num_beams is not None and spec.task_def.graph != "seq2seq":
+        raise InputError(f"--num-beams sets the beam search of text-to-text models (translation, summarization); "
+                         f"this model's task is {spec.task}: drop --num-beams")
     if "fixed" in ev.modes:
         limit = spec.family.positions(json.loads((spec.path / "config.json").read_text()))
         if limit and max(ev.seq) > limit:
@@ -280,7 +285,7 @@ def run(
     check_threads(recipe.evaluation.threads)
     ready = prepare(model, [(step.name, step.options) for step in recipe.passes], out, force=force,
                     target=recipe.target, task=recipe.task, data=recipe.evaluation.data,
-                    trust_remote_code=trust_remote_code, check=lambda spec: check_fixed_lengths(recipe, spec))
+                    trust_remote_code=trust_remote_code, check=lambda spec: check_evaluation(recipe, spec))
     spec, target, protected = ready.spec, ready.target, ready.protected
     heldout = load_heldout(recipe, spec)
     threads = recipe.evaluation.threads or host_facts.usable_cpus()

@@ -43,6 +43,8 @@ class EvaluationSettings(BaseModel):
     batch: list[BatchSize] = Field([1, 8, 32], min_length=1, max_length=64, description="batch sizes for fixed/throughput modes")
     seq: list[SeqLength] = Field([32, 128, 512], min_length=1, max_length=64, description="sequence lengths for fixed mode")
     fixed_rounds: int = Field(20, ge=3, le=100_000, description="interleaved rounds per fixed (batch, seq) cell")
+    num_beams: int | None = Field(None, ge=1, le=64, description="text-to-text models: beam width the stages "
+                                                                 "generate with; default: the model's generation config")
 
 
 class PassStep(BaseModel):

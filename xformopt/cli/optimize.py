@@ -68,6 +68,8 @@ def optimize(
     text_pair_column: opt.TextPairColumn = None,
     label_column: opt.LabelColumn = None,
     limit: int = typer.Option(None, "--limit", min=1, help="Evaluate on at most N held-out rows (seeded sample)."),
+    num_beams: int = typer.Option(None, "--num-beams", min=1, max=64, help="Text-to-text models: the beam width "
+                                  "every stage generates with [default: the model's generation config]."),
     threads: opt.Threads = None,
     seed: int = typer.Option(None, "--seed", help="Seed for held-out sub-sampling and timing order [default: 0]."),
     latency_mode: str = typer.Option(None, "--latency-mode", help="Latency modes, comma-separated: real, fixed, "
@@ -102,7 +104,7 @@ def optimize(
     latency_mode = latency_modes(latency_mode, mode)
     # No --recipe is exactly `--recipe default`: one recipe, so two such runs always compare in `bench`.
     settings = dict(task=task, text_column=text_column, text_pair_column=text_pair_column, label_column=label_column,
-                    limit=limit, threads=threads, seed=seed, latency_modes=csv_list(latency_mode, "--latency-mode"),
+                    limit=limit, num_beams=num_beams, threads=threads, seed=seed, latency_modes=csv_list(latency_mode, "--latency-mode"),
                     batch=csv_ints(batch, "--batch"), seq=csv_ints(seq, "--seq"), train_data=train_data,
                     validation_data=validation_data, calibration_data=calibration_data, unlabeled_data=unlabeled_data,
                     max_accuracy_drop=max_accuracy_drop, per_channel=per_channel, min_agreement=min_agreement)

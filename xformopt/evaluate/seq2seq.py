@@ -53,7 +53,8 @@ def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int,
     task = spec.task_def
     tokenizer = load_tokenizer(spec.path, spec.trust_remote_code)
     generation = GenerationSettings.from_model_dir(spec.path)
-    generation = generation.with_(max_new_tokens=min(generation.max_new_tokens, MAX_NEW_TOKENS))
+    generation = generation.with_(max_new_tokens=min(generation.max_new_tokens, MAX_NEW_TOKENS),
+                                  num_beams=settings.num_beams)  # None keeps the generation config's
     runners = {s.name: runner_for(s, threads) for s in stages}
     base, final = stages[0].name, stages[-1].name
     texts = list(heldout.texts)
