@@ -84,9 +84,10 @@ def main() -> None:
 
     from toy_decoder import corpus
 
-    from xformopt.decoder.bench import bench_generation, rows
+    from xformopt.decoder.bench import bench_generation
     from xformopt.measure.host import host_info, usable_cpus
     from xformopt.models import load_tokenizer
+    from xformopt.report.generation import rows
     from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 
     threads = args.threads or usable_cpus()

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from xformopt.cli import output
-from xformopt.decoder.bench import rows
 from xformopt.errors import InputError
+from xformopt.report.generation import rows
 
 DECODER_EXAMPLES = """
 Decoders (text-generation artifacts):

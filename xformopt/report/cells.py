@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from xformopt.decoder.bench import rows
+from xformopt.report.generation import rows
 from xformopt.tasks import TASKS, headlines, metric_info
 
 # Labels, scales and directions come from the tasks (xformopt/tasks: each declares its metrics).
