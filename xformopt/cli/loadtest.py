@@ -16,8 +16,9 @@ from xformopt.cli import output
 from xformopt.data import load_text_dataset
 from xformopt.errors import InputError
 from xformopt.loadtest import report, stream_report
-from xformopt.loadtest.run import LocalServer, Options, Target, run
+from xformopt.loadtest.run import Options, run
 from xformopt.loadtest.stream_ladder import StreamOptions, run_streams, serves_text_generation
+from xformopt.loadtest.targets import open_targets
 from xformopt.resources import vader_split_path
 
 EXAMPLES = """
@@ -110,18 +111,8 @@ def register(app: typer.Typer) -> None:
                           model=model, api_key=key, full_ladder=full_ladder, overload_factor=overload_factor,
                           overload_rps=overload_rps, overload_s=overload_s, recovery_s=recovery_s)
         with contextlib.ExitStack() as stack:
-            targets = []
-            for spec, label in ((target, "target"), (compare, "compare")):
-                if spec is None:
-                    continue
-                if spec.startswith(("http://", "https://")):
-                    targets.append(Target(spec.rstrip("/"), label if compare else spec))
-                    continue
-                if not Path(spec).is_dir():
-                    raise InputError(f"{spec} is neither a URL (http://...) nor an artifact directory")
-                args = serve_args if label == "target" else compare_serve_args
-                server = stack.enter_context(LocalServer(Path(spec), args))
-                targets.append(Target(server.url, f"{label} ({Path(spec).name})"))
+            specs = [(target, "target", serve_args), (compare, "compare", compare_serve_args)]
+            targets = open_targets(stack, [s for s in specs if s[0] is not None])
             if len(targets) == 2:
                 targets[1].route, targets[1].field_name = compare_route, compare_field
                 targets[1].as_list = compare_as_list
@@ -133,19 +124,23 @@ def register(app: typer.Typer) -> None:
                                        stream_options)
             else:
                 document = run(targets, texts, options)
-        render = stream_report if decoder else report
-        for warning in document["warnings"]:
-            output.log(f"warning: {warning}")
-        if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            atomic.write_json(out / "loadtest.json", document)
-            atomic.write_text(out / "loadtest.md", render.markdown(document))
-            render.plot(document, out / "loadtest.png")
-            output.log(f"wrote {out / 'loadtest.json'}, loadtest.md, loadtest.png")
-        if json_out:
-            output.emit_json(document)
-        else:
-            output.stdout.print(render.markdown(document), highlight=False, markup=False)
+        _deliver(document, stream_report if decoder else report, out, json_out)
+
+
+def _deliver(document: dict, render, out: Path | None, json_out: bool) -> None:
+    """Warnings on stderr; the document, its table and plot in ``out``; the table (or JSON) on stdout."""
+    for warning in document["warnings"]:
+        output.log(f"warning: {warning}")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic.write_json(out / "loadtest.json", document)
+        atomic.write_text(out / "loadtest.md", render.markdown(document))
+        render.plot(document, out / "loadtest.png")
+        output.log(f"wrote {out / 'loadtest.json'}, loadtest.md, loadtest.png")
+    if json_out:
+        output.emit_json(document)
+    else:
+        output.stdout.print(render.markdown(document), highlight=False, markup=False)
 
 
 def _streams(value: str) -> list[int]:

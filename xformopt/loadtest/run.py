@@ -1,7 +1,6 @@
 """The rate ladder: for each offered rate, one open-loop step per target (two targets interleaved,
 their order alternating from rate to rate, so drift on a shared host hits both alike), after one
-warm-up step. A target is a URL, or an artifact directory: then ``xformopt serve`` is started on a
-free local port for the run and stopped (SIGTERM) after it.
+warm-up step. A target is a server URL (an artifact is served first: loadtest/targets.py).
 
 What each request sends comes from the server's /info (its task: /v1/embeddings for embedders,
 /predict otherwise); ``route``/``field`` override it for servers without /info (another server
@@ -15,14 +14,9 @@ import json
 import logging
 import os
 import re
-import shlex
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from xformopt import tasks
 from xformopt.errors import InputError
@@ -172,49 +166,6 @@ async def _overload(session, target: Target, options: Options) -> None:
     memory = result["memory"]
     _log.info(f"overload: lost {result['lost']}, hung {result['hung']}, statuses {result['overload']['by_status']}; memory "
         f"peak/idle {memory['peak_over_idle']}; recovered after {result['recovery']['recovered_after_s']} s")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LocalServer:
-    """``xformopt serve ARTIFACT`` on a free local port for the duration of the run."""
-
-    def __init__(self, artifact: Path, serve_args: str):
-        self.artifact, self.args = Path(artifact), shlex.split(serve_args or "")
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen | None = None
-
-    def __enter__(self) -> LocalServer:
-        command = [sys.executable, "-m", "xformopt.cli.app", "serve", str(self.artifact), "--port", str(self.port),
-                   *self.args]
-        _log.info(f"starting: {shlex.join(command[2:])}")
-        self.process = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-                                        stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise InputError(f"`xformopt serve {self.artifact}` exited ({self.process.returncode}) before it was "
-                                 "healthy; run it alone to see why")
-            try:
-                if _get(f"{self.url}/health", None, timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.2)
-        self.__exit__()
-        raise InputError(f"`xformopt serve {self.artifact}` was not healthy within 600 s")
-
-    def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
 
 
 def run(targets: list[Target], texts: list, options: Options) -> dict:
