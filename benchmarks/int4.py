@@ -78,7 +78,7 @@ def genai_int4(src: Path, dst: Path) -> None:
 
     from onnxruntime_genai.models import builder
 
-    from xformopt.decoder.export import copy_config_files, pin_head_dim
+    from xformopt.passes.export.decoder import copy_config_files, pin_head_dim
 
     with tempfile.TemporaryDirectory() as cache, contextlib.redirect_stdout(sys.stderr):
         extra = builder.parse_extra_options(None, str(src), str(dst), "int4", "cpu", cache, [])
@@ -88,8 +88,8 @@ def genai_int4(src: Path, dst: Path) -> None:
 
 
 def dynamo_fp32(src: Path, dst: Path) -> None:
-    from xformopt.decoder.export import copy_config_files
-    from xformopt.decoder.export_dynamo import export_dynamo_decoder
+    from xformopt.passes.export.decoder import copy_config_files
+    from xformopt.passes.export.decoder_dynamo import export_dynamo_decoder
 
     dst.mkdir(parents=True)
     export_dynamo_decoder(src, dst, 18)

@@ -54,7 +54,7 @@ def pack_inc_into_matmulnbits(inc_model, float_model, model_dir: Path, ctx, work
     from conftest import run_pass
     from onnx import helper, numpy_helper
 
-    from xformopt.decoder.export import copy_config_files
+    from xformopt.passes.export.decoder import copy_config_files
     from xformopt.passes.int4.run import build_candidate
 
     ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}

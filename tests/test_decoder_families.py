@@ -1,4 +1,4 @@
-"""Decoders through torch's dynamo exporter (xformopt/decoder/export_dynamo.py): the families the genai
+"""Decoders through torch's dynamo exporter (xformopt/passes/export/decoder_dynamo.py): the families the genai
 builder does not know (Ministral 3, Gemma 4 text, Qwen3.5 text with its linear-attention states), a causal
 LM the family table has no row for (Granite),
 and what is refused before any work (image/audio input, custom code without --trust-remote-code, a cache
@@ -160,7 +160,7 @@ def test_qwen3_5_states_carry_a_prompt_longer_than_one_chunk(models, stages):
     """Qwen3.5's graph takes at most 64 new tokens a call (the one Gated DeltaNet chunk the export traced):
     a 100-token prompt is fed in two pieces, the conv/recurrent states carried between them, and every
     step after it matches PyTorch, alone and in a left-padded batch."""
-    from xformopt.decoder.export import check_decoder_parity
+    from xformopt.passes.export.decoder import check_decoder_parity
     from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 
     runner = OrtDecoder(stages["qwen3_5_text"]["fuse"][0], threads=2)

@@ -1,4 +1,4 @@
-"""What both exporters (optimum's for encoders, xformopt.decoder.export for KV-cache decoders) share:
+"""What both exporters (optimum's for encoders, xformopt.passes.export.decoder for KV-cache decoders) share:
 the texts parity is checked on, the comparison, and quiet library loggers."""
 
 from __future__ import annotations

@@ -6,14 +6,14 @@ layer must reach, which exporter writes it, and where prune/distill find its mod
 from the base model and from one layer). Adding a family is one row; code only where a library cannot
 do it (an exporter, a fusion).
 
-``exporter`` for decoders (:mod:`xformopt.decoder.export`):
+``exporter`` for decoders (:mod:`xformopt.passes.export.decoder`):
 
 - ``gpt2``: xformopt's own TorchScript export in ONNX Runtime's GPT-2 layout, then ORT's GPT-2
   ``Attention`` fusion in ``fuse``;
 - ``genai``: onnxruntime-genai's model builder used as a library (optional extra ``genai``): every
   layer's attention and rotary embedding as one ``GroupQueryAttention`` plus fused RMSNorms. Without
   the extra these families fall back to the ``dynamo`` decoder exporter (``fallback_per_layer``);
-- ``dynamo``: torch's dynamo exporter with the KV cache as inputs/outputs (xformopt/decoder/export_dynamo.py),
+- ``dynamo``: torch's dynamo exporter with the KV cache as inputs/outputs (xformopt/passes/export/decoder_dynamo.py),
   then onnxscript's ORT fusions in ``fuse``. A causal LM whose ``model_type`` has no row here takes this
   route too (the generic row :func:`family_of` builds), with no fusions required: the record says which fired.
 
@@ -154,7 +154,7 @@ class Family:
 
     def export_route(self, asked: str | None = None) -> str:
         """Which exporter writes this family's graph: a decoder's own (``gpt2``, ``genai``: a KV cache,
-        xformopt/decoder/export.py) or the encoder-decoder one (``seq2seq``); for an encoder the one a
+        xformopt/passes/export/decoder.py) or the encoder-decoder one (``seq2seq``); for an encoder the one a
         recipe asks for (``torchscript`` or ``dynamo``), else the row's."""
         if self.decoder or self.exporter == SEQ2SEQ:
             return self.exporter
@@ -337,7 +337,7 @@ def layout_of(model_type: str, pass_name: str) -> Layout:
 
 
 # Layer types with fixed-size state the dynamo export carries as past_key_values.{i}.conv / .recurrent
-# (xformopt/decoder/export_dynamo.py), per model type: tested ones only.
+# (xformopt/passes/export/decoder_dynamo.py), per model type: tested ones only.
 STATE_LAYERS = {"qwen3_5_text": ("linear_attention",)}
 
 

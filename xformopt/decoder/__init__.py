@@ -1,5 +1,5 @@
-"""Decoder (text-generation) support: export with a KV cache, a generation loop, perplexity, and a
-generation benchmark.
+"""Decoder (text-generation) support: a generation loop, perplexity, the bytes a step reads, and a
+generation benchmark (the export with a KV cache is the export pass's: xformopt/passes/export/decoder.py).
 
 One ONNX graph serves every step. Step 0 (the prompt) feeds the whole prompt with a *zero-length*
 past (shape ``(..., 0, head_dim)``); every later step feeds one token and the previous step's
@@ -13,6 +13,6 @@ past (shape ``(..., 0, head_dim)``); every later step feeds one token and the pr
   linear-attention layer (Qwen3.5) has fixed-size ``.conv`` / ``.recurrent`` states instead.
 
 Modules: :mod:`xformopt.runtime.decoder` (ONNX Runtime and PyTorch step runners, IO binding), :mod:`.generate`
-(greedy and sampled generation, prompt checks), :mod:`.export` (export with past, multi-step parity),
-:mod:`.perplexity`, :mod:`.bench` (time to first token, per-token latency, tokens/s).
+(greedy and sampled generation, prompt checks), :mod:`.perplexity`, :mod:`.traffic` (bytes per step),
+:mod:`.bench` (time to first token, per-token latency, tokens/s).
 """

@@ -2,10 +2,10 @@
 
 Measured with onnxruntime 1.32, onnxscript 0.7.2 and transformers 5.23 (tiny configs, 2 layers):
 
-- GPT-2 exported by :func:`xformopt.decoder.export.export_gpt2`: every layer fuses into one
+- GPT-2 exported by :func:`xformopt.passes.export.decoder.export_gpt2`: every layer fuses into one
   ``Attention`` (with past/present), plus ``EmbedLayerNormalization``, ``SkipLayerNormalization`` x 2
   per layer and ``FastGelu``: the whole block is ~8 ops per layer.
-- Llama-like decoders exported by the dynamo path (:mod:`.export_dynamo`): onnxscript's fusions turn
+- Llama-like decoders exported by the dynamo path (:mod:`xformopt.passes.export.decoder_dynamo`): onnxscript's fusions turn
   each layer's attention into ``MultiHeadAttention`` (through its SDPA rule) and its RMSNorms into
   ``SkipSimplifiedLayerNormalization`` x 2; its ``GroupQueryAttention`` rule does not fire (it wants the
   causal-mask graph of older transformers), nor does its rotary cos/sin-cache rule. A family whose

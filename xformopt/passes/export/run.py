@@ -4,7 +4,7 @@ Encoders go through torch's dynamo exporter (``torch.onnx.export(dynamo=True)``)
 transformers and torch maintain; its graphs reach ONNX Runtime's fused kernels through onnxscript's ORT
 fusion rewriter in ``fuse`` (xformopt/passes/export/dynamo.py). ``exporter: torchscript`` traces with
 the TorchScript exporter over eager attention instead, for a model torch.export cannot trace. Decoders
-go through their KV-cache exporters (xformopt/decoder/export.py).
+go through their KV-cache exporters (xformopt/passes/export/decoder.py).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Literal
 from pydantic import Field
 
 from xformopt.artifact import copy_sentence_transformers_modules
-from xformopt.decoder.export import export_decoder
 from xformopt.errors import InputError, PassFailed
 from xformopt.exporting import compare, spread_by_length
 from xformopt.measure import memory
 from xformopt.models import load_torch_model
 from xformopt.models.quiet import quiet_loggers
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.export.decoder import export_decoder
 from xformopt.passes.export.dynamo import DYNAMO, export_encoder, require_onnxscript
 from xformopt.passes.records import ExportRecord
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor

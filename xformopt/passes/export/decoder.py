@@ -14,7 +14,7 @@ becomes one ``Attention`` node with ``past``/``present``, which ``quantize`` the
   Attention nodes fused on a tiny GPT-2, eager or SDPA attention);
 - ORT's own GPT-2 exporter (``onnxruntime.transformers.models.gpt2.gpt2_helper``) cannot trace
   transformers 4.57 or 5 (its vmap-based mask functions fail under the TorchScript tracer);
-- the dynamo path (:mod:`.export_dynamo`) exports a tiny GPT-2 with parity, and onnxscript fuses its
+- the dynamo path (:mod:`.decoder_dynamo`) exports a tiny GPT-2 with parity, and onnxscript fuses its
   attention into MultiHeadAttention, but the rewritten graph does not load in ORT 1.32 (a Gemm left
   with a rank-3 input; transformers 5.23, onnxscript 0.7.2), and ORT's GPT-2 ``Attention`` (which
   ``quantize`` turns into ``QAttention``) is not what it fuses into anyway. So GPT-2 stays here.
@@ -30,7 +30,7 @@ because that Slice hides the mask from ORT's pattern matcher. transformers 5 dro
 **Llama, Qwen2/3, Mistral, Phi-3** go through onnxruntime-genai's model builder (GroupQueryAttention).
 **Every other causal LM** (families the builder does not know, a model_type the family table does not
 know, or a builder family without the genai extra) goes through torch's dynamo exporter
-(:mod:`.export_dynamo`, split ``past_key_values.{i}.key/value`` layout); ``fuse`` then runs
+(:mod:`.decoder_dynamo`, split ``past_key_values.{i}.key/value`` layout); ``fuse`` then runs
 onnxscript's ORT fusions on it.
 
 Every export is checked against PyTorch at every step of a multi-step greedy decode (prompts of
@@ -51,7 +51,6 @@ from pathlib import Path
 import numpy as np
 
 from xformopt import families
-from xformopt.decoder.export_dynamo import export_dynamo_decoder
 from xformopt.decoder.fusion import attention_record
 from xformopt.decoder.generate import context_window
 from xformopt.errors import PassFailed
@@ -60,6 +59,7 @@ from xformopt.families import FAMILIES, GENAI_EXTRA
 from xformopt.models import load_tokenizer
 from xformopt.models.quiet import load_quietly, quiet_loggers
 from xformopt.onnx_graph import fused_counts
+from xformopt.passes.export.decoder_dynamo import export_dynamo_decoder
 from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 from xformopt.scoring.metrics import row_cosine
 
@@ -219,10 +219,10 @@ def pin_head_dim(model_path: Path, config_dir: Path) -> None:
     onnx.save(model, model_path)  # graph only: the weights stay in model.onnx.data
 
 
-DYNAMO_EXPORTER = ("torch.onnx.export(dynamo=True), split cache layout (xformopt.decoder.export_dynamo)",
+DYNAMO_EXPORTER = ("torch.onnx.export(dynamo=True), split cache layout (xformopt.passes.export.decoder_dynamo)",
                    export_dynamo_decoder)
 EXPORTERS = {
-    "gpt2": ("torch.onnx TorchScript tracer, ORT GPT-2 cache layout (xformopt.decoder.export.export_gpt2)", export_gpt2),
+    "gpt2": ("torch.onnx TorchScript tracer, ORT GPT-2 cache layout (xformopt.passes.export.decoder.export_gpt2)", export_gpt2),
     "genai": ("onnxruntime-genai model builder (fp32, GroupQueryAttention + rotary, split cache layout)", export_genai),
     "dynamo": DYNAMO_EXPORTER,
 }
