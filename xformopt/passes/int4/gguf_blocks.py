@@ -28,6 +28,9 @@ permutation of Llama's Q/K heads, the builder's packing of q/k/v and gate/up int
 tied lm_head) without re-implementing any of it, and a MatMul whose weights were changed after the
 conversion (pruned, smoothed) is simply not matched and goes through the ordinary quantizer.
 
+``gguf_source`` finds the file a checkpoint was converted from (and checks it is unchanged) and
+``carry_record`` says in the pass's record what was carried.
+
 The unpacking of a block into its integer codes is hand-written: the gguf package dequantizes
 blocks but exposes no call that returns the codes.
 """
@@ -39,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from xformopt.sources.gguf import read_source, sha256_of
 
 BLOCK = 32
 # type -> (bytes per block, bits in MatMulNBits)
@@ -289,3 +294,38 @@ def _minimum_term(node, base: str, minimums: np.ndarray, k: int, block_sums: dic
 def aux_nodes(model) -> list[str]:
     """The Q4_1 minimum term's MatMuls: float by design, never quantized or counted as kept float."""
     return [n.name for n in model.graph.node if AUX in n.name]
+
+
+# --------------------------------------------------------------------------- the int4 pass's GGUF source
+
+
+def gguf_source(ctx, src: Path, carry: bool) -> tuple[Path | None, dict | None]:
+    """The GGUF file ``src`` was converted from (xformopt/sources/gguf.py), when its blocks are to be
+    carried and the file is still there with the same content; else None (logged: RTN then)."""
+    source = read_source(src)
+    if source is None or not carry:
+        return None, None
+    path = Path(source["file"])
+    if not path.is_file() or path.stat().st_size != source["size"] or sha256_of(path) != source["sha256"]:
+        ctx.log(f"WARNING: {source['name']} (the GGUF this model came from) is gone or changed at {path}; "
+                "quantizing its dequantized weights again instead of carrying its blocks")
+        return None, {**source, "carried": False}
+    return path, source
+
+
+def carry_record(ctx, source: dict, counts: dict, candidates: list[str], exact: bool) -> dict:
+    carried, missed = counts["gguf_carried"], counts["gguf_not_carried"]
+    by_type: dict[str, int] = {}
+    for row in carried:
+        by_type[row["type"]] = by_type.get(row["type"], 0) + 1
+    ctx.log(f"carried {len(carried)}/{len(candidates)} MatMuls' blocks from {source['name']} "
+            f"{'exactly' if exact else 'with Q4_1 minimums rounded to zero points'} "
+            f"({', '.join(f'{n} {t}' for t, n in by_type.items()) or 'none'}); "
+            f"{len(missed)} left to the int4 algorithm")
+    return {"file": source["file"], "sha256": source["sha256"], "file_type": source.get("file_type"),
+            "carried": len(carried), "carried_by_type": by_type, "not_carried": missed,
+            "exact": exact,
+            "how": ("GGUF blocks copied into MatMulNBits (Q4_1 minimums as a block-sum term), checked to dequantize "
+                    "to the checkpoint's weights bit for bit") if exact else
+                   ("GGUF codes and scales copied into MatMulNBits, Q4_1 minimums rounded to 4-bit zero points "
+                    "(each block's weights shift by at most half a step; max_shift_in_steps per tensor)")}

@@ -30,17 +30,13 @@ def calibrate(model_dir: Path, token_lists: list[list[int]], threads: int | None
     from xformopt.runtime.decoder import OrtDecoder
 
     runner = OrtDecoder(model_dir, threads=threads)
-    inputs = {i.name for i in runner.session.get_inputs()}
+    present_of = dict(zip(runner.layout.past_names, runner.layout.present_names))
     peaks: dict[str, np.ndarray] = {}
     for ids in token_lists:
-        batch = np.asarray([ids[:max_tokens]], dtype=np.int64)
-        feed = {"input_ids": batch, "attention_mask": np.ones_like(batch), **runner.layout.empty_past(1),
-                "position_ids": np.arange(batch.shape[1], dtype=np.int64)[None]}
-        names = list(runner.layout.present_names)
-        outputs = runner.session.run(names, {k: v for k, v in feed.items() if k in inputs})
-        for name, value in zip(names, outputs):  # [batch, kv_heads, positions, head_dim]
+        _, state = runner.forward(np.asarray([ids[:max_tokens]]))
+        for past, value in runner.cache_arrays(state).items():  # [batch, kv_heads, positions, head_dim]
             peak = np.abs(value).max(axis=(0, 2)).reshape(-1)
-            peaks[name] = np.maximum(peaks.get(name, peak), peak)
+            peaks[present_of[past]] = np.maximum(peaks.get(present_of[past], peak), peak)
     return {name: np.maximum(peak / 127.0, MIN_SCALE).astype(np.float32) for name, peak in peaks.items()}
 
 

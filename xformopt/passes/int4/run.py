@@ -48,13 +48,12 @@ from xformopt.models import load_tokenizer
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int4 import kv_cache
-from xformopt.passes.int4.gguf_blocks import AUX, aux_nodes, carry_into
+from xformopt.passes.int4.gguf_blocks import AUX, aux_nodes, carry_into, carry_record, gguf_source
 from xformopt.passes.quantize import calibration as cal
 from xformopt.passes.quantize.formats import agreement_floor
 from xformopt.passes.records import Int4Record
 from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder, step_token_limit
-from xformopt.sources.gguf import read_source, sha256_of
 
 Role = Literal["lm_head", "attention_output", "down_proj", "qkv", "mlp_in"]
 HARM_TEXTS = 8
@@ -434,7 +433,7 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         ctx.log(f"GPTQ calibration on {len(dataset)} rows from {dataset.source}")
 
     kv_scales, kv_record = _kv_scales(ctx, options, src, tokenizer) if int8_kv else (None, None)
-    gguf, record_gguf = _gguf_source(ctx, src, options)
+    gguf, record_gguf = gguf_source(ctx, src, options.carry_gguf)
     copy_stage(src, dst, with_model=False)
     work = dst / ".int4"
     work.mkdir()
@@ -460,7 +459,7 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         first = work / "candidate-0"
         counts = build(first, planned8)
         if record_gguf is not None:
-            record["gguf"] = (_carry_record(ctx, record_gguf, counts, candidates, options.exact_gguf) if gguf
+            record["gguf"] = (carry_record(ctx, record_gguf, counts, candidates, options.exact_gguf) if gguf
                                   else record_gguf)
         chosen_dir, chosen8 = first, planned8
         if options.max_perplexity_increase is not None:
@@ -501,38 +500,6 @@ def _kv_scales(ctx, options, src: Path, tokenizer) -> tuple[dict, dict]:
     record = {"type": "int8", "scales": "per channel (kv_heads x head_dim), peak |value| / 127 over calibration",
               "caches": len(scales), "calibration": cal.dataset_record(dataset, "calibration")}
     return scales, record
-
-
-def _gguf_source(ctx, src: Path, options) -> tuple[Path | None, dict | None]:
-    """The GGUF file ``src`` was converted from (xformopt/sources/gguf.py), when its blocks are to be
-    carried and the file is still there with the same content; else None (logged: RTN then)."""
-    source = read_source(src)
-    if source is None or not options.carry_gguf:
-        return None, None
-    path = Path(source["file"])
-    if not path.is_file() or path.stat().st_size != source["size"] or sha256_of(path) != source["sha256"]:
-        ctx.log(f"WARNING: {source['name']} (the GGUF this model came from) is gone or changed at {path}; "
-                "quantizing its dequantized weights again instead of carrying its blocks")
-        return None, {**source, "carried": False}
-    return path, source
-
-
-def _carry_record(ctx, source: dict, counts: dict, candidates: list[str], exact: bool) -> dict:
-    carried, missed = counts["gguf_carried"], counts["gguf_not_carried"]
-    by_type: dict[str, int] = {}
-    for row in carried:
-        by_type[row["type"]] = by_type.get(row["type"], 0) + 1
-    ctx.log(f"carried {len(carried)}/{len(candidates)} MatMuls' blocks from {source['name']} "
-            f"{'exactly' if exact else 'with Q4_1 minimums rounded to zero points'} "
-            f"({', '.join(f'{n} {t}' for t, n in by_type.items()) or 'none'}); "
-            f"{len(missed)} left to the int4 algorithm")
-    return {"file": source["file"], "sha256": source["sha256"], "file_type": source.get("file_type"),
-            "carried": len(carried), "carried_by_type": by_type, "not_carried": missed,
-            "exact": exact,
-            "how": ("GGUF blocks copied into MatMulNBits (Q4_1 minimums as a block-sum term), checked to dequantize "
-                    "to the checkpoint's weights bit for bit") if exact else
-                   ("GGUF codes and scales copied into MatMulNBits, Q4_1 minimums rounded to 4-bit zero points "
-                    "(each block's weights shift by at most half a step; max_shift_in_steps per tensor)")}
 
 
 def _size(stage: Path) -> int:
