@@ -15,6 +15,9 @@ from pathlib import Path
 WORDS = [f"w{i}" for i in range(24)]
 SPECIALS = ["<pad>", "</s>", "<s>", "<unk>"]  # ids 0-3: pad, eos, bos, unk in every family below
 FAMILIES = ("t5", "bart", "marian")
+# Families without their own tests in test_seq2seq.py: T5Gemma 2 (a table row; text-only use of a model
+# with a vision tower), T5Gemma (no row: the generic route) and Pegasus (no row either)
+EXTRA_FAMILIES = ("t5gemma2", "t5gemma", "pegasus")
 
 
 def reverse_pairs(n: int, seed: int, lengths=(3, 10)) -> list[dict]:
@@ -53,6 +56,8 @@ def make_config(family: str, d_model: int = 64, layers: int = 2, heads: int = 4,
                                      num_layers=layers, num_decoder_layers=layers, num_heads=heads, pad_token_id=0,
                                      eos_token_id=1, decoder_start_token_id=0, relative_attention_num_buckets=8,
                                      dropout_rate=0.0)
+    if family in ("t5gemma", "t5gemma2"):
+        return _gemma_config(family, d_model, layers, heads, vocab)
     common = dict(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
                   encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=2 * d_model,
                   decoder_ffn_dim=2 * d_model, max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=2,
@@ -62,7 +67,31 @@ def make_config(family: str, d_model: int = 64, layers: int = 2, heads: int = 4,
     if family == "marian":
         return transformers.MarianConfig(**common, decoder_start_token_id=0, decoder_vocab_size=vocab,
                                          share_encoder_decoder_embeddings=True)
-    raise ValueError(f"unknown family {family!r} ({', '.join(FAMILIES)})")
+    if family == "pegasus":
+        return transformers.PegasusConfig(**common, decoder_start_token_id=0)
+    raise ValueError(f"unknown family {family!r} ({', '.join(FAMILIES + EXTRA_FAMILIES)})")
+
+
+def _gemma_config(family: str, d_model: int, layers: int, heads: int, vocab: int):
+    """T5Gemma (1 and 2): Gemma-style halves (RMSNorm, rotary, grouped KV heads, a sliding layer and a full
+    one); T5Gemma 2's encoder also has a (tiny, unused) vision tower."""
+    import transformers
+    from transformers.models.t5gemma2 import configuration_t5gemma2 as t5g2
+
+    text = dict(vocab_size=vocab, hidden_size=d_model, intermediate_size=2 * d_model, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=heads // 2, head_dim=d_model // heads,
+                max_position_embeddings=64, sliding_window=48, layer_types=["sliding_attention", "full_attention"][:layers],
+                pad_token_id=0, eos_token_id=1, bos_token_id=2, dropout_rate=0.0, attention_dropout=0.0)
+    if family == "t5gemma":
+        return transformers.T5GemmaConfig(encoder=dict(text), decoder=dict(text, is_decoder=True), vocab_size=vocab,
+                                          pad_token_id=0, eos_token_id=1, bos_token_id=2, decoder_start_token_id=2,
+                                          dropout_rate=0.0, attention_dropout=0.0)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    return transformers.T5Gemma2Config(encoder=t5g2.T5Gemma2EncoderConfig(text_config=dict(text), vision_config=vision,
+                                                                         mm_tokens_per_image=4),
+                                       decoder=t5g2.T5Gemma2DecoderConfig(**text), dropout_rate=0.0,
+                                       attention_dropout=0.0)
 
 
 def build_seq2seq(directory: Path, family: str = "t5", *, train_steps: int = 0, seed: int = 0, **shape) -> Path:
@@ -80,7 +109,8 @@ def build_seq2seq(directory: Path, family: str = "t5", *, train_steps: int = 0, 
     if train_steps:
         train(model, tokenizer, train_steps, seed)
     model.eval().save_pretrained(directory)
-    gen = GenerationConfig(decoder_start_token_id=config.decoder_start_token_id, eos_token_id=1, pad_token_id=0,
+    start = getattr(config, "decoder_start_token_id", None)  # T5Gemma 2 names it in the generation config only
+    gen = GenerationConfig(decoder_start_token_id=2 if start is None else start, eos_token_id=1, pad_token_id=0,
                            bos_token_id=2 if family == "bart" else None, max_length=24, num_beams=1,
                            forced_bos_token_id=2 if family == "bart" else None,
                            forced_eos_token_id=1 if family == "bart" else None)

@@ -23,8 +23,10 @@ TorchScript tracer over eager attention) is kept for a model torch.export cannot
 ``export: {exporter: ...}`` wins over the row.
 
 A model type the table does not know still runs (:func:`family_of` builds a generic row from
-transformers' own auto-class tables): the table only adds speed (fusions each layer must reach, a
-family's own fusion, INT8 outlier rules) and the module layout prune and distill need.
+transformers' own auto-class tables: an encoder, a decoder, or an encoder-decoder with a
+``*ForConditionalGeneration`` class, which takes the ``seq2seq`` exporter): the table only adds speed
+(fusions each layer must reach, a family's own fusion, INT8 outlier rules) and the module layout prune
+and distill need.
 """
 
 from __future__ import annotations
@@ -130,8 +132,18 @@ class Family:
     int8_outliers: tuple[tuple[str, str], ...] = ()
     generic: bool = False  # built by family_of for a model type the table does not know (no row of facts)
 
+    def config_item(self, config: dict, keys: tuple[str, ...]) -> tuple[str, Any] | None:
+        """(key, value) of the first of ``keys`` set in ``config`` or, for an encoder-decoder whose config
+        nests its halves (T5Gemma: ``encoder`` with its own ``text_config``), in its encoder's text part."""
+        for part in _text_parts(config):
+            found = next(((k, part[k]) for k in keys if part.get(k) is not None), None)
+            if found is not None:
+                return found
+        return None
+
     def config_value(self, config: dict, keys: tuple[str, ...]) -> Any:
-        return next((config[k] for k in keys if config.get(k) is not None), None)
+        item = self.config_item(config, keys)
+        return None if item is None else item[1]
 
     def shape(self, config: dict) -> tuple[int, int, int]:
         """(layers, heads, hidden size) from a config dict, under this family's key names."""
@@ -185,6 +197,17 @@ _MODERNBERT_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 _ROTARY_ENCODER_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 
 
+def _text_parts(config: dict) -> list[dict]:
+    """The config, then its encoder's config and that one's text config where they are nested dicts."""
+    parts = [config]
+    encoder = config.get("encoder")
+    if isinstance(encoder, dict):
+        parts.append(encoder)
+        if isinstance(encoder.get("text_config"), dict):
+            parts.append(encoder["text_config"])
+    return parts
+
+
 def _bert_like(model_type: str, offset: int = 0) -> Family:
     return Family(model_type, False, "bert", _ENCODER_FUSED, position_offset=offset, layout=BERT_LAYOUT)
 
@@ -192,8 +215,11 @@ def _bert_like(model_type: str, offset: int = 0) -> Family:
 # --- encoder-decoder families (xformopt/seq2seq/): an encoder graph and a cached decoder graph, exported by
 # torch's dynamo exporter; onnxscript fuses each layer's attention (self and cross) into MultiHeadAttention
 # (the encoder's own self-attention into Attention where it matches) in `fuse`, counted per graph there.
-_SEQ2SEQ_SHAPE = dict(layers_keys=("num_layers", "encoder_layers"), heads_keys=("num_heads", "encoder_attention_heads"),
-                      hidden_keys=("d_model",), positions_keys=("max_position_embeddings",))
+# The shape keys cover T5, BART/Marian and the nested configs of T5Gemma (Family.config_item); the export
+# reads the cache's real shape off the model, not these.
+_SEQ2SEQ_SHAPE = dict(layers_keys=("num_layers", "encoder_layers", "num_hidden_layers"),
+                      heads_keys=("num_heads", "encoder_attention_heads", "num_attention_heads"),
+                      hidden_keys=("d_model", "hidden_size"), positions_keys=("max_position_embeddings",))
 
 
 def _seq2seq(model_type: str, ort_type: str) -> Family:
@@ -268,6 +294,11 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _seq2seq("bart", "bart"),
     _seq2seq("mbart", "bart"),
     _seq2seq("marian", "bart"),
+    # T5Gemma 2 (text-only use: its encoder's vision tower is not exported): RMSNorm, rotary, grouped KV;
+    # its decoder merges self- and cross-attention into one attention per layer, so the decoder graph
+    # fuses one MultiHeadAttention per layer. (T5Gemma 1 has no row: its soft-capped attention logits keep
+    # onnxscript from fusing any attention, so it takes the generic encoder-decoder route.)
+    _seq2seq("t5gemma2", "bart"),
 )}
 
 ENCODERS = tuple(name for name, f in FAMILIES.items() if f.graph == "encoder")
@@ -285,44 +316,54 @@ _GENERIC_KEYS = {"layers_keys": ("num_hidden_layers", "n_layer", "n_layers", "nu
 
 def family_of(model_type: str | None) -> Family:
     """The family row for ``model_type``: the table's, else a generic row for any text model type
-    transformers itself knows (decoder when transformers has a causal-LM class and no masked-LM class
-    for it), else a one-line InputError."""
+    transformers itself knows (encoder-decoder, decoder or encoder by its auto classes: _generic_kind),
+    else a one-line InputError."""
     family = FAMILIES.get(model_type or "") or _GENERIC_ROWS.get(model_type or "")
     if family is not None:
         return family
-    decoder = _generic_kind(model_type or "")
-    if decoder is None:
+    kind = _generic_kind(model_type or "")
+    if kind is None:
         raise InputError(f"unsupported architecture {model_type!r}: transformers has no model type of that name "
                          "(custom code needs --trust-remote-code and a model type transformers registers); "
                          f"families with tuned fusions: encoders {', '.join(ENCODERS)}; decoders {', '.join(DECODERS)}; "
                          f"encoder-decoders (translation, summarization) {', '.join(SEQ2SEQS)}")
-    return _generic_row(model_type, decoder)
+    return _generic_row(model_type, kind)
 
 
-def _generic_kind(model_type: str) -> bool | None:
-    """True (decoder), False (encoder) or None (transformers does not know ``model_type``)."""
+def _generic_kind(model_type: str) -> str | None:
+    """"seq2seq" (transformers has a ``*ForConditionalGeneration`` text-to-text class for it), "decoder"
+    (a causal-LM class and no masked-LM class), "encoder", or None (transformers does not know ``model_type``)."""
     from transformers.models.auto import modeling_auto
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     if model_type not in CONFIG_MAPPING_NAMES:
         return None
+    if model_type in modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return SEQ2SEQ
     causal = model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    return causal and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return "decoder" if causal and model_type not in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES else "encoder"
 
 
 _GENERIC_ROWS: dict[str, Family] = {}
 
 
 def custom_code_family(model_type: str, auto_map: dict) -> Family:
-    """A generic row for a model type only its own (trusted) code defines: decoder when its auto_map
-    names a causal-LM class and no masked-LM class."""
-    return _generic_row(model_type, "AutoModelForCausalLM" in auto_map and "AutoModelForMaskedLM" not in auto_map)
+    """A generic row for a model type only its own (trusted) code defines: encoder-decoder when its
+    auto_map names a seq2seq-LM class, decoder when a causal-LM class and no masked-LM class."""
+    if "AutoModelForSeq2SeqLM" in auto_map:
+        return _generic_row(model_type, SEQ2SEQ)
+    decoder = "AutoModelForCausalLM" in auto_map and "AutoModelForMaskedLM" not in auto_map
+    return _generic_row(model_type, "decoder" if decoder else "encoder")
 
 
-def _generic_row(model_type: str, decoder: bool) -> Family:
+def _generic_row(model_type: str, kind: str) -> Family:
     if model_type not in _GENERIC_ROWS:
-        _GENERIC_ROWS[model_type] = Family(model_type, decoder, "gpt2" if decoder else "bert", {}, generic=True,
-                                           **_GENERIC_KEYS)
+        if kind == SEQ2SEQ:  # no fusion required: the fuse record says which fired
+            row = Family(model_type, False, "bart", {}, exporter=SEQ2SEQ, generic=True, **_SEQ2SEQ_SHAPE)
+        else:
+            decoder = kind == "decoder"
+            row = Family(model_type, decoder, "gpt2" if decoder else "bert", {}, generic=True, **_GENERIC_KEYS)
+        _GENERIC_ROWS[model_type] = row
     return _GENERIC_ROWS[model_type]
 
 

@@ -89,12 +89,12 @@ def _positive_int(value) -> bool:
 def check_config(config: dict, file: Path, family) -> None:
     """The shape keys ``family`` (xformopt.families.Family) reads, with sane types, and a label mapping of integer ids."""
     for group in (family.hidden_keys, family.heads_keys, family.layers_keys):
-        present = [k for k in group if k in config]
-        if not present:
+        present = family.config_item(config, group)  # nested encoder configs (T5Gemma) included
+        if present is None:
             raise InputError(f"{file}: {family.model_type} config lacks {' or '.join(group)}; re-save it with save_pretrained()")
-        value = config[present[0]]
+        key, value = present
         if not _positive_int(value) or value > MAX_DIM:
-            raise InputError(f"{file}: {present[0]} must be a positive whole number (got {value!r})")
+            raise InputError(f"{file}: {key} must be a positive whole number (got {value!r})")
     for key, kind in OPTIONAL_TYPES.items():
         if key in ZERO_ALLOWED.get(family.model_type, ()) and type(config.get(key)) is int and config[key] == 0:
             continue

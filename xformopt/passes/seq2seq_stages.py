@@ -71,7 +71,8 @@ def fuse_seq2seq(ctx: PassContext, src: Path, dst: Path, options) -> dict:
         detail = ", ".join(f"{op} {got}/{want}" for op, (got, want) in missing.items())
         raise PassFailed(f"fusion fell short of what was expected: {detail} (fused counts {total})")
     attention = sum(total.get(op, 0) for op in ("Attention", "MultiHeadAttention"))
-    if options.expect_full and attention == 0:
+    # a generic row (a model type the table does not know) requires no fusion: the record says which fired
+    if options.expect_full and attention == 0 and not ctx.spec.family.generic:
         raise PassFailed(f"no attention fused in either graph of this {ctx.spec.model_type} (fused counts {total}); "
                          "expect_full: false keeps the unfused graphs")
     tokenizer = load_tokenizer(src)

@@ -15,15 +15,7 @@ import warnings
 from pathlib import Path
 
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
-
-
-def cache_shape(config) -> tuple[int, int]:
-    """(decoder layers, decoder heads) under each family's config names."""
-    layers = next(getattr(config, k) for k in ("num_decoder_layers", "decoder_layers", "num_layers")
-                  if getattr(config, k, None) is not None)
-    heads = next(getattr(config, k) for k in ("num_heads", "decoder_attention_heads")
-                 if getattr(config, k, None) is not None)
-    return int(layers), int(heads)
+from xformopt.seq2seq.runner import decoder_start_token
 
 
 def present_names(layers: int, prefix: str = "present", cross: bool = True) -> list[str]:
@@ -31,13 +23,14 @@ def present_names(layers: int, prefix: str = "present", cross: bool = True) -> l
     return [f"{prefix}.{i}.{kind}.{part}" for i in range(layers) for kind in kinds for part in ("key", "value")]
 
 
-def _wrappers(model):
+def _wrappers(model, width: int):
+    """The two export modules; ``width``: the encoder states' width (read off an eager run: config names
+    differ by family, and T5Gemma nests its halves' configs)."""
     import torch
     from transformers import DynamicCache, EncoderDecoderCache
     from transformers.modeling_outputs import BaseModelOutput
 
-    start = int(model.generation_config.decoder_start_token_id if model.generation_config.decoder_start_token_id
-                is not None else model.config.decoder_start_token_id)
+    start = decoder_start_token(model)
 
     def flat(cache, cross: bool) -> list:
         out = []
@@ -73,7 +66,7 @@ def _wrappers(model):
             cache = EncoderDecoderCache(DynamicCache(self_data), DynamicCache(cross_data))
             # the encoder states are not read once the cross cache is filled; only their shape and dtype
             batch, source = encoder_attention_mask.shape
-            states = torch.zeros(batch, source, self.model.config.d_model, dtype=past[0].dtype)
+            states = torch.zeros(batch, source, width, dtype=past[0].dtype)
             out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=states),
                              attention_mask=encoder_attention_mask, decoder_input_ids=decoder_input_ids,
                              past_key_values=cache, use_cache=True, return_dict=True)
@@ -87,12 +80,17 @@ def export_seq2seq(model, out_dir: Path, opset: int) -> dict:
     the graphs' input and output names."""
     import torch
 
-    layers, heads = cache_shape(model.config)
-    encoder, decoder, _ = _wrappers(model)
     batch, source, past = 2, 5, 3
     ids = torch.full((batch, source), 3, dtype=torch.long)  # unk ids: any token does for tracing
     mask = torch.ones(batch, source, dtype=torch.long)
     mask[1, -1] = 0  # a padded row: the mask's values must reach the graph, not be folded
+    with torch.no_grad():  # the cache's shape (layers, KV heads, head widths) as this model builds it
+        width = model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state.shape[-1]
+    encoder, decoder, _ = _wrappers(model, width)
+    with torch.no_grad():
+        first = encoder(ids, mask)
+    cross = first[2:]
+    layers = len(cross) // 4
     b, s, p = torch.export.Dim("batch", min=1), torch.export.Dim("source", min=1), torch.export.Dim("past", min=1)
     step = torch.export.Dim("step", min=1)
     present = present_names(layers)
@@ -100,14 +98,11 @@ def export_seq2seq(model, out_dir: Path, opset: int) -> dict:
     _export(encoder, (ids, mask), ["input_ids", "attention_mask"], enc_outputs,
             ({0: b, 1: s}, {0: b, 1: s}), out_dir / ENCODER_FILE, opset)
 
-    with torch.no_grad():
-        first = encoder(ids, mask)
-    head_dim_self = first[2].shape[-1]
-    cross = first[2:]
     pasts = []
-    for i in range(layers):
-        k_self = torch.randn(batch, heads, past, head_dim_self)
-        pasts += [k_self, torch.randn_like(k_self), cross[4 * i + 2], cross[4 * i + 3]]
+    for i in range(layers):  # each layer's self-attention past as the first step made it, longer
+        k_self = torch.randn(batch, cross[4 * i].shape[1], past, cross[4 * i].shape[-1])
+        v_self = torch.randn(batch, cross[4 * i + 1].shape[1], past, cross[4 * i + 1].shape[-1])
+        pasts += [k_self, v_self, cross[4 * i + 2], cross[4 * i + 3]]
     past_names = present_names(layers, "past")
     axes = [{0: b, 2: p} if ".decoder." in n else {0: b, 2: s} for n in past_names]
     dec_inputs = ["decoder_input_ids", "encoder_attention_mask", *past_names]

@@ -75,6 +75,16 @@ class OrtSeq2Seq:
         return out[0][:, -1].astype(np.float32), Cache(cache.mask, list(out[1:]), cache.cross_kv)
 
 
+def decoder_start_token(model) -> int:
+    """The token the decoder starts from: the generation config's, else the model config's (T5Gemma 2's
+    config has none: its checkpoints name it in generation_config.json), else the BOS token."""
+    for value in (model.generation_config.decoder_start_token_id, getattr(model.config, "decoder_start_token_id", None),
+                  model.generation_config.bos_token_id):
+        if value is not None:
+            return int(value)
+    raise ValueError("the model names no decoder_start_token_id (generation_config.json or config.json)")
+
+
 class TorchSeq2Seq:
     """The PyTorch model behind the same two calls (the baseline every stage is compared with)."""
 
@@ -87,9 +97,7 @@ class TorchSeq2Seq:
         self.path = Path(path) if path is not None else None
         self.model = (model or load_quietly(AutoModelForSeq2SeqLM.from_pretrained, self.path)).eval()
         self.config = self.model.config.to_dict()
-        gen = self.model.generation_config
-        self.start_token = int(gen.decoder_start_token_id if gen.decoder_start_token_id is not None
-                               else self.model.config.decoder_start_token_id)
+        self.start_token = decoder_start_token(self.model)
 
     def _run(self, tokens, mask, states, cache: Cache | None):
         import torch
@@ -123,6 +131,7 @@ class TorchSeq2Seq:
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Cache]:
         mask = attention_mask.astype(np.int64)
         states = self.encoder_states(input_ids, mask)
+        self.width = states.shape[-1]  # the encoder's width (config names differ by family; T5Gemma nests it)
         first = np.full((len(input_ids), 1), self.start_token, dtype=np.int64)
         return self._run(first, mask, states, None)
 
@@ -130,5 +139,5 @@ class TorchSeq2Seq:
         import torch
 
         # the cross cache is filled: the encoder states are not read, only their shape (as in the export)
-        states = torch.zeros(*cache.mask.shape, self.model.config.d_model)
+        states = torch.zeros(*cache.mask.shape, self.width)
         return self._run(tokens.astype(np.int64), cache.mask, states, cache)
