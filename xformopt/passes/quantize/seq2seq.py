@@ -191,14 +191,21 @@ def _agreement_verdict(ctx: PassContext, src: Path, dst: Path, options, tokenize
     record["agreement"] = {"measure": ctx.spec.task_def.agreement_measure, "mean_agreement": mean,
                            "min_agreement": mean, "texts": len(texts), "positions": int(hits.size)}
     floor = ctx.spec.task_def.agreement_floor if options.min_agreement is None else options.min_agreement
+    record["verdict"] = verdict(record["agreement"], floor, record.get("budget_met"))
+
+
+def verdict(agreement: dict, floor: float, budget_met: bool | None) -> dict:
+    """The agreement floor and, when there was a budget, whether it held; what a failing verdict reports."""
+    mean = agreement["mean_agreement"]
     met = mean >= floor
-    record["verdict"] = {"passed": met and record.get("budget_met", True) is not False,
-                         "checks": {"agreement_floor": {"met": met, "mean_agreement": mean, "min_agreement": floor,
-                                                        "measure": record["agreement"]["measure"]}},
-                         "accept": {} if met else {"min_agreement": round(mean - 5e-5, 4)}}
+    out = {"passed": met and budget_met is not False,
+           "checks": {"agreement_floor": {"met": met, "mean_agreement": mean, "min_agreement": floor,
+                                          "measure": agreement["measure"]}},
+           "accept": {} if met else {"min_agreement": round(mean - 5e-5, 4)}}
     if not met:
-        record["verdict"]["hint"] = ("keep the decoder graph in float (--max-accuracy-drop tries it) or check the "
-                                     "family's outlier rules (outlier_rules)")
+        out["hint"] = ("keep the decoder graph in float (--max-accuracy-drop tries it) or check the family's "
+                       "outlier rules (outlier_rules)")
+    return out
 
 
 def _merge_coverage(per_graph: dict[str, dict]) -> dict:
