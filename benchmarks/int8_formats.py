@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from xformopt.measure.kernel_probe import int8_gemm_saturates
-    from xformopt.passes.quantize.run import _dynamic
+    from xformopt.passes.quantize.builders import quantize_dynamic_graph
     from xformopt.resources import vader_split_path
     from xformopt.runtime.encoder import OrtPredictor
     from xformopt.scoring.metrics import row_cosine
@@ -48,7 +48,7 @@ def main() -> None:
             out = Path(tmp) / f"{weights}-{per_channel}-{reduce_range}"
             out.mkdir()
             formats = {"weight_type": weights, "per_channel": per_channel, "reduce_range": reduce_range}
-            _dynamic(args.stage / "model.onnx", out / "model.onnx", formats, ["MatMul", "Attention", "Gemm"], [])
+            quantize_dynamic_graph(args.stage / "model.onnx", out / "model.onnx", formats, ["MatMul", "Attention", "Gemm"], [])
             got = OrtPredictor(spec, out, threads=2, tokenizer_dir=args.stage).predict(texts)
             cos = row_cosine(reference, got)
             rows.append({"weights": weights, "per_channel": per_channel, "reduce_range": reduce_range,

@@ -1,5 +1,6 @@
 """`xformopt optimize` end to end on tiny T5, BART and Marian models built in code: export -> fuse ->
-dynamic INT8, every stage scored (BLEU) and timed; the trained BART's INT8 keeps BLEU within a point."""
+dynamic INT8 (static on the single-pass chain), every stage scored (BLEU) and timed; the trained BART's INT8 keeps
+BLEU within a point."""
 
 from __future__ import annotations
 
@@ -94,11 +95,9 @@ def test_a_beam_width_for_a_model_that_does_not_generate_text_is_refused(tiny_cl
 
 
 def test_refusals_before_any_work(trained_bart, tmp_path):
-    with pytest.raises(InputError, match="dynamic INT8"):
-        api.optimize(trained_bart, output=tmp_path / "a", recipe={"passes": [{"export": {}}, {"quantize": {"mode": "static"}}]})
     with pytest.raises(InputError, match="encoder-decoder"):
         api.optimize(trained_bart, output=tmp_path / "b", task="text-classification")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not (tmp_path / "b").exists()
 
 
 def test_single_pass_commands_chain(tmp_path, capsys):
@@ -112,5 +111,12 @@ def test_single_pass_commands_chain(tmp_path, capsys):
     manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
     assert [p["pass"] for p in manifest["passes"]] == ["export", "quantize"]
     assert manifest["passes"][1]["record"]["coverage"]["int8"] > 0
+    # static INT8 takes the same stage: each graph calibrated on the feeds recorded while the float graphs generate
+    code, out, err = run_cli(["quantize", tmp_path / "a", "-o", tmp_path / "s", "--mode", "static"], capsys)
+    assert code == 0, err
+    record = json.loads((tmp_path / "s" / "manifest.json").read_text())["passes"][1]["record"]
+    assert record["mode"] == "static" and record["coverage"]["int8"] == record["coverage"]["weighted_gemms"]
+    assert record["calibration"]["encoder_feeds"] > 0 and record["calibration"]["decoder_feeds"] > 0
+    assert "quantize: static QOperator" in out + err
     code, _, err = run_cli(["export", tmp_path / "a", "-o", tmp_path / "c"], capsys)
     assert code == 2 and "ONNX stage" in err

@@ -144,3 +144,20 @@ def train(model, tokenizer, steps: int, seed: int, batch: int = 32) -> list[floa
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def inject_ffn_outliers(model, k: int = 4, c: float = 64.0, seed: int = 0) -> int:
+    """T5's FFN activation outliers, made on purpose: in every layer, ``k`` seeded rows of ``wi`` times ``c``
+    and the matching input columns of ``wo`` times 1/c. ReLU is positively homogeneous, so the float
+    function is unchanged while ``wo``'s input gets ``k`` channels ``c`` times the rest. Returns the FFNs changed."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(seed)
+    ffns = [block.layer[-1].DenseReluDense for stack in (model.encoder, model.decoder) for block in stack.block]
+    with torch.no_grad():
+        for ffn in ffns:
+            rows = torch.as_tensor(rng.choice(ffn.wi.weight.shape[0], k, replace=False))
+            ffn.wi.weight[rows] *= c
+            ffn.wo.weight[:, rows] /= c
+    return len(ffns)

@@ -127,7 +127,7 @@ class Family:
     # does not fuse (function(onnx_model, spec) adds the fused nodes); None: ORT's fusions suffice.
     own_fusion: str | None = None
     # GEMMs whose inputs carry activation outliers that per-tensor INT8 cannot hold: (regex, treatment),
-    # full match on the exported ONNX node names, treatment "smooth", "split" or "float"
+    # full match on the exported ONNX node name or its module path, treatment "smooth", "split" or "float"
     # (xformopt/passes/quantize/outliers.py); quantize applies them unless told not to (outlier_rules: false).
     int8_outliers: tuple[tuple[str, str], ...] = ()
     generic: bool = False  # built by family_of for a model type the table does not know (no row of facts)
@@ -222,8 +222,12 @@ _SEQ2SEQ_SHAPE = dict(layers_keys=("num_layers", "encoder_layers", "num_hidden_l
                       hidden_keys=("d_model", "hidden_size"), positions_keys=("max_position_embeddings",))
 
 
-def _seq2seq(model_type: str, ort_type: str) -> Family:
-    return Family(model_type, False, ort_type, {}, exporter=SEQ2SEQ, **_SEQ2SEQ_SHAPE)
+# T5's FFN output projection (DenseReluDense.wo, by module path): smooth, as measured in benchmarks/seq2seq_int8.py.
+_T5_OUTLIERS = ((r"model\.(encoder|decoder)\.block\.\d+\.layer\.\d+\.DenseReluDense\.wo", "smooth"),)
+
+
+def _seq2seq(model_type: str, ort_type: str, int8_outliers: tuple[tuple[str, str], ...] = ()) -> Family:
+    return Family(model_type, False, ort_type, {}, exporter=SEQ2SEQ, int8_outliers=int8_outliers, **_SEQ2SEQ_SHAPE)
 
 
 def _genai(model_type: str) -> Family:
@@ -289,8 +293,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # full attention (MultiHeadAttention after fuse); every layer's two (1 + w) RMSNorms fuse.
     Family("qwen3_5_text", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo",
            grouped_query=True),
-    _seq2seq("t5", "t5"),
-    _seq2seq("mt5", "t5"),
+    _seq2seq("t5", "t5", int8_outliers=_T5_OUTLIERS),
+    _seq2seq("mt5", "t5", int8_outliers=_T5_OUTLIERS),
     _seq2seq("bart", "bart"),
     _seq2seq("mbart", "bart"),
     _seq2seq("marian", "bart"),

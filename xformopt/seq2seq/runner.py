@@ -55,23 +55,32 @@ class OrtSeq2Seq:
         self.past_names = [i.name for i in self.decoder.get_inputs()][2:]
         self.config = json.loads((self.path / "config.json").read_text(encoding="utf-8"))
 
+    @staticmethod
+    def encoder_feed(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+        """The encoder graph's inputs (also what static INT8 calibrates it on: :mod:`xformopt.seq2seq.feeds`)."""
+        return {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
+
+    @staticmethod
+    def decoder_feed(tokens: np.ndarray, cache: Cache) -> dict[str, np.ndarray]:
+        """The decoder graph's inputs for one cached step."""
+        feed = {"decoder_input_ids": tokens.astype(np.int64), "encoder_attention_mask": cache.mask}
+        for i in range(len(cache.cross_kv) // 2):
+            feed[f"past.{i}.decoder.key"], feed[f"past.{i}.decoder.value"] = cache.self_kv[2 * i:2 * i + 2]
+            feed[f"past.{i}.encoder.key"], feed[f"past.{i}.encoder.value"] = cache.cross_kv[2 * i:2 * i + 2]
+        return feed
+
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Cache]:
-        mask = attention_mask.astype(np.int64)
-        out = self.encoder.run(None, {"input_ids": input_ids.astype(np.int64), "attention_mask": mask})
+        feed = self.encoder_feed(input_ids, attention_mask)
+        out = self.encoder.run(None, feed)
         self_kv, cross_kv = split_present(out[2:], cross=True)
-        return out[1][:, -1].astype(np.float32), Cache(mask, self_kv, cross_kv)
+        return out[1][:, -1].astype(np.float32), Cache(feed["attention_mask"], self_kv, cross_kv)
 
     def encoder_states(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         return self.encoder.run(["last_hidden_state"], {"input_ids": input_ids.astype(np.int64),
                                                         "attention_mask": attention_mask.astype(np.int64)})[0]
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
-        feed = {"decoder_input_ids": tokens.astype(np.int64), "encoder_attention_mask": cache.mask}
-        layers = len(cache.cross_kv) // 2
-        for i in range(layers):
-            feed[f"past.{i}.decoder.key"], feed[f"past.{i}.decoder.value"] = cache.self_kv[2 * i:2 * i + 2]
-            feed[f"past.{i}.encoder.key"], feed[f"past.{i}.encoder.value"] = cache.cross_kv[2 * i:2 * i + 2]
-        out = self.decoder.run(None, feed)
+        out = self.decoder.run(None, self.decoder_feed(tokens, cache))
         return out[0][:, -1].astype(np.float32), Cache(cache.mask, list(out[1:]), cache.cross_kv)
 
 

@@ -45,8 +45,6 @@ class Text2Text(Task):
         "gate": "the regression gate is not available for encoder-decoder artifacts yet",
         "bench": "`xformopt bench` does not measure encoder-decoder artifacts yet; `xformopt optimize` reports their "
                  "tokens/s and latency per sentence",
-        "static-int8": "encoder-decoder models take dynamic INT8 (quantize mode dynamic): static calibration feeds "
-                       "one graph's inputs",
     }
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None) -> TextDataset:

@@ -102,6 +102,10 @@ class TextBatchReader:
     def rewind(self) -> None:
         self.position = 0
 
+    @property
+    def exhausted(self) -> bool:
+        return self.position >= len(self.texts)
+
     def get_next(self) -> dict[str, np.ndarray] | None:
         if self.position >= len(self.texts):
             return None
@@ -120,19 +124,55 @@ class TextBatchReader:
         return feed
 
     def chunk(self, n: int):
-        parent = self
+        return _Chunk(self, n)
 
-        class _Chunk:
-            def __init__(self):
-                self.left = n
 
-            def get_next(self):
-                if self.left <= 0:
-                    return None
-                self.left -= 1
-                return parent.get_next()
+class FeedReader:
+    """The calibration reader over feed dicts already built (the seq2seq graphs' inputs, recorded while
+    the float graphs generated: :mod:`xformopt.seq2seq.feeds`), one feed a batch; the interface of
+    :class:`TextBatchReader` that :func:`calibrate` and :func:`harm_scores` use."""
 
-        return _Chunk()
+    def __init__(self, feeds: Sequence[dict[str, np.ndarray]]):
+        self.feeds = list(feeds)
+        self.batch_size = max((len(next(iter(f.values()))) for f in self.feeds), default=0)
+        self.position = 0
+        self.batches = 0
+        self.max_batch_rows = 0
+
+    def __len__(self) -> int:
+        return len(self.feeds)
+
+    def rewind(self) -> None:
+        self.position = 0
+
+    @property
+    def exhausted(self) -> bool:
+        return self.position >= len(self.feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.exhausted:
+            return None
+        feed = self.feeds[self.position]
+        self.position += 1
+        self.batches += 1
+        self.max_batch_rows = max(self.max_batch_rows, len(next(iter(feed.values()))))
+        return feed
+
+    def chunk(self, n: int):
+        return _Chunk(self, n)
+
+
+class _Chunk:
+    """A view of a reader that stops after ``n`` batches, so the calibrator is fed (and flushed) chunk by chunk."""
+
+    def __init__(self, parent, n: int):
+        self.parent, self.left = parent, n
+
+    def get_next(self):
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        return self.parent.get_next()
 
 
 def graph_input_names(model_path: Path) -> list[str]:
@@ -155,10 +195,18 @@ def prepare_for_static(src: Path, dst: Path) -> dict:
 
     model = onnx.load(str(src))
     before = len(model.graph.value_info)
-    inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=True, guess_output_rank=False)
+        how = "symbolic (onnxruntime.tools.symbolic_shape_infer)"
+    except Exception as error:  # noqa: BLE001 - ORT's inference raises anything on an op pattern it cannot follow
+        # Dynamo graphs (the seq2seq exports) can trip it; ONNX's own inference types the standard ops,
+        # which is all an unfused graph has.
+        _log.info(f"symbolic shape inference failed on {src.name} ({type(error).__name__}: {error}); "
+                  "using onnx.shape_inference")
+        inferred = onnx.shape_inference.infer_shapes(model)
+        how = f"onnx.shape_inference (symbolic failed: {type(error).__name__})"
     onnx.save(inferred, str(dst))
-    return {"shape_inference": "symbolic (onnxruntime.tools.symbolic_shape_infer)",
-            "typed_tensors": len(inferred.graph.value_info), "typed_before": before}
+    return {"shape_inference": how, "typed_tensors": len(inferred.graph.value_info), "typed_before": before}
 
 
 def calibrate(model_path: Path, reader: TextBatchReader, method: str, op_types: Sequence[str], cache_path: Path,
@@ -186,7 +234,7 @@ def calibrate(model_path: Path, reader: TextBatchReader, method: str, op_types: 
     total = len(reader)
     chunks = 0
     reader.rewind()
-    while reader.position < len(reader.texts):
+    while not reader.exhausted:
         with contextlib.redirect_stdout(io.StringIO()):  # ORT prints histogram progress to stdout
             calibrator.collect_data(reader.chunk(chunk_batches))  # merges the chunk, then clears it
         chunks += 1

@@ -1,8 +1,10 @@
 """Activation outliers that per-tensor INT8 cannot hold, treated in the float graph before quantizing.
 
 A family names the GEMMs whose inputs carry a few channels far above the rest (``Family.int8_outliers``:
-regex -> treatment). Dynamic INT8 gives a whole activation tensor one scale, so one channel at |x| = 100
-beside a median of 2 leaves the others a handful of levels. Treatments, each exact in float (checked):
+regex -> treatment), matched against a node's name or its module path (:func:`module_path`: the dynamo
+exporter names nodes ``node_linear_5``, so a rule names ``model.encoder.block.0.layer.1.DenseReluDense.wo``).
+Dynamic INT8 gives a whole activation tensor one scale, so one channel at |x| = 100 beside a median of 2
+leaves the others a handful of levels. Treatments, each exact in float (checked):
 
 - ``smooth`` (SmoothQuant, Xiao et al. 2023): per input channel j, s_j = max|x_j|^a / max|W_j|^(1-a);
   an explicit ``Mul`` divides the activation by s and the weight rows are multiplied by s. (The input
@@ -19,6 +21,7 @@ neural-compressor 2.x's ONNX backend, which 3.x removed (``passes/quantize/calib
 
 from __future__ import annotations
 
+import ast
 import re
 import tempfile
 from collections.abc import Iterable
@@ -39,12 +42,33 @@ RANGE_TEXTS = 64
 PER_CHANNEL = {"BiasGelu": 1, "FastGelu": 1, "Gelu": None, "Relu": None, "Add": 1}
 
 
-def matching(names: Iterable[str], rules: tuple[tuple[str, Treatment], ...]) -> dict[str, Treatment]:
-    """node name -> treatment, the first rule whose regex matches the whole name."""
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"  # the dynamo exporter's node metadata: the module scopes, outermost first
+
+
+def module_path(node) -> str | None:
+    """The PyTorch module a dynamo-exported node came from (``model.decoder.block.0.layer.2.DenseReluDense.wo``),
+    or None (a TorchScript export, a node a fusion or rewrite created). The scopes end with the aten
+    call's own name (``linear``); the one before it is the module's path."""
+    for prop in node.metadata_props:
+        if prop.key == NAME_SCOPES:
+            try:
+                scopes = ast.literal_eval(prop.value)
+            except (ValueError, SyntaxError):
+                return None
+            return scopes[-2] if isinstance(scopes, list) and len(scopes) >= 2 and scopes[-2] else None
+    return None
+
+
+def matching(names: Iterable[str], rules: tuple[tuple[str, Treatment], ...],
+             paths: dict[str, str | None] | None = None) -> dict[str, Treatment]:
+    """node name -> treatment, the first rule whose regex matches the whole name or the whole module path
+    (``paths``: node name -> :func:`module_path`)."""
+    paths = paths or {}
     out = {}
     for name in names:
+        keys = [name] + ([paths[name]] if paths.get(name) else [])
         for pattern, treatment in rules:
-            if re.fullmatch(pattern, name):
+            if any(re.fullmatch(pattern, key) for key in keys):
                 out[name] = treatment
                 break
     return out
@@ -204,7 +228,8 @@ def _rewrite(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], fee
     model = onnx.load(str(src))
     g = Graph(model)
     weighted = [n for n in g.graph.node if n.op_type == "MatMul" and len(n.input) > 1 and n.input[1] in g.init]
-    plan = matching([n.name for n in weighted], rules)
+    paths = {n.name: module_path(n) for n in weighted}
+    plan = matching([n.name for n in weighted], rules, paths)
     nodes = {n.name: n for n in weighted if n.name in plan}
     rewritten = [name for name, t in plan.items() if t != "float"]
     record: dict = {"rules": [list(r) for r in rules], "nodes": {}, "kept_float": [n for n, t in plan.items() if t == "float"],
@@ -217,6 +242,8 @@ def _rewrite(src: Path, dst: Path, rules: tuple[tuple[str, Treatment], ...], fee
             try:
                 record["nodes"][name] = (smooth(g, node, peak, alpha) if plan[name] == "smooth"
                                          else split(g, node, peak, min(channels, peak.size - 1)))
+                if paths[name]:
+                    record["nodes"][name]["module"] = paths[name]
             except ValueError as error:  # a graph shape the rewrite does not know: say so, quantize plainly
                 record["skipped"][name] = str(error)
     used = {i for n in g.graph.node for i in n.input}

@@ -32,9 +32,7 @@ exits 1.
 from __future__ import annotations
 
 import json
-import logging
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -45,19 +43,14 @@ from xformopt import accuracy_budget
 from xformopt.artifact import copy_stage
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import ModelSpec
-from xformopt.onnx_graph import (
-    int8_coverage,
-    load_graph,
-    needs_external_data,
-    op_counts,
-    weighted_gemms,
-)
+from xformopt.onnx_graph import int8_coverage, load_graph, weighted_gemms
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.quantize import calibration as cal
 from xformopt.passes.quantize import outliers
 from xformopt.passes.quantize.budget import budget_search
-from xformopt.passes.quantize.calibration import METHODS, dataset_reader, load_split
+from xformopt.passes.quantize.builders import dynamic_builder, static_builder
+from xformopt.passes.quantize.calibration import dataset_reader, load_split
 from xformopt.passes.quantize.formats import (
     accept_floor,
     agreement_floor,
@@ -66,24 +59,13 @@ from xformopt.passes.quantize.formats import (
     float_gemm_bound,
     format_ladder,
 )
-from xformopt.passes.seq2seq_stages import quantize_seq2seq
+from xformopt.passes.quantize.seq2seq import quantize_seq2seq
+from xformopt.passes.records import QuantizeRecord
 from xformopt.passes.stage_runs import stage_runs
+from xformopt.targets import Target, u8s8_saturates
 
 # Graph kinds (``Task.graph``) whose stages are not one model.onnx: quantized by their own function.
 OWN_GRAPH_RUNS = {"seq2seq": quantize_seq2seq}
-from xformopt.passes.records import QuantizeRecord
-from xformopt.targets import Target, u8s8_saturates
-
-
-@contextmanager
-def _root_log_level(level: int):
-    root = logging.getLogger()
-    previous = root.level
-    root.setLevel(level)
-    try:
-        yield
-    finally:
-        root.setLevel(previous)
 
 
 class QuantizeOptions(PassOptions):
@@ -280,7 +262,7 @@ class QuantizePass(Pass):
             if options.mode == "static":
                 make_builder, record["calibration"], prepared, ranges, harm_reader = self._static(ctx, src, work, options, formats)
             else:
-                make_builder = lambda fmt: _dynamic_builder(src, options, fmt)  # noqa: E731
+                make_builder = lambda fmt: dynamic_builder(src, fmt)  # noqa: E731
                 prepared, ranges, harm_reader = src / "model.onnx", None, None
             search = choose_formats(ctx, options, formats, src, work, make_builder, prepared, ranges, harm_reader)
             formats, build, chosen = search.pop("formats"), search.pop("build"), search.pop("dir")
@@ -324,7 +306,7 @@ class QuantizePass(Pass):
                 f"({stats['seconds']:.1f}s)")
         record = {**cal.dataset_record(dataset, "calibration"), **stats, "prepare": prep}
         def make_builder(fmt: dict):
-            return _static_builder(prepared, cache, options, fmt)
+            return static_builder(prepared, cache, options.calibration_method, fmt)
 
         return make_builder, record, prepared, cal.tensor_ranges(cache), reader
 
@@ -350,112 +332,19 @@ def verdict(record: dict, agreement: dict, floor: float, hint: str) -> dict:
 def floor_failure(record: dict, out: Path) -> str:
     """The line for a missed agreement floor: what was tried (formats, the float ladder), where the best
     attempt is, and how to accept it."""
-    check, search = record["verdict"]["checks"]["agreement_floor"], record["format_search"]
+    check, search = record["verdict"]["checks"]["agreement_floor"], record.get("format_search")
+    if search is None:  # seq2seq: one build per candidate, no format ladder
+        search = {"attempts": [{"float_nodes": []}]}
     ladder = search.get("float_ladder")
     tried = f"{sum(1 for a in search['attempts'] if not a['float_nodes'])} format(s)"
     if ladder:
         steps = ", ".join(f"{s['float_gemms']}: {s['mean_agreement']:.3f}" for s in ladder["steps"])
         tried += f" and up to {ladder['bound']} of {ladder['weighted_gemms']} GEMMs in float ({steps})"
     accept = record["verdict"]["accept"]["min_agreement"]
-    return (f"INT8 agreement floor not met: mean {check['measure']} {check['mean_agreement']:.3f} < "
+    return (f"INT8 agreement floor not met: mean {check.get('measure', 'agreement')} {check['mean_agreement']:.3f} < "
             f"{check['min_agreement']} after {tried}; the best attempt was written to {out} with a failing verdict "
             f"(manifest.json: the quantize record's verdict); accept it with --min-agreement {accept} "
-            f"(min_agreement: {accept} in a recipe), or {record['verdict']['hint']}")
-
-
-def _weight_type(formats: dict):
-    from onnxruntime.quantization import QuantType
-
-    return QuantType.QInt8 if formats["weight_type"] == "int8" else QuantType.QUInt8
-
-
-def _excluded(names: list[str]) -> list[str]:
-    # The quantizer renames a Gemm to "<name>_MatMul" before it applies exclusions.
-    return [n for name in names for n in (name, f"{name}_MatMul")]
-
-
-def biased_attention(model_path: Path) -> list[str]:
-    """Fused ``Attention`` nodes that take an ``attention_bias`` (input 5): ORT's quantizer would turn them
-    into ``QAttention``, which has no such input, and the bias (a padding mask, a position bias) would be
-    lost without a word. They stay float; their Q/K/V projection is one packed GEMM."""
-    import onnx
-
-    graph = onnx.load(str(model_path), load_external_data=False).graph
-    return [n.name for n in graph.node if n.op_type == "Attention" and len(n.input) > 5 and n.input[5]]
-
-
-def _dynamic(model_in: Path, model_out: Path, formats: dict, op_types: list[str], exclude: list[str]) -> None:
-    import onnx
-    from onnxruntime.quantization import quantize_dynamic
-
-    exclude = [*exclude, *(name for name in biased_attention(model_in) if name not in exclude)]
-
-    # ORT logs a hint to run quant_pre_process first; that step is for static calibration (the static
-    # path runs its symbolic shape inference itself), so the hint is silenced here.
-    with _root_log_level(logging.ERROR):
-        quantize_dynamic(
-            model_in,
-            model_out,
-            op_types_to_quantize=op_types,
-            per_channel=formats["per_channel"],
-            reduce_range=formats["reduce_range"],
-            weight_type=_weight_type(formats),
-            nodes_to_exclude=_excluded(exclude),
-            use_external_data_format=needs_external_data(model_in),
-            # ONNX shape inference cannot type the outputs of fused contrib ops (Attention,
-            # SkipLayerNormalization); they are float32, which is what this tells the quantizer.
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
-
-
-def _dynamic_builder(src: Path, options: QuantizeOptions, formats: dict):
-    def build(out_dir: Path, exclude: list[str]) -> None:
-        out_dir.mkdir()
-        _dynamic(src / "model.onnx", out_dir / "model.onnx", formats, formats["op_types"], exclude)
-
-    return build
-
-
-def _static_builder(prepared: Path, cache: Path, options: QuantizeOptions, formats: dict):
-    import onnx
-    from onnxruntime.quantization import (
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    static_ops = [op for op in formats["op_types"] if op != "Attention"]
-
-    def build(out_dir: Path, exclude: list[str]) -> None:
-        out_dir.mkdir()
-        target = out_dir / "model.onnx"
-        with _root_log_level(logging.ERROR):
-            quantize_static(
-                prepared,
-                target,
-                None,  # ranges come from the calibration cache: calibrated once, reused by every candidate
-                quant_format=getattr(QuantFormat, formats["format"]),
-                op_types_to_quantize=static_ops,
-                per_channel=formats["per_channel"],
-                reduce_range=formats["reduce_range"],
-                activation_type=QuantType.QInt8 if formats["activation_type"] == "int8" else QuantType.QUInt8,
-                weight_type=_weight_type(formats),
-                nodes_to_exclude=_excluded(exclude),
-                calibrate_method=getattr(CalibrationMethod, METHODS[options.calibration_method]),
-                use_external_data_format=needs_external_data(prepared),
-                calibration_cache_path=cache,
-                extra_options={
-                    "ActivationSymmetric": formats["activation_symmetric"],
-                    "WeightSymmetric": True,
-                    "DefaultTensorType": onnx.TensorProto.FLOAT,
-                },
-            )
-        if "Attention" in formats["op_types"] and op_counts(load_graph(target)).get("Attention"):
-            # No static kernel for the fused Attention op: its QKV projection goes dynamic (QAttention).
-            _dynamic(target, target, formats, ["Attention"], exclude)
-
-    return build
+            f"(min_agreement: {accept} in a recipe), or {record['verdict'].get('hint', 'keep the model in float')}")
 
 
 # --------------------------------------------------------------------------- format ladder
