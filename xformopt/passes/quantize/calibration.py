@@ -39,9 +39,11 @@ from pathlib import Path
 import numpy as np
 
 from xformopt import progress
+from xformopt.artifact import copy_stage
 from xformopt.data import TextDataset
 from xformopt.models import load_tokenizer
 from xformopt.onnx_graph import load_graph
+from xformopt.passes.quantize.outliers import RANGE_TEXTS
 from xformopt.runtime.session import ort_feed, ort_session
 
 _log = logging.getLogger(__name__)
@@ -56,6 +58,20 @@ def row_ids_hash(dataset: TextDataset) -> str:
 def dataset_record(dataset: TextDataset, role: str) -> dict:
     return {"role": role, "path": dataset.path, "source": dataset.source, "rows": len(dataset),
             "row_ids_sha256": row_ids_hash(dataset)}
+
+
+def outlier_workspace(ctx, src: Path, work: Path, options) -> tuple[tuple, Path, TextDataset] | None:
+    """What both quantize routes (encoder, encoder-decoder) start outlier treatment from: the family's rules,
+    a float copy of the stage under ``work`` to treat, and the train rows the ranges are read on. None when
+    the family has no rules or ``outlier_rules`` is off."""
+    rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
+    if not rules:
+        return None
+    treated = work / "outliers"
+    treated.mkdir()
+    copy_stage(src, treated, with_model=False)
+    rows = load_split(options.calibration_data, "train", ctx.spec, RANGE_TEXTS, 0, labels=False)
+    return rules, treated, rows
 
 
 def load_split(path: str | None, default_split: str, spec, limit: int | None, seed: int, labels: bool) -> TextDataset:

@@ -50,7 +50,7 @@ from xformopt.passes.quantize import calibration as cal
 from xformopt.passes.quantize import outliers
 from xformopt.passes.quantize.budget import budget_search
 from xformopt.passes.quantize.builders import dynamic_builder, static_builder
-from xformopt.passes.quantize.calibration import dataset_reader, load_split
+from xformopt.passes.quantize.calibration import dataset_reader
 from xformopt.passes.quantize.formats import (
     accept_floor,
     agreement_floor,
@@ -117,13 +117,10 @@ class QuantizeOptions(PassOptions):
 def treat_outliers(ctx: PassContext, src: Path, work: Path, options: QuantizeOptions) -> tuple[Path, dict | None]:
     """The family's outlier rules applied to a copy of the float stage (xformopt/passes/quantize/outliers.py):
     the stage to quantize, and the record (None when the family has no rules or they are off)."""
-    rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
-    if not rules:
+    workspace = cal.outlier_workspace(ctx, src, work, options)
+    if workspace is None:
         return src, None
-    treated = work / "outliers"
-    treated.mkdir()
-    copy_stage(src, treated, with_model=False)
-    rows = load_split(options.calibration_data, "train", ctx.spec, outliers.RANGE_TEXTS, 0, labels=False)
+    rules, treated, rows = workspace
     reader = dataset_reader(ctx.spec, src, rows, batch_size=1)  # one row each: no padding in the ranges
     feeds = list(iter(reader.get_next, None))
     record = outliers.treat(src / "model.onnx", treated / "model.onnx", rules, feeds, feeds[:4])

@@ -73,13 +73,10 @@ def treat_outliers(ctx: PassContext, src: Path, work: Path, options, tokenizer, 
     """The family's outlier rules applied to each float graph (a copy under ``work``); returns the stage to
     quantize and, per graph, the nodes to keep float (``exclude_nodes`` and the rules' ``float``)."""
     exclude = {name: list(options.exclude_nodes) for name in GRAPH_FILES}
-    rules = ctx.spec.family.int8_outliers if options.outlier_rules else ()
-    if not rules:
+    workspace = cal.outlier_workspace(ctx, src, work, options)
+    if workspace is None:
         return src, exclude
-    treated = work / "outliers"
-    treated.mkdir()
-    copy_stage(src, treated, with_model=False)
-    rows = cal.load_split(options.calibration_data, "train", ctx.spec, outliers.RANGE_TEXTS, 0, labels=False)
+    rules, treated, rows = workspace
     # one row at a time, as the encoder route: no padding in the ranges
     feeds = record_feeds(src, tokenizer, rows.texts, sample_settings(src), batch_size=1, threads=ctx.threads)
     merged: dict = {"rules": [list(r) for r in rules], "nodes": {}, "kept_float": [], "skipped": {},
