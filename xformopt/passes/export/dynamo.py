@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -160,6 +161,7 @@ def onnxscript_fusions(src_model: Path, out_model: Path) -> dict[str, int]:
 
     require_onnxscript()
     model = ir.load(str(src_model))
+    canonical_product_dims(model)
     with _REWRITER_LOCK:  # onnxscript's rewriter keeps module-level state: two fusions at once break it
         model, counts = optimize_for_ort(model)
     # The Attention fusion packs q, k and v weights with a Concat that its folder leaves unfolded past
@@ -173,6 +175,31 @@ def onnxscript_fusions(src_model: Path, out_model: Path) -> dict[str, int]:
         remove_unused_nodes(proto)  # the additive mask it replaced
     onnx.save(proto, str(out_model))
     return {name: n for name, n in counts.items() if n}
+
+
+_PRODUCT_DIM = re.compile(r"\w+(\*\w+)+")
+
+
+def canonical_product_dims(model) -> int:
+    """Write every symbolic dimension that is a product of names with its factors sorted.
+
+    torch's exporter names a flattened axis after the order it multiplied in: a multiple-choice model's
+    embeddings are ``num_choices*batch_size`` and its attention output ``batch_size*num_choices``, the
+    same size. onnxscript's rules compare shapes by name (its SkipLayerNorm fusion then leaves the first
+    residual Add of a DeBERTa multiple-choice model unfused). Returns how many values changed."""
+    import onnx_ir as ir
+
+    changed = 0
+    for value in (*model.graph.inputs, *(out for node in model.graph for out in node.outputs)):
+        if value.shape is None:
+            continue
+        dims = [ir.SymbolicDim("*".join(sorted(d.value.split("*"))))
+                if isinstance(d, ir.SymbolicDim) and d.value and _PRODUCT_DIM.fullmatch(d.value) else d
+                for d in value.shape.dims]
+        if dims != list(value.shape.dims):
+            value.shape = ir.Shape(dims)
+            changed += 1
+    return changed
 
 
 def per_row_rotary_positions(model) -> int:
