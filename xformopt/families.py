@@ -190,10 +190,10 @@ _DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 _DYNAMO_DECODER = {"MultiHeadAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
-# window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
-_MODERNBERT_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
-# (On transformers 4.57 onnxscript also fused ModernBERT's rotary into 2 RotaryEmbedding per layer; its 0.7.2
-# rotary rule does not match transformers 5's rotate-half graph, so rotary stays plain ops: what was lost.)
+# window is in the attention-bias input) and two SkipLayerNorms per layer; rotary on q and k into two
+# RotaryEmbedding per layer by xformopt's rule (xformopt/fusions/rotary.py): onnxscript 0.7.2's cos/sin rule
+# expects transformers 4's MatMul-form frequencies, transformers 5 writes a broadcast Mul.
+_MODERNBERT_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2, "RotaryEmbedding": 2}
 _ROTARY_ENCODER_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 
 

@@ -152,18 +152,23 @@ def is_dynamo_graph(model) -> bool:
     return any(p.key == EXPORTER_KEY and p.value == DYNAMO for p in model.metadata_props)
 
 
-def onnxscript_fusions(src_model: Path, out_model: Path) -> dict[str, int]:
-    """onnxscript's ORT fusions on a dynamo graph; returns its per-fusion counts (non-zero only)."""
+def onnxscript_fusions(src_model: Path, out_model: Path, rotary: bool = False) -> dict[str, int]:
+    """onnxscript's ORT fusions on a dynamo graph, then with ``rotary`` xformopt's rule for transformers 5's rotary;
+    returns the per-fusion counts (non-zero only)."""
     import onnx
     import onnx_ir as ir
     from onnxscript.optimizer import fold_constants, remove_unused_nodes
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    from xformopt.fusions import rotary as rotary_fusion
 
     require_onnxscript()
     model = ir.load(str(src_model))
     canonical_product_dims(model)
     with _REWRITER_LOCK:  # onnxscript's rewriter keeps module-level state: two fusions at once break it
         model, counts = optimize_for_ort(model)
+        if rotary:  # transformers 5's rotary, which onnxscript's rules leave as plain ops (xformopt/fusions/rotary.py)
+            counts["transformers_rotary_embedding"] = rotary_fusion.fuse(model)
     # The Attention fusion packs q, k and v weights with a Concat that its folder leaves unfolded past
     # 8192 elements (every real model): folded here, or the packed weight is rebuilt, and quantized
     # dynamically, at every call (MiniLM INT8 at batch 1: 1.3x slower than the TorchScript path).
