@@ -4,7 +4,9 @@ ORT's optimizer has no DeBERTa fuser (optimum routes the family to the BERT one,
 layer norms). DeBERTa's disentangled attention adds content->position and position->content terms to
 the scores; both are gathers over relative-position buckets computed from Q, K and the (shared)
 relative embeddings, which no ORT kernel computes. So this fusion keeps that subgraph as it is and
-fuses only the core around it (per layer, as optimum's TorchScript export writes it)::
+fuses only the core around it (per layer, as torch's dynamo exporter and the TorchScript tracer both write it;
+the head Reshapes' shapes are constants [0, 0, H, -1] in the tracer's graph and Concats of
+[Shape(batch), Shape(length), H, -1] in the dynamo graph, where sqrt(d * scale_factor) is folded to a constant)::
 
     scores = MatMul(Q_heads, Div(K_heads^T, sqrt(d * scale_factor))) + rel      [B*H, S, S]
     probs  = Softmax(Where(Not(mask), finfo.min, Reshape(scores, [B, H, S, S])))
@@ -13,7 +15,9 @@ fuses only the core around it (per layer, as optimum's TorchScript export writes
 becomes ``MultiHeadAttention(q, k, v, attention_bias=Where(Not(mask), finfo.min, Reshape(rel)))`` with
 ``scale = 1 / sqrt(d * scale_factor)``: the relative terms, padding mask folded in, are the attention
 bias, so the graph computes exactly the same sum before the softmax. Written by hand because no
-library fuses this (onnxscript's rewriter has no DeBERTa rule either).
+library fuses this (onnxscript's rewriter has no DeBERTa rule either); in ORT's ``Fusion`` style rather than
+as an onnxscript pattern because it runs as the family's ``own_fusion``, on ORT's OnnxModel after ORT's
+optimizer, for the dynamo and the TorchScript graph alike.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 ops torch decomposes it into, which ONNX Runtime's Python optimizer does not match (no Attention
 fuses; tests/test_passes.py proves it). onnxscript's ONNX Runtime fusion rewriter
 (``onnxscript.rewriter.ort_fusions.optimize_for_ort``) is written for exactly these graphs: it
-fuses BERT's attention into ``Attention`` and ModernBERT's into ``MultiHeadAttention`` plus
-``RotaryEmbedding``. That rewrite runs in the fuse pass (:func:`onnxscript_fusions`, before ORT's
+fuses BERT's attention into ``Attention`` and ModernBERT's into ``MultiHeadAttention`` (its rotary into
+``RotaryEmbedding`` by xformopt's own rule, xformopt/fusions/rotary.py). That rewrite runs in the fuse pass (:func:`onnxscript_fusions`, before ORT's
 optimizer), not here, so the export stays an unfused graph and the fuse pass counts and times every
 fusion.
 
