@@ -66,10 +66,17 @@ def model_dir(request, tiny_deberta_cls, tiny_deberta_enc) -> Path:
     return {"cls": tiny_deberta_cls, "enc": tiny_deberta_enc}[request.param]
 
 
+@pytest.fixture(scope="module", params=["dynamo", "torchscript"])
+def exporter(request) -> str:
+    """The family's default exporter (dynamo) and the TorchScript tracer it keeps as a fallback."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, model_dir, sample_texts) -> tuple[Path, dict]:
+def exported(tmp_path_factory, model_dir, exporter, sample_texts) -> tuple[Path, dict]:
     dst = tmp_path_factory.mktemp("deb-stages") / "exported"
-    return dst, run_pass("export", make_ctx(model_dir, sample_texts), model_dir, dst)
+    return dst, run_pass("export", make_ctx(model_dir, sample_texts), model_dir, dst,
+                         **({} if exporter == "dynamo" else {"exporter": exporter}))
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +95,17 @@ def test_family_row_reads_a_deberta_v3_config(tiny_deberta_cls):
     assert models.position_limit(tiny_deberta_cls) == 128  # relative positions, but the tokenizer is still bounded
     family = family_of("deberta-v2")
     assert family.own_fusion == "xformopt.fusions.deberta_v2:fuse"
+    assert family.export_route() == "dynamo" and family.export_route("torchscript") == "torchscript"
     assert family.layout is None  # see families.py: transformers cannot prune DeBERTa heads
 
 
-def test_export_parity_and_inputs(model_dir, exported):
-    _, record = exported
+def test_export_parity_and_inputs(model_dir, exporter, exported):
+    import onnx
+
+    from xformopt.passes.export.dynamo import is_dynamo_graph
+
+    dst, record = exported
+    assert is_dynamo_graph(onnx.load(str(dst / "model.onnx"), load_external_data=False)) == (exporter == "dynamo")
     type_vocab = json.loads((model_dir / "config.json").read_text())["type_vocab_size"]
     # DeBERTa-v3 (type_vocab_size 0) takes no token_type_ids; the graph must not ask for them
     assert ("token_type_ids" in record["inputs"]) == (type_vocab > 0)

@@ -139,3 +139,24 @@ def test_cli_export_dynamo_keeps_stdout_json(tiny_classifier, heldout_file, tmp_
     entry = json.loads(out)
     assert entry["options"]["exporter"] == "dynamo"
     assert entry["record"]["exporter"].startswith("torch.onnx.export (dynamo=True)")
+
+
+def test_product_dims_are_written_in_one_order():
+    """onnxscript compares shapes by dimension name: ``num_choices*batch_size`` and ``batch_size*num_choices``
+    (a multiple-choice export names both) must read the same; other names and sums are left alone."""
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    from xformopt.passes.export.dynamo import canonical_product_dims
+
+    shapes = {"a": ["num_choices*batch_size", "sequence_length", 4], "b": ["batch_size*num_choices", "sequence_length", 4],
+              "c": ["s0 + 1", 3, "batch"]}
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"])], "g",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims) for name, dims in shapes.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["num_choices*batch_size", "sequence_length", 4])])
+    model = ir.from_proto(helper.make_model(graph))
+    assert canonical_product_dims(model) == 2  # a and y (b is already in order; c has no product)
+    dims = {v.name: [str(d) for d in v.shape.dims] for v in (*model.graph.inputs, *model.graph.outputs)}
+    assert dims["a"] == dims["b"] == dims["y"] == ["batch_size*num_choices", "sequence_length", "4"]
+    assert dims["c"] == ["s0 + 1", "3", "batch"]

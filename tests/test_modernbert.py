@@ -81,8 +81,8 @@ def encoder_stages(tmp_path_factory, tiny_modernbert_encoder, sample_texts):
 def test_family_row():
     family = FAMILIES["modernbert"]
     assert family.exporter == "dynamo" and not family.decoder and family.layout is None
-    # (transformers 5: onnxscript 0.7's rotary rule no longer matches, rotary stays plain ops; families.py)
-    assert family.fused_per_layer == {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
+    # rotary on q and k: xformopt's rule for transformers 5's graph (xformopt/fusions/rotary.py; families.py)
+    assert family.fused_per_layer == {"MultiHeadAttention": 1, "SkipLayerNormalization": 2, "RotaryEmbedding": 2}
     assert family.positions({"max_position_embeddings": 8192}) == 8192  # rotary: no reserved positions
 
 
@@ -101,12 +101,15 @@ def test_export_uses_the_family_exporter_with_parity(stages, request):
 def test_fuse_reaches_every_layer_global_and_local(stages, request):
     _, _, fused, record = request.getfixturevalue(stages)
     assert record["fusion_route"].startswith("onnxscript")
-    assert record["expected"] == {"MultiHeadAttention": LAYERS, "SkipLayerNormalization": 2 * LAYERS}
+    assert record["expected"] == {"MultiHeadAttention": LAYERS, "SkipLayerNormalization": 2 * LAYERS,
+                                  "RotaryEmbedding": 2 * LAYERS}
     assert all(v == 0 for k, v in record["fused_before"].items() if k != "LayerNormalization")
     counts = onnx_op_counts(fused / "model.onnx")
     # both layers fuse, the sliding-window one too (its window is in MultiHeadAttention's bias input)
     assert counts["MultiHeadAttention"] == LAYERS
     assert counts["SkipLayerNormalization"] == 2 * LAYERS
+    # q and k of both layers (global and local rotary bases alike), and no rotate-half left behind
+    assert counts["RotaryEmbedding"] == 2 * LAYERS and counts["Neg"] == 0
 
 
 @pytest.mark.parametrize("stages,model", [("classifier_stages", "tiny_modernbert"),
@@ -195,3 +198,34 @@ def test_embedder_stage_loads_in_a_pipeline_model(encoder_stages, sample_texts):
     encoded.pop("token_type_ids", None)
     states = np.asarray(model(**encoded).last_hidden_state)
     assert states.shape[:2] == encoded["input_ids"].shape and states.shape[2] == TINY["hidden"]
+
+
+def test_rotary_rule_leaves_a_partial_rotation_alone(tiny_modernbert_encoder, sample_texts, tmp_path):
+    """The rule fuses only a full rotation (x's last axis is 2 * len(inv_freq)): with the head's last quarter
+    dropped from the frequencies (a partial rotation, as if rotary_embedding_dim were set) nothing fuses,
+    and the graph still computes what it did."""
+    import onnx_ir as ir
+    import onnxruntime as ort
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+
+    from xformopt.fusions import rotary
+
+    ctx = make_ctx(tiny_modernbert_encoder, sample_texts)
+    run_pass("export", ctx, tiny_modernbert_encoder, tmp_path / "e")
+    model, _ = optimize_for_ort(ir.load(str(tmp_path / "e" / "model.onnx")))
+    full = ir.from_proto(ir.to_proto(model))
+    assert rotary.fuse(full) == 2 * LAYERS
+    inv_freqs = [v for v in model.graph.initializers.values() if v.name.endswith("inv_freq")]
+    assert inv_freqs
+    for value in inv_freqs:  # half the frequencies: x's halves are now twice as wide as inv_freq
+        array = value.const_value.numpy()
+        value.const_value = ir.tensor(array[: array.shape[0] // 2].copy(), name=value.name)
+        value.shape = ir.Shape([array.shape[0] // 2])
+    assert rotary.fuse(model) == 0
+    ir.save(full, str(tmp_path / "full.onnx"))
+    ids = np.array([[2, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 3]] * 2, dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[1, -4:] = 0
+    got, want = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"input_ids": ids, "attention_mask": mask})[0] for path in (tmp_path / "full.onnx", tmp_path / "e" / "model.onnx"))
+    np.testing.assert_allclose(got[mask.astype(bool)], want[mask.astype(bool)], atol=1e-4)

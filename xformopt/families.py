@@ -190,10 +190,10 @@ _DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 _DYNAMO_DECODER = {"MultiHeadAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 _GQA = {"GroupQueryAttention": 1, "SkipSimplifiedLayerNormalization": 2}
 # ModernBERT through onnxscript: one MultiHeadAttention (global and sliding-window layers alike: the
-# window is in the attention-bias input), rotary on q and k, and two SkipLayerNorms per layer.
-_MODERNBERT_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
-# (On transformers 4.57 onnxscript also fused ModernBERT's rotary into 2 RotaryEmbedding per layer; its 0.7.2
-# rotary rule does not match transformers 5's rotate-half graph, so rotary stays plain ops: what was lost.)
+# window is in the attention-bias input) and two SkipLayerNorms per layer; rotary on q and k into two
+# RotaryEmbedding per layer by xformopt's rule (xformopt/fusions/rotary.py): onnxscript 0.7.2's cos/sin rule
+# expects transformers 4's MatMul-form frequencies, transformers 5 writes a broadcast Mul.
+_MODERNBERT_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2, "RotaryEmbedding": 2}
 _ROTARY_ENCODER_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
 
 
@@ -247,10 +247,10 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # No layout: transformers cannot prune DeBERTa heads (DebertaV2Model._prune_heads raises, so a
     # config.pruned_heads would not reload), and a head is also rows of the position projections
     # (pos_key_proj/pos_query_proj, or query/key_proj applied to the relative embeddings).
-    # Exported with the TorchScript tracer: its attention fusion (xformopt/fusions/deberta_v2.py) matches
-    # that graph; on the dynamo graph neither onnxscript nor it fuses DeBERTa's disentangled attention yet.
-    Family("deberta-v2", False, "bert", _DEBERTA_FUSED, exporter="torchscript",
-           own_fusion="xformopt.fusions.deberta_v2:fuse"),
+    # Exported by the dynamo exporter like every encoder: onnxscript fuses no DeBERTa attention (its layer
+    # norms and GELUs only); xformopt's fusion (xformopt/fusions/deberta_v2.py) matches the dynamo graph and
+    # the TorchScript tracer's (``exporter: torchscript``, the fallback) alike.
+    Family("deberta-v2", False, "bert", _DEBERTA_FUSED, own_fusion="xformopt.fusions.deberta_v2:fuse"),
     Family("distilbert", False, "bert", _ENCODER_FUSED, layers_keys=("n_layers",), heads_keys=("n_heads",),
            hidden_keys=("dim",), layout=DISTILBERT_LAYOUT),
     # layers[i].attn.Wqkv packs q, k and v in one Linear: head pruning would have to split it (no layout).

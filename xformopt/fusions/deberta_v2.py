@@ -4,7 +4,9 @@ ORT's optimizer has no DeBERTa fuser (optimum routes the family to the BERT one,
 layer norms). DeBERTa's disentangled attention adds content->position and position->content terms to
 the scores; both are gathers over relative-position buckets computed from Q, K and the (shared)
 relative embeddings, which no ORT kernel computes. So this fusion keeps that subgraph as it is and
-fuses only the core around it (per layer, as optimum's TorchScript export writes it)::
+fuses only the core around it (per layer, as torch's dynamo exporter and the TorchScript tracer both write it;
+the head Reshapes' shapes are constants [0, 0, H, -1] in the tracer's graph and Concats of
+[Shape(batch), Shape(length), H, -1] in the dynamo graph, where sqrt(d * scale_factor) is folded to a constant)::
 
     scores = MatMul(Q_heads, Div(K_heads^T, sqrt(d * scale_factor))) + rel      [B*H, S, S]
     probs  = Softmax(Where(Not(mask), finfo.min, Reshape(scores, [B, H, S, S])))
@@ -13,17 +15,34 @@ fuses only the core around it (per layer, as optimum's TorchScript export writes
 becomes ``MultiHeadAttention(q, k, v, attention_bias=Where(Not(mask), finfo.min, Reshape(rel)))`` with
 ``scale = 1 / sqrt(d * scale_factor)``: the relative terms, padding mask folded in, are the attention
 bias, so the graph computes exactly the same sum before the softmax. Written by hand because no
-library fuses this (onnxscript's rewriter has no DeBERTa rule either).
+library fuses this (onnxscript's rewriter has no DeBERTa rule either); in ORT's ``Fusion`` style rather than
+as an onnxscript pattern because it runs as the family's ``own_fusion``, on ORT's OnnxModel after ORT's
+optimizer, for the dynamo and the TorchScript graph alike.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import numpy as np
 from onnx import TensorProto, helper
 from onnxruntime.transformers.fusion_base import Fusion
 from onnxruntime.transformers.onnx_model import OnnxModel
+
+
+class _Scores(NamedTuple):
+    """One layer's score nodes: the mask's Where, Q.K^T, the Add of the relative terms (None without
+    relative attention) and those terms, then Q's and K's head Reshapes, K's scaling Div and Transpose."""
+
+    where: Any
+    qk: Any
+    add: Any
+    rel: str | None
+    q_reshape: Any
+    div: Any
+    k_transpose: Any
+    k_reshape: Any
 
 
 class FusionDebertaV2Attention(Fusion):
@@ -36,14 +55,32 @@ class FusionDebertaV2Attention(Fusion):
         value = self.model.get_constant_value(name)
         return None if value is None else np.asarray(value)
 
-    def _heads(self, reshape, output_name_to_node) -> tuple[int, int] | None:
-        """(heads, head size) of a [B, S, H, d] Reshape: H from its constant shape ([0, 0, H, -1] or
-        [0, 0, H, d]), d from the shape or from the width of the projection it reshapes."""
-        shape = self._const(reshape.input[1])
-        if shape is None or shape.size != 4 or shape[2] <= 0:
+    def _shape_items(self, name: str, output_name_to_node) -> list[int | None] | None:
+        """A Reshape's target shape, item by item (None where computed at run time): a constant (the
+        TorchScript export: [0, 0, H, -1]) or a Concat of one-item pieces (the dynamo export:
+        [Shape(batch), Shape(length), H, -1])."""
+        value = self._const(name)
+        if value is not None:
+            return [int(v) for v in value.reshape(-1)]
+        node = output_name_to_node.get(name)
+        if node is None or node.op_type != "Concat":
             return None
-        heads, size = int(shape[2]), int(shape[3])
-        if size <= 0:
+        items: list[int | None] = []
+        for piece in node.input:
+            value = self._const(piece)
+            if value is not None and value.size != 1:
+                return None
+            items.append(None if value is None else int(value.reshape(())))
+        return items
+
+    def _heads(self, reshape, output_name_to_node) -> tuple[int, int] | None:
+        """(heads, head size) of a [B, S, H, d] Reshape: H from its shape ([0, 0, H, -1] or [B, S, H, d]),
+        d from the shape or from the width of the projection it reshapes."""
+        shape = self._shape_items(reshape.input[1], output_name_to_node)
+        if shape is None or len(shape) != 4 or not shape[2] or shape[2] <= 0:
+            return None
+        heads, size = shape[2], shape[3]
+        if size is None or size <= 0:
             width = self._projection_width(reshape.input[0], output_name_to_node)
             if width is None or width % heads:
                 return None
@@ -81,17 +118,15 @@ class FusionDebertaV2Attention(Fusion):
                 return float(factor.reshape(()))
         return None
 
-    def fuse(self, softmax, input_name_to_nodes, output_name_to_node):
+    def _scores(self, softmax, output_name_to_node) -> _Scores | None:
+        """Before the softmax: the padding mask's Where over Q.K^T (+ the relative terms) reshaped to [B, H, S, S]."""
         model = self.model
-        # Before the softmax: the padding mask's Where over the scores reshaped to [B, H, S, S].
         where = model.match_parent(softmax, "Where", 0, output_name_to_node)
         fill = None if where is None else self._const(where.input[1])
         if fill is None or fill.size != 1 or float(fill.reshape(())) > -1e4:  # not a padding mask's fill
-            return
+            return None
         to_4d = model.match_parent(where, "Reshape", 2, output_name_to_node)
-        if to_4d is None:
-            return
-        scores = output_name_to_node.get(to_4d.input[0])
+        scores = None if to_4d is None else output_name_to_node.get(to_4d.input[0])
         qk, add, rel = None, None, None
         if scores is not None and scores.op_type == "MatMul":  # relative_attention false: no bias terms
             qk = scores
@@ -103,84 +138,78 @@ class FusionDebertaV2Attention(Fusion):
                     qk, rel = parent, add.input[1 - i]
                     break
         if qk is None:
-            return
+            return None
         q_path = model.match_parent_path(qk, ["Reshape", "Transpose", "Reshape"], [0, 0, 0], output_name_to_node)
         k_path = model.match_parent_path(
             qk, ["Div", "Transpose", "Reshape", "Transpose", "Reshape"], [1, 0, 0, 0, 0], output_name_to_node)
         if q_path is None or k_path is None:
-            return
-        div, k_transpose = k_path[0], k_path[1]
+            return None
+        return _Scores(where, qk, add, rel, q_path[2], k_path[0], k_path[1], k_path[4])
 
-        # After the softmax: probs x V, then back to [B, S, H*d].
-        children = [c for c in input_name_to_nodes.get(softmax.output[0], []) if c.op_type != "Shape"]
-        if len(children) != 1 or children[0].op_type != "Reshape":
-            return
-        probs_3d = children[0]
-        pv = [c for c in input_name_to_nodes.get(probs_3d.output[0], [])]
-        if len(pv) != 1 or pv[0].op_type != "MatMul" or pv[0].input[0] != probs_3d.output[0]:
-            return
-        pv = pv[0]
-        tail = []
-        node = pv
-        for op in ("Reshape", "Transpose", "Reshape"):
+    def _context(self, softmax, input_name_to_nodes, output_name_to_node) -> tuple[list, object] | None:
+        """After the softmax: ([Reshape(probs), MatMul(probs, V), Reshape, Transpose, Reshape], V's head Reshape)."""
+        nodes, node = [], softmax
+        for op in ("Reshape", "MatMul", "Reshape", "Transpose", "Reshape"):
             nexts = [c for c in input_name_to_nodes.get(node.output[0], []) if c.op_type != "Shape"]
-            if len(nexts) != 1 or nexts[0].op_type != op:
-                return
+            if len(nexts) != 1 or nexts[0].op_type != op or (op == "MatMul" and nexts[0].input[0] != node.output[0]):
+                return None
             node = nexts[0]
-            tail.append(node)
-        v_path = model.match_parent_path(pv, ["Reshape", "Transpose", "Reshape"], [1, 0, 0], output_name_to_node)
-        if v_path is None:
-            return
+            nodes.append(node)
+        v_path = self.model.match_parent_path(nodes[1], ["Reshape", "Transpose", "Reshape"], [1, 0, 0],
+                                              output_name_to_node)
+        if v_path is None or list(self.model.get_node_attribute(nodes[3], "perm") or []) != [0, 2, 1, 3]:
+            return None
+        return nodes, v_path[2]
 
-        heads = self._heads(q_path[2], output_name_to_node)
-        if heads is None or any(heads != self._heads(p, output_name_to_node) for p in (k_path[4], v_path[2])):
-            return
-        num_heads, head_size = heads
-        if list(model.get_node_attribute(tail[1], "perm") or []) != [0, 2, 1, 3]:
-            return
+    def _divisor(self, div, head_size: int, output_name_to_node) -> float | None:
         folded = self._const(div.input[1])
-        if folded is not None and folded.size == 1:
-            divisor = float(folded.reshape(()))
-        else:
-            factor = self._scale_factor(div.input[1], output_name_to_node)
-            if factor is None:
-                return
-            divisor = math.sqrt(head_size * factor)
+        if folded is not None:
+            return float(folded.reshape(())) if folded.size == 1 else None
+        factor = self._scale_factor(div.input[1], output_name_to_node)
+        return None if factor is None else math.sqrt(head_size * factor)
 
+    def fuse(self, softmax, input_name_to_nodes, output_name_to_node):
+        scores = self._scores(softmax, output_name_to_node)
+        context = None if scores is None else self._context(softmax, input_name_to_nodes, output_name_to_node)
+        if context is None:
+            return
+        tail, v_reshape = context
+        heads = self._heads(scores.q_reshape, output_name_to_node)
+        if heads is None or any(heads != self._heads(r, output_name_to_node) for r in (scores.k_reshape, v_reshape)):
+            return
+        divisor = self._divisor(scores.div, heads[1], output_name_to_node)
         # K^T and Q.K^T are needed only by the scores: anything else reading them (there is nothing in
         # DeBERTa's graph) would lose its input.
-        for inner in (div, k_transpose, qk, add):
-            readers = [c for c in input_name_to_nodes.get(inner.output[0], []) if c.op_type != "Shape"] if inner else [1]
-            if len(readers) != 1:
-                return
-
-        if add is not None:
+        inner = [n for n in (scores.div, scores.k_transpose, scores.qk, scores.add) if n is not None]
+        if divisor is None or any(
+                len([c for c in input_name_to_nodes.get(n.output[0], []) if c.op_type != "Shape"]) != 1 for n in inner):
+            return
+        where = scores.where
+        if scores.add is not None:
             # attention_bias = Where(Not(mask), finfo.min, Reshape(rel, [B, H, S, S])): the relative terms
-            # with the padding mask, in the nodes the graph already has. The Reshape's shape is computed
+            # with the padding mask, in the nodes the graph already has. The Reshape's shape may be computed
             # from Shape(scores), which has the shape of rel: its readers now read rel.
-            for reader in input_name_to_nodes.get(add.output[0], []):
-                OnnxModel.replace_node_input(reader, add.output[0], rel)
+            for reader in input_name_to_nodes.get(scores.add.output[0], []):
+                OnnxModel.replace_node_input(reader, scores.add.output[0], scores.rel)
         else:
             # attention_bias = Where(Not(mask), finfo.min, 0): the padding mask alone, [B, 1, S, S]
             if self.zero is None:
                 self.zero = self.model.create_node_name("deberta_zero_bias")
                 self.add_initializer(self.zero, TensorProto.FLOAT, [], [0.0])
             OnnxModel.replace_node_input(where, where.input[2], self.zero)
-        out_name = tail[2].output[0]
         mha = helper.make_node(
             "MultiHeadAttention",
-            inputs=[q_path[2].input[0], k_path[4].input[0], v_path[2].input[0], "", "", where.output[0]],
-            outputs=[out_name],
-            name=model.create_node_name("MultiHeadAttention", "DebertaV2Attention"),
+            inputs=[scores.q_reshape.input[0], scores.k_reshape.input[0], v_reshape.input[0], "", "", where.output[0]],
+            outputs=[tail[-1].output[0]],
+            name=self.model.create_node_name("MultiHeadAttention", "DebertaV2Attention"),
             domain="com.microsoft",
-            num_heads=num_heads,
+            num_heads=heads[0],
             scale=1.0 / divisor,
         )
         self.nodes_to_add.append(mha)
         self.node_name_to_graph_name[mha.name] = self.this_graph_name
-        self.add_nodes_to_remove([n for n in (qk, div, k_transpose, add, softmax, probs_3d, pv, *tail) if n])
+        self.add_nodes_to_remove([softmax, *inner, *tail])
         self.increase_counter("MultiHeadAttention")
-
 
 def fuse(onnx_model: OnnxModel, spec=None) -> int:
     """Fuse every DeBERTa-v2 attention block of ``onnx_model`` in place; the number fused."""

@@ -4,8 +4,8 @@
 ops torch decomposes it into, which ONNX Runtime's Python optimizer does not match (no Attention
 fuses; tests/test_passes.py proves it). onnxscript's ONNX Runtime fusion rewriter
 (``onnxscript.rewriter.ort_fusions.optimize_for_ort``) is written for exactly these graphs: it
-fuses BERT's attention into ``Attention`` and ModernBERT's into ``MultiHeadAttention`` plus
-``RotaryEmbedding``. That rewrite runs in the fuse pass (:func:`onnxscript_fusions`, before ORT's
+fuses BERT's attention into ``Attention`` and ModernBERT's into ``MultiHeadAttention`` (its rotary into
+``RotaryEmbedding`` by xformopt's own rule, xformopt/fusions/rotary.py). That rewrite runs in the fuse pass (:func:`onnxscript_fusions`, before ORT's
 optimizer), not here, so the export stays an unfused graph and the fuse pass counts and times every
 fusion.
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import re
 import threading
 import warnings
 from pathlib import Path
@@ -151,17 +152,23 @@ def is_dynamo_graph(model) -> bool:
     return any(p.key == EXPORTER_KEY and p.value == DYNAMO for p in model.metadata_props)
 
 
-def onnxscript_fusions(src_model: Path, out_model: Path) -> dict[str, int]:
-    """onnxscript's ORT fusions on a dynamo graph; returns its per-fusion counts (non-zero only)."""
+def onnxscript_fusions(src_model: Path, out_model: Path, rotary: bool = False) -> dict[str, int]:
+    """onnxscript's ORT fusions on a dynamo graph, then with ``rotary`` xformopt's rule for transformers 5's rotary;
+    returns the per-fusion counts (non-zero only)."""
     import onnx
     import onnx_ir as ir
     from onnxscript.optimizer import fold_constants, remove_unused_nodes
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
+    from xformopt.fusions import rotary as rotary_fusion
+
     require_onnxscript()
     model = ir.load(str(src_model))
+    canonical_product_dims(model)
     with _REWRITER_LOCK:  # onnxscript's rewriter keeps module-level state: two fusions at once break it
         model, counts = optimize_for_ort(model)
+        if rotary:  # transformers 5's rotary, which onnxscript's rules leave as plain ops (xformopt/fusions/rotary.py)
+            counts["transformers_rotary_embedding"] = rotary_fusion.fuse(model)
     # The Attention fusion packs q, k and v weights with a Concat that its folder leaves unfolded past
     # 8192 elements (every real model): folded here, or the packed weight is rebuilt, and quantized
     # dynamically, at every call (MiniLM INT8 at batch 1: 1.3x slower than the TorchScript path).
@@ -173,6 +180,31 @@ def onnxscript_fusions(src_model: Path, out_model: Path) -> dict[str, int]:
         remove_unused_nodes(proto)  # the additive mask it replaced
     onnx.save(proto, str(out_model))
     return {name: n for name, n in counts.items() if n}
+
+
+_PRODUCT_DIM = re.compile(r"\w+(\*\w+)+")
+
+
+def canonical_product_dims(model) -> int:
+    """Write every symbolic dimension that is a product of names with its factors sorted.
+
+    torch's exporter names a flattened axis after the order it multiplied in: a multiple-choice model's
+    embeddings are ``num_choices*batch_size`` and its attention output ``batch_size*num_choices``, the
+    same size. onnxscript's rules compare shapes by name (its SkipLayerNorm fusion then leaves the first
+    residual Add of a DeBERTa multiple-choice model unfused). Returns how many values changed."""
+    import onnx_ir as ir
+
+    changed = 0
+    for value in (*model.graph.inputs, *(out for node in model.graph for out in node.outputs)):
+        if value.shape is None:
+            continue
+        dims = [ir.SymbolicDim("*".join(sorted(d.value.split("*"))))
+                if isinstance(d, ir.SymbolicDim) and d.value and _PRODUCT_DIM.fullmatch(d.value) else d
+                for d in value.shape.dims]
+        if dims != list(value.shape.dims):
+            value.shape = ir.Shape(dims)
+            changed += 1
+    return changed
 
 
 def per_row_rotary_positions(model) -> int:

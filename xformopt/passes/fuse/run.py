@@ -187,7 +187,8 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     dynamo = is_dynamo_graph(load_graph(src_model))
     if dynamo:  # ORT's embedding fusion misreads dynamo graphs (a mask input of the wrong shape on RoBERTa);
         fusion.enable_embed_layer_norm = False  # xformopt's own (fusions/embed_layer_norm.py) runs after it
-    graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled)
+    graph = prepared_for_ort(src_model, out_model, attention="enable_attention" not in disabled,
+                             rotary=not ctx.spec.family.decoder)
     out_model = Path(os.path.abspath(out_model))
     with tempfile.TemporaryDirectory(prefix=".weights-", dir=out_model.parent) as scratch, \
             warnings.catch_warnings(), quiet_fusion_logs(bool(ctx.spec.pruned)):
@@ -229,18 +230,19 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     return counts
 
 
-def prepared_for_ort(src_model: Path, out_model: Path, attention: bool):
+def prepared_for_ort(src_model: Path, out_model: Path, attention: bool, rotary: bool = False):
     """The graph ORT's optimizer gets: a dynamo export first goes through onnxscript's ORT fusions
     (its attention fuses only there: xformopt/passes/export/dynamo.py), skipped when attention must stay
-    unfused; bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them). The
-    path itself when neither applies."""
+    unfused (``rotary``, for encoders: xformopt's rule for transformers 5's rotary too, xformopt/fusions/rotary.py);
+    bias-less layer norms get a zero bias (ORT's SkipLayerNorm fusion crashes on them). The path itself
+    when neither applies."""
     import onnx
 
     model = onnx.load(str(src_model), load_external_data=False)  # the graph alone: big weights stay on disk
     changed = False
     if attention and is_dynamo_graph(model):
         rewritten = out_model.with_name("onnxscript.onnx")
-        onnxscript_fusions(src_model, rewritten)
+        onnxscript_fusions(src_model, rewritten, rotary=rotary)
         model = onnx.load(str(rewritten))
         rewritten.unlink()
         changed = True

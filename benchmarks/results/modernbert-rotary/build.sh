@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Old (main 9762c37: ModernBERT rotary left as plain ops) and new (this branch: RotaryEmbedding) artifacts of the same
+# random-weight ModernBERT models, built with the same venv (/work/venv) and recipe (export -> fuse all -> dynamic INT8).
+# BASE: a `git archive 9762c37` of main; NEW: this worktree. Each side has its own stage cache: the cache key
+# holds the library versions, not the code: the new side would reuse the old side's fused graph.
+set -ex
+BASE=${BASE:-/tmp/enc/base}; NEW=${NEW:-/work/wt-enc}; OUT=${OUT:-/tmp/enc/bench-mb}; PY=/work/venv/bin/python
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT" && cd "$OUT"
+[ -d models/mb-base ] || PYTHONPATH=$NEW $PY "$HERE/make_models.py" "$OUT/models"
+for m in ${MODELS:-mb-tiny mb-base}; do
+  [ -n "$SKIP_OLD" ] || XFORMOPT_CACHE_DIR=$OUT/cache-old PYTHONPATH=$BASE $PY -m xformopt.cli.app optimize "$OUT/models/$m" --recipe "$HERE/allfused.yaml" -o "old-$m" --force
+  XFORMOPT_CACHE_DIR=$OUT/cache-new PYTHONPATH=$NEW $PY -m xformopt.cli.app optimize "$OUT/models/$m" --recipe "$HERE/allfused.yaml" -o "new-$m" --force
+done
+echo BUILD-DONE
