@@ -29,9 +29,11 @@ because that Slice hides the mask from ORT's pattern matcher. transformers 5 dro
 
 **Llama, Qwen2/3, Mistral, Phi-3** go through onnxruntime-genai's model builder (GroupQueryAttention).
 **Every other causal LM** (families the builder does not know, a model_type the family table does not
-know, or a builder family without the genai extra) goes through torch's dynamo exporter
-(:mod:`.decoder_dynamo`, split ``past_key_values.{i}.key/value`` layout); ``fuse`` then runs
-onnxscript's ORT fusions on it.
+know, or a builder family without the genai extra) goes through torch's dynamo exporter with its
+attention written as GroupQueryAttention (:mod:`.decoder_gqa`, the builder's layout); where that is
+refused (linear-attention states, shared key/values: Qwen3.5) through the plain dynamo export
+(:mod:`.decoder_dynamo`, split ``past_key_values.{i}.key/value`` layout with ``position_ids``). ``fuse``
+then runs onnxscript's ORT fusions on either.
 
 Every export is checked against PyTorch at every step of a multi-step greedy decode (prompts of
 several lengths, so several past lengths) and on a left-padded batch of two.
