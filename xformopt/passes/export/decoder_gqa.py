@@ -149,7 +149,9 @@ def _rotary_off(model):
 
 
 def _attention_modules(model) -> dict[int, object]:
-    return {m.layer_idx: m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")}
+    """Each layer's attention module (``layer_idx``, ``head_dim``; ``*Attention`` by class name)."""
+    return {m.layer_idx: m for m in model.modules()
+            if hasattr(m, "layer_idx") and hasattr(m, "head_dim") and type(m).__name__.endswith("Attention")}
 
 
 def rotary_tables(model, positions: int) -> dict[int, tuple]:
@@ -162,8 +164,9 @@ def rotary_tables(model, positions: int) -> dict[int, tuple]:
     ids = torch.arange(positions, dtype=torch.int64)[None]
     probe = torch.zeros(1, dtype=torch.float32)
     tables, by_type = {}, {}
+    per_type = "layer_type" in inspect.signature(rotary.forward).parameters  # Gemma 4: a rope per layer type
     for layer, module in _attention_modules(model).items():
-        kind = getattr(module, "layer_type", None)
+        kind = getattr(module, "layer_type", None) if per_type else None
         if kind not in by_type:
             with torch.no_grad():
                 cos, sin = rotary(probe, ids, kind) if kind is not None else rotary(probe, ids)
@@ -214,18 +217,14 @@ def _wrapper(model, tables: dict[int, tuple], layers: int):
     return _GQADecoder().eval()
 
 
-def _sample(model, layers: int):
+def _sample(model, shapes: list[tuple[int, ...]]):
+    """Inputs for tracing: batch 2, 3 new tokens after a past of 4 (torch.export specialises 0 and 1)."""
     import torch
 
     config = model.config.get_text_config(decoder=True)
-    modules = _attention_modules(model)
     ids = torch.randint(0, max(config.vocab_size, 2), (SAMPLE_BATCH, SAMPLE_NEW), dtype=torch.int64)
     mask = torch.ones((SAMPLE_BATCH, SAMPLE_PAST + SAMPLE_NEW), dtype=torch.int64)
-    past = []
-    for i in range(layers):
-        module = modules[i]
-        kv = module.k_proj.out_features // module.head_dim
-        past += [torch.randn(SAMPLE_BATCH, kv, SAMPLE_PAST, module.head_dim) * 0.1 for _ in range(2)]
+    past = [torch.randn(SAMPLE_BATCH, shape[0], SAMPLE_PAST, shape[2]) * 0.1 for shape in shapes]
     return ids, mask, past
 
 
@@ -235,19 +234,20 @@ def export_gqa_decoder(src: Path, dst: Path, opset: int, trust_remote_code: bool
     from torch.export import Dim
     from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM
 
-    from xformopt.passes.export.decoder_dynamo import _finish
+    from xformopt.passes.export.decoder_dynamo import _finish, cache_slots
 
     config = AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code)
     check_supported(config)
     AttentionInterface.register(ATTENTION_NAME, _attention)
     model = load_quietly(AutoModelForCausalLM.from_pretrained, src, trust_remote_code=trust_remote_code,
-                         dtype=torch.float32, attn_implementation=ATTENTION_NAME).eval()
-    text = model.config.get_text_config(decoder=True)
-    layers = text.num_hidden_layers
+                         dtype=torch.float32, attn_implementation="eager").eval()
+    slots, shapes = cache_slots(model)  # each layer's cache shape, from one eager cached forward
+    model.set_attn_implementation(ATTENTION_NAME)
+    layers = len(slots)
     if sorted(_attention_modules(model)) != list(range(layers)):
-        raise NotGroupQueryAttention("its attention modules are not one q/k/v-projected module per layer")
-    tables = rotary_tables(model, int(text.max_position_embeddings))
-    ids, mask, past = _sample(model, layers)
+        raise NotGroupQueryAttention("its attention modules are not one *Attention module per layer")
+    tables = rotary_tables(model, int(model.config.get_text_config(decoder=True).max_position_embeddings))
+    ids, mask, past = _sample(model, shapes)
     dyn = Dim.DYNAMIC
     axes = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, tuple({0: dyn, 2: dyn} for _ in past))
     past_names = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
