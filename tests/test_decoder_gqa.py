@@ -18,8 +18,8 @@ import httpx
 import numpy as np
 import pytest
 import tiny_decoders
-from conftest import make_ctx, run_pass
-from serve_helpers import ServerThread
+from conftest import error_lines, make_ctx, run_cli, run_pass
+from serve_helpers import ServerThread, free_port
 from test_decoder_families import NEW_TOKENS, _greedy_onnx, _greedy_reference, _prompt
 
 LAYERS = tiny_decoders.SHAPE["num_hidden_layers"]
@@ -125,7 +125,7 @@ def test_serve_answers_two_concurrent_prompts_as_single_stream(stages):
     assert answers == [generator.generate(p, max_new_tokens=16).text for p in prompts]
 
 
-def test_qwen3_5_is_refused_by_continuous_batching_in_one_line_and_decodes_alone(tmp_path, sample_texts):
+def test_qwen3_5_is_refused_by_continuous_batching_in_one_line_and_decodes_alone(tmp_path, sample_texts, capsys):
     from xformopt.errors import InputError
     from xformopt.runtime.batch_decoder import BatchDecoder
 
@@ -136,5 +136,7 @@ def test_qwen3_5_is_refused_by_continuous_batching_in_one_line_and_decodes_alone
         BatchDecoder(tmp_path / "e", threads=2)
     message = str(refused.value)
     assert "\n" not in message and "linear-attention states" in message and ".conv" in message
+    code, _, err = run_cli(["serve", str(tmp_path / "e"), "--port", str(free_port())], capsys)  # before it binds
+    assert code == 2 and len(error_lines(err)) == 1 and "linear-attention states" in err, err
     prompt = _prompt(model)
     assert _greedy_onnx(tmp_path / "e", prompt) == _greedy_reference(model, prompt)

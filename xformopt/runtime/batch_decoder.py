@@ -35,6 +35,13 @@ from xformopt.runtime.decoder import SPLIT, CacheLayout, _gqa_max_positions, is_
 from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
 
+def check_batchable(model_dir: Path) -> None:
+    """InputError (one line) unless the decoder in ``model_dir`` can be batched continuously; serve asks
+    before it binds its port."""
+    if not _gqa_max_positions(Path(model_dir) / "model.onnx"):
+        raise InputError(_refusal(Path(model_dir) / "model.onnx"))
+
+
 def _refusal(model_path: Path) -> str:
     """Why this graph cannot be batched continuously, in one line."""
     import onnx
