@@ -158,8 +158,8 @@ class Family:
 
     def expected_fusions(self, layers: int, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
         """Fused ops ``layers`` layers must reach (``fused_per_layer``): for a family exported by
-        onnxruntime-genai's builder, its set when the input graph came from the builder (it has
-        GroupQueryAttention), the dynamo export's set (``fallback_per_layer``) otherwise."""
+        onnxruntime-genai's builder or the GQA export, its set when the input graph has GroupQueryAttention,
+        the plain dynamo export's set (``fallback_per_layer``) otherwise."""
         built = self.exporter not in ("genai", "gqa") or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
         per_layer = self.fused_per_layer if built else self.fallback_per_layer
         return {op: n * layers for op, n in per_layer.items()}
@@ -189,7 +189,9 @@ class Family:
 
 _ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
 _DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
-# The dynamo decoder export after onnxscript's fusions (transformers 5.23, onnxscript 0.7.2, tiny configs):
+# Builder families without the genai extra, and the generic decoder row, go through the GQA export
+# (GroupQueryAttention written at export, then these RMSNorm fusions: _GQA). Where that export refuses a model,
+# the plain dynamo decoder export after onnxscript's fusions (transformers 5.23, onnxscript 0.7.2, tiny configs):
 # attention through SDPA -> MultiHeadAttention (GroupQueryAttention's rule needs the causal-mask pattern of
 # older transformers and does not fire), two SkipSimplifiedLayerNorms per layer; the RotaryEmbedding rule
 # matches but its cos/sin-cache rule does not, so rotary is left as plain ops.

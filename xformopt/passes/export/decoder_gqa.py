@@ -22,7 +22,9 @@ contract for GroupQueryAttention graphs), so ``xformopt serve`` batches sequence
 
 Refused (the caller falls back to the plain dynamo export, :mod:`.decoder_dynamo`): layers that keep
 state other than a key/value pair (Qwen3.5's Gated DeltaNet), layers that reuse another layer's key/value
-(Gemma 4's ``num_kv_shared_layers``), rotary tables whose halves differ (interleaved rotary).
+(Gemma 4's ``num_kv_shared_layers``), rotary tables whose halves differ (interleaved rotary), attention
+with sink logits (GPT-OSS), a model without one ``*Attention`` module per layer or a rotary module.
+Anything else the op would not reproduce shows in the export pass's parity check, which fails the pass.
 """
 
 from __future__ import annotations
@@ -244,8 +246,11 @@ def export_gqa_decoder(src: Path, dst: Path, opset: int, trust_remote_code: bool
     slots, shapes = cache_slots(model)  # each layer's cache shape, from one eager cached forward
     model.set_attn_implementation(ATTENTION_NAME)
     layers = len(slots)
-    if sorted(_attention_modules(model)) != list(range(layers)):
+    modules = _attention_modules(model)
+    if sorted(modules) != list(range(layers)):
         raise NotGroupQueryAttention("its attention modules are not one *Attention module per layer")
+    if any(hasattr(m, "sinks") for m in modules.values()):  # GPT-OSS: extra softmax logits the op does not take
+        raise NotGroupQueryAttention("its attention has sink logits")
     tables = rotary_tables(model, int(model.config.get_text_config(decoder=True).max_position_embeddings))
     ids, mask, past = _sample(model, shapes)
     dyn = Dim.DYNAMIC
