@@ -101,8 +101,9 @@ def _translation():
 
     def gqa(query, key, value, past_key, past_value, seqlens_k, total_length, cos, sin, num_heads: int,
             kv_heads: int, scale: float, window: int, softcap: float):
-        return op(query, key, value, past_key, past_value, seqlens_k, total_length, cos, sin,
-                  num_heads=num_heads, kv_num_heads=kv_heads, scale=scale, local_window_size=window, softcap=softcap, do_rotary=1, _outputs=3)
+        return op(query, key, value, past_key, past_value, seqlens_k, total_length, cos, sin, num_heads=num_heads,
+                  kv_num_heads=kv_heads, scale=scale, local_window_size=window, softcap=softcap, do_rotary=1,
+                  _outputs=3)
 
     return gqa
 
@@ -114,6 +115,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, sliding_
     batch, heads, new, head_dim = query.shape
     kv_heads = key.shape[1]
     cos, sin = step["tables"][layer]
+    # transformers' window as the op's local_window_size, as the genai builder passes it (greedy parity on Gemma 4's
+    # window-8 layers measured it: window - 1 diverges once a sequence outgrows the window)
     window = getattr(module, "sliding_window", None) or sliding_window
     out, present_key, present_value = step["op"](
         query.transpose(1, 2).reshape(batch, new, heads * head_dim),
@@ -143,6 +146,8 @@ def _rotary_off(model):
 
         saved[mod] = original
         mod.apply_rotary_pos_emb = identity
+    if not saved:  # rotary applied some other way would be applied twice: refuse rather than rotate twice
+        raise NotGroupQueryAttention("its modeling code has no apply_rotary_pos_emb to hand the rotary to the op")
     try:
         yield
     finally:
