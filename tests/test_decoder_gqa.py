@@ -146,12 +146,17 @@ def test_serve_answers_two_concurrent_prompts_as_single_stream(stages):
 
 
 def test_qwen3_5_is_refused_by_continuous_batching_in_one_line_and_decodes_alone(tmp_path, sample_texts, capsys):
+    from transformers import AutoConfig
+
     from xformopt.errors import InputError
+    from xformopt.passes.export.decoder_gqa import NotGroupQueryAttention, check_supported
     from xformopt.runtime.batch_decoder import BatchDecoder
 
     model = tiny_decoders.build(tmp_path / "m", "qwen3_5_text", seed=3)
     record = run_pass("export", make_ctx(model, sample_texts), model, tmp_path / "e")
-    assert "decoder_dynamo" in record["exporter"]  # the GQA export refused it: its states are not a KV cache
+    assert "decoder_dynamo" in record["exporter"]  # its row's route: the plain dynamo export, states carried
+    with pytest.raises(NotGroupQueryAttention, match="linear_attention"):  # what the GQA export says of it
+        check_supported(AutoConfig.from_pretrained(model))
     with pytest.raises(InputError) as refused:
         BatchDecoder(tmp_path / "e", threads=2)
     message = str(refused.value)
