@@ -1,6 +1,7 @@
-"""Decoders through torch's dynamo exporter (xformopt/passes/export/decoder_dynamo.py): the families the genai
-builder does not know (Ministral 3, Gemma 4 text, Qwen3.5 text with its linear-attention states), a causal
-LM the family table has no row for (Granite),
+"""Decoders through torch's dynamo exporter: the families the genai builder does not build (Ministral 3 and
+Gemma 4 text with GroupQueryAttention written at export, xformopt/passes/export/decoder_gqa.py; Qwen3.5 text
+with its linear-attention states through xformopt/passes/export/decoder_dynamo.py), a causal LM the family
+table has no row for (Granite),
 and what is refused before any work (image/audio input, custom code without --trust-remote-code, a cache
 that is not one key/value pair per layer).
 
@@ -20,8 +21,9 @@ from conftest import error_lines, make_ctx, run_cli, run_pass
 NEW_TOKENS = 32
 LAYERS = tiny_decoders.SHAPE["num_hidden_layers"]
 DYNAMO_FAMILIES = ("ministral3", "gemma4_text", "qwen3_5_text")
-# Ministral 3's position-dependent query scale keeps SDPA from matching; Qwen3.5's one full-attention layer fuses
-ATTENTION_FUSES = {"ministral3": False, "gemma4_text": True, "qwen3_5_text": True}
+# Ministral 3 and Gemma 4 export GroupQueryAttention (decoder_gqa); Qwen3.5's one full-attention layer fuses in `fuse`
+ATTENTION_FUSES = {"ministral3": True, "gemma4_text": True, "qwen3_5_text": True}
+GQA_EXPORTED = ("ministral3", "gemma4_text")
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +75,19 @@ def _prompt(model_dir) -> list[int]:
 
 
 @pytest.mark.parametrize("family", DYNAMO_FAMILIES)
-def test_family_exports_with_split_cache_parity_on_padded_batches(family, stages):
+def test_family_exports_with_split_cache_parity(family, stages):
     record = stages[family]["export"][1]
     assert "dynamo" in record["exporter"] and record["cache_layout"] == "split"
-    assert record["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"]
     assert record["past_inputs"] == 2 * LAYERS and f"present.{LAYERS - 1}.value" in record["outputs"]
     parity = record["parity"]
     assert parity["max_abs_diff"] < 1e-4 and 0 in parity["past_lengths"] and max(parity["past_lengths"]) > 8
-    assert parity["padded_batch"]["batch"] == 2 and parity["greedy_argmax_mismatches"] == 0
+    assert parity["greedy_argmax_mismatches"] == 0
+    if family in GQA_EXPORTED:  # the builder's layout: positions from the mask, rows unpadded (no left padding)
+        assert "GroupQueryAttention" in record["exporter"] and "position_ids" not in record["inputs"]
+        assert record["inputs"][:2] == ["input_ids", "attention_mask"] and "skipped" in parity["padded_batch"]
+    else:
+        assert record["inputs"][:3] == ["input_ids", "attention_mask", "position_ids"]
+        assert parity["padded_batch"]["batch"] == 2
 
 
 @pytest.mark.parametrize("family", DYNAMO_FAMILIES)

@@ -353,20 +353,24 @@ def test_an_old_quantize_int4_recipe_is_refused_naming_the_new_step(tmp_path, ca
     assert code == 2 and "its own pass now" in err and not (tmp_path / "o").exists()
 
 
-def test_without_the_builder_llama_exports_through_dynamo_loudly(family_models, sample_texts, tmp_path, monkeypatch):
-    """No genai extra: torch's dynamo exporter writes the split cache layout (parity at every step and on a
-    left-padded batch), and fuse turns its attention into MultiHeadAttention, counted per layer."""
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_without_the_builder_exports_group_query_attention_through_dynamo_loudly(family, family_models, sample_texts,
+                                                                                 tmp_path, monkeypatch):
+    """No genai extra: torch's dynamo exporter writes GroupQueryAttention itself (xformopt/passes/export/decoder_gqa.py:
+    the builder's layout, no position_ids, parity at every step; left padding skipped, as for the builder's graphs),
+    and fuse keeps it and fuses the RMSNorms, counted per layer. Phi-3: fused qkv/gate-up projections."""
     import xformopt.families as families
 
     monkeypatch.setattr(families, "genai_builder_available", lambda: False)
-    ctx = make_ctx(family_models["llama"], sample_texts)
-    record = run_pass("export", ctx, family_models["llama"], tmp_path / "e")
-    assert "dynamo" in record["exporter"] and "fused" not in record and record["cache_layout"] == "split"
-    assert record["parity"]["max_abs_diff"] < 1e-4 and record["parity"]["padded_batch"]["batch"] == 2
+    ctx = make_ctx(family_models[family], sample_texts)
+    record = run_pass("export", ctx, family_models[family], tmp_path / "e")
+    assert "decoder_gqa" in record["exporter"] and "fused" not in record and record["cache_layout"] == "split"
+    assert "position_ids" not in record["inputs"] and "skipped" in record["parity"]["padded_batch"]
+    assert record["parity"]["max_abs_diff"] < 1e-4 and record["parity"]["greedy_argmax_mismatches"] == 0
     assert any("onnxruntime-genai is not installed" in m for m in ctx.messages)
-    fused = run_pass("fuse", make_ctx(family_models["llama"], sample_texts), tmp_path / "e", tmp_path / "f", select="all")
-    assert fused["expected"] == {"MultiHeadAttention": LAYERS, "SkipSimplifiedLayerNormalization": 2 * LAYERS}
-    assert fused["fused_kept"]["MultiHeadAttention"] == LAYERS and fused["decoder"]["attention_fused"] is True
+    fused = run_pass("fuse", make_ctx(family_models[family], sample_texts), tmp_path / "e", tmp_path / "f", select="all")
+    assert fused["expected"] == {"GroupQueryAttention": LAYERS, "SkipSimplifiedLayerNormalization": 2 * LAYERS}
+    assert fused["fused_kept"]["GroupQueryAttention"] == LAYERS and fused["decoder"]["attention_fused"] is True
 
 
 def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path, capsys):

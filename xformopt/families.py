@@ -12,10 +12,16 @@ do it (an exporter, a fusion).
   ``Attention`` fusion in ``fuse``;
 - ``genai``: onnxruntime-genai's model builder used as a library (optional extra ``genai``): every
   layer's attention and rotary embedding as one ``GroupQueryAttention`` plus fused RMSNorms. Without
-  the extra these families fall back to the ``dynamo`` decoder exporter (``fallback_per_layer``);
+  the extra these families fall back to the ``gqa`` decoder exporter;
+- ``gqa``: torch's dynamo exporter with every layer's attention written as ``GroupQueryAttention`` (rotary
+  inside, no ``position_ids``: the builder's layout, which serve's continuous batching takes;
+  xformopt/passes/export/decoder_gqa.py). A causal LM whose ``model_type`` has no row here takes this
+  route too (the generic row :func:`family_of` builds), with no fusions required: the record says which
+  fired. Where a model's attention cannot be written so (linear-attention states, layers sharing key/values)
+  it falls back, loudly, to ``dynamo`` (``fallback_per_layer``);
 - ``dynamo``: torch's dynamo exporter with the KV cache as inputs/outputs (xformopt/passes/export/decoder_dynamo.py),
-  then onnxscript's ORT fusions in ``fuse``. A causal LM whose ``model_type`` has no row here takes this
-  route too (the generic row :func:`family_of` builds), with no fusions required: the record says which fired.
+  then onnxscript's ORT fusions in ``fuse`` (attention as MultiHeadAttention). Qwen3.5 text takes it: its
+  Gated DeltaNet states have no place in a shared KV buffer, so serve runs it one sequence at a time.
 
 Encoders are exported by torch's dynamo exporter (``dynamo``, every row's default), whose graphs go
 through onnxscript's ORT fusion rewriter and then ORT's optimizer in ``fuse``; ``torchscript`` (torch's
@@ -114,7 +120,7 @@ class Family:
     decoder: bool
     ort_model_type: str  # ONNX Runtime transformer-optimizer model type used by `fuse`
     fused_per_layer: dict[str, int]  # fused ops each layer must reach after export (genai) or fuse
-    exporter: str = "dynamo"  # "dynamo" | "torchscript" (encoders) | "gpt2" | "genai" | "dynamo" (decoders)
+    exporter: str = "dynamo"  # "dynamo" | "torchscript" (encoders) | "gpt2" | "genai" | "gqa" | "dynamo" (decoders)
     layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     heads_keys: tuple[str, ...] = ("num_attention_heads",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
@@ -152,9 +158,9 @@ class Family:
 
     def expected_fusions(self, layers: int, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
         """Fused ops ``layers`` layers must reach (``fused_per_layer``): for a family exported by
-        onnxruntime-genai's builder, its set when the input graph came from the builder (it has
-        GroupQueryAttention), the dynamo export's set (``fallback_per_layer``) otherwise."""
-        built = self.exporter != "genai" or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
+        onnxruntime-genai's builder or the GQA export, its set when the input graph has GroupQueryAttention,
+        the plain dynamo export's set (``fallback_per_layer``) otherwise."""
+        built = self.exporter not in ("genai", "gqa") or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
         per_layer = self.fused_per_layer if built else self.fallback_per_layer
         return {op: n * layers for op, n in per_layer.items()}
 
@@ -183,7 +189,9 @@ class Family:
 
 _ENCODER_FUSED = {"Attention": 1, "SkipLayerNormalization": 2}
 _DEBERTA_FUSED = {"MultiHeadAttention": 1, "SkipLayerNormalization": 2}
-# The dynamo decoder export after onnxscript's fusions (transformers 5.23, onnxscript 0.7.2, tiny configs):
+# Builder families without the genai extra, and the generic decoder row, go through the GQA export
+# (GroupQueryAttention written at export, then these RMSNorm fusions: _GQA). Where that export refuses a model,
+# the plain dynamo decoder export after onnxscript's fusions (transformers 5.23, onnxscript 0.7.2, tiny configs):
 # attention through SDPA -> MultiHeadAttention (GroupQueryAttention's rule needs the causal-mask pattern of
 # older transformers and does not fire), two SkipSimplifiedLayerNorms per layer; the RotaryEmbedding rule
 # matches but its cos/sin-cache rule does not, so rotary is left as plain ops.
@@ -280,15 +288,21 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     _genai("qwen2"),
     _genai("qwen3"),
     _genai("phi3"),
-    # Ministral 3: llama-like with YaRN rope and a position-dependent query scale (llama4-style attn_scale),
-    # which keeps SDPA from matching: attention stays MatMul/Softmax, the RMSNorms fuse.
-    Family("ministral3", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo", grouped_query=True),
-    # Gemma 4 text: sliding-window and full-attention layers (own head_dim); attention fuses as
-    # MultiHeadAttention, its two tanh GELUs (MLP, per-layer input gate) as FastGelu; its RMSNorms do not fuse.
+    # Ministral 3 and Gemma 4 text: torch's dynamo exporter with GroupQueryAttention written at export
+    # (xformopt/passes/export/decoder_gqa.py: rotary inside, positions from the mask, the genai builder's
+    # layout, so serve batches them continuously). Ministral 3: llama-like with YaRN rope and a
+    # position-dependent query scale (llama4-style attn_scale), applied before the attention op.
+    # fallback_per_layer: what the plain dynamo export fuses, where the GQA export refuses the model.
+    Family("ministral3", True, "gpt2", _GQA, exporter="gqa", grouped_query=True,
+           fallback_per_layer={"SkipSimplifiedLayerNormalization": 2}),
+    # Gemma 4 text: sliding-window layers (GroupQueryAttention's local_window_size) and full-attention layers
+    # with their own head_dim; its two tanh GELUs (MLP, per-layer input gate) fuse as FastGelu; its RMSNorms
+    # do not fuse. Layers reusing another layer's key/value (num_kv_shared_layers) are refused by the GQA
+    # export and go through the plain dynamo export, where attention fuses as MultiHeadAttention.
     # ort_model_type "none": onnxscript's fusions only. ORT 1.32's GPT-2 optimizer leaves this graph
     # unsortable ("Graph is not a DAG") even with every fusion switched off.
-    Family("gemma4_text", True, "none", {"MultiHeadAttention": 1, "FastGelu": 2}, exporter="dynamo",
-           grouped_query=True),
+    Family("gemma4_text", True, "none", {"GroupQueryAttention": 1, "FastGelu": 2}, exporter="gqa",
+           grouped_query=True, fallback_per_layer={"MultiHeadAttention": 1, "FastGelu": 2}),
     # Qwen3.5 text: Gated DeltaNet (linear attention) layers carry conv/recurrent states, every 4th layer is
     # full attention (MultiHeadAttention after fuse); every layer's two (1 + w) RMSNorms fuse.
     Family("qwen3_5_text", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo",

@@ -5,11 +5,14 @@ Measured with onnxruntime 1.32, onnxscript 0.7.2 and transformers 5.23 (tiny con
 - GPT-2 exported by :func:`xformopt.passes.export.decoder.export_gpt2`: every layer fuses into one
   ``Attention`` (with past/present), plus ``EmbedLayerNormalization``, ``SkipLayerNormalization`` x 2
   per layer and ``FastGelu``: the whole block is ~8 ops per layer.
-- Llama-like decoders exported by the dynamo path (:mod:`xformopt.passes.export.decoder_dynamo`): onnxscript's fusions turn
+- Decoders exported with GroupQueryAttention by the dynamo path (:mod:`xformopt.passes.export.decoder_gqa`,
+  Ministral 3, Gemma 4 text, the generic row): attention is GroupQueryAttention from the export on, and
+  onnxscript's fusions add ``SkipSimplifiedLayerNormalization`` x 2 per layer (Llama-like RMSNorms).
+- Llama-like decoders exported by the plain dynamo path (:mod:`xformopt.passes.export.decoder_dynamo`): onnxscript's fusions turn
   each layer's attention into ``MultiHeadAttention`` (through its SDPA rule) and its RMSNorms into
   ``SkipSimplifiedLayerNormalization`` x 2; its ``GroupQueryAttention`` rule does not fire (it wants the
   causal-mask graph of older transformers), nor does its rotary cos/sin-cache rule. A family whose
-  attention does not fuse (Ministral 3's position-dependent query scale) is logged loudly, and asking for
+  attention does not fuse (Ministral 3's position-dependent query scale, on this path) is logged loudly, and asking for
   it with ``expect: {MultiHeadAttention: N}`` fails the pass.
 """
 

@@ -31,8 +31,30 @@ import numpy as np
 
 from xformopt.errors import InputError
 from xformopt.runtime import last_logits
-from xformopt.runtime.decoder import SPLIT, CacheLayout, _gqa_max_positions
+from xformopt.runtime.decoder import SPLIT, CacheLayout, _gqa_max_positions, is_state
 from xformopt.runtime.session import DECODER_SPIN_US, ort_session
+
+
+def check_batchable(model_dir: Path) -> None:
+    """InputError (one line) unless the decoder in ``model_dir`` can be batched continuously; serve asks
+    before it binds its port."""
+    if not _gqa_max_positions(Path(model_dir) / "model.onnx"):
+        raise InputError(_refusal(Path(model_dir) / "model.onnx"))
+
+
+def _refusal(model_path: Path) -> str:
+    """Why this graph cannot be batched continuously, in one line."""
+    import onnx
+
+    states = [i.name for i in onnx.load(model_path, load_external_data=False).graph.input if is_state(i.name)]
+    if states:
+        return (f"{model_path.parent}: continuous batching cannot serve a decoder with linear-attention states "
+                f"({states[0]}, ...: fixed-size per sequence, no place in the shared KV buffer, e.g. Qwen3.5's "
+                "Gated DeltaNet layers); run it one sequence at a time (xformopt generate)")
+    return (f"{model_path.parent}: continuous batching needs a GroupQueryAttention graph with its rotary table "
+            "(re-export the decoder with this xformopt: the genai builder, or the dynamo export with "
+            "GroupQueryAttention)")
+
 
 QUANTUM = 64  # positions a buffer's capacity is rounded up to, so growth reallocates rarely
 
@@ -61,8 +83,7 @@ class BatchDecoder:
             raise InputError(f"max_kv_tokens ({max_kv_tokens}) and max_rows ({max_rows}) must be at least 1")
         self.max_positions = _gqa_max_positions(self.model_dir / "model.onnx")
         if not self.max_positions:
-            raise InputError(f"{self.model_dir}: continuous batching needs a GroupQueryAttention graph with its rotary "
-                             "table (export the decoder with the genai extra installed: pip install 'xformopt[genai]')")
+            raise InputError(_refusal(self.model_dir / "model.onnx"))
         # A prompt step needs the last position's logits only (runtime/last_logits.py): the head runs on one
         # position instead of the whole prompt.
         graph = last_logits.rewritten(self.model_dir) if last_position_logits else None
@@ -73,13 +94,13 @@ class BatchDecoder:
         if self.layout.kind != SPLIT or not self.layout.has_attention_mask or self.layout.has_position_ids:
             raise InputError(f"{self.model_dir}: expected the builder's inputs (input_ids, attention_mask, "
                              "past_key_values.*), found another layout; re-export the decoder")
-        shape = self.layout.past_shapes[0]
-        self.kv_heads, self.head_dim = shape[1], shape[3]
-        if not all(isinstance(d, int) for d in (self.kv_heads, self.head_dim)):
-            raise InputError(f"{self.model_dir}: the cache's head axes are not static ({shape}); re-export the decoder")
+        # (kv_heads, head_dim) per cache tensor: layers may differ (Gemma 4's full-attention layers)
+        self.heads = {n: (s[1], s[3]) for n, s in zip(self.layout.past_names, self.layout.past_shapes)}
+        if not all(isinstance(d, int) for dims in self.heads.values() for d in dims):
+            raise InputError(f"{self.model_dir}: the cache's head axes are not static ({self.layout.past_shapes}); "
+                             "re-export the decoder")
         self.max_kv_tokens, self.max_rows = int(max_kv_tokens), int(max_rows)
-        self.bytes_per_position = (np.dtype(self.layout.past_dtype).itemsize * self.kv_heads * self.head_dim
-                                   * len(self.layout.past_names))
+        self.bytes_per_position = np.dtype(self.layout.past_dtype).itemsize * sum(h * d for h, d in self.heads.values())
         self.arrays: dict[str, np.ndarray] = {}
         self.rows_allocated = self.capacity = 0
         self._views: dict[tuple[int, int], tuple] = {}
@@ -194,8 +215,8 @@ class BatchDecoder:
             want_cap = max(positions, self.max_kv_tokens // want_rows)
         if want_rows * want_cap > self.max_kv_tokens:  # fits() was not asked
             raise InputError(f"{rows} rows of {positions} positions exceed max_kv_tokens {self.max_kv_tokens}")
-        arrays = {n: np.zeros((want_rows, self.kv_heads, want_cap, self.head_dim), dtype=self.layout.past_dtype)
-                  for n in self.layout.past_names}
+        arrays = {n: np.zeros((want_rows, heads, want_cap, dim), dtype=self.layout.past_dtype)
+                  for n, (heads, dim) in self.heads.items()}
         live = max((s.length for s in self.slots), default=0)
         if self.arrays and live:  # the open rows' cached positions move over
             keep_rows = min(self.rows_allocated, want_rows, max(s.row for s in self.slots) + 1)

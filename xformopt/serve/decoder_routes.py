@@ -25,7 +25,7 @@ from xformopt import models
 from xformopt.decoder.generate import Sampling, TokenPicker, context_window, eos_token_ids
 from xformopt.decoder.generator import open_decoder
 from xformopt.errors import InputError
-from xformopt.runtime.batch_decoder import BatchDecoder
+from xformopt.runtime.batch_decoder import BatchDecoder, check_batchable
 from xformopt.serve.decoder_metrics import DecoderMetrics
 from xformopt.serve.decoder_scheduler import DecoderScheduler, DecoderSettings, Done, Job, Rejected, Token
 from xformopt.serve.decoder_schemas import ChatCompletionRequest, CompletionRequest
@@ -41,7 +41,11 @@ def decoder_spec(artifact: str | Path):
     if not (path / "model.onnx").is_file():
         return None
     task = models.artifact_task(path)
-    return open_decoder(path) if task is not None and task.decoder else None
+    if task is None or not task.decoder:
+        return None
+    spec = open_decoder(path)
+    check_batchable(path)  # continuous batching's graph, refused in one line before anything binds
+    return spec
 
 
 @dataclass

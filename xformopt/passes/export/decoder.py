@@ -29,9 +29,11 @@ because that Slice hides the mask from ORT's pattern matcher. transformers 5 dro
 
 **Llama, Qwen2/3, Mistral, Phi-3** go through onnxruntime-genai's model builder (GroupQueryAttention).
 **Every other causal LM** (families the builder does not know, a model_type the family table does not
-know, or a builder family without the genai extra) goes through torch's dynamo exporter
-(:mod:`.decoder_dynamo`, split ``past_key_values.{i}.key/value`` layout); ``fuse`` then runs
-onnxscript's ORT fusions on it.
+know, or a builder family without the genai extra) goes through torch's dynamo exporter with its
+attention written as GroupQueryAttention (:mod:`.decoder_gqa`, the builder's layout); where that is
+refused (linear-attention states, shared key/values: Qwen3.5) through the plain dynamo export
+(:mod:`.decoder_dynamo`, split ``past_key_values.{i}.key/value`` layout with ``position_ids``). ``fuse``
+then runs onnxscript's ORT fusions on either.
 
 Every export is checked against PyTorch at every step of a multi-step greedy decode (prompts of
 several lengths, so several past lengths) and on a left-padded batch of two.
@@ -60,6 +62,7 @@ from xformopt.models import load_tokenizer
 from xformopt.models.quiet import load_quietly, quiet_loggers
 from xformopt.onnx_graph import fused_counts
 from xformopt.passes.export.decoder_dynamo import export_dynamo_decoder
+from xformopt.passes.export.decoder_gqa import NotGroupQueryAttention, export_gqa_decoder
 from xformopt.runtime.decoder import OrtDecoder, TorchDecoder
 from xformopt.scoring.metrics import row_cosine
 
@@ -221,24 +224,44 @@ def pin_head_dim(model_path: Path, config_dir: Path) -> None:
 
 DYNAMO_EXPORTER = ("torch.onnx.export(dynamo=True), split cache layout (xformopt.passes.export.decoder_dynamo)",
                    export_dynamo_decoder)
+GQA_EXPORTER_NAME = ("torch.onnx.export(dynamo=True), GroupQueryAttention + rotary written at export, split cache "
+                     "layout, no position_ids (xformopt.passes.export.decoder_gqa)")
+
+
+def export_gqa_or_dynamo(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> str:
+    """The dynamo export with GroupQueryAttention layers, or (loudly) the plain dynamo export when the model's
+    attention cannot be written that way (linear-attention states, shared key/values); returns which ran."""
+    try:
+        export_gqa_decoder(src, dst, opset, trust_remote_code)
+        return GQA_EXPORTER_NAME
+    except NotGroupQueryAttention as e:
+        _log.warning(f"GroupQueryAttention export refused ({e}): exporting with the plain dynamo exporter "
+                     "(no continuous batching in serve)")
+    export_dynamo_decoder(src, dst, opset, trust_remote_code)
+    return DYNAMO_EXPORTER[0]
+
+
+GQA_EXPORTER = (GQA_EXPORTER_NAME, export_gqa_or_dynamo)
 EXPORTERS = {
     "gpt2": ("torch.onnx TorchScript tracer, ORT GPT-2 cache layout (xformopt.passes.export.decoder.export_gpt2)", export_gpt2),
     "genai": ("onnxruntime-genai model builder (fp32, GroupQueryAttention + rotary, split cache layout)", export_genai),
     "dynamo": DYNAMO_EXPORTER,
+    "gqa": GQA_EXPORTER,
 }
 
 
 def exporter_for(model_type: str):
     """(description, function) from the family table; a model_type it does not know, and genai
-    families when the optional builder is not installed (loudly), go through the dynamo exporter."""
+    families when the optional builder is not installed (loudly), go through the dynamo exporter with
+    GroupQueryAttention (:mod:`.decoder_gqa`), which falls back to the plain one where it cannot."""
 
     family = FAMILIES.get(model_type)
     if family is None or family.exporter not in EXPORTERS:
-        return DYNAMO_EXPORTER
+        return GQA_EXPORTER
     if family.exporter == "genai" and not families.genai_builder_available():
-        _log.warning(f"{GENAI_EXTRA} is not installed: exporting {model_type} with torch's dynamo exporter "
-                     f"(attention fuses as MultiHeadAttention, not GroupQueryAttention; pip install 'xformopt[genai]')")
-        return DYNAMO_EXPORTER
+        _log.warning(f"{GENAI_EXTRA} is not installed: exporting {model_type} with torch's dynamo exporter and "
+                     f"GroupQueryAttention written at export (pip install 'xformopt[genai]' for the builder)")
+        return GQA_EXPORTER
     return EXPORTERS[family.exporter]
 
 
@@ -329,7 +352,7 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
     how, exporter = exporter_for(ctx.spec.model_type)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
     with quiet_loggers("transformers", "torch.onnx", "onnxscript"):
-        exporter(src, dst, options.opset, ctx.spec.trust_remote_code)
+        how = exporter(src, dst, options.opset, ctx.spec.trust_remote_code) or how  # the GQA route says which ran
     copy_config_files(src, dst)
     ctx.log("checking parity against PyTorch at every step of a greedy decode")
     tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
