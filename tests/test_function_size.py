@@ -16,11 +16,6 @@ NO_EXCEPTIONS = ("passes/",)
 # "path::function": its length when the rule came in
 KNOWN_LONG = {
     "fusions/deberta_v2.py::fuse": 99,
-    "measure/latency.py::run_interleaved": 82,
-    "profiling/measure.py::summarize": 98,
-    "recipe_search/run.py::run_trials": 100,
-    "recipe_search/shapes.py::choose": 107,
-    "report/markdown.py::markdown": 108,
 }
 
 
