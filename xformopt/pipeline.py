@@ -48,6 +48,7 @@ from xformopt.passes.records import check_record
 from xformopt.recipe import PassStep, Recipe, check_order, validate_options
 from xformopt.report.build import build_report
 from xformopt.report.render import write_report_files
+from xformopt.report.types import Report, check_report
 from xformopt.resources import vader_split_path
 from xformopt.sources import hub
 from xformopt.sources.gguf import gguf_input
@@ -75,7 +76,7 @@ class Stage:
 class RunResult:
     out: Path
     manifest: dict
-    report: dict
+    report: Report
 
 
 def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
@@ -313,6 +314,7 @@ def run(
 
         if (profile := profile_for_report(stages[-1], heldout, threads, recipe.evaluation.seed)) is not None:
             report["profile"] = profile  # where the final stage's time goes: report.md shows the top lines
+        check_report(report)  # report/types.py: strict in tests, a warning elsewhere
         manifest = build_manifest(input_record(spec.source, spec, input_hash), target, [r.to_dict() for r in records],
                                   host=host, recipe=recipe, heldout=heldout)
         manifest["memory"] = report["memory"]

@@ -25,6 +25,7 @@ from xformopt.report.cells import (
     target_warning,
     throughput_rows,
 )
+from xformopt.report.types import Report
 
 
 def _md_escape(text: str) -> str:
@@ -72,7 +73,7 @@ def _shape_search_lines(searched: dict | None) -> list[str]:
     return [*lines, "", f"- kept: {searched['why']} ({searched['seconds'] / 60:.1f} min)", ""]
 
 
-def _headline_lines(report: dict, images: set[str]) -> list[str]:
+def _headline_lines(report: Report, images: set[str]) -> list[str]:
     """The title, the stage table and the notes under it: what a reader sees without opening anything."""
     metric = report["headline_metric"]
     model = report.get("model") or {}
@@ -102,7 +103,7 @@ def _headline_lines(report: dict, images: set[str]) -> list[str]:
     return lines
 
 
-def _graph_details(report: dict) -> list[str]:
+def _graph_details(report: Report) -> list[str]:
     """Per ONNX stage: what was fused, which GEMMs run in INT8 (or 4 bits) and which stayed float."""
     rows = graph_rows(report)
     if not (rows and any(r["graph"] for r in rows)):
@@ -124,7 +125,7 @@ def _graph_details(report: dict) -> list[str]:
     return details
 
 
-def _measured_details(report: dict, images: set[str]) -> list[str]:
+def _measured_details(report: Report, images: set[str]) -> list[str]:
     """The optional measurements' tables: the model call alone, fixed shapes, generation, throughput, memory."""
     details: list[str] = []
     if report.get("model_call"):
@@ -147,7 +148,7 @@ def _measured_details(report: dict, images: set[str]) -> list[str]:
     return details
 
 
-def _host_details(report: dict) -> list[str]:
+def _host_details(report: Report) -> list[str]:
     """The machine that measured: CPU, flags, library versions, OS and the timing fingerprint."""
     host = report.get("host") or {}
     if not host:
@@ -172,7 +173,7 @@ def _host_details(report: dict) -> list[str]:
     return details
 
 
-def _settings_details(report: dict) -> list[str]:
+def _settings_details(report: Report) -> list[str]:
     """How the stages were timed and scored: threads, rounds, repeats, seed, the held-out rows."""
     s = report.get("settings") or {}
     if not s:
@@ -194,7 +195,7 @@ def _settings_details(report: dict) -> list[str]:
     return details
 
 
-def markdown(report: dict, images: Iterable[str] = ()) -> str:
+def markdown(report: Report, images: Iterable[str] = ()) -> str:
     """GitHub-flavoured Markdown for a pull-request comment.
 
     The headline table comes first; graph facts, fixed shapes, throughput, host and settings sit in
