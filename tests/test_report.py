@@ -63,6 +63,7 @@ def make_report(task: str = "text-classification", fixed: bool = False, throughp
             "delta_to_baseline": {k: m["value"] - base[k]["value"] for k, m in metrics.items()},
             "latency": _latency(median),
             "speedup": medians[0] / median,
+            "memory": {},
         }
         if i >= 1:
             row["graph"] = {}
@@ -82,11 +83,11 @@ def make_report(task: str = "text-classification", fixed: bool = False, throughp
         "target_on_host": True,
         "headline_metric": "accuracy" if task == "text-classification" else "cosine_to_baseline",
         "settings": {
-            "mode": "real", "batch": 1, "threads": 2, "heldout": {"source": "test.jsonl", "rows": 500},
+            "mode": "real", "batch": 1, "threads": 2, "heldout": {"path": "test.jsonl", "source": "test.jsonl", "rows": 500},
             "rounds": 100, "warmup": 10, "repeats": 5, "seed": 0, "thread_pools": "no spin-waiting",
         },
         "host": {
-            "cpu_model": "Intel(R) Xeon(R) Processor", "machine": "x86_64", "cpu_flags": ["avx2", "avx512_vnni"],
+            "cpu_model": "Intel(R) Xeon(R) Processor", "machine": "x86_64", "cpu_flags": ["avx2", "avx512_vnni"], "int8_gemm_saturates": False,
             "cores_logical": 2, "cores_usable": 2, "memory_total_gb": 25.3, "os": "Linux", "python": "3.11.7",
             "versions": {"onnxruntime": "1.32.0", "torch": "2.13.0+cpu"}, "onnxruntime_providers": ["CPUExecutionProvider"],
         },

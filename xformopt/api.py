@@ -36,6 +36,7 @@ from xformopt.seq2seq.text import Text2TextModel
 
 if TYPE_CHECKING:  # the recipe module loads pydantic and the pass registry: only when a run needs it
     from xformopt.recipe import Recipe
+    from xformopt.report.types import Report
 
 Log = Callable[[str], None]
 RecipeLike = Union[str, Path, dict, "Recipe", None]  # a shipped name, a YAML path, a dict or a Recipe
@@ -81,7 +82,7 @@ class Result(_Verdict):
 
     artifact: Path
     manifest: dict
-    report: dict
+    report: Report
 
     @property
     def figures(self) -> dict[str, Any]:

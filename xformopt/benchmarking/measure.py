@@ -46,6 +46,7 @@ from xformopt.measure.host import host_fingerprint, host_info
 from xformopt.models.validate import check_onnx_file
 from xformopt.recipe import EvaluationSettings
 from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
+from xformopt.report.types import Report
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.session import thread_pool_setting
 
@@ -66,7 +67,7 @@ class Artifact:
 
     path: Path
     manifest: dict
-    report: dict | None
+    report: Report | None
     evaluation: object  # recipe.EvaluationSettings
     spec: object  # models.ModelSpec
 

@@ -17,6 +17,7 @@ from xformopt.report.console import console_table
 from xformopt.report.markdown import markdown
 from xformopt.report.render import write_derived_files
 from xformopt.report.schema import REPORT_SCHEMA
+from xformopt.report.types import Report
 
 EXAMPLES = """
 Examples:
@@ -27,7 +28,7 @@ Examples:
 """
 
 
-def load_report(directory: Path) -> tuple[dict, Path]:
+def load_report(directory: Path) -> tuple[Report, Path]:
     """DIR/report.json (DIR may also be the report.json itself), checked: (report, directory)."""
     path = Path(directory)
     if not path.exists():

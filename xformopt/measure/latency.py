@@ -76,6 +76,21 @@ def summarize(samples_s: Sequence[float], items_per_call: int = 1) -> LatencySta
     )
 
 
+def _check_interleaved_args(variants, n_inputs: int, warmup: int, iterations: int | None,
+                            time_budget_s: float | None) -> None:
+    """Refuse arguments :func:`run_interleaved` cannot time with (a ValueError naming the argument)."""
+    if not variants:
+        raise ValueError("run_interleaved() needs at least one variant")
+    if n_inputs < 1:
+        raise ValueError(f"n_inputs must be >= 1, got {n_inputs}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    if iterations is not None and iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if time_budget_s is not None and time_budget_s < 0:
+        raise ValueError(f"time_budget_s must be >= 0, got {time_budget_s}")
+
+
 def run_interleaved(
     variants: Mapping[str, Callable[[int], object]],
     n_inputs: int,
@@ -106,16 +121,7 @@ def run_interleaved(
     neither, ``DEFAULT_ITERATIONS`` rounds. ``progress(done, total)`` is called
     after each round, ``total`` being 0 when only a time budget bounds the run.
     """
-    if not variants:
-        raise ValueError("run_interleaved() needs at least one variant")
-    if n_inputs < 1:
-        raise ValueError(f"n_inputs must be >= 1, got {n_inputs}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if iterations is not None and iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
-    if time_budget_s is not None and time_budget_s < 0:
-        raise ValueError(f"time_budget_s must be >= 0, got {time_budget_s}")
+    _check_interleaved_args(variants, n_inputs, warmup, iterations, time_budget_s)
     if iterations is None and time_budget_s is None:
         iterations = DEFAULT_ITERATIONS
 

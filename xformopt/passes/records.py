@@ -8,20 +8,20 @@ writes in some configurations only (a budget, a decoder's attention note, a seq2
 is optional. Nested values are typed where their shape is fixed and plain ``dict`` where they carry
 per-model names (ops, graph inputs, layers).
 
-:func:`check_record` holds a pass to its type: tests run every pass with it strict (a key or a value type
-the type does not declare fails the run); elsewhere a mismatch is logged, never fatal for a user's run.
+:func:`check_record` holds a pass to its type (with ``xformopt.typed_json``, which holds the report to
+``report/types.py`` the same way): tests run every pass with it strict (a key or a value type the type does
+not declare fails the run); elsewhere a mismatch is logged, never fatal for a user's run.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
-from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from pydantic import ConfigDict, with_config
 from typing_extensions import Required, TypedDict  # pydantic validates typing_extensions TypedDicts before 3.12
 
-STRICT_ENV = "XFORMOPT_STRICT_RECORDS"
+from xformopt.typed_json import STRICT_ENV, check_typed, type_errors  # noqa: F401  (STRICT_ENV: read here by tests)
 
 _log = logging.getLogger("xformopt.passes")
 
@@ -150,17 +150,9 @@ class DistillRecord(TypedDict, total=False):
     curve: Required[str | None]  # the training-curve plot's file, None where it could not be drawn
 
 
-_ADAPTERS: dict[type, TypeAdapter] = {}
-
-
 def record_errors(record_type: type, record: dict) -> list[str]:
     """Where ``record`` departs from ``record_type``: one line per key (undeclared, missing, wrong type)."""
-    adapter = _ADAPTERS.setdefault(record_type, TypeAdapter(record_type))
-    try:
-        adapter.validate_python(record, strict=False)
-    except ValidationError as exc:
-        return [f"{'.'.join(map(str, e['loc'])) or '(record)'}: {e['msg']}" for e in exc.errors()]
-    return []
+    return [e.replace("(top):", "(record):", 1) for e in type_errors(record_type, record)]
 
 
 def check_record(pass_name: str, record_type: type | None, record: dict) -> None:
@@ -168,10 +160,4 @@ def check_record(pass_name: str, record_type: type | None, record: dict) -> None
     a warning otherwise (a schema slip must never cost a user the artifact a long run built)."""
     if record_type is None:
         return
-    errors = record_errors(record_type, record)
-    if not errors:
-        return
-    message = f"pass {pass_name!r} wrote a record its type {record_type.__name__} does not describe: " + "; ".join(errors)
-    if os.environ.get(STRICT_ENV) == "1":
-        raise TypeError(message)
-    _log.warning(message)
+    check_typed(f"pass {pass_name!r} wrote a record", record_type, record, _log)

@@ -130,38 +130,89 @@ def profile_stage(spec, model_dir: Path, texts: Sequence[str], pairs: Sequence[s
     return doc, trace_path
 
 
-def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dict:
-    """The profile document from the timed trace runs and the request timings (seconds)."""
-    n = len(timed)
+class _KernelTotals:
+    """The trace runs' kernel times summed by operator, layer, node and GEMM kind (microseconds, all runs)."""
+
+    def __init__(self):
+        self.by_op: dict[tuple[str, str], dict] = defaultdict(lambda: {"us": 0.0, "calls": 0, "flops": 0.0, "flops_us": 0.0})
+        self.by_layer: dict[str, float] = defaultdict(float)
+        self.by_node: dict[tuple[str, str], float] = defaultdict(float)
+        self.gemm: dict[str, dict] = defaultdict(lambda: {"flops": 0.0, "us": 0.0})
+        self.unmapped = 0
+
+
+def _kernel_totals(timed, graph) -> _KernelTotals:
+    """Sum every kernel of every timed run into :class:`_KernelTotals` (with its FLOPs where it is a GEMM)."""
     layers = layer_map.node_layers(graph) if graph is not None else {}
     attrs = _node_attrs(graph) if graph is not None else {}
     weighted = _weighted_nodes(graph) if graph is not None else {}
-    by_op: dict[tuple[str, str], dict] = defaultdict(lambda: {"us": 0.0, "calls": 0, "flops": 0.0, "flops_us": 0.0})
-    by_layer: dict[str, float] = defaultdict(float)
-    by_node: dict[tuple[str, str], float] = defaultdict(float)
-    gemm: dict[str, dict] = defaultdict(lambda: {"flops": 0.0, "us": 0.0})
-    unmapped = 0
+    totals = _KernelTotals()
     for run in timed:
         for k in run.kernels:
             kind = ops.kernel_category(k.op_type, weighted.get(k.node), k.input_shapes)
-            entry = by_op[(k.op_type, kind)]
+            entry = totals.by_op[(k.op_type, kind)]
             entry["us"] += k.dur_us
             entry["calls"] += 1
             label = layers.get(k.node)
             if label is None:
                 number = layer_map.layer_number(k.node)
                 label = f"layer {number}" if number is not None else "unmapped"
-                unmapped += label == "unmapped"
-            by_layer[label] += k.dur_us
-            by_node[(k.node, k.op_type)] += k.dur_us
+                totals.unmapped += label == "unmapped"
+            totals.by_layer[label] += k.dur_us
+            totals.by_node[(k.node, k.op_type)] += k.dur_us
             precision = ops.precision(k.op_type, k.input_dtypes)
             work = ops.flops(k.op_type, k.input_shapes, k.output_shapes, attrs.get(k.node)) if precision else None
             if work is not None:
                 entry["flops"] += work
                 entry["flops_us"] += k.dur_us
                 row = "attention" if kind == "attention" else precision
-                gemm[row]["flops"] += work
-                gemm[row]["us"] += k.dur_us
+                totals.gemm[row]["flops"] += work
+                totals.gemm[row]["us"] += k.dur_us
+    return totals
+
+
+def _breakdown(totals: _KernelTotals, per_request, tok_ms: float, kernels_ms: float, ort_ms: float,
+               mean_e2e_ms: float) -> list[dict]:
+    """The mean request split into operator categories, tokenization and the runtime between, slowest first."""
+    categories: dict[str, float] = defaultdict(float)
+    for (_, kind), entry in totals.by_op.items():
+        categories[kind] += entry["us"]
+    between_ms = ort_ms - kernels_ms
+    call_ms = mean_e2e_ms - tok_ms - ort_ms
+    breakdown = [{"part": name, "kind": "operators", "ms": per_request(us)} for name, us in categories.items()]
+    breakdown += [{"part": "tokenization", "kind": "tokenizer", "ms": tok_ms},
+                  {"part": "ORT between kernels", "kind": "runtime", "ms": between_ms},
+                  {"part": "Python call and feed", "kind": "runtime", "ms": call_ms}]
+    for row in breakdown:
+        row["share"] = row["ms"] / mean_e2e_ms if mean_e2e_ms > 0 else 0.0
+    breakdown.sort(key=lambda row: -row["ms"])
+    return breakdown
+
+
+def _totals_rows(totals: _KernelTotals, per_request, n: int, mean_e2e_ms: float) -> dict:
+    """The document's per-operator, per-layer, per-GEMM-kind and slowest-node tables."""
+    op_rows = [{
+        "op_type": op_type, "category": kind, "ms": per_request(entry["us"]),
+        "calls_per_request": entry["calls"] / n, "share": per_request(entry["us"]) / mean_e2e_ms,
+        "gflops_per_s": (entry["flops"] / (entry["flops_us"] * 1e3)) if entry["flops_us"] else None,
+    } for (op_type, kind), entry in totals.by_op.items()]
+    op_rows.sort(key=lambda row: -row["ms"])
+    return {
+        "op_types": op_rows,
+        "layers": [{"layer": label, "ms": per_request(us), "share": per_request(us) / mean_e2e_ms}
+                   for label, us in sorted(totals.by_layer.items(), key=lambda item: layer_map.sort_key(item[0]))],
+        "gemm_throughput": [{"kind": kind, "ms": per_request(v["us"]), "gflop_per_request": v["flops"] / n / 1e9,
+                             "gflops_per_s": v["flops"] / (v["us"] * 1e3) if v["us"] else None}
+                            for kind, v in sorted(totals.gemm.items())],
+        "top_nodes": [{"node": node, "op_type": op, "ms": per_request(us)}
+                      for (node, op), us in sorted(totals.by_node.items(), key=lambda item: -item[1])[:10]],
+    }
+
+
+def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dict:
+    """The profile document from the timed trace runs and the request timings (seconds)."""
+    n = len(timed)
+    totals = _kernel_totals(timed, graph)
     tok_on = [t for t, _ in samples["on"]]
     e2e_on = [e for _, e in samples["on"]]
     e2e_off = [e for _, e in samples["off"]]
@@ -172,30 +223,14 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
     def per_request(us: float) -> float:  # total microseconds -> ms per request
         return us / n / 1e3
 
-    categories: dict[str, float] = defaultdict(float)
-    for (_, kind), entry in by_op.items():
-        categories[kind] += entry["us"]
     tok_ms = 1e3 * sum(tok_on) / n
-    kernels_ms = per_request(sum(kernel_us))
-    between_ms = per_request(sum(ort_us)) - kernels_ms
-    call_ms = mean_e2e_ms - tok_ms - per_request(sum(ort_us))
-    breakdown = [{"part": name, "kind": "operators", "ms": per_request(us)} for name, us in categories.items()]
-    breakdown += [{"part": "tokenization", "kind": "tokenizer", "ms": tok_ms},
-                  {"part": "ORT between kernels", "kind": "runtime", "ms": between_ms},
-                  {"part": "Python call and feed", "kind": "runtime", "ms": call_ms}]
-    for row in breakdown:
-        row["share"] = row["ms"] / mean_e2e_ms if mean_e2e_ms > 0 else 0.0
-    breakdown.sort(key=lambda row: -row["ms"])
+    breakdown = _breakdown(totals, per_request, tok_ms, per_request(sum(kernel_us)), per_request(sum(ort_us)),
+                           mean_e2e_ms)
     shares = {name: next((row["share"] for row in breakdown if row["part"] == name), 0.0) for name in NAMED_SHARES}
     accounted = [1e3 * t + k / 1e3 for t, k in zip(tok_on, kernel_us)]
     median_on, median_off = 1e3 * _median(e2e_on), 1e3 * _median(e2e_off)
     coverage = _median(accounted) / median_on if median_on > 0 else 0.0
-    op_rows = [{
-        "op_type": op_type, "category": kind, "ms": per_request(entry["us"]),
-        "calls_per_request": entry["calls"] / n, "share": per_request(entry["us"]) / mean_e2e_ms,
-        "gflops_per_s": (entry["flops"] / (entry["flops_us"] * 1e3)) if entry["flops_us"] else None,
-    } for (op_type, kind), entry in by_op.items()]
-    op_rows.sort(key=lambda row: -row["ms"])
+    tables = _totals_rows(totals, per_request, n, mean_e2e_ms)
     return {
         "schema": SCHEMA,
         "settings": {**asdict(settings), "rows": rows,
@@ -218,15 +253,8 @@ def summarize(timed, samples: dict, settings: Settings, graph, rows: int) -> dic
         },
         "shares": shares,
         "breakdown": breakdown,
-        "op_types": op_rows,
-        "layers": [{"layer": label, "ms": per_request(us), "share": per_request(us) / mean_e2e_ms}
-                   for label, us in sorted(by_layer.items(), key=lambda item: layer_map.sort_key(item[0]))],
-        "gemm_throughput": [{"kind": kind, "ms": per_request(v["us"]), "gflop_per_request": v["flops"] / n / 1e9,
-                             "gflops_per_s": v["flops"] / (v["us"] * 1e3) if v["us"] else None}
-                            for kind, v in sorted(gemm.items())],
-        "top_nodes": [{"node": node, "op_type": op, "ms": per_request(us)}
-                      for (node, op), us in sorted(by_node.items(), key=lambda item: -item[1])[:10]],
-        "kernel_calls_unmapped_to_a_layer": unmapped,
+        **tables,
+        "kernel_calls_unmapped_to_a_layer": totals.unmapped,
     }
 
 

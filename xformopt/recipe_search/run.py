@@ -241,103 +241,125 @@ def optimum_int8(s: Settings, spec, validation: dict, threads: int) -> dict:
     return result
 
 
-def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
-    from optuna.trial import TrialState
+class _TrialLoop:
+    """The search's bookkeeping: trials finished (resumed or run), recipes already paid for, trials
+    running on the executor and asked trials waiting on a running duplicate."""
 
-    results: dict[int, dict] = {}
-    for t in study.get_trials(deepcopy=False):
-        if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "result" in t.user_attrs:
-            results[t.number] = t.user_attrs["result"]
-        elif t.state in (TrialState.RUNNING, TrialState.WAITING):  # interrupted: run again under a new number
-            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-    if results:
-        _log.info(f"resuming: {len(results)} trial(s) already finished")
-    by_recipe = {canonical(r["recipe"]): r["trial"] for r in results.values() if r["status"] == "complete"}
-    running: dict[object, tuple] = {}
-    waiting: dict[str, list] = {}  # recipe -> asked trials that duplicate a running one
+    def __init__(self, s: Settings, study, executor, job_for):
+        from optuna.trial import TrialState
 
-    expensive_seen: set[str] = set()
-    queued: set[str] = set()
+        self.s, self.study, self.executor, self.job_for, self.TrialState = s, study, executor, job_for, TrialState
+        self.results: dict[int, dict] = {}
+        self.running: dict[object, tuple] = {}
+        self.waiting: dict[str, list] = {}  # recipe -> asked trials that duplicate a running one
+        self.expensive_seen: set[str] = set()
+        self.queued: set[str] = set()
+        self.asks = 0
 
-    def expand(params: dict) -> None:
+    def resume(self) -> None:
+        """Take the study's finished trials; fail the interrupted ones (they run again under a new number)."""
+        TrialState = self.TrialState
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state in (TrialState.COMPLETE, TrialState.FAIL) and "result" in t.user_attrs:
+                self.results[t.number] = t.user_attrs["result"]
+            elif t.state in (TrialState.RUNNING, TrialState.WAITING):  # interrupted: run again under a new number
+                self.study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        if self.results:
+            _log.info(f"resuming: {len(self.results)} trial(s) already finished")
+        self.by_recipe = {canonical(r["recipe"]): r["trial"] for r in self.results.values() if r["status"] == "complete"}
+
+    def expand(self, params: dict) -> None:
         """A new prune/distill prefix was paid for: queue its fuse/quantize variants (cheap, from the
         pass cache), so the sampler's budget goes to the expensive choices."""
+        s = self.s
         cheap = set(s.space.cheap_keys())
         prefix = json.dumps({k: v for k, v in params.items() if k not in cheap}, sort_keys=True, default=str)
-        if not s.expand or prefix in expensive_seen:
+        if not s.expand or prefix in self.expensive_seen:
             return
-        expensive_seen.add(prefix)
+        self.expensive_seen.add(prefix)
         for variant in s.space.siblings(params):
             key = canonical(s.space.recipe_for(variant).to_dict())
-            if key not in by_recipe and key not in queued:
-                queued.add(key)
-                study.enqueue_trial(variant)
+            if key not in self.by_recipe and key not in self.queued:
+                self.queued.add(key)
+                self.study.enqueue_trial(variant)
 
-    def finish(trial, result):
+    def finish(self, trial, result) -> None:
+        s, results = self.s, self.results
         result["trial"] = trial.number
         trial.set_user_attr("result", result)
         if result["status"] == "complete":
-            study.tell(trial, samplers.values_for(result, s.objectives))
+            self.study.tell(trial, samplers.values_for(result, s.objectives))
             if "duplicate_of" not in result and result.get("params"):
-                expand(result["params"])
+                self.expand(result["params"])
         else:
-            study.tell(trial, state=TrialState.FAIL)
+            self.study.tell(trial, state=self.TrialState.FAIL)
         results[trial.number] = result
         best = max((r["metric"] for r in results.values() if r["status"] == "complete"), default=None)
-        info = f"{len(running)} running" + (f", best {best:.4f}" if best is not None else "")
-        progress_events.report("search trials", counted(), s.trials, info)
+        info = f"{len(self.running)} running" + (f", best {best:.4f}" if best is not None else "")
+        progress_events.report("search trials", self.counted(), s.trials, info)
         same = f" (the recipe of trial {result['duplicate_of']:03d}, not run again)" if "duplicate_of" in result else ""
         _log.info(f"trial {trial.number:03d}: {result['status']}{same}" + (
             f", metric {result['metric']:.4f}, latency {result['latency_ms']:.2f} ms (parallel)"
             if result["status"] == "complete" else f": {result.get('error')}"))
 
-    def duplicate(trial, params, r, of: int):
-        original = results[of]
-        finish(trial, {k: v for k, v in original.items() if k not in ("attempts", "seconds")}
-               | {"params": params, "recipe": r, "duplicate_of": of, "artifact": original["artifact"]})
+    def duplicate(self, trial, params, r, of: int) -> None:
+        original = self.results[of]
+        self.finish(trial, {k: v for k, v in original.items() if k not in ("attempts", "seconds")}
+                    | {"params": params, "recipe": r, "duplicate_of": of, "artifact": original["artifact"]})
 
-    distinct_total = s.space.distinct_recipes()
-    for r in list(results.values()):  # resumed: the variants queued before the interruption are lost with it
-        if r["status"] == "complete" and "duplicate_of" not in r and r.get("params"):
-            expand(r["params"])
+    def counted(self) -> int:  # duplicates of an earlier trial cost nothing and do not count toward --trials
+        return sum(1 for r in self.results.values() if "duplicate_of" not in r)
 
-    def counted() -> int:  # duplicates of an earlier trial cost nothing and do not count toward --trials
-        return sum(1 for r in results.values() if "duplicate_of" not in r)
-
-    asks = 0
-    while (counted() < s.trials and len(by_recipe) < distinct_total) or running:
-        while (counted() + len(running) < s.trials and len(running) < executor.workers
-               and len(by_recipe) < distinct_total and asks < 20 * s.trials):
-            asks += 1
-            trial = study.ask()
+    def submit_more(self, distinct_total: int) -> None:
+        """Ask the sampler for trials while workers are free: run new recipes, answer duplicates from their twin."""
+        s = self.s
+        while (self.counted() + len(self.running) < s.trials and len(self.running) < self.executor.workers
+               and len(self.by_recipe) < distinct_total and self.asks < 20 * s.trials):
+            self.asks += 1
+            trial = self.study.ask()
             params = samplers.propose(trial, s.space.choices)
             r = s.space.recipe_for(params, name=f"trial-{trial.number:03d}").to_dict()
             key = canonical(r)
-            if key in by_recipe and by_recipe[key] in results:
-                duplicate(trial, params, r, by_recipe[key])
+            if key in self.by_recipe and self.by_recipe[key] in self.results:
+                self.duplicate(trial, params, r, self.by_recipe[key])
                 continue
-            if key in by_recipe:
-                waiting.setdefault(key, []).append((trial, params, r))
+            if key in self.by_recipe:
+                self.waiting.setdefault(key, []).append((trial, params, r))
                 continue
             out = trial_dir(s.out, trial.number)
-            job = job_for(trial.number, s.space.recipe_for(params, name=f"trial-{trial.number:03d}"), out)
-            by_recipe[key] = trial.number
-            running[executor.submit(job)] = (trial, params, r, key, out)
-        if not running:
-            break
-        for handle, result in executor.wait(list(running)):
-            trial, params, r, key, out = running.pop(handle)
-            result.update(params=params, recipe=r, artifact=str(out.relative_to(s.out)))
+            job = self.job_for(trial.number, s.space.recipe_for(params, name=f"trial-{trial.number:03d}"), out)
+            self.by_recipe[key] = trial.number
+            self.running[self.executor.submit(job)] = (trial, params, r, key, out)
+
+    def collect(self) -> None:
+        """Record the trials the executor finished, and the duplicates that waited on them."""
+        for handle, result in self.executor.wait(list(self.running)):
+            trial, params, r, key, out = self.running.pop(handle)
+            result.update(params=params, recipe=r, artifact=str(out.relative_to(self.s.out)))
             if result["status"] == "complete" and not (out / "model.onnx").is_file():
                 result.update(status="failed", error=f"the trial finished on {result.get('host')} but {out} has no "
                               "model.onnx: the search directory must be on a path every Ray node shares")
-            finish(trial, result)
+            self.finish(trial, result)
             if result["status"] != "complete":
-                by_recipe.pop(key, None)
-            for dup in waiting.pop(key, []):
+                self.by_recipe.pop(key, None)
+            for dup in self.waiting.pop(key, []):
                 if result["status"] == "complete":
-                    duplicate(dup[0], dup[1], dup[2], trial.number)
+                    self.duplicate(dup[0], dup[1], dup[2], trial.number)
                 else:
-                    finish(dup[0], {"status": "failed", "error": f"duplicate of failed trial {trial.number}",
-                                    "params": dup[1], "recipe": dup[2]})
-    return [results[n] for n in sorted(results)]
+                    self.finish(dup[0], {"status": "failed", "error": f"duplicate of failed trial {trial.number}",
+                                         "params": dup[1], "recipe": dup[2]})
+
+
+def run_trials(s: Settings, study, executor, job_for, optuna) -> list[dict]:
+    loop = _TrialLoop(s, study, executor, job_for)
+    loop.resume()
+    distinct_total = s.space.distinct_recipes()
+    for r in list(loop.results.values()):  # resumed: the variants queued before the interruption are lost with it
+        if r["status"] == "complete" and "duplicate_of" not in r and r.get("params"):
+            loop.expand(r["params"])
+    while (loop.counted() < s.trials and len(loop.by_recipe) < distinct_total) or loop.running:
+        loop.submit_more(distinct_total)
+        if not loop.running:
+            break
+        loop.collect()
+    return [loop.results[n] for n in sorted(loop.results)]

@@ -113,15 +113,8 @@ def label(candidate: Candidate) -> str:
     return text + (f", distill {candidate.minutes:g} min" if candidate.minutes else "")
 
 
-def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *,
-           trust_remote_code: bool) -> tuple[recipes.Recipe, dict]:
-    """Run the shape search on inputs ``pipeline.prepare`` has checked (``ready``); returns the kept shape's
-    recipe (shape_search dropped) and the record."""
-    search = recipe.shape_search
-    spec = ready.spec
-    base = recipe.without_shape_search()
-    config = json.loads((Path(spec.path) / "config.json").read_text())
-    tries = sorted(candidates(recipe), key=lambda c: shape_flops(config, c.shape))
+def _fresh_work_dir(out: Path) -> Path:
+    """The folder the trials are written to, beside ``out``, emptied (only when this search wrote it)."""
     work = Path(str(out).rstrip("/") + ".shape-search")
     if work.exists():
         if not (work / WORK_MARKER).is_file():  # never remove a folder this search did not write
@@ -130,10 +123,21 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
         shutil.rmtree(work)
     work.mkdir(parents=True)
     (work / WORK_MARKER).write_text(f"the trials of xformopt's shape search for {out}\n")
-    started = time.monotonic()
-    budget_s = search.max_minutes * 60
-    threads = recipe.evaluation.threads or usable_cpus()
+    return work
 
+
+@dataclass
+class _Baseline:
+    """The PyTorch fp32 model on the validation rows: what every tried shape's drop is measured against."""
+
+    validation: dict  # the validation spec each trial scores on (with the baseline outputs' file)
+    vdata: object
+    metric: float
+    rows: object  # per-row scores, for the paired interval of a drop
+    allowed: float  # the budget in points
+
+
+def _score_baseline(spec, recipe: recipes.Recipe, max_accuracy_drop, work: Path, threads: int) -> _Baseline:
     validation = validation_spec(recipe)
     vdata = validation_set(spec, validation)
     _log.info(f"shape search: scoring the PyTorch fp32 model on {len(vdata)} validation rows ({vdata.source})")
@@ -143,11 +147,17 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
     baseline = score_outputs(spec, base_out, vdata, base_out)
     base_rows = spec.task_def.row_scores(base_out, vdata)
     allowed = points(max_accuracy_drop, baseline * 100)
-    _log.info(f"shape search: fp32 validation metric {baseline:.4f}; budget {allowed:.2f} points; {len(tries)} shapes, "
-        f"fewest FLOPs first, within {search.max_minutes:g} min")
+    return _Baseline(validation, vdata, baseline, base_rows, allowed)
 
+
+def _try_shapes(ready: Prepared, model: str, recipe: recipes.Recipe, tries: list[Candidate], config: dict,
+                base: _Baseline, work: Path, started: float, trust_remote_code: bool) -> tuple[list[dict], dict | None]:
+    """Run the shapes fewest FLOPs first until one is within the budget (or none is left that fits the time);
+    returns every entry tried or skipped, and the one within the budget (None when none was)."""
+    spec, budget_s = ready.spec, recipe.shape_search.max_minutes * 60
+    plain = recipe.without_shape_search()
     tried, kept = [], None
-    timed = recipes.timed_step(base)
+    timed = recipes.timed_step(plain)
     default_minutes = timed.options.get(get_pass(timed.name).minutes_option) if timed else None
     for n, candidate in enumerate(tries):
         entry = {"shape": candidate.shape, "distill_minutes": candidate.minutes or default_minutes,
@@ -165,17 +175,17 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
             continue
         # the report's own timing of each tried artifact is not used (they are timed together below):
         # a short one; the evaluation rows stay the run's, so the final run reuses every pass from the cache
-        r = candidate.apply(base).model_copy(update={"name": f"{recipe.name}-shape-{n:02d}"}).with_evaluation(**TRIAL_TIMING)
+        r = candidate.apply(plain).model_copy(update={"name": f"{recipe.name}-shape-{n:02d}"}).with_evaluation(**TRIAL_TIMING)
         _log.info(f"shape search [{n + 1}/{len(tries)}]: {label(candidate)}")
-        result = run_trial(TrialJob(n, model, r, str((work / f"{n:03d}").resolve()), None, validation,
+        result = run_trial(TrialJob(n, model, r, str((work / f"{n:03d}").resolve()), None, base.validation,
                                     trust_remote_code))
         entry.update({k: result[k] for k in ("status", "metric", "seconds", "budget_met", "error") if k in result})
         entry["candidate"] = candidate
         if result["status"] == "complete":
-            drop = round((baseline - result["metric"]) * 100, 4)
+            drop = round((base.metric - result["metric"]) * 100, 4)
             entry["drop_points"] = drop
-            entry["within_budget"] = drop <= allowed + 1e-9
-            entry.update(drop_interval(spec, result.get("validation_outputs"), vdata, base_rows, recipe.evaluation.seed))
+            entry["within_budget"] = drop <= base.allowed + 1e-9
+            entry.update(drop_interval(spec, result.get("validation_outputs"), base.vdata, base.rows, recipe.evaluation.seed))
             _log.info(f"shape search: {label(candidate)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
                 f"{'within' if entry['within_budget'] else 'outside'} the budget) in {result['seconds'] / 60:.1f} min")
         else:
@@ -184,7 +194,12 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
         if entry.get("within_budget"):
             kept = entry
             break
+    return tried, kept
 
+
+def _kept_and_why(tried: list[dict], kept: dict | None, base: _Baseline, work: Path) -> tuple[dict, str]:
+    """The shape kept (the first within the budget, else the most accurate run) and why, in words."""
+    allowed, vdata = base.allowed, base.vdata
     complete = [t for t in tried if t.get("status") == "complete"]
     if not complete:
         shutil.rmtree(work, ignore_errors=True)
@@ -206,12 +221,31 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
                 "budget: more validation rows would narrow it")
         _log.info(f"shape search: warning: {len(vdata)} validation rows cannot resolve a {allowed:.2f}-point budget (the kept "
             f"shape's drop: 95% interval {lo:+.2f} to {hi:+.2f} points); pass more rows with --validation-data")
+    return kept, why
+
+
+def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_drop, out: Path, *,
+           trust_remote_code: bool) -> tuple[recipes.Recipe, dict]:
+    """Run the shape search on inputs ``pipeline.prepare`` has checked (``ready``); returns the kept shape's
+    recipe (shape_search dropped) and the record."""
+    search = recipe.shape_search
+    spec = ready.spec
+    config = json.loads((Path(spec.path) / "config.json").read_text())
+    tries = sorted(candidates(recipe), key=lambda c: shape_flops(config, c.shape))
+    work = _fresh_work_dir(out)
+    started = time.monotonic()
+    threads = recipe.evaluation.threads or usable_cpus()
+    base = _score_baseline(spec, recipe, max_accuracy_drop, work, threads)
+    _log.info(f"shape search: fp32 validation metric {base.metric:.4f}; budget {base.allowed:.2f} points; {len(tries)} "
+              f"shapes, fewest FLOPs first, within {search.max_minutes:g} min")
+    tried, kept = _try_shapes(ready, model, recipe, tries, config, base, work, started, trust_remote_code)
+    kept, why = _kept_and_why(tried, kept, base, work)
     for t in tried:
         t["kept"] = t is kept
-    latency = _time_tried(spec, work, tried, vdata, threads, recipe.evaluation.seed)
+    latency = _time_tried(spec, work, tried, base.vdata, threads, recipe.evaluation.seed)
     record = {
-        "max_accuracy_drop": max_accuracy_drop, "allowed_points": round(allowed, 4),
-        "validation": {"source": vdata.source, "rows": len(vdata), "fp32_metric": round(baseline, 6)},
+        "max_accuracy_drop": max_accuracy_drop, "allowed_points": round(base.allowed, 4),
+        "validation": {"source": base.vdata.source, "rows": len(base.vdata), "fp32_metric": round(base.metric, 6)},
         "order": "fewest encoder FLOPs first; stop at the first within the budget",
         "max_minutes": search.max_minutes, "seconds": round(time.monotonic() - started, 1),
         "tried": [{k: v for k, v in t.items() if k != "candidate"} for t in tried],
@@ -219,7 +253,7 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
     }
     if not search.keep_trials:
         shutil.rmtree(work, ignore_errors=True)
-    return kept["candidate"].apply(base), record  # the run's own evaluation settings
+    return kept["candidate"].apply(recipe.without_shape_search()), record  # the run's own evaluation settings
 
 
 def drop_interval(spec, outputs: str | None, vdata, base_rows, seed: int) -> dict:

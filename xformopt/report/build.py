@@ -1,7 +1,8 @@
 """The report document: one row per stage, the PyTorch fp32 baseline first, deltas against it.
 
 ``REPORT_SCHEMA`` is versioned: a field is never renamed or removed within a version, so CI jobs
-that read report.json with jq keep working.
+that read report.json with jq keep working. The document's type is ``report/types.py``'s ``Report``
+(the pipeline holds every report it writes to it).
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from datetime import datetime, timezone
 from xformopt.measure.host import host_fingerprint
 from xformopt.measure.memory import process_peak_mb
 from xformopt.report.schema import REPORT_SCHEMA
+from xformopt.report.types import MemorySummary, Report, StageRow
 from xformopt.runtime.session import thread_pool_setting
 
 
-def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> dict:
+def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, target_on_host: bool, threads: int, heldout) -> Report:
     per_stage = evaluation["stages"]
     base = per_stage[stages[0].name]["metrics"]
     metric = spec.task_def.report_headline(base)
-    rows, facts = [], {}
+    rows: list[StageRow] = []
+    facts: dict = {}
     for stage in stages:
         ev = per_stage[stage.name]
         facts.update(stage.record.report_facts() if stage.record else {})  # a stage inherits what earlier passes did
@@ -64,7 +67,7 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
     }
 
 
-def memory_summary(stages, evaluation: dict) -> dict:
+def memory_summary(stages, evaluation: dict) -> MemorySummary:
     """The run's peak resident memory and where it was reached (xformopt/measure/memory.py): each pass,
     the evaluation of all stages together (``evaluation["memory"]``, set by the pipeline)."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from xformopt.report.generation import rows
+from xformopt.report.types import Report, StageRow
 from xformopt.tasks import TASKS, headlines, metric_info
 
 # Labels, scales and directions come from the tasks (xformopt/tasks: each declares its metrics).
@@ -112,7 +113,7 @@ def metric_text(row: dict, name: str, baseline: bool, detail: bool = True, ci: b
     return text
 
 
-def metric_notes(report: dict) -> list[str]:
+def metric_notes(report: Report) -> list[str]:
     """What the compact cells abbreviate, said once under the table."""
     notes = []
     if any(((row.get("metrics") or {}).get("cosine_to_baseline") or {}).get("p1") is not None
@@ -122,7 +123,7 @@ def metric_notes(report: dict) -> list[str]:
     return notes
 
 
-def metric_columns(report: dict) -> list[str]:
+def metric_columns(report: Report) -> list[str]:
     """The headline metric first, then the secondary metrics any stage has."""
     headline = report["headline_metric"]
     present = {name for row in report["stages"] for name in (row.get("metrics") or {})}
@@ -171,12 +172,12 @@ def float_gemms_text(graph: dict, limit: int = 2) -> str:
     return f"{len(names)} ({shown})"
 
 
-def graph_rows(report: dict) -> list[dict]:
+def graph_rows(report: Report) -> list[StageRow]:
     """The ONNX stages that carry graph facts (fusions, quantization coverage)."""
     return [row for row in report["stages"] if row.get("kind") == "onnx" and "graph" in row]
 
 
-def fusion_choice(report: dict) -> tuple[str, str] | None:
+def fusion_choice(report: Report) -> tuple[str, str] | None:
     """(kept candidate, reason) of the fuse pass, once (later stages inherit the same facts)."""
     for row in graph_rows(report):
         graph = row["graph"]
@@ -188,17 +189,17 @@ def fusion_choice(report: dict) -> tuple[str, str] | None:
 # --------------------------------------------------------------------------- captions
 
 
-def _final(report: dict) -> dict:
+def _final(report: Report) -> StageRow:
     return report["stages"][-1]
 
 
-def title_text(report: dict) -> str:
+def title_text(report: Report) -> str:
     model = report.get("model") or {}
     kind = f" ({model['model_type']})" if model.get("model_type") else ""
     return f"{model.get('source', '?')} \u2192 {report.get('target', '?')} \u00b7 {model.get('task', '?')}{kind}"
 
 
-def settings_text(report: dict) -> str:
+def settings_text(report: Report) -> str:
     s = report.get("settings") or {}
     heldout = s.get("heldout") or {}
     rows = f" ({heldout['rows']} rows)" if "rows" in heldout else ""
@@ -215,7 +216,7 @@ def settings_text(report: dict) -> str:
     return ", ".join(parts)
 
 
-def host_text(report: dict) -> str:
+def host_text(report: Report) -> str:
     host = report.get("host") or {}
     parts = [host.get("cpu_model", "unknown CPU")]
     if host.get("cores_usable") is not None:
@@ -228,7 +229,7 @@ def host_text(report: dict) -> str:
     return " \u00b7 ".join(parts)
 
 
-def memory_text(report: dict) -> str | None:
+def memory_text(report: Report) -> str | None:
     """The run's peak resident memory and each step's (report["memory"]); None for reports without it."""
     mem = report.get("memory")
     if not mem:
@@ -239,7 +240,7 @@ def memory_text(report: dict) -> str | None:
     return f"Peak memory {mem['peak_rss_mb']:,.0f} MB resident{where}" + (f"; per step: {per_step} MB" if per_step else "")
 
 
-def memory_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+def memory_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """Per step (each pass, then each stage's load and scoring inside the evaluation): RSS at its start,
     its peak, the rise, and how the peak was measured."""
     header = ["step", "start MB", "peak MB", "rise MB", "measured"]
@@ -262,7 +263,7 @@ def memory_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
-def artifact_text(report: dict, markup: str = "plain") -> str | None:
+def artifact_text(report: Report, markup: str = "plain") -> str | None:
     """The final artifact's solo timing: what ``xformopt bench`` reproduces and gates on."""
     artifact = report.get("artifact") or {}
     lat = artifact.get("latency")
@@ -289,7 +290,7 @@ def artifact_text(report: dict, markup: str = "plain") -> str | None:
     return head + ", " + ", ".join(tail) + "."
 
 
-def target_warning(report: dict) -> str | None:
+def target_warning(report: Report) -> str | None:
     if report.get("target_on_host", True):
         return None
     return f"This host lacks the {report.get('target')} instruction sets: the timings are not the target's."
@@ -298,7 +299,7 @@ def target_warning(report: dict) -> str | None:
 # --------------------------------------------------------------------------- fixed / throughput
 
 
-def fixed_grid(report: dict) -> tuple[list[str], list[tuple[int, int]], dict]:
+def fixed_grid(report: Report) -> tuple[list[str], list[tuple[int, int]], dict]:
     """(stages in report order, (batch, seq) cells sorted, {(stage, batch, seq): row})."""
     cells: dict = {}
     for entry in report.get("fixed") or []:
@@ -310,7 +311,7 @@ def fixed_grid(report: dict) -> tuple[list[str], list[tuple[int, int]], dict]:
     return stages, shapes, cells
 
 
-def fixed_rows(report: dict, speedup_label: str | None = "Speedup") -> tuple[list[str], list[list[str]]]:
+def fixed_rows(report: Report, speedup_label: str | None = "Speedup") -> tuple[list[str], list[list[str]]]:
     """The fixed-shape grid: a row per (batch, seq), a column per stage (median ms), and the final
     stage's speedup over the baseline (headed ``speedup_label``, or "FINAL vs BASE" when None)."""
     stages, shapes, cells = fixed_grid(report)
@@ -332,12 +333,12 @@ def fixed_rows(report: dict, speedup_label: str | None = "Speedup") -> tuple[lis
     return header, body
 
 
-def generation_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+def generation_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """Decoders: time to first token, per-token latency and tokens/s, with and without the KV cache."""
     return rows(report["generation"])
 
 
-def model_call_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+def model_call_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     """The model call alone (``--latency-mode model``) beside the end-to-end median: what tokenization and
     the Python around the call cost each stage."""
     timed = report.get("model_call") or {}
@@ -352,7 +353,7 @@ def model_call_rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
-def throughput_rows(report: dict) -> tuple[list[str], list[list[str]]]:
+def throughput_rows(report: Report) -> tuple[list[str], list[list[str]]]:
     tp = report.get("throughput") or {}
     order = [row["name"] for row in report["stages"] if row["name"] in tp]
     order += [name for name in tp if name not in order]
@@ -375,7 +376,7 @@ def throughput_rows(report: dict) -> tuple[list[str], list[list[str]]]:
 # --------------------------------------------------------------------------- headline rows
 
 
-def rows_for_display(report: dict, detail: bool = True) -> tuple[list[str], list[list[str]]]:
+def rows_for_display(report: Report, detail: bool = True) -> tuple[list[str], list[list[str]]]:
     """The headline table as plain strings (Markdown and the console share it).
 
     Columns: Stage, Size (MB), the headline metric, secondary metrics, p50/p90/p99 (ms), Speedup."""

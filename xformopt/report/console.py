@@ -43,6 +43,7 @@ from xformopt.report.cells import (
     throughput_rows,
     title_text,
 )
+from xformopt.report.types import Report
 
 
 class Items:
@@ -103,7 +104,7 @@ class ReportView:
     )
     LAYOUTS = tuple({**v, "stacked": stacked} for v in VARIANTS for stacked in (False, True))
 
-    def __init__(self, report: dict):
+    def __init__(self, report: Report):
         self.report = report
 
     # -- headline
@@ -294,7 +295,7 @@ class ReportView:
         return Measurement(20, options.max_width)
 
 
-def console_table(report: dict) -> ReportView:
+def console_table(report: Report) -> ReportView:
     """The console rendering of a report (a rich renderable: ``console.print(console_table(r))``)."""
     return ReportView(report)
 

@@ -25,6 +25,7 @@ from xformopt.report.cells import (
     target_warning,
     throughput_rows,
 )
+from xformopt.report.types import Report
 
 
 def _md_escape(text: str) -> str:
@@ -72,16 +73,10 @@ def _shape_search_lines(searched: dict | None) -> list[str]:
     return [*lines, "", f"- kept: {searched['why']} ({searched['seconds'] / 60:.1f} min)", ""]
 
 
-def markdown(report: dict, images: Iterable[str] = ()) -> str:
-    """GitHub-flavoured Markdown for a pull-request comment.
-
-    The headline table comes first; graph facts, fixed shapes, throughput, host and settings sit in
-    a collapsed ``<details>`` block. ``images`` names the plot files (relative to report.md) that
-    exist and may be embedded."""
-    images = set(images)
+def _headline_lines(report: Report, images: set[str]) -> list[str]:
+    """The title, the stage table and the notes under it: what a reader sees without opening anything."""
     metric = report["headline_metric"]
     model = report.get("model") or {}
-    s = report.get("settings") or {}
     host = report.get("host") or {}
     lines = [
         f"### xformopt: {model.get('source', '?')} \u2192 `{report.get('target', '?')}`",
@@ -105,26 +100,34 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
         lines += [f"{memory_text(report)}.", ""]
     if "accuracy_latency.png" in images:
         lines += [f"![{metric_label(metric)} vs latency per stage](accuracy_latency.png)", ""]
+    return lines
 
-    lines += _profile_lines(report.get("profile"))
-    lines += _shape_search_lines(report.get("shape_search"))
-    details: list[str] = []
+
+def _graph_details(report: Report) -> list[str]:
+    """Per ONNX stage: what was fused, which GEMMs run in INT8 (or 4 bits) and which stayed float."""
     rows = graph_rows(report)
-    if rows and any(r["graph"] for r in rows):
-        details += ["#### Graph", ""]
-        for row in rows:
-            graph = row["graph"]
-            fused = fused_text(graph.get("fused_ops"), abbreviate=False)
-            facts = ["no fusions" if fused == DASH else f"fused {fused}"]
-            if "int8_gemms" in graph or "matmulnbits" in graph:
-                floats = graph.get("float_gemms") or []
-                facts.append(f"{'MatMulNBits' if 'matmulnbits' in graph else 'INT8 GEMMs'} {int8_text(graph)}")
-                facts.append("float GEMMs: " + (", ".join(f"`{g}`" for g in floats) if floats else "none"))
-            details.append(f"- `{row['name']}`: " + "; ".join(facts))
-        choice = fusion_choice(report)
-        if choice:
-            details.append(f"- fusion kept `{choice[0]}`: {choice[1]}")
-        details.append("")
+    if not (rows and any(r["graph"] for r in rows)):
+        return []
+    details = ["#### Graph", ""]
+    for row in rows:
+        graph = row["graph"]
+        fused = fused_text(graph.get("fused_ops"), abbreviate=False)
+        facts = ["no fusions" if fused == DASH else f"fused {fused}"]
+        if "int8_gemms" in graph or "matmulnbits" in graph:
+            floats = graph.get("float_gemms") or []
+            facts.append(f"{'MatMulNBits' if 'matmulnbits' in graph else 'INT8 GEMMs'} {int8_text(graph)}")
+            facts.append("float GEMMs: " + (", ".join(f"`{g}`" for g in floats) if floats else "none"))
+        details.append(f"- `{row['name']}`: " + "; ".join(facts))
+    choice = fusion_choice(report)
+    if choice:
+        details.append(f"- fusion kept `{choice[0]}`: {choice[1]}")
+    details.append("")
+    return details
+
+
+def _measured_details(report: Report, images: set[str]) -> list[str]:
+    """The optional measurements' tables: the model call alone, fixed shapes, generation, throughput, memory."""
+    details: list[str] = []
     if report.get("model_call"):
         h, b = model_call_rows(report)
         details += ["#### The model call alone (texts tokenized beforehand)", "", *_md_table(h, b, left=(0,)), ""]
@@ -142,39 +145,68 @@ def markdown(report: dict, images: Iterable[str] = ()) -> str:
     h, b = memory_rows(report)
     if b:
         details += ["#### Peak memory (resident set)", "", *_md_table(h, b, left=(0, 4)), ""]
-    if host:
-        versions = host.get("versions") or {}
-        details += [
-            "#### Host",
-            "",
-            f"- CPU: {host.get('cpu_model', '?')} ({host.get('machine', '?')}), "
-            f"{host.get('cores_usable', '?')} of {host.get('cores_logical', '?')} cores usable"
-            + (f", {host['memory_total_gb']} GB" if host.get("memory_total_gb") else ""),
-        ]
-        if host.get("cpu_flags"):
-            details.append(f"- flags: {', '.join(host['cpu_flags'])}")
-        if versions:
-            details.append("- " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-        if host.get("os"):
-            details.append(f"- {host['os']}, Python {host.get('python', '?')}")
-        if report.get("host_fingerprint"):
-            details.append(f"- fingerprint `{report['host_fingerprint']}`")
-        details.append("")
-    if s:
-        heldout = s.get("heldout") or {}
-        details += ["#### Settings", ""]
-        details.append(
-            f"- latency: mode {s.get('mode', 'real')}, batch {s.get('batch', 1)}, {s.get('threads', '?')} threads, "
-            f"{s.get('rounds', '?')} interleaved rounds, warmup {s.get('warmup', '?')}, "
-            f"artifact timed alone in {s.get('repeats', '?')} repeats, seed {s.get('seed', '?')}"
-        )
-        if s.get("thread_pools"):
-            details.append(f"- thread pools: {s['thread_pools']}")
-        if heldout:
-            details.append(f"- held-out: {heldout.get('rows', '?')} rows from `{heldout.get('source', '?')}`")
-        if report.get("created"):
-            details.append(f"- created {report['created']}, schema `{report.get('schema', '?')}`")
-        details.append("")
+    return details
+
+
+def _host_details(report: Report) -> list[str]:
+    """The machine that measured: CPU, flags, library versions, OS and the timing fingerprint."""
+    host = report.get("host") or {}
+    if not host:
+        return []
+    versions = host.get("versions") or {}
+    details = [
+        "#### Host",
+        "",
+        f"- CPU: {host.get('cpu_model', '?')} ({host.get('machine', '?')}), "
+        f"{host.get('cores_usable', '?')} of {host.get('cores_logical', '?')} cores usable"
+        + (f", {host['memory_total_gb']} GB" if host.get("memory_total_gb") else ""),
+    ]
+    if host.get("cpu_flags"):
+        details.append(f"- flags: {', '.join(host['cpu_flags'])}")
+    if versions:
+        details.append("- " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    if host.get("os"):
+        details.append(f"- {host['os']}, Python {host.get('python', '?')}")
+    if report.get("host_fingerprint"):
+        details.append(f"- fingerprint `{report['host_fingerprint']}`")
+    details.append("")
+    return details
+
+
+def _settings_details(report: Report) -> list[str]:
+    """How the stages were timed and scored: threads, rounds, repeats, seed, the held-out rows."""
+    s = report.get("settings") or {}
+    if not s:
+        return []
+    heldout = s.get("heldout") or {}
+    details = ["#### Settings", ""]
+    details.append(
+        f"- latency: mode {s.get('mode', 'real')}, batch {s.get('batch', 1)}, {s.get('threads', '?')} threads, "
+        f"{s.get('rounds', '?')} interleaved rounds, warmup {s.get('warmup', '?')}, "
+        f"artifact timed alone in {s.get('repeats', '?')} repeats, seed {s.get('seed', '?')}"
+    )
+    if s.get("thread_pools"):
+        details.append(f"- thread pools: {s['thread_pools']}")
+    if heldout:
+        details.append(f"- held-out: {heldout.get('rows', '?')} rows from `{heldout.get('source', '?')}`")
+    if report.get("created"):
+        details.append(f"- created {report['created']}, schema `{report.get('schema', '?')}`")
+    details.append("")
+    return details
+
+
+def markdown(report: Report, images: Iterable[str] = ()) -> str:
+    """GitHub-flavoured Markdown for a pull-request comment.
+
+    The headline table comes first; graph facts, fixed shapes, throughput, host and settings sit in
+    a collapsed ``<details>`` block. ``images`` names the plot files (relative to report.md) that
+    exist and may be embedded."""
+    images = set(images)
+    lines = _headline_lines(report, images)
+    lines += _profile_lines(report.get("profile"))
+    lines += _shape_search_lines(report.get("shape_search"))
+    details = [*_graph_details(report), *_measured_details(report, images), *_host_details(report),
+               *_settings_details(report)]
     if details:
         lines += ["<details>", "<summary>Graph, memory, host, settings" + (", fixed shapes" if report.get("fixed") else "")
                   + (", model call" if report.get("model_call") else "")

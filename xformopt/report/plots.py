@@ -23,13 +23,14 @@ from xformopt.report.cells import (
     host_text,
     metric_label,
 )
+from xformopt.report.types import Report
 
 ACCURACY_LATENCY = "accuracy_latency.png"
 LATENCY_SEQ = "latency_seq.png"
 OnError = Callable[[str, Exception], None]
 
 
-def _title(fig, report: dict, what: str) -> None:
+def _title(fig, report: Report, what: str) -> None:
     model = report.get("model") or {}
     fig.suptitle(f"{model.get('source', '?')} \u2192 {report.get('target', '?')}: {what}",
                  fontsize=11, fontweight="bold", x=0.01, ha="left")
@@ -126,7 +127,7 @@ def _whisker_boxes(ax, x: float, y: float, x_hi: float, y_lo: float, y_hi: float
     return [(px - 4, py_lo - 2, px + 4, py_hi + 2), (px, py - 4, px_hi + 2, py + 4)]
 
 
-def plot_accuracy_latency(report: dict, path: Path) -> Path:
+def plot_accuracy_latency(report: Report, path: Path) -> Path:
     import matplotlib
     from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
@@ -204,7 +205,7 @@ def plot_accuracy_latency(report: dict, path: Path) -> Path:
 # --------------------------------------------------------------------------- latency vs sequence length
 
 
-def plot_latency_seq(report: dict, path: Path) -> Path:
+def plot_latency_seq(report: Report, path: Path) -> Path:
     import matplotlib
     from matplotlib.ticker import FixedLocator, NullLocator
 
@@ -251,7 +252,7 @@ def plot_latency_seq(report: dict, path: Path) -> Path:
 # --------------------------------------------------------------------------- files
 
 
-def write_plots(report: dict, directory: Path, on_error: OnError | None = None) -> list[Path]:
+def write_plots(report: Report, directory: Path, on_error: OnError | None = None) -> list[Path]:
     """Write every plot the report has data for; returns the files written.
 
     Without ``on_error`` the first failure raises; with it, a failed plot is reported

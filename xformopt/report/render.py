@@ -14,11 +14,12 @@ from pathlib import Path
 from xformopt.atomic import write_text
 from xformopt.report import plots
 from xformopt.report.markdown import markdown
+from xformopt.report.types import Report
 
 _log = logging.getLogger(__name__)
 
 
-def write_derived_files(report: dict, directory: Path) -> list[Path]:
+def write_derived_files(report: Report, directory: Path) -> list[Path]:
     """report.md and the PNG plots, from the report alone; returns the files written.
 
     report.md is written first, without images; the plots follow, and report.md is rewritten with
@@ -42,7 +43,7 @@ def write_derived_files(report: dict, directory: Path) -> list[Path]:
     return written + images
 
 
-def write_report_files(report: dict, directory: Path) -> list[Path]:
+def write_report_files(report: Report, directory: Path) -> list[Path]:
     """report.json, report.md and the plots into ``directory``; JSON first, so a failure later on
     never loses it. Returns the files written."""
     directory = Path(directory)
