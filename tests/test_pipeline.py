@@ -356,3 +356,25 @@ def test_feature_extraction_pipeline(tiny_encoder, heldout_file, tmp_path):
     assert cosines[3] > 0.99
     assert all(s["metrics"]["cosine_to_baseline"]["n"] == 8 for s in report["stages"])
     assert result.manifest["passes"][2]["record"]["formats"]["reduce_range"] is True  # avx2
+
+
+def test_changed_family_exporter_misses_cache(first_run, tiny_classifier, heldout_file, tmp_path, monkeypatch):
+    """A family row whose default exporter changed (a new release, or a recipe leaving ``exporter`` unset)
+    re-runs the export instead of reusing the graph the old exporter wrote."""
+    import dataclasses
+
+    from xformopt import families
+    from xformopt.passes.export.run import EXPORTER_NAMES
+
+    _, _, cache_dir = first_run
+    monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(cache_dir))
+    model_type = json.loads((tiny_classifier / "config.json").read_text())["model_type"]
+    row = families.FAMILIES[model_type]
+    other = "torchscript" if row.export_route() == "dynamo" else "dynamo"
+    monkeypatch.setitem(families.FAMILIES, model_type, dataclasses.replace(row, exporter=other))
+    r = recipe.validate({**tiny_recipe(heldout_file).to_dict(), "passes": ["export"]})
+    result = pipeline.run(str(tiny_classifier), r, tmp_path / "other-exporter")
+    export = result.manifest["passes"][0]
+    assert export["reused"] is False
+    assert export["cache_key"] != first_run[0].manifest["passes"][0]["cache_key"]
+    assert export["record"]["exporter"] == EXPORTER_NAMES[other]

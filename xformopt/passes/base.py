@@ -152,6 +152,13 @@ class Pass:
         `xformopt recipes show --resolved`). Default: nothing is decided by the target."""
         return dict(options)
 
+    @classmethod
+    def cache_facts(cls, spec: ModelSpec, options: dict) -> dict:
+        """What the model's family or the installed extras decide about this pass's output beyond its
+        options (e.g. which exporter a family's row names when the recipe leaves it unset), for the cache
+        key: a new default then re-runs the pass instead of reusing an old stage. Default: nothing."""
+        return {}
+
     @staticmethod
     def summarize(record: dict) -> str:
         """One line saying what the pass changed and how it was verified, from its record."""

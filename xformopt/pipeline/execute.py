@@ -94,7 +94,8 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, workdir: Path,
         pass_cls = get_pass(step.name)
         options = pass_cls.Options.model_validate(step.options)
         key = cache.pass_key(input_key, step.name, step.options, ctx.target.name, ctx.spec.task,
-                             {**versions, "context": context_key(ctx, step.options, pass_cls.depends_on)})
+                             {**versions, "context": context_key(ctx, step.options, pass_cls.depends_on),
+                              "facts": pass_cls.cache_facts(stages[-1].spec, step.options)})
         src = stages[-1].path
         step_ctx = dataclasses.replace(ctx, spec=stages[-1].spec)
         started = time.perf_counter()

@@ -19,6 +19,7 @@ from pydantic import Field
 from xformopt.artifact import copy_sentence_transformers_modules
 from xformopt.errors import InputError, PassFailed
 from xformopt.exporting import compare, spread_by_length
+from xformopt.families import genai_builder_available
 from xformopt.measure import memory
 from xformopt.models import load_torch_model
 from xformopt.models.quiet import quiet_loggers
@@ -112,6 +113,16 @@ class ExportPass(Pass):
         pairs = f" (text + pair tokens {p['pair_lengths']})" if "pair_lengths" in p else ""
         return (f"opset {rec['opset']}, parity max|diff| {p['max_abs_diff']:.1e}, min cosine {p['min_cosine']:.6f} "
                 f"at lengths {p['sequence_lengths']}{pairs}")
+
+    @classmethod
+    def cache_facts(cls, spec, options: dict) -> dict:
+        # The exporter the family's row (or, for a decoder, the installed genai builder) picks when the
+        # recipe leaves `exporter` unset: a changed default must not reuse a graph the old one wrote.
+        family = spec.family
+        facts = {"route": family.export_route(options.get("exporter"))}
+        if family.exporter == "genai":
+            facts["genai_builder"] = genai_builder_available()
+        return facts
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: ExportOptions) -> ExportRecord:
         # A decoder's KV-cache exporter (parity at every step), else the encoder route the recipe or the
