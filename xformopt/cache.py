@@ -2,7 +2,8 @@
 verify themselves.
 
 Key = input stage hash + pass name + resolved options + target + task + library versions + the
-context the pass ran in (sample texts, threads, CPU, content of data files it reads). Olive's
+context the pass ran in (sample texts, threads, CPU, content of data files it reads) + what the model's
+family decides for it (``Pass.cache_facts``: an export's default exporter). Olive's
 cache omits library versions; we include them, since a new onnxruntime can fuse differently.
 
 How an entry is stored: a folder ``<root>/<key>/`` holding the pass's files and ``.entry.json``
