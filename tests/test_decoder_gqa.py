@@ -165,3 +165,32 @@ def test_qwen3_5_is_refused_by_continuous_batching_in_one_line_and_decodes_alone
     assert code == 2 and len(error_lines(err)) == 1 and "linear-attention states" in err, err
     prompt = _prompt(model)
     assert _greedy_onnx(tmp_path / "e", prompt) == _greedy_reference(model, prompt)
+
+
+def test_gqa_export_that_misses_parity_falls_back_to_the_plain_dynamo_export(stages, sample_texts, tmp_path,
+                                                                             monkeypatch, caplog):
+    """A model type whose attention the GQA export does not anticipate (here: its graph's logits made wrong
+    after export) takes the plain dynamo export, loudly, instead of failing the run."""
+    import onnx
+    from onnx import numpy_helper
+
+    from xformopt.passes.export import decoder
+
+    real = decoder.export_gqa_or_dynamo
+
+    def wrong_logits(src, dst, opset, trust_remote_code=False):
+        how = real(src, dst, opset, trust_remote_code)
+        model = onnx.load(dst / "model.onnx")
+        biggest = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))  # the embedding / head table
+        biggest.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(biggest) * 1.5, biggest.name))
+        onnx.save(model, dst / "model.onnx")
+        return how
+
+    monkeypatch.setattr(decoder, "GQA_EXPORTER", (decoder.GQA_EXPORTER_NAME, wrong_logits))
+    model = stages["granite"][0]
+    with caplog.at_level("WARNING"):
+        record = run_pass("export", make_ctx(model, sample_texts), model, tmp_path / "e")
+    assert record["exporter"] == decoder.DYNAMO_EXPORTER[0]
+    assert _gqa_nodes(tmp_path / "e") == 0
+    assert record["parity"]["max_abs_diff"] < 1e-3
+    assert any("missed parity" in r.getMessage() and "plain dynamo" in r.getMessage() for r in caplog.records)
