@@ -24,7 +24,8 @@ Refused (the caller falls back to the plain dynamo export, :mod:`.decoder_dynamo
 state other than a key/value pair (Qwen3.5's Gated DeltaNet), layers that reuse another layer's key/value
 (Gemma 4's ``num_kv_shared_layers``), rotary tables whose halves differ (interleaved rotary), attention
 with sink logits (GPT-OSS), a model without one ``*Attention`` module per layer or a rotary module.
-Anything else the op would not reproduce shows in the export pass's parity check, which fails the pass.
+Anything else the op would not reproduce shows in the export pass's parity check, after which the pass
+re-exports with the plain dynamo exporter (:func:`xformopt.passes.export.decoder.export_decoder`).
 """
 
 from __future__ import annotations
