@@ -352,15 +352,16 @@ def export_decoder(ctx, src: Path, dst: Path, options) -> dict:
     how, exporter = exporter_for(ctx.spec.model_type)
     ctx.log(f"exporting {ctx.spec.model_type} (text-generation, with past key/values) at opset {options.opset}")
     how, onnx_runner, parity = _export_checked(ctx, src, dst, options, exporter, how)
-    if how == GQA_EXPORTER_NAME and _parity_failure(parity, options):
+    failure = _parity_failure(parity, options)
+    if how == GQA_EXPORTER_NAME and failure:
         # GroupQueryAttention written at export suits the attention it was built for; a model type whose
         # attention does something it does not anticipate fails parity and takes the plain dynamo export.
-        _log.warning(f"the GroupQueryAttention export of {ctx.spec.model_type} missed parity "
-                     f"({_parity_failure(parity, options)}): exporting with the plain dynamo exporter")
+        _log.warning(f"the GroupQueryAttention export of {ctx.spec.model_type} missed parity ({failure}): "
+                     "exporting with the plain dynamo exporter")
         for path in dst.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         how, onnx_runner, parity = _export_checked(ctx, src, dst, options, DYNAMO_EXPORTER[1], DYNAMO_EXPORTER[0])
-    failure = _parity_failure(parity, options)
+        failure = _parity_failure(parity, options)
     if failure:
         raise PassFailed(f"decoder export parity failed: {failure}")
     model = onnx.load(dst / "model.onnx", load_external_data=False)
