@@ -51,11 +51,12 @@ class SlowEngine:
         return out
 
 
-def slow_engine_factory(step_s: float):
+def slow_engine_factory(step_s: float, engine=None):
+    """Slowed ``engine`` (a class with BatchDecoder's constructor; default BatchDecoder)."""
     from xformopt.runtime.batch_decoder import BatchDecoder
 
     def factory(path, threads, max_kv_tokens, max_rows):
-        return SlowEngine(BatchDecoder(path, threads, max_kv_tokens, max_rows), step_s)
+        return SlowEngine((engine or BatchDecoder)(path, threads, max_kv_tokens, max_rows), step_s)
 
     return factory
 

@@ -12,6 +12,7 @@ from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError, PassFailed
 from xformopt.measure.host import usable_cpus
+from xformopt.runtime.batch_decoder import unbatchable_reason
 from xformopt.runtime.predictor import INT8_SCALES, artifact_spec
 from xformopt.serve import server
 from xformopt.serve.app import ServeConfig, create_app
@@ -38,7 +39,8 @@ Examples:
 
 Routes: /v1/embeddings (OpenAI) and /embed (TEI) for embedders, /predict for classifiers, taggers and
 question answering, /v1/chat/completions, /v1/completions and /v1/models for decoders (continuous
-batching, streamed with "stream": true), /health, /info, /metrics (Prometheus), /openapi.json.
+batching, streamed with "stream": true; a graph that cannot be batched, e.g. Qwen3.5's, is served one
+request at a time, said at start-up and in /info), /health, /info, /metrics (Prometheus), /openapi.json.
 SIGTERM drains readiness-first and exits 0: /health turns 503, requests are still answered (with
 Connection: close) for --drain-seconds, then the listener closes and the requests in flight finish.
 A second SIGTERM or Ctrl-C skips the wait.
@@ -83,12 +85,17 @@ def register(app: typer.Typer) -> None:
             "says 503 while requests are still accepted and answered, before the listener closes (decoders: new "
             "requests get 503, running streams may finish, then end with finish_reason 'length') "
             f"[default: {ENCODER_DRAIN_S:g} for encoders, {DecoderSettings.drain_s:g} for decoders].")] = None,
+        require_batching: Annotated[bool, typer.Option("--require-batching", help="Decoders: refuse (exit 2) a graph "
+            "that cannot be batched continuously instead of serving it one request at a time.")] = False,
         quiet: opt.Quiet = False,
     ) -> None:
         """Serve an artifact over HTTP: dynamic batching for encoders, continuous batching for decoders."""
 
-        drain_s = drain_seconds if drain_seconds is not None else \
-            DecoderSettings.drain_s if decoder_spec(artifact) else ENCODER_DRAIN_S
+        decoder = decoder_spec(artifact) is not None
+        unbatched = unbatchable_reason(artifact) if decoder else None
+        if unbatched and require_batching:
+            raise InputError(f"{artifact}: --require-batching: {unbatched}")
+        drain_s = drain_seconds if drain_seconds is not None else DecoderSettings.drain_s if decoder else ENCODER_DRAIN_S
         config = build_config(artifact, threads, max_batch, max_wait_ms, cache_size, api_key_env, max_queue,
                               timeout_ms, max_inputs, max_body_bytes, int8_scales, max_queue_ms,
                               decoder_settings(max_batch, max_queue, timeout_ms, max_kv_tokens, prefill_chunk,
@@ -107,6 +114,9 @@ def register(app: typer.Typer) -> None:
         app = create_app(config)
         batching = "batching measured at start-up" if max_batch is None or max_wait_ms is None else \
             f"max batch {max_batch}, max wait {max_wait_ms:g} ms"
+        if decoder:
+            batching = "batching off: one request at a time, see the warning below" if unbatched else \
+                f"continuous batching, up to {config.decoder.max_streams} streams"
         output.log(f"serving {artifact} on http://{host}:{port} ({batching}, cache {cache_size}); SIGTERM or Ctrl-C "
                    "drains and stops")
         if not server.run(app, host, port, json_logs, drain_s):

@@ -35,25 +35,20 @@ from xformopt.runtime.decoder import SPLIT, CacheLayout, _gqa_max_positions, is_
 from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
 
-def check_batchable(model_dir: Path) -> None:
-    """InputError (one line) unless the decoder in ``model_dir`` can be batched continuously; serve asks
-    before it binds its port."""
-    if not _gqa_max_positions(Path(model_dir) / "model.onnx"):
-        raise InputError(_refusal(Path(model_dir) / "model.onnx"))
-
-
-def _refusal(model_path: Path) -> str:
-    """Why this graph cannot be batched continuously, in one line."""
+def unbatchable_reason(model_dir: Path) -> str | None:
+    """None when the decoder in ``model_dir`` can be batched continuously, else why not (one line, no path):
+    serve then runs it one sequence at a time (:mod:`.serial_decoder`)."""
+    model_path = Path(model_dir) / "model.onnx"
+    if _gqa_max_positions(model_path):
+        return None
     import onnx
 
     states = [i.name for i in onnx.load(model_path, load_external_data=False).graph.input if is_state(i.name)]
     if states:
-        return (f"{model_path.parent}: continuous batching cannot serve a decoder with linear-attention states "
-                f"({states[0]}, ...: fixed-size per sequence, no place in the shared KV buffer, e.g. Qwen3.5's "
-                "Gated DeltaNet layers); run it one sequence at a time (xformopt generate)")
-    return (f"{model_path.parent}: continuous batching needs a GroupQueryAttention graph with its rotary table "
-            "(re-export the decoder with this xformopt: the genai builder, or the dynamo export with "
-            "GroupQueryAttention)")
+        return (f"the graph carries linear-attention states ({states[0]}, ...: fixed-size per sequence, no place "
+                "in the shared KV buffer, e.g. Qwen3.5's Gated DeltaNet layers)")
+    return ("continuous batching needs a GroupQueryAttention graph with its rotary table (this one is the plain "
+            "dynamo export, or its table is not an initializer; re-export with this xformopt to batch it)")
 
 
 QUANTUM = 64  # positions a buffer's capacity is rounded up to, so growth reallocates rarely
@@ -83,7 +78,7 @@ class BatchDecoder:
             raise InputError(f"max_kv_tokens ({max_kv_tokens}) and max_rows ({max_rows}) must be at least 1")
         self.max_positions = _gqa_max_positions(self.model_dir / "model.onnx")
         if not self.max_positions:
-            raise InputError(_refusal(self.model_dir / "model.onnx"))
+            raise InputError(f"{self.model_dir}: cannot be batched continuously: {unbatchable_reason(self.model_dir)}")
         # A prompt step needs the last position's logits only (runtime/last_logits.py): the head runs on one
         # position instead of the whole prompt.
         graph = last_logits.rewritten(self.model_dir) if last_position_logits else None

@@ -249,7 +249,8 @@ def _info(config: ServeConfig, spec, predictor, scheduler=None) -> dict:
         "labels": spec.id2label or None,
         "settings": config.public(),
         "batching": {**tuning.public(), "remeasured": scheduler.retunes}
-        if (tuning := getattr(scheduler, "tuning", None)) else None,  # encoders only
+        if (tuning := getattr(scheduler, "tuning", None))
+        else getattr(predictor, "batching", None),  # decoders: continuous, or one at a time and why
     }
 
 

@@ -1,6 +1,9 @@
 """The decoder routes of ``xformopt serve``: OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and
 ``/v1/models``, streamed as server-sent events (``data: {chunk}`` per token, ``data: [DONE]`` last),
-over the continuous-batching scheduler (:mod:`.decoder_scheduler`).
+over the continuous-batching scheduler (:mod:`.decoder_scheduler`). A graph that cannot be batched
+(:func:`~xformopt.runtime.batch_decoder.unbatchable_reason`: Qwen3.5's linear-attention states, the plain
+dynamo export) is served by the same scheduler over the single-stream runner, one request at a time
+(:mod:`xformopt.runtime.serial_decoder`): same routes, bounds and drain; the start-up log and /info say so.
 
 A streamed response starts (status 200, headers) only when the first token is there, so a request
 refused before it got a KV row still gets a real status (503 + Retry-After) instead of a broken
@@ -12,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fastapi import Request
@@ -25,13 +29,15 @@ from xformopt import models
 from xformopt.decoder.generate import Sampling, TokenPicker, context_window, eos_token_ids
 from xformopt.decoder.generator import open_decoder
 from xformopt.errors import InputError
-from xformopt.runtime.batch_decoder import BatchDecoder, check_batchable
+from xformopt.runtime.batch_decoder import BatchDecoder, unbatchable_reason
+from xformopt.runtime.serial_decoder import SerialDecoder
 from xformopt.serve.decoder_metrics import DecoderMetrics
 from xformopt.serve.decoder_scheduler import DecoderScheduler, DecoderSettings, Done, Job, Rejected, Token
 from xformopt.serve.decoder_schemas import ChatCompletionRequest, CompletionRequest
 
 WARMUP_TEXT = "warm-up: the first session calls allocate buffers and pick kernels, before any client waits"
 GENERATION_KEYS = ("temperature", "top_p", "top_k")  # sampling defaults read from generation_config.json
+_log = logging.getLogger(__name__)
 
 
 def decoder_spec(artifact: str | Path):
@@ -43,9 +49,7 @@ def decoder_spec(artifact: str | Path):
     task = models.artifact_task(path)
     if task is None or not task.decoder:
         return None
-    spec = open_decoder(path)
-    check_batchable(path)  # continuous batching's graph, refused in one line before anything binds
-    return spec
+    return open_decoder(path)
 
 
 @dataclass
@@ -58,25 +62,43 @@ class DecoderService:
     eos: set
     max_length: int  # the context window (also what /info shows as max_tokens)
     defaults: dict  # sampling defaults from generation_config.json
+    batching: dict  # what /info shows: {"mode": "continuous" | "one at a time", "max_streams", "reason"}
+
+
+def batching_mode(path: Path, settings: DecoderSettings) -> dict:
+    """Continuous batching when the graph allows it, else one request at a time, and why."""
+    reason = unbatchable_reason(path)
+    if reason is None:
+        return {"mode": "continuous", "max_streams": settings.max_streams, "reason": None}
+    return {"mode": "one at a time", "max_streams": 1, "reason": reason}
 
 
 def open_service(config, metrics, engine_factory=None) -> DecoderService:
     spec = open_decoder(Path(config.artifact))
     tokenizer = models.load_tokenizer(spec.path, spec.trust_remote_code)
     settings: DecoderSettings = config.decoder
+    batching = batching_mode(spec.path, settings)
+    if batching["mode"] != "continuous":  # the single-stream runner, one request at a time
+        settings = replace(settings, max_streams=1)
+        engine_factory = engine_factory or SerialDecoder
     engine = (engine_factory or BatchDecoder)(spec.path, config.threads, settings.max_kv_tokens, settings.max_streams)
-    context = min(context_window(spec.path) or engine.max_positions, engine.max_positions)
+    limits = [n for n in (context_window(spec.path), engine.max_positions) if n]
+    context = min(limits) if limits else settings.max_kv_tokens
     try:
         generation = json.loads((spec.path / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         generation = {}
     defaults = {k: generation[k] for k in GENERATION_KEYS if isinstance(generation.get(k), (int, float))}
     scheduler = DecoderScheduler(engine, tokenizer, settings, DecoderMetrics(metrics))
-    return DecoderService(spec.path, tokenizer, scheduler, set(eos_token_ids(spec.path, tokenizer)), context, defaults)
+    return DecoderService(spec.path, tokenizer, scheduler, set(eos_token_ids(spec.path, tokenizer)), context, defaults,
+                          batching)
 
 
 async def start_service(config, metrics, engine_factory=None) -> DecoderService:
     service = await asyncio.get_running_loop().run_in_executor(None, open_service, config, metrics, engine_factory)
+    if service.batching["reason"]:  # never a silent degrade: the operator reads why in the start-up log
+        _log.warning(f"batching is off for {service.path.name}: {service.batching['reason']}; requests are served "
+                     "one at a time by the single-stream runner (xformopt generate's)")
     warmup = list(service.tokenizer(WARMUP_TEXT)["input_ids"])
     await service.scheduler.start(warmup)
     return service

@@ -1,0 +1,116 @@
+"""The engine ``xformopt serve`` falls back to for a decoder whose graph cannot be batched continuously
+(:func:`~xformopt.runtime.batch_decoder.unbatchable_reason`): Qwen3.5's linear-attention states, or any
+graph of the plain dynamo export. It speaks :class:`~xformopt.runtime.batch_decoder.BatchDecoder`'s
+interface (``open``/``prefill``/``start_decoding``/``decode``/``close``), so the serve scheduler, its
+queue bounds, 503s and SIGTERM drain stay the same code, but each sequence runs on its own
+:class:`~xformopt.runtime.decoder.OrtDecoder` state, batch 1: the runner ``xformopt generate`` uses, so
+an answer is the single-stream answer by construction. Serve opens it with one row: requests are
+queued and run one at a time. With more rows, ``decode`` runs the rows one after another (turns, not a
+batch): nothing is gained in throughput, it only lets short requests pass long ones.
+
+Memory is bounded as in the batch engine: the open sequences' reservations (prompt + the most new
+tokens each may take) stay within ``max_kv_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xformopt.errors import InputError
+from xformopt.runtime.decoder import OrtDecoder
+
+
+@dataclass(eq=False)
+class SerialSlot:
+    """One sequence: its reservation and its own runner state."""
+
+    reserved: int
+    state: Any = None
+    length: int = 0  # positions cached
+    decoding: bool = False
+
+
+class SerialDecoder:
+    """One :class:`OrtDecoder` session whose sequences each keep their own cache (no shared buffer).
+    Not thread-safe: one thread drives it (the scheduler's engine thread)."""
+
+    batched = False  # /info and the start-up line say so
+
+    def __init__(self, model_dir: Path, threads: int | None = None, max_kv_tokens: int = 8192, max_rows: int = 1):
+        if max_kv_tokens < 1 or max_rows < 1:
+            raise InputError(f"max_kv_tokens ({max_kv_tokens}) and max_rows ({max_rows}) must be at least 1")
+        self.model_dir = Path(model_dir)
+        self.runner = OrtDecoder(self.model_dir, threads=threads)
+        self.max_positions = self.runner.max_positions  # None: the graph has no rotary table (the config bounds it)
+        self.max_kv_tokens, self.max_rows = int(max_kv_tokens), int(max_rows)
+        self.decoding: list[SerialSlot] = []
+        self.prefilling: list[SerialSlot] = []
+        self.calls = {"prefill": 0, "decode": 0}
+
+    @property
+    def slots(self) -> list[SerialSlot]:
+        return self.decoding + self.prefilling
+
+    @property
+    def cached_positions(self) -> int:
+        return sum(s.length for s in self.slots)
+
+    @property
+    def allocated_positions(self) -> int:
+        return self.cached_positions  # each cache holds its own positions only (no padding)
+
+    def fits(self, reserved: int) -> bool:
+        current = sum(s.reserved for s in self.slots)
+        return (len(self.slots) < self.max_rows and (not self.max_positions or reserved <= self.max_positions)
+                and current + reserved <= self.max_kv_tokens)
+
+    def open(self, reserved: int) -> SerialSlot:
+        if not self.fits(reserved):
+            raise InputError(f"a sequence of {reserved} positions does not fit beside the {len(self.slots)} open "
+                             f"(at most {self.max_kv_tokens} cached positions, {self.max_rows} rows)")
+        slot = SerialSlot(int(reserved))
+        self.prefilling.append(slot)
+        return slot
+
+    def prefill(self, slot: SerialSlot, ids) -> np.ndarray:
+        """Read ``ids`` (the next part of the prompt) after the slot's state; its last position's logits."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        if slot.decoding or slot not in self.prefilling:
+            raise ValueError("prefill takes a sequence opened and not yet decoding")
+        if slot.length + ids.shape[1] > slot.reserved:
+            raise ValueError(f"{slot.length + ids.shape[1]} positions exceed the {slot.reserved} reserved")
+        logits, slot.state = self.runner.forward(ids, slot.state, last_only=True)
+        slot.length += ids.shape[1]
+        self.calls["prefill"] += 1
+        return logits[0, -1]
+
+    def start_decoding(self, slot: SerialSlot) -> None:
+        if slot.length == 0 or slot not in self.prefilling:
+            raise ValueError("start_decoding takes a sequence whose prompt was read")
+        self.prefilling.remove(slot)
+        slot.decoding = True
+        self.decoding.append(slot)
+
+    def decode(self, tokens) -> np.ndarray:
+        """One step of every decoding sequence, each its own batch-1 call; (rows, vocab) logits."""
+        if len(tokens) != len(self.decoding) or not tokens:
+            raise ValueError(f"decode takes one token per decoding row ({len(self.decoding)}), got {len(tokens)}")
+        rows = []
+        for slot, token in zip(self.decoding, tokens):
+            if slot.length + 1 > slot.reserved:
+                raise ValueError("a row would grow past its reservation")
+            logits, slot.state = self.runner.forward(np.array([[token]], dtype=np.int64), slot.state, last_only=True)
+            slot.length += 1
+            rows.append(logits[0, -1])
+        self.calls["decode"] += 1
+        return np.stack(rows)
+
+    def close(self, slot: SerialSlot) -> None:
+        for group in (self.decoding, self.prefilling):
+            if slot in group:
+                group.remove(slot)
+        slot.state, slot.decoding = None, False  # the cache goes with the state
