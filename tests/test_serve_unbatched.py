@@ -116,6 +116,30 @@ def test_qwen3_5_is_served_one_at_a_time_with_generate_answers(qwen, generator, 
                                                                            max_new_tokens=12).text
 
 
+def test_gpt2_layout_is_served_one_at_a_time_with_generate_answers(tmp_path, sample_texts):
+    """GPT-2's own export (ORT's GPT-2 layout: stacked past, position ids) has no GroupQueryAttention either:
+    concurrent requests are answered, each as generate answers it."""
+    from toy_decoder import build_decoder
+
+    from xformopt.decoder.generator import TextGenerator
+
+    model = build_decoder(tmp_path / "m", "gpt2")
+    run_pass("export", make_ctx(model, sample_texts), model, tmp_path / "e")
+
+    async def ask(url):
+        async with httpx.AsyncClient(timeout=120) as client:
+            replies = await asyncio.gather(*(client.post(f"{url}/v1/completions", json={
+                "prompt": p, "max_tokens": 10, "temperature": 0}) for p in PROMPTS))
+            return [r.json() for r in replies], (await client.get(f"{url}/info")).json()["batching"]
+
+    with ServerThread(create_app(_config(tmp_path / "e"))) as server:
+        replies, batching = asyncio.run(ask(server.url))
+    generator = TextGenerator(tmp_path / "e", threads=1)
+    assert [r["choices"][0]["text"] for r in replies] == [generator.generate(p, max_new_tokens=10).text
+                                                          for p in PROMPTS]
+    assert batching["mode"] == "one at a time" and "GroupQueryAttention" in batching["reason"]
+
+
 def test_a_full_queue_is_refused_with_503_and_retry_after(qwen):
     """One request running (slowed), one waiting (the limit): the third gets 503 + Retry-After at once,
     and the two accepted ones are answered."""

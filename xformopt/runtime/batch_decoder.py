@@ -47,8 +47,8 @@ def unbatchable_reason(model_dir: Path) -> str | None:
     if states:
         return (f"the graph carries linear-attention states ({states[0]}, ...: fixed-size per sequence, no place "
                 "in the shared KV buffer, e.g. Qwen3.5's Gated DeltaNet layers)")
-    return ("continuous batching needs a GroupQueryAttention graph with its rotary table (this one is the plain "
-            "dynamo export, or its table is not an initializer; re-export with this xformopt to batch it)")
+    return ("continuous batching needs a GroupQueryAttention graph with its rotary table, and this one has none "
+            "(GPT-2's own layout, the plain dynamo export, or an older export)")
 
 
 QUANTUM = 64  # positions a buffer's capacity is rounded up to, so growth reallocates rarely
