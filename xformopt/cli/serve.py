@@ -12,11 +12,10 @@ from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import InputError, PassFailed
 from xformopt.measure.host import usable_cpus
-from xformopt.runtime.batch_decoder import unbatchable_reason
 from xformopt.runtime.predictor import INT8_SCALES, artifact_spec
 from xformopt.serve import server
 from xformopt.serve.app import ServeConfig, create_app
-from xformopt.serve.decoder_routes import decoder_spec
+from xformopt.serve.decoder_routes import batching_mode, decoder_spec
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.scheduler import Settings
 from xformopt.serve.seq2seq_routes import seq2seq_spec
@@ -39,7 +38,7 @@ Examples:
 
 Routes: /v1/embeddings (OpenAI) and /embed (TEI) for embedders, /predict for classifiers, taggers and
 question answering, /v1/chat/completions, /v1/completions and /v1/models for decoders (continuous
-batching, streamed with "stream": true; a graph that cannot be batched, e.g. Qwen3.5's, is served one
+batching, streamed with "stream": true; a graph that cannot be batched, e.g. GPT-2's own layout, is served one
 request at a time, said at start-up and in /info), /health, /info, /metrics (Prometheus), /openapi.json.
 SIGTERM drains readiness-first and exits 0: /health turns 503, requests are still answered (with
 Connection: close) for --drain-seconds, then the listener closes and the requests in flight finish.
@@ -92,7 +91,7 @@ def register(app: typer.Typer) -> None:
         """Serve an artifact over HTTP: dynamic batching for encoders, continuous batching for decoders."""
 
         decoder = decoder_spec(artifact) is not None
-        unbatched = unbatchable_reason(artifact) if decoder else None
+        unbatched = batching_mode(artifact, 1)["reason"] if decoder else None
         if unbatched and require_batching:
             raise InputError(f"{artifact}: --require-batching: {unbatched}")
         drain_s = drain_seconds if drain_seconds is not None else DecoderSettings.drain_s if decoder else ENCODER_DRAIN_S

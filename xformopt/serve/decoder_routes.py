@@ -1,9 +1,11 @@
 """The decoder routes of ``xformopt serve``: OpenAI's ``/v1/chat/completions``, ``/v1/completions`` and
 ``/v1/models``, streamed as server-sent events (``data: {chunk}`` per token, ``data: [DONE]`` last),
-over the continuous-batching scheduler (:mod:`.decoder_scheduler`). A graph that cannot be batched
-(:func:`~xformopt.runtime.batch_decoder.unbatchable_reason`: Qwen3.5's linear-attention states, the plain
-dynamo export) is served by the same scheduler over the single-stream runner, one request at a time
-(:mod:`xformopt.runtime.serial_decoder`): same routes, bounds and drain; the start-up log and /info say so.
+over the continuous-batching scheduler (:mod:`.decoder_scheduler`) and one of three engines
+(:func:`batching_mode`): GroupQueryAttention graphs share one KV buffer (:mod:`xformopt.runtime.batch_decoder`),
+the plain dynamo export's graphs (Qwen3.5's linear-attention states included) batch left-padded rows
+(:mod:`xformopt.runtime.padded_batch_decoder`), and any other graph (GPT-2's own layout) is served one
+request at a time on the single-stream runner (:mod:`xformopt.runtime.serial_decoder`): same routes, bounds
+and drain; the start-up log and /info say so.
 
 A streamed response starts (status 200, headers) only when the first token is there, so a request
 refused before it got a KV row still gets a real status (503 + Retry-After) instead of a broken
@@ -30,6 +32,7 @@ from xformopt.decoder.generate import Sampling, TokenPicker, context_window, eos
 from xformopt.decoder.generator import open_decoder
 from xformopt.errors import InputError
 from xformopt.runtime.batch_decoder import BatchDecoder, unbatchable_reason
+from xformopt.runtime.padded_batch_decoder import PaddedBatchDecoder, left_padded_batchable
 from xformopt.runtime.serial_decoder import SerialDecoder
 from xformopt.serve.decoder_metrics import DecoderMetrics
 from xformopt.serve.decoder_scheduler import DecoderScheduler, DecoderSettings, Done, Job, Rejected, Token
@@ -62,26 +65,32 @@ class DecoderService:
     eos: set
     max_length: int  # the context window (also what /info shows as max_tokens)
     defaults: dict  # sampling defaults from generation_config.json
-    batching: dict  # what /info shows: {"mode": "continuous" | "one at a time", "max_streams", "reason"}
+    batching: dict  # what /info shows: {"mode": "continuous" | "one at a time", "engine", "max_streams", "reason"}
 
 
-def batching_mode(path: Path, settings: DecoderSettings) -> dict:
-    """Continuous batching when the graph allows it, else one request at a time, and why."""
+ENGINES = {"shared KV buffer": BatchDecoder, "left-padded": PaddedBatchDecoder, "single-stream": SerialDecoder}
+
+
+def batching_mode(path: Path, max_streams: int) -> dict:
+    """How the decoder in ``path`` is served: continuous batching in a shared GroupQueryAttention buffer, or
+    in left-padded rows (the plain dynamo export, Qwen3.5's states included), else one request at a time
+    on the single-stream runner, and why."""
     reason = unbatchable_reason(path)
     if reason is None:
-        return {"mode": "continuous", "max_streams": settings.max_streams, "reason": None}
-    return {"mode": "one at a time", "max_streams": 1, "reason": reason}
+        return {"mode": "continuous", "engine": "shared KV buffer", "max_streams": max_streams, "reason": None}
+    if left_padded_batchable(path):
+        return {"mode": "continuous", "engine": "left-padded", "max_streams": max_streams, "reason": None}
+    return {"mode": "one at a time", "engine": "single-stream", "max_streams": 1, "reason": reason}
 
 
 def open_service(config, metrics, engine_factory=None) -> DecoderService:
     spec = open_decoder(Path(config.artifact))
     tokenizer = models.load_tokenizer(spec.path, spec.trust_remote_code)
     settings: DecoderSettings = config.decoder
-    batching = batching_mode(spec.path, settings)
-    if batching["mode"] != "continuous":  # the single-stream runner, one request at a time
-        settings = replace(settings, max_streams=1)
-        engine_factory = engine_factory or SerialDecoder
-    engine = (engine_factory or BatchDecoder)(spec.path, config.threads, settings.max_kv_tokens, settings.max_streams)
+    batching = batching_mode(spec.path, settings.max_streams)
+    settings = replace(settings, max_streams=batching["max_streams"])  # 1 on the single-stream runner
+    engine_factory = engine_factory or ENGINES[batching["engine"]]
+    engine = engine_factory(spec.path, config.threads, settings.max_kv_tokens, settings.max_streams)
     limits = [n for n in (context_window(spec.path), engine.max_positions) if n]
     context = min(limits) if limits else settings.max_kv_tokens
     try:
