@@ -6,8 +6,8 @@ Each is exported and fused, and must have one GroupQueryAttention per layer, dec
 equal to transformers' ``generate`` (export and fuse), and decode two prompts of different lengths
 together in :class:`~xformopt.runtime.batch_decoder.BatchDecoder` (serve's continuous batching) exactly as
 each decodes alone; one family is asked through a real ``serve`` on a free port. Qwen3.5 (linear-attention
-states) is refused by the batch engine in one line while its single-stream runner still decodes (serve runs
-it one request at a time: tests/test_serve_unbatched.py).
+states) is refused by the batch engine in one line while its single-stream runner still decodes (serve batches
+it in left-padded rows: tests/test_serve_unbatched.py).
 Tiny random configs built in code (tests/tiny_decoders.py); no timing is asserted.
 """
 
@@ -162,7 +162,7 @@ def test_qwen3_5_is_refused_by_continuous_batching_in_one_line_and_decodes_alone
         BatchDecoder(tmp_path / "e", threads=2)
     message = str(refused.value)
     assert "\n" not in message and "linear-attention states" in message and ".conv" in message
-    assert "linear-attention states" in unbatchable_reason(tmp_path / "e")  # serve runs it one at a time
+    assert "linear-attention states" in unbatchable_reason(tmp_path / "e")  # serve pads its rows instead
     prompt = _prompt(model)
     assert _greedy_onnx(tmp_path / "e", prompt) == _greedy_reference(model, prompt)
 

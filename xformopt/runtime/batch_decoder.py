@@ -36,8 +36,9 @@ from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
 
 def unbatchable_reason(model_dir: Path) -> str | None:
-    """None when the decoder in ``model_dir`` can be batched continuously, else why not (one line, no path):
-    serve then runs it one sequence at a time (:mod:`.serial_decoder`)."""
+    """None when this engine can batch the decoder in ``model_dir``, else why not (one line, no path): serve
+    then batches left-padded rows (:mod:`.padded_batch_decoder`) or runs one sequence at a time
+    (:mod:`.serial_decoder`)."""
     model_path = Path(model_dir) / "model.onnx"
     if _gqa_max_positions(model_path):
         return None

@@ -43,8 +43,6 @@ def left_padded_batchable(model_dir: Path) -> bool:
 class PaddedBatchDecoder(SerialDecoder):
     """Prefill per sequence on the single-stream runner (inherited); decode every decoding row in one call."""
 
-    batched = True
-
     def __init__(self, model_dir: Path, threads: int | None = None, max_kv_tokens: int = 8192, max_rows: int = 16):
         super().__init__(model_dir, threads, max_kv_tokens, max_rows)
         if not left_padded_batchable(self.model_dir) or self.runner.layout.kind != SPLIT:

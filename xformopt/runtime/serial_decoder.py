@@ -1,6 +1,6 @@
-"""The engine ``xformopt serve`` falls back to for a decoder whose graph cannot be batched continuously
-(:func:`~xformopt.runtime.batch_decoder.unbatchable_reason`): Qwen3.5's linear-attention states, or any
-graph of the plain dynamo export. It speaks :class:`~xformopt.runtime.batch_decoder.BatchDecoder`'s
+"""The engine ``xformopt serve`` falls back to for a decoder graph that neither batching engine takes (no
+GroupQueryAttention for :mod:`.batch_decoder`, no ``attention_mask``/``position_ids`` split cache for
+:mod:`.padded_batch_decoder`: GPT-2's own layout). It speaks :class:`~xformopt.runtime.batch_decoder.BatchDecoder`'s
 interface (``open``/``prefill``/``start_decoding``/``decode``/``close``), so the serve scheduler, its
 queue bounds, 503s and SIGTERM drain stay the same code, but each sequence runs on its own
 :class:`~xformopt.runtime.decoder.OrtDecoder` state, batch 1: the runner ``xformopt generate`` uses, so
@@ -38,7 +38,6 @@ class SerialDecoder:
     """One :class:`OrtDecoder` session whose sequences each keep their own cache (no shared buffer).
     Not thread-safe: one thread drives it (the scheduler's engine thread)."""
 
-    batched = False  # /info and the start-up line say so
 
     def __init__(self, model_dir: Path, threads: int | None = None, max_kv_tokens: int = 8192, max_rows: int = 1):
         if max_kv_tokens < 1 or max_rows < 1:
