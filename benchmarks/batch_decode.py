@@ -5,7 +5,8 @@
 
 For each row count R: R sequences of different prompt lengths (P +- 25%, real text from the vendored
 test split) are read into their own KV rows (xformopt.runtime.batch_decoder.BatchDecoder, one prompt
-call each), then ``--steps`` decode steps run all R rows in one GroupQueryAttention call each. Timed:
+call each), then ``--steps`` decode steps run all R rows in one GroupQueryAttention call each (a plain
+dynamo export, e.g. Qwen3.5: left-padded rows, xformopt.runtime.padded_batch_decoder, as serve picks). Timed:
 each decode step; reported: the median step time, R / median = aggregate decode tokens/s, and the
 ratio to one row. Row counts are interleaved within each round (rounds alternate the order), so drift
 on a shared host hits all alike. Also checked every round: the batched greedy tokens equal each
@@ -76,11 +77,14 @@ def main() -> int:
 
     from xformopt.measure.host import usable_cpus
     from xformopt.models import load_tokenizer
-    from xformopt.runtime.batch_decoder import BatchDecoder
+    from xformopt.runtime.batch_decoder import BatchDecoder, unbatchable_reason
+    from xformopt.runtime.padded_batch_decoder import PaddedBatchDecoder
 
     rows = [int(r) for r in args.rows.split(",")]
     threads = args.threads or usable_cpus()
-    engine = BatchDecoder(args.artifact, threads=threads, max_kv_tokens=max(rows) * (2 * args.prompt + args.steps + 8),
+    # serve's choice: the shared GroupQueryAttention buffer, else left-padded rows (the plain dynamo export)
+    engine_class = BatchDecoder if unbatchable_reason(args.artifact) is None else PaddedBatchDecoder
+    engine = engine_class(args.artifact, threads=threads, max_kv_tokens=max(rows) * (2 * args.prompt + args.steps + 8),
                           max_rows=max(rows))
     seqs = prompts(load_tokenizer(args.artifact), max(rows), args.prompt)
     alone = {}
@@ -107,7 +111,8 @@ def main() -> int:
                             text=True).stdout.strip().splitlines()
     document = {"artifact": str(args.artifact), "threads": threads, "prompt_tokens_mean": args.prompt,
                 "prompt_lengths": [len(s) for s in seqs], "decode_steps": args.steps, "rounds": args.rounds,
-                "last_position_logits": engine.last_position_logits, "batched_equals_alone": equal,
+                "engine": engine_class.__name__,
+                "last_position_logits": getattr(engine, "last_position_logits", False), "batched_equals_alone": equal,
                 "load_average": {"before": [round(x, 2) for x in load_before],
                                  "after": [round(x, 2) for x in os.getloadavg()]},
                 "targets_detect": detect[:3], "results": results}
