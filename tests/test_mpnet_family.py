@@ -63,7 +63,12 @@ def test_fuse_reaches_every_layer(mpnet_stages, kind):
     record = mpnet_stages[kind]["fuse"]
     assert record["expected"] == {"MultiHeadAttention": LAYERS, "SkipLayerNormalization": 2 * LAYERS}
     possible = record["fused_possible"]
-    assert possible["SkipLayerNormalization"] >= 2 * LAYERS
+    # The embeddings' sum and layer norm: one SkipLayerNormalization, as in 0.1.0's TorchScript graph, so the
+    # INT8 artifact is 0.1.0's bit for bit; ORT's EmbedLayerNormalization (which an earlier dynamo route fused)
+    # rounds differently and moved all-mpnet-base-v2's agreement from 0.995771 to 0.995702
+    # (benchmarks/results/transformers5-encoders/mpnet-zen4.txt).
+    assert possible["SkipLayerNormalization"] == 2 * LAYERS + 1
+    assert possible.get("EmbedLayerNormalization", 0) == 0
     assert possible["BiasGelu"] == LAYERS
     assert possible["MultiHeadAttention"] == LAYERS and possible["Attention"] == 0
     assert FAMILIES["mpnet"].own_fusion == "xformopt.fusions.mpnet:fuse"
