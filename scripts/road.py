@@ -10,6 +10,10 @@ Callbacks count where they run: a pass calling the CLI's log function is a climb
 any depth), the house's height: each floor stands on the one below it.
 
     python scripts/road.py [MODEL] [--recipe R] [--limit N] [--json]
+    python scripts/road.py --follow [MODEL] [--shape-search] [--limit N] [--json]
+
+--follow counts the road the way issue 34 did instead: the files the *model argument* enters, call site by
+call site, re-entries included (scripts/road_follow.py says what carries the model, and how floors are counted).
 """
 
 from __future__ import annotations
@@ -115,6 +119,12 @@ def trace(call):
 
 
 def main() -> None:
+    if "--follow" in sys.argv[1:]:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from road_follow import main as follow
+
+        follow([a for a in sys.argv[1:] if a != "--follow"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", nargs="?", default="minilm")
     parser.add_argument("--recipe", default=None)

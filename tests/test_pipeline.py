@@ -378,3 +378,18 @@ def test_changed_family_exporter_misses_cache(first_run, tiny_classifier, heldou
     assert export["reused"] is False
     assert export["cache_key"] != first_run[0].manifest["passes"][0]["cache_key"]
     assert export["record"]["exporter"] == EXPORTER_NAMES[other]
+
+
+@pytest.mark.parametrize("evaluation, message", [
+    ({"num_beams": 3}, "drop --num-beams"),  # an encoder classifier does not generate text
+    ({"modes": ["real", "fixed"], "batch": [1], "seq": [4096]}, "longer than the model's"),  # past its positions
+])
+def test_evaluation_settings_the_model_cannot_take_are_refused_before_any_work(tiny_classifier, heldout_file,
+                                                                               tmp_path, evaluation, message):
+    """`prepare` checks the recipe's evaluation settings against the resolved model, with the other input
+    checks: nothing is exported and no output folder appears."""
+    r = recipe.validate({"name": "tiny", "target": "auto", "passes": ["export"],
+                         "evaluation": {"data": str(heldout_file), "limit": 8, **evaluation}})
+    with pytest.raises(InputError, match=message):
+        pipeline.run(str(tiny_classifier), r, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

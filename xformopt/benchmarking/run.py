@@ -18,6 +18,7 @@ from pathlib import Path
 from xformopt.atomic import write_text as write_atomic
 from xformopt.benchmarking import gate, measure
 from xformopt.benchmarking.junit import junit_xml
+from xformopt.benchmarking.types import check_bench
 from xformopt.decoder.bench import bench_artifact
 from xformopt.errors import InputError
 from xformopt.models.validate import check_threads
@@ -138,6 +139,7 @@ def bench_encoder(artifact: Path, *, baseline: Path | None = None, data: Path | 
         comparison = gate.compare(art.report, doc, max_latency_regression=limit_fraction,
                                   max_accuracy_drop=max_accuracy_drop, gated=False, baseline_path=str(own))
     doc = {key: (comparison if key == "comparison" else doc[key]) for key in measure.TOP_LEVEL_KEYS}
+    check_bench(doc)
     write_document(doc, out)
     if junit is not None:
         write_atomic(junit, junit_xml(comparison, artifact=art.path.name, seconds=time.perf_counter() - started,

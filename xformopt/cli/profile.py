@@ -21,6 +21,7 @@ from xformopt.models.validate import check_threads
 from xformopt.profiling import render
 from xformopt.profiling.measure import Settings, add_peak, profile_stage
 from xformopt.profiling.render import gemm_lines, headline
+from xformopt.profiling.types import check_profile
 
 EXAMPLES = """
 Examples:
@@ -81,6 +82,7 @@ def profile(
         doc = {"schema": doc.pop("schema"), "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "artifact": str(artifact), "stage": art.stage, "heldout": run.settings["heldout"], "host": info,
                "host_fingerprint": host_fingerprint(info), "trace": "trace.json" if out is not None else None, **doc}
+        check_profile(doc)
         if out is not None:
             with atomic_dir(out, force, protected=protected) as tmp:
                 shutil.copyfile(trace, tmp / "trace.json")

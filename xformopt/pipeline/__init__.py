@@ -21,17 +21,17 @@ from pathlib import Path
 from xformopt import cache
 from xformopt.artifact import hash_dir
 from xformopt.locks import claim_output
-from xformopt.measure import host as host_facts
-from xformopt.measure.host import effective_cpu_flags
 from xformopt.models.validate import check_threads
 from xformopt.pipeline.execute import Stage, context_key, execute, missed_budget, raise_if_budget_missed, run_passes
 from xformopt.pipeline.prepare import (
     VERIFICATION_ROWS,
     Prepared,
+    RunInputs,
     check_evaluation,
     data_options,
     load_heldout,
     prepare,
+    prepare_run,
     read_paths,
     verification_context,
     verification_sample,
@@ -43,8 +43,8 @@ from xformopt.report.types import Report
 from xformopt.stale import run_workdir_prefix, sweep_at_start
 
 __all__ = [
-    "VERIFICATION_ROWS", "Prepared", "RunResult", "Stage", "build_manifest", "check_evaluation", "check_stage_dir",
-    "context_key", "data_options", "evaluate", "execute", "input_record", "load_heldout", "missed_budget", "prepare",
+    "VERIFICATION_ROWS", "Prepared", "RunInputs", "RunResult", "Stage", "build_manifest", "check_evaluation", "check_stage_dir",
+    "context_key", "data_options", "evaluate", "execute", "input_record", "load_heldout", "missed_budget", "prepare", "prepare_run",
     "raise_if_budget_missed", "read_paths", "report_for", "run", "run_passes", "run_single", "save_reference",
     "verification_context", "verification_sample", "write_artifact",
 ]
@@ -74,15 +74,9 @@ def run(
     """The road of ``optimize``: prepare (every input check), execute the passes, evaluate the stages, report,
     write the artifact; each step is a module of this package."""
     check_threads(recipe.evaluation.threads)
-    ready = prepare(model, [(step.name, step.options) for step in recipe.passes], out, force=force,
-                    target=recipe.target, task=recipe.task, data=recipe.evaluation.data,
-                    trust_remote_code=trust_remote_code, check=lambda spec: check_evaluation(recipe, spec))
-    spec, target, protected = ready.spec, ready.target, ready.protected
-    heldout = load_heldout(recipe, spec)
-    threads = recipe.evaluation.threads or host_facts.usable_cpus()
-    flags = effective_cpu_flags()
-    ctx = verification_context(spec, target, recipe.evaluation.data, recipe.evaluation.text_column, threads, flags,
-                               reported_texts=heldout.texts)
+    ready = prepare_run(model, recipe, out, force=force, trust_remote_code=trust_remote_code)
+    spec, target, protected, heldout, threads, ctx = (ready.spec, ready.target, ready.protected, ready.heldout,
+                                                      ready.threads, ready.ctx)
     if not ctx.host_runs_target:
         _log.info(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
     _log.info(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "

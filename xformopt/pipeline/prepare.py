@@ -12,6 +12,8 @@ from xformopt import cache, models, sources, targets
 from xformopt.artifact import check_output
 from xformopt.data import TextDataset
 from xformopt.errors import InputError
+from xformopt.measure import host as host_facts
+from xformopt.measure.host import effective_cpu_flags
 from xformopt.models.validate import check_model_files
 from xformopt.passes import get_pass
 from xformopt.passes.base import PassContext
@@ -83,10 +85,12 @@ class Prepared:
 
 
 def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool, target: str, task: str | None,
-            data: str | None, trust_remote_code: bool, check: Callable[[models.ModelSpec], None] | None = None) -> Prepared:
+            data: str | None, trust_remote_code: bool, check: Callable[[models.ModelSpec], None] | None = None,
+            recipe: Recipe | None = None) -> Prepared:
     """The input checks of every run (a recipe or one pass), in one order, before any work: the output
     path, the target, the model, each step's own refusals (``Pass.check``: the model's task, labelled
-    fallbacks, its options), named data files, ``check`` (the caller's own, on the resolved model), the model's files, and -o against all it reads."""
+    fallbacks, its options), named data files, ``recipe``'s evaluation settings (:func:`check_evaluation`) and
+    ``check`` (the caller's own) on the resolved model, the model's files, and -o against all it reads."""
 
     check_output(out, force)
     resolved_target = targets.resolve(target)
@@ -96,9 +100,38 @@ def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool
     for name, key, value in data_options(steps):
         if not Path(value.split("::")[0]).exists():
             raise InputError(f"{name}.{key}: data file not found: {value}")
+    if recipe is not None:
+        check_evaluation(recipe, spec)
     if check is not None:
         check(spec)
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     protected = read_paths(spec.path, data, steps)
     check_output(out, force, protected)
     return Prepared(spec, resolved_target, protected)
+
+
+@dataclass
+class RunInputs:
+    """What a recipe run stands on once its inputs are checked: the model, target and paths it reads, the
+    held-out rows, the threads and the sample the passes verify on."""
+
+    spec: models.ModelSpec
+    target: targets.Target
+    protected: tuple
+    heldout: TextDataset
+    threads: int
+    ctx: PassContext
+
+
+def prepare_run(model: str, recipe: Recipe, out: Path, *, force: bool, trust_remote_code: bool) -> RunInputs:
+    """The first step of ``pipeline.run`` in one call: :func:`prepare` with the recipe's evaluation settings
+    checked, then the held-out rows and the verification context (so the model goes into this module once
+    and comes back with all of it, instead of the run calling back and forth)."""
+    ready = prepare(model, [(step.name, step.options) for step in recipe.passes], out, force=force,
+                    target=recipe.target, task=recipe.task, data=recipe.evaluation.data,
+                    trust_remote_code=trust_remote_code, recipe=recipe)
+    heldout = load_heldout(recipe, ready.spec)
+    threads = recipe.evaluation.threads or host_facts.usable_cpus()
+    ctx = verification_context(ready.spec, ready.target, recipe.evaluation.data, recipe.evaluation.text_column,
+                               threads, effective_cpu_flags(), reported_texts=heldout.texts)
+    return RunInputs(ready.spec, ready.target, ready.protected, heldout, threads, ctx)

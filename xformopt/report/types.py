@@ -11,8 +11,8 @@ Where the docs fix a section's fields, the type forbids others, so a field added
 its row in docs/report-schema.md fails the test suite (tests/test_report_types.py also checks each
 documented table against these types). Where a section carries names that vary per model (stages,
 metrics, operators) the key is ``str``; a metric object may carry a task's own counts beside the shared
-fields, and the sections with their own schema (``profile``: ``xformopt.profile/1``; ``generation``'s
-cells) are typed at their top only.
+fields; ``profile`` (schema ``xformopt.profile/1``) is typed in ``profiling/types.py``, and ``generation``'s
+cells (their own schema) are typed at their top only.
 
 :func:`check_report` holds a report to :class:`Report` the way the pipeline holds a pass to its record type
 (``xformopt.typed_json``): strict in tests, a logged warning elsewhere.
@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ConfigDict, with_config
 from typing_extensions import NotRequired, Required, TypedDict  # pydantic needs typing_extensions' before 3.12
 
+from xformopt.profiling.types import ProfileError, ReportProfile
 from xformopt.typed_json import check_typed, type_errors
 
 # No `from __future__ import annotations` here: evaluated annotations are what give each TypedDict its
@@ -253,7 +254,7 @@ class Report(TypedDict, total=False):
     model_call: dict[str, LatencyStats]
     generation: Generation
     shape_search: ShapeSearch
-    profile: dict[str, Any]  # schema xformopt.profile/1 less its run's fields, or {"error": ...}
+    profile: ReportProfile | ProfileError  # schema xformopt.profile/1 less its run's fields, or {"error": ...}
 
 
 def report_errors(report: dict) -> list[str]:
