@@ -11,8 +11,8 @@ import typer
 from xformopt.artifact import load_json, read_manifest
 from xformopt.cli import options as opt
 from xformopt.cli import output
-from xformopt.cli.passes import summary
 from xformopt.errors import InputError
+from xformopt.passes.record import PassRecord
 from xformopt.report.console import console_table
 from xformopt.report.markdown import markdown
 from xformopt.report.render import write_derived_files
@@ -96,7 +96,7 @@ def chain_rows(manifest: dict) -> list[dict]:
         if not isinstance(entry, dict) or not isinstance(entry.get("record"), dict):
             raise InputError("manifest.json: a pass entry has no record; re-run the command that wrote it")
         try:
-            text = summary(entry)
+            text = PassRecord.from_dict(entry).summary()  # the pass command's own line
         except (KeyError, TypeError, IndexError, ValueError):  # a record of another xformopt version
             text = "(record not readable by this version; see manifest.json)"
         peak = (entry.get("memory") or {}).get("peak_rss_mb")

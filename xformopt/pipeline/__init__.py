@@ -23,6 +23,7 @@ from xformopt.artifact import hash_dir
 from xformopt.locks import claim_output
 from xformopt.models.validate import check_threads
 from xformopt.pipeline.execute import Stage, context_key, execute, missed_budget, raise_if_budget_missed, run_passes
+from xformopt.pipeline.manifest import build_manifest, input_record
 from xformopt.pipeline.prepare import (
     VERIFICATION_ROWS,
     Prepared,
@@ -37,7 +38,7 @@ from xformopt.pipeline.prepare import (
     verification_sample,
 )
 from xformopt.pipeline.single import check_stage_dir, run_single
-from xformopt.pipeline.write import build_manifest, evaluate, input_record, report_for, save_reference, write_artifact
+from xformopt.pipeline.write import evaluate, report_for, save_reference, write_artifact
 from xformopt.recipe import Recipe
 from xformopt.report.types import Report
 from xformopt.stale import run_workdir_prefix, sweep_at_start

@@ -17,8 +17,8 @@ from xformopt.onnx_graph import SEQ2SEQ_GRAPHS, seq2seq_stage
 from xformopt.passes import get_pass
 from xformopt.passes.record import PassRecord
 from xformopt.pipeline.execute import execute, raise_if_budget_missed
+from xformopt.pipeline.manifest import build_manifest, input_record
 from xformopt.pipeline.prepare import prepare, verification_context
-from xformopt.pipeline.write import build_manifest, input_record
 from xformopt.recipe import PassStep, Recipe, check_order, validate_options
 from xformopt.stale import sweep_at_start
 

@@ -1,24 +1,21 @@
 """What a run leaves: the stages evaluated and timed, the report built from them (profiled, held to its
-type), the manifest, and the artifact folder, written whole or not at all."""
+type), and the artifact folder, written whole or not at all (the manifest is built in ``manifest.py``)."""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
 from pathlib import Path
 
 from xformopt import models, targets
-from xformopt.artifact import MANIFEST_SCHEMA, atomic_dir, copy_stage, write_json
+from xformopt.artifact import atomic_dir, copy_stage, write_json
 from xformopt.data import TextDataset
 from xformopt.evaluate.run import evaluate_stages
 from xformopt.measure import memory
-from xformopt.measure.host import host_info, library_versions
+from xformopt.measure.host import host_info
 from xformopt.recipe import Recipe
 from xformopt.report.build import build_report
 from xformopt.report.render import write_report_files
 from xformopt.report.types import Report, check_report
-from xformopt.sources import hub
-from xformopt.sources.gguf import gguf_input
 
 _log = logging.getLogger(__name__)
 
@@ -45,29 +42,6 @@ def report_for(spec: models.ModelSpec, target: targets.Target, stages, evaluatio
         report["profile"] = profile  # where the final stage's time goes: report.md shows the top lines
     check_report(report)
     return report
-
-
-def input_record(source: str, spec: models.ModelSpec, sha256: str) -> dict:
-    """The manifest's ``input``: the model a run (or a chain of single passes) started from."""
-    return {"source": source, "path": str(spec.path), "sha256": sha256, "model_type": spec.model_type, "task": spec.task,
-            "revision": hub.commit_of(spec.path),  # the hub commit a hub id resolved to, else null
-            **gguf_input(spec.path)}  # the GGUF file a checkpoint was converted from, if it was
-
-
-def build_manifest(input_: dict, target: targets.Target, passes: list[dict], *, host: dict | None = None,
-                   recipe: Recipe | None = None, heldout: TextDataset | None = None) -> dict:
-    """manifest.json of a stage or an artifact; ``host``, ``recipe`` and ``heldout`` only for a recipe run."""
-    manifest = {"schema": MANIFEST_SCHEMA, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "input": input_, "target": target.to_dict()}
-    if host is not None:
-        manifest["host"] = host
-    manifest["versions"] = library_versions()
-    if recipe is not None:
-        manifest["recipe"] = recipe.to_dict()
-    if heldout is not None:
-        manifest["heldout"] = {"path": heldout.path, "source": heldout.source, "rows": len(heldout)}
-    manifest["passes"] = passes
-    return manifest
 
 
 def save_reference(directory: Path, outputs, heldout: TextDataset) -> None:
