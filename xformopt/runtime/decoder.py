@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from xformopt.errors import InputError
+from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
 from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
@@ -372,8 +373,8 @@ class TorchDecoder:
                 input_ids=torch.from_numpy(ids),
                 attention_mask=torch.from_numpy(np.ascontiguousarray(mask, dtype=np.int64)),
                 position_ids=torch.from_numpy(position_ids_for(mask, new)),
-                past_key_values=state.cache if state is not None else None,
+                **cache_kwargs(self.model, state.cache if state is not None else None),
                 use_cache=use_cache,
                 **({"logits_to_keep": 1} if last_only else {}),
             )
-        return out.logits.float().numpy(), State(out.past_key_values if use_cache else None, mask)
+        return out.logits.float().numpy(), State(output_cache(out) if use_cache else None, mask)

@@ -14,6 +14,7 @@ import io
 import warnings
 from pathlib import Path
 
+from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
 from xformopt.seq2seq.runner import decoder_start_token
 
@@ -50,8 +51,8 @@ def _wrappers(model, width: int):
             first = torch.full((input_ids.shape[0], 1), start, dtype=torch.long, device=input_ids.device)
             cache = EncoderDecoderCache(DynamicCache(config=self.model.config), DynamicCache(config=self.model.config))
             out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=states), attention_mask=attention_mask,
-                             decoder_input_ids=first, past_key_values=cache, use_cache=True, return_dict=True)
-            return (states, out.logits, *flat(out.past_key_values, cross=True))
+                             decoder_input_ids=first, **cache_kwargs(self.model, cache), use_cache=True, return_dict=True)
+            return (states, out.logits, *flat(output_cache(out), cross=True))
 
     class DecoderStep(torch.nn.Module):
         """One cached step: new token(s) after the self-attention past, against the cross-attention cache."""
@@ -69,8 +70,8 @@ def _wrappers(model, width: int):
             states = torch.zeros(batch, source, width, dtype=past[0].dtype)
             out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=states),
                              attention_mask=encoder_attention_mask, decoder_input_ids=decoder_input_ids,
-                             past_key_values=cache, use_cache=True, return_dict=True)
-            return (out.logits, *flat(out.past_key_values, cross=False))
+                             **cache_kwargs(self.model, cache), use_cache=True, return_dict=True)
+            return (out.logits, *flat(output_cache(out), cross=False))
 
     return EncoderStep(), DecoderStep(), start
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
 from xformopt.runtime.session import ort_session
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
@@ -123,8 +124,8 @@ class TorchSeq2Seq:
         with torch.no_grad():
             out = self.model(encoder_outputs=BaseModelOutput(last_hidden_state=states),
                              attention_mask=torch.from_numpy(mask), decoder_input_ids=torch.from_numpy(tokens),
-                             past_key_values=past, use_cache=True, return_dict=True)
-        cache_out = out.past_key_values
+                             **cache_kwargs(self.model, past), use_cache=True, return_dict=True)
+        cache_out = output_cache(out)
         self_kv = [a.numpy() for layer in cache_out.self_attention_cache.layers for a in (layer.keys, layer.values)]
         cross_kv = ([a.numpy() for layer in cache_out.cross_attention_cache.layers for a in (layer.keys, layer.values)]
                     if cache is None else cache.cross_kv)

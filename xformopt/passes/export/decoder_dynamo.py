@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 
 from xformopt.families import refuse_unexportable_cache
+from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
 
 EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export/dynamo.py)
@@ -83,9 +84,9 @@ def _wrapper(model, slots: list[tuple[str, ...]]):
                 else:
                     cache.update(next(tensors), next(tensors), i)
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True)
+                             **cache_kwargs(self.model, cache), use_cache=True)
             presents = []
-            for layer, kinds in zip(out.past_key_values.layers, slots):
+            for layer, kinds in zip(output_cache(out).layers, slots):
                 presents += _layer_outputs(layer, kinds)
             return (out.logits, *presents)
 
@@ -106,9 +107,9 @@ def cache_slots(model) -> tuple[list[tuple[str, ...]], list[tuple[int, ...]]]:
     stateful = "linear_attention" in (getattr(config, "layer_types", None) or ())
     with torch.no_grad():
         out = model(input_ids=torch.zeros((1, 2), dtype=torch.int64), use_cache=True,
-                    past_key_values=DynamicCache(config=model.config) if stateful else DynamicCache())
+                    **cache_kwargs(model, DynamicCache(config=model.config) if stateful else DynamicCache()))
     slots, shapes = [], []
-    for layer in out.past_key_values.layers:
+    for layer in output_cache(out).layers:
         if getattr(layer, "keys", None) is not None:
             slots.append(KV)
             shapes += [tuple(layer.keys.shape[1:]), tuple(layer.values.shape[1:])]
