@@ -156,12 +156,17 @@ class Family:
         return tuple(int(self.config_value(config, keys) or 0)
                      for keys in (self.layers_keys, self.heads_keys, self.hidden_keys))
 
-    def expected_fusions(self, layers: int, graph_counts: dict[str, int] | None = None) -> dict[str, int]:
+    def expected_fusions(self, layers: int, graph_counts: dict[str, int] | None = None,
+                         config: dict | None = None) -> dict[str, int]:
         """Fused ops ``layers`` layers must reach (``fused_per_layer``): for a family exported by
         onnxruntime-genai's builder or the GQA export, its set when the input graph has GroupQueryAttention,
-        the plain dynamo export's set (``fallback_per_layer``) otherwise."""
+        the plain dynamo export's set (``fallback_per_layer``) otherwise. A model whose layers reuse another
+        layer's key/value (``num_kv_shared_layers``) is held to its other fusions only: onnxscript's attention
+        rules do not match a key/value that feeds two layers' attention."""
         built = self.exporter not in ("genai", "gqa") or (graph_counts or {}).get("GroupQueryAttention", 0) > 0
         per_layer = self.fused_per_layer if built else self.fallback_per_layer
+        if kv_shared_layers(config or {}):
+            per_layer = {op: n for op, n in per_layer.items() if op not in ("MultiHeadAttention", "GroupQueryAttention")}
         return {op: n * layers for op, n in per_layer.items()}
 
     @property
@@ -298,7 +303,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # Gemma 4 text: sliding-window layers (GroupQueryAttention's local_window_size) and full-attention layers
     # with their own head_dim; its two tanh GELUs (MLP, per-layer input gate) fuse as FastGelu; its RMSNorms
     # do not fuse. Layers reusing another layer's key/value (num_kv_shared_layers) are refused by the GQA
-    # export and go through the plain dynamo export, where attention fuses as MultiHeadAttention.
+    # export and go through the plain dynamo export, where attention fuses as MultiHeadAttention (not with
+    # shared key/values: see expected_fusions).
     # ort_model_type "none": onnxscript's fusions only. ORT 1.32's GPT-2 optimizer leaves this graph
     # unsortable ("Graph is not a DAG") even with every fusion switched off.
     Family("gemma4_text", True, "none", {"GroupQueryAttention": 1, "FastGelu": 2}, exporter="gqa",
@@ -400,19 +406,22 @@ def layout_of(model_type: str, pass_name: str) -> Layout:
 STATE_LAYERS = {"qwen3_5_text": ("linear_attention",)}
 
 
+def kv_shared_layers(config: dict) -> int:
+    """How many layers reuse another layer's key/value cache (Gemma 4's ``num_kv_shared_layers``)."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return int(text.get("num_kv_shared_layers") or 0)
+
+
 def refuse_unexportable_cache(config: dict) -> None:
-    """The dynamo export carries one key/value pair per layer, or the states of the linear-attention
-    layers in ``STATE_LAYERS``: other layers with state (Mamba, convolutions) or layers reading another
-    layer's cache are refused in one line."""
+    """The dynamo export carries one key/value pair per layer that keeps one (layers reusing another
+    layer's, Gemma 4's ``num_kv_shared_layers``, keep none), or the states of the linear-attention layers
+    in ``STATE_LAYERS``: other layers with state (Mamba, convolutions) are refused in one line."""
     model_type = config.get("model_type")
     carried = {"full_attention", "sliding_attention", "chunked_attention", *STATE_LAYERS.get(model_type, ())}
     odd = sorted(set(config.get("layer_types") or ()) - carried)
     if odd:
         raise InputError(f"{model_type}: layers of type {', '.join(odd)} keep state beyond a key/value cache, which "
                          "the dynamo decoder export does not carry")
-    if config.get("num_kv_shared_layers"):
-        raise InputError(f"{model_type}: {config['num_kv_shared_layers']} layers reuse another layer's key/value "
-                         "cache, which the dynamo decoder export does not carry")
 
 
 def genai_builder_available() -> bool:

@@ -59,6 +59,7 @@ from xformopt.errors import PassFailed
 from xformopt.exporting import parity_texts
 from xformopt.families import FAMILIES, GENAI_EXTRA
 from xformopt.models import load_tokenizer
+from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly, quiet_loggers
 from xformopt.onnx_graph import fused_counts
 from xformopt.passes.export.decoder_dynamo import export_dynamo_decoder
@@ -149,9 +150,9 @@ def _stacked_wrapper(model):
             for layer, stacked in enumerate(past):
                 cache.update(stacked[0], stacked[1], layer)
             out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=additive,
-                             past_key_values=cache, use_cache=True)
+                             **cache_kwargs(self.model, cache), use_cache=True)
             presents = tuple(torch.cat((layer.keys.unsqueeze(0), layer.values.unsqueeze(0)), dim=0)
-                             for layer in out.past_key_values.layers)
+                             for layer in output_cache(out).layers)
             return (out.logits, *presents)
 
     return _StackedPastGPT2(model).eval()
@@ -236,7 +237,7 @@ def export_gqa_or_dynamo(src: Path, dst: Path, opset: int, trust_remote_code: bo
         return GQA_EXPORTER_NAME
     except NotGroupQueryAttention as e:
         _log.warning(f"GroupQueryAttention export refused ({e}): exporting with the plain dynamo exporter "
-                     "(no continuous batching in serve)")
+                     "(serve batches it in left-padded rows, without the shared KV buffer)")
     export_dynamo_decoder(src, dst, opset, trust_remote_code)
     return DYNAMO_EXPORTER[0]
 

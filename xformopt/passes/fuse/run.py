@@ -269,9 +269,10 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
     return {op: n for op, n in fused_counts(load_graph(scratch / "runtime.onnx")).items() if n}
 
 
-def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None) -> dict[str, int]:
+def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None, src: Path | None = None) -> dict[str, int]:
     """What every layer must reach (the family's ``fused_per_layer``: BERT's one Attention and two SkipLayerNorms)."""
-    return ctx.spec.family.expected_fusions(ctx.spec.num_layers, before)
+    config = models.read_config(src) if src is not None and (src / "config.json").is_file() else None
+    return ctx.spec.family.expected_fusions(ctx.spec.num_layers, before, config)
 
 
 class FusePass(Pass):
@@ -317,7 +318,7 @@ class FusePass(Pass):
                 counts[name] = before
             candidates[name] = cdir
 
-        expected = {**(full_fusion_expectation(ctx, before) if options.expect_full else {}), **options.expect}
+        expected = {**(full_fusion_expectation(ctx, before, src) if options.expect_full else {}), **options.expect}
         missing = {op: (reached(counts["all"], op), n) for op, n in expected.items() if reached(counts["all"], op) < n}
         if missing:
             detail = ", ".join(f"{op} {got}/{want}" for op, (got, want) in missing.items())
