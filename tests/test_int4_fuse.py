@@ -139,3 +139,25 @@ def test_random_weights_fuse_for_rtn_and_pack_to_the_same_codes(tmp_path):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
     ops = [n.op_type for n in onnx.load(tmp_path / "qf" / "model.onnx").graph.node]
     assert ops.count("MatMulNBits") == 3 and ops.count("Split") == 2
+
+
+def test_block_sums_by_one_indicator_matmul_per_input(tiny, tmp_path):
+    """``block_sums: matmul``: each input's 32-block sums are one MatMul against a 0/1 indicator shared by
+    every input of that K (no Reshape, no ReduceSum), and the outputs are the ReduceSum form's."""
+    import onnx
+
+    from xformopt.passes.int4.run import Int4Options, build_candidate
+
+    src, folder = tiny
+    graph = _graph_over(folder, MLP + ATTN, tmp_path / "float")
+    fused_graph, _ = _fused_copy(graph, tmp_path / "fused", src)
+    for out, sums in (("q", "reduce"), ("qm", "matmul")):
+        build_candidate(fused_graph, tmp_path / out / "model.onnx", Int4Options(accuracy_level=0, block_sums=sums), [],
+                        gguf=src)
+    model = onnx.load(tmp_path / "qm" / "model.onnx")
+    ops = [n.op_type for n in model.graph.node]
+    assert "ReduceSum" not in ops and "Reshape" not in ops
+    assert [i.name for i in model.graph.initializer if "indicator" in i.name] == [f"gguf_block_indicator_{HIDDEN}"]
+    x = np.random.default_rng(2).standard_normal((1, 4, HIDDEN)).astype(np.float32)
+    for a, b in zip(_run(tmp_path / "q" / "model.onnx", x), _run(tmp_path / "qm" / "model.onnx", x)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
