@@ -20,7 +20,7 @@ then bisected: the fewest that meet the budget are kept, every candidate timed a
 Decode levers (docs/guides/llms.md, "Decode levers"): ``block_sizes`` per role over ``block_size``;
 ``kv_cache`` int8 (passes/int4/kv_cache.py); for a model converted from GGUF, ``requantize`` roles
 despite the file's blocks and ``exact_gguf`` false (Q4_1 minimums as rounded zero points,
-passes/int4/gguf_blocks.py).
+passes/int4/gguf_blocks.py); ``fuse_projections``: same-input MatMuls packed as one (passes/int4/fuse.py).
 
 The pass fails when nothing became 4-bit, and checks the logits against the float graph.
 """
@@ -586,6 +586,9 @@ def summarize_int4(rec: dict) -> str:
         g = rec["gguf"]
         line += (f"; {g['carried']} carried exactly from GGUF {g.get('file_type') or ''} "
                  f"({', '.join(f'{n} {t}' for t, n in g['carried_by_type'].items())})")
+    if rec.get("fused_projections", {}).get("used"):
+        f = rec["fused_projections"]
+        line += f"; {f['matmuls_fused']} same-input MatMuls packed as {f['groups']}"
     if "budget" in rec:
         b = rec["budget"]
         line += (f"; perplexity budget {'met' if b['budget_met'] else 'NOT met'}: {b['float_perplexity']:.3f} -> "
