@@ -163,19 +163,20 @@ def fused_float(ctx, src: Path, work: Path, gguf: Path | None, exclude: set[str]
         may_fuse = gguf_same_type(gguf, src, {i.name: i for i in model.graph.initializer})
     groups_ok = (lambda g: not exclude.intersection(n.name for n in g) and (may_fuse is None or may_fuse(g)))
     record = fuse_projections(model, src, groups_ok)
+    if not record["groups"]:  # nothing reads one input twice: pack the graph as it is
+        return src / "model.onnx", {**record, "used": False}
     out = work / "fused" / "model.onnx"
     out.parent.mkdir(parents=True)
     onnx.save(model, out, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx.data",
               size_threshold=1024)
-    if record["groups"]:
-        tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
-        prompts = [list(tokenizer(text)["input_ids"]) for text in PARITY_PROMPTS]
-        record["parity"] = greedy_parity(src, out.parent, prompts, threads=ctx.threads)
-        ctx.log(f"fused {record['matmuls_fused']} same-input MatMuls into {record['groups']} "
-                f"({record['float_nodes']['before']} -> {record['float_nodes']['after']} float-graph nodes); "
-                f"parity with the unfused graph: max |logit diff| {record['parity']['max_abs_logit_diff']:.2e}, "
-                f"greedy tokens {'identical' if record['parity']['greedy_identical'] else 'DIFFERENT'}")
-        if not record["parity"]["greedy_identical"]:  # never seen; order-of-summation only, but be safe
-            ctx.log("WARNING: fused projections changed a greedy token; packing the unfused graph instead")
-            return src / "model.onnx", {**record, "used": False}
+    tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
+    prompts = [list(tokenizer(text)["input_ids"]) for text in PARITY_PROMPTS]
+    record["parity"] = greedy_parity(src, out.parent, prompts, threads=ctx.threads)
+    ctx.log(f"fused {record['matmuls_fused']} same-input MatMuls into {record['groups']} "
+            f"({record['float_nodes']['before']} -> {record['float_nodes']['after']} float-graph nodes); "
+            f"parity with the unfused graph: max |logit diff| {record['parity']['max_abs_logit_diff']:.2e}, "
+            f"greedy tokens {'identical' if record['parity']['greedy_identical'] else 'DIFFERENT'}")
+    if not record["parity"]["greedy_identical"]:  # never seen (summation order only), but be safe
+        ctx.log("WARNING: fused projections changed a greedy token; packing the unfused graph instead")
+        return src / "model.onnx", {**record, "used": False}
     return out, {**record, "used": True}
