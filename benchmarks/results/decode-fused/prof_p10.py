@@ -1,5 +1,6 @@
 import collections
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,11 +11,12 @@ from xformopt.runtime.decoder import OrtDecoder
 from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
 prompt = list(np.random.default_rng(0).integers(100, 20000, size=128))
+THREADS = [int(t) for t in os.environ.get("THREADS", "1,2").split(",")]
 rounds = int(sys.argv[1])
 dirs = sys.argv[2:]
 res = collections.defaultdict(list)
 for r in range(rounds):
-    for t in (1, 2):
+    for t in THREADS:
         for d in dirs:
             run = OrtDecoder(Path(d), threads=t)
             run.session = ort_session(
