@@ -75,8 +75,9 @@ class Int4Options(PassOptions):
     exact_gguf: bool = Field(True, description="carried Q4_1 blocks keep their minimums exactly (a block-sum term "
                                                "beside each MatMul); false: the minimum rounds to a 4-bit zero point "
                                                "(one op per MatMul, weights shift by at most half a step)")
-    fuse_projections: bool = Field(True, description="MatMuls reading one input (gate/up, q/k/v) packed as one "
-                                                     "MatMulNBits (and one Q4_1 minimum term) and split after")
+    # Off by default: measured no faster on a quiet Zen 4 (benchmarks/results/decode-fused/), bit-identical output.
+    fuse_projections: bool = Field(False, description="MatMuls reading one input (gate/up, q/k/v) packed as one "
+                                                      "MatMulNBits (and one Q4_1 minimum term) and split after")
     block_sums: Literal["reduce", "matmul"] = Field(
         "reduce", description="exact Q4_1: each input's 32-block sums by Reshape + ReduceSum, or by one MatMul "
                               "with a shared 0/1 block indicator (one node instead of two)")
