@@ -254,6 +254,16 @@ def worker_main(args) -> None:
 # --------------------------------------------------------------------------- driver
 
 
+def llama_variants(types: list[str], shipped: Path, work: Path, python: str) -> dict:
+    """The llama.cpp cells asked for (Q4_0 always: the tables' reference)."""
+    out = {"llama.cpp Q4_0": ("llama", str(requantize(shipped, work / "model.Q4_0.gguf", "Q4_0")), python, None)}
+    if "Q4_1" in types:
+        out["llama.cpp Q4_1 (shipped)"] = ("llama", str(shipped), python, None)
+    if "Q8_0" in types:
+        out["llama.cpp Q8_0"] = ("llama", str(requantize(shipped, work / "model.Q8_0.gguf", "Q8_0")), python, None)
+    return out
+
+
 def prepare_inputs(artifact: Path, args) -> dict:
     from xformopt.decoder.perplexity import load_token_lists
     from xformopt.models import load_tokenizer
@@ -295,6 +305,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--ppl-texts", type=int, default=16)
+    parser.add_argument("--llama-types", default="Q4_0,Q4_1,Q8_0",
+                        help="llama.cpp variants to run, comma-separated (Q4_1 is the shipped file; Q4_0, Q8_0 made from it)")
     parser.add_argument("--work", type=Path, help="where the Q4_0/Q8_0 files go (kept, reused)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -330,11 +342,7 @@ def main() -> None:
                 **({f"xformopt int4 ONNX, workers spin <= {args.spin_us} us":
                     ("xformopt", str(args.artifact), sys.executable, str(args.spin_us))} if args.spin_us else {}),
                 **{f"xformopt {label}": ("xformopt", path, sys.executable, None) for label, path in extra.items()},
-                "llama.cpp Q4_0": ("llama", str(requantize(shipped, work / "model.Q4_0.gguf", "Q4_0")),
-                                   args.llama_python, None),
-                "llama.cpp Q4_1 (shipped)": ("llama", str(shipped), args.llama_python, None),
-                "llama.cpp Q8_0": ("llama", str(requantize(shipped, work / "model.Q8_0.gguf", "Q8_0")),
-                                   args.llama_python, None)}
+                **llama_variants(args.llama_types.split(","), shipped, work, args.llama_python)}
     inputs_path = work / "inputs.json"
     inputs_path.write_text(json.dumps(prepare_inputs(args.artifact, args)))
     cells = [(name, t) for t in threads for name in variants]

@@ -172,6 +172,31 @@ def test_int4_packs_every_weighted_matmul_and_keeps_attention_fused(family, fami
     assert cached.new_ids == recomputed.new_ids
 
 
+def test_same_input_projections_pack_as_one_matmulnbits_with_the_unfused_tokens(family_stages, family_models,
+                                                                                  sample_texts, tmp_path):
+    """``fuse_projections`` packs each layer's gate/up (the builder already packs q/k/v): one MatMulNBits and
+    a Split where there were two, recorded, and the same greedy tokens as the unfused default."""
+    import onnx
+
+    from xformopt.passes.int4.fuse import greedy_parity
+
+    plain_dir, plain = family_stages["qwen2"]["int4"]
+    assert "fused_projections" not in plain  # off by default
+    ctx = make_ctx(family_models["qwen2"], sample_texts)
+    record = run_pass("int4", ctx, family_stages["qwen2"]["export"][0], tmp_path / "q", fuse_projections=True)
+    fused = record["fused_projections"]
+    assert fused["used"] and fused["groups"] == LAYERS and fused["matmuls_fused"] == 2 * LAYERS
+    assert all("/mlp/gate_up_proj/" in f["name"] and len(f["members"]) == 2 for f in fused["fused"])
+    assert fused["parity"]["greedy_identical"] and fused["parity"]["max_abs_logit_diff"] < 1e-4
+    assert plain["weighted_matmuls"] == record["weighted_matmuls"] + LAYERS
+    ops = {name: [n.op_type for n in onnx.load(d / "model.onnx", load_external_data=False).graph.node]
+           for name, d in (("fused", tmp_path / "q"), ("plain", plain_dir))}
+    assert ops["plain"].count("MatMulNBits") - ops["fused"].count("MatMulNBits") == LAYERS
+    assert ops["fused"].count("Split") - ops["plain"].count("Split") == LAYERS and fused["graph_nodes"] == len(ops["fused"])
+    parity = greedy_parity(plain_dir, tmp_path / "q", [[5, 6, 7, 8], list(range(30, 70))], new_tokens=12)
+    assert parity["greedy_identical"] and parity["max_abs_logit_diff"] < 1e-3
+
+
 def test_int4_perplexity_within_5_percent_of_pytorch(family_models, family_stages):
     from xformopt.decoder.perplexity import load_token_lists, perplexity
     from xformopt.models import load_tokenizer

@@ -105,6 +105,7 @@ class Int4Record(TypedDict, total=False):
     agreement: Required[dict[str, Any]]
     calibration: dict[str, Any]  # gptq
     gguf: dict[str, Any]  # blocks carried from a GGUF file
+    fused_projections: dict[str, Any]  # same-input MatMuls packed as one: groups, node counts, parity
     budget: dict[str, Any]
     budget_met: bool
 

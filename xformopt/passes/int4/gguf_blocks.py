@@ -151,7 +151,7 @@ AUX = "/gguf_min_"  # in the names of the Q4_1 minimum term's nodes (no MatMul t
 
 
 def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, only: set[str] | None = None,
-               exact: bool = True) -> tuple[list[dict], dict[str, str]]:
+               exact: bool = True, sums_by: str = "reduce") -> tuple[list[dict], dict[str, str]]:
     """Replace each weighted MatMul (of ``only``, when given) whose weights are a GGUF tensor's rows
     with MatMulNBits holding those blocks, in place (Q4_1's minimums exactly, or as rounded zero points
     when ``exact`` is false). Returns (a record per carried MatMul, {name: why not} for the others)."""
@@ -198,7 +198,7 @@ def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, onl
         new_nodes.append(helper.make_node("MatMulNBits", inputs, [out], name=f"{base}_Q{bits}", domain="com.microsoft",
                                           K=k, N=n, bits=bits, block_size=BLOCK, accuracy_level=accuracy_level))
         if blocks.qtype == "Q4_1" and exact:
-            new_nodes.extend(_minimum_term(node, base, minimums, k, block_sums, model))
+            new_nodes.extend(_minimum_term(node, base, minimums, k, block_sums, model, sums_by == "matmul"))
         replaced.add(init.name)
         carried.append(record)
     del model.graph.node[:]
@@ -248,18 +248,21 @@ def _rank(model, name: str) -> int | None:
     return None
 
 
-def _block_sums(x: str, base: str, k: int, model) -> tuple[list, str]:
+def _block_sums(x: str, base: str, k: int, model, by_matmul: bool = False) -> tuple[list, str]:
     """Nodes summing each 32-block of ``x`` along its last axis, and their output. A Reshape to
-    ``[..., K/32, 32]`` and a ReduceSum when the rank of ``x`` is declared; else (any rank) a MatMul
-    with the [K, K/32] 0/1 block indicator, which reads K²/32 more floats per row."""
+    ``[..., K/32, 32]`` and a ReduceSum when the rank of ``x`` is declared and ``by_matmul`` is false;
+    else (any rank) one MatMul with the [K, K/32] 0/1 block indicator (exact products; one initializer
+    per K for the whole graph, so it stays in cache), one node instead of two."""
     from onnx import helper, numpy_helper
 
     sums = f"{base}.gguf_block_sums"
     rank = _rank(model, x)
-    if rank is None:
-        indicator = np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, axis=0)
-        model.graph.initializer.append(numpy_helper.from_array(indicator, f"{base}.gguf_block_indicator"))
-        return [helper.make_node("MatMul", [x, f"{base}.gguf_block_indicator"], [sums], name=f"{base}{AUX}block_sum")], sums
+    if rank is None or by_matmul:
+        name = f"gguf_block_indicator_{k}"
+        if not any(i.name == name for i in model.graph.initializer):
+            indicator = np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, axis=0)
+            model.graph.initializer.append(numpy_helper.from_array(indicator, name))
+        return [helper.make_node("MatMul", [x, name], [sums], name=f"{base}{AUX}block_sum")], sums
     shape, blocks = f"{base}.gguf_block_shape", f"{base}.gguf_blocks"
     model.graph.initializer.append(numpy_helper.from_array(np.array([0] * (rank - 1) + [k // BLOCK, BLOCK], dtype=np.int64), shape))
     nodes = [helper.make_node("Reshape", [x, shape], [blocks], name=f"{base}{AUX}block_reshape")]
@@ -273,7 +276,7 @@ def _block_sums(x: str, base: str, k: int, model) -> tuple[list, str]:
     return nodes, sums
 
 
-def _minimum_term(node, base: str, minimums: np.ndarray, k: int, block_sums: dict, model) -> list:
+def _minimum_term(node, base: str, minimums: np.ndarray, k: int, block_sums: dict, model, by_matmul: bool) -> list:
     """Q4_1's minimum term: the block sums of the MatMul's input (shared by every MatMul on that
     input) times ``minimums`` [N, K/32] as a [K/32, N] float MatMul, added to the MatMulNBits output."""
     from onnx import helper, numpy_helper
@@ -281,7 +284,7 @@ def _minimum_term(node, base: str, minimums: np.ndarray, k: int, block_sums: dic
     nodes = []
     x = node.input[0]
     if x not in block_sums:
-        made, block_sums[x] = _block_sums(x, base, k, model)
+        made, block_sums[x] = _block_sums(x, base, k, model, by_matmul)
         nodes.extend(made)
     m_name = f"{base}.gguf_minimums"
     model.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(minimums.T), m_name))

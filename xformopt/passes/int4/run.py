@@ -20,7 +20,7 @@ then bisected: the fewest that meet the budget are kept, every candidate timed a
 Decode levers (docs/guides/llms.md, "Decode levers"): ``block_sizes`` per role over ``block_size``;
 ``kv_cache`` int8 (passes/int4/kv_cache.py); for a model converted from GGUF, ``requantize`` roles
 despite the file's blocks and ``exact_gguf`` false (Q4_1 minimums as rounded zero points,
-passes/int4/gguf_blocks.py).
+passes/int4/gguf_blocks.py); ``fuse_projections``: same-input MatMuls packed as one (passes/int4/fuse.py).
 
 The pass fails when nothing became 4-bit, and checks the logits against the float graph.
 """
@@ -48,6 +48,7 @@ from xformopt.models import load_tokenizer
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.fewest import fewest_that_pass
 from xformopt.passes.int4 import kv_cache
+from xformopt.passes.int4.fuse import fused_float
 from xformopt.passes.int4.gguf_blocks import AUX, aux_nodes, carry_into, carry_record, gguf_source
 from xformopt.passes.quantize import calibration as cal
 from xformopt.passes.quantize.formats import agreement_floor
@@ -74,6 +75,12 @@ class Int4Options(PassOptions):
     exact_gguf: bool = Field(True, description="carried Q4_1 blocks keep their minimums exactly (a block-sum term "
                                                "beside each MatMul); false: the minimum rounds to a 4-bit zero point "
                                                "(one op per MatMul, weights shift by at most half a step)")
+    # Off by default: measured no faster on a quiet Zen 4 (benchmarks/results/decode-fused/), bit-identical output.
+    fuse_projections: bool = Field(False, description="MatMuls reading one input (gate/up, q/k/v) packed as one "
+                                                      "MatMulNBits (and one Q4_1 minimum term) and split after")
+    block_sums: Literal["reduce", "matmul"] = Field(
+        "reduce", description="exact Q4_1: each input's 32-block sums by Reshape + ReduceSum, or by one MatMul "
+                              "with a shared 0/1 block indicator (one node instead of two)")
     requantize: list[Role] = Field(default_factory=list, description="roles the algorithm quantizes even where the "
                                                                      "GGUF file has blocks (e.g. lm_head at 4 bits)")
     kv_cache: Literal["float", "int8", "auto"] = Field(
@@ -258,7 +265,7 @@ def build_candidate(src_model: Path, out_model: Path, options, keep8: list[str],
     if gguf is not None:
         wanted = {n for n in weighted_matmuls(model) if role_of(n) not in options.requantize}
         carried, not_carried = carry_into(model, src_model.parent, gguf, options.accuracy_level, only=wanted,
-                                          exact=options.exact_gguf)
+                                          exact=options.exact_gguf, sums_by=options.block_sums)
     own_block = [n for n in weighted_matmuls(model) if role_of(n) in options.block_sizes]
     if own_block:
         model = _quantize_nodes(model, options, own_block, bits=4, reader=reader)
@@ -421,8 +428,6 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
     import onnx
 
     candidates, int8_kv = _checked_input(ctx, src, options)
-    roles = {name: role_of(name) for name in candidates}
-    planned8 = [n for n in candidates if roles[n] in options.keep_8bit and n not in options.exclude_nodes]
     tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
 
     reader, calibration = None, None
@@ -437,6 +442,12 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
     copy_stage(src, dst, with_model=False)
     work = dst / ".int4"
     work.mkdir()
+    float_model, fused = src / "model.onnx", None
+    if options.fuse_projections:
+        float_model, fused = fused_float(ctx, src, work, gguf, set(options.exclude_nodes))
+        candidates = weighted_matmuls(onnx.load(float_model, load_external_data=False))
+    roles = {name: role_of(name) for name in candidates}
+    planned8 = [n for n in candidates if roles[n] in options.keep_8bit and n not in options.exclude_nodes]
     record: dict = {
         "mode": "int4", "algorithm": options.algorithm, "block_size": options.block_size,
         "symmetric": options.symmetric if options.algorithm != "hqq" else False,  # HQQ always writes zero points
@@ -445,11 +456,12 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         **({"requantize": list(options.requantize)} if options.requantize else {}),
         **({"calibration": calibration} if calibration else {}),
         **({"kv_cache": kv_record} if kv_record else {}),
+        **({"fused_projections": fused} if fused else {}),
     }
     try:
         def build(k_dir: Path, keep8: list[str]) -> dict:
             started = time.perf_counter()
-            counts = build_candidate(src / "model.onnx", k_dir / "model.onnx", options, keep8, reader, gguf,
+            counts = build_candidate(float_model, k_dir / "model.onnx", options, keep8, reader, gguf,
                                      kv_scales)
             return {**counts, "build_seconds": round(time.perf_counter() - started, 2)}
 
@@ -464,7 +476,7 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         chosen_dir, chosen8 = first, planned8
         if options.max_perplexity_increase is not None:
             chosen_dir, chosen8, record["budget"] = _budget(ctx, options, src, work, build, candidates, planned8, tokenizer,
-                                                            counts)
+                                                            counts, float_model)
             record["budget_met"] = record["budget"]["budget_met"]
         for item in chosen_dir.iterdir():
             shutil.move(str(item), dst / item.name)
@@ -477,6 +489,8 @@ def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
         raise PassFailed(f"quantize int4 changed nothing: none of {len(candidates)} weighted MatMuls became 4-bit MatMulNBits")
     left = weighted_matmuls(after)
     record["matmulnbits"] = nbits
+    if fused:
+        fused["graph_nodes"] = len(after.graph.node)  # the packed graph's, Q4_1 minimum terms included
     record["int8_matmuls"] = [{"name": n, "role": roles[n], "why": "plan" if n in planned8 else "budget"} for n in chosen8]
     record["kept_float"] = [{"name": n, "role": roles.get(n)} for n in left]
     record["size_bytes"] = {"before": _size(src), "after": _size(dst)}
@@ -507,7 +521,7 @@ def _size(stage: Path) -> int:
 
 
 def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], planned8: list[str], tokenizer,
-            first_counts: dict):
+            first_counts: dict, float_model: Path):
     """Fewest 4-bit MatMuls returned to 8 bits, most harmful first, that meet the perplexity budget."""
     dataset = cal.load_split(options.budget_data, "validation", ctx.spec, options.perplexity_texts, 0, labels=False)
     lists = token_lists(dataset.texts, tokenizer, context_window(src), 128)
@@ -541,7 +555,7 @@ def _budget(ctx, options, src: Path, work: Path, build, candidates: list[str], p
     row = attempt(0, ranked, first_counts)
     if not row["passes"] and max8 > 0:
         started = time.perf_counter()
-        scores = harm_scores(src / "model.onnx", four, lists, options, work)
+        scores = harm_scores(float_model, four, lists, options, work)
         ranking = [{"name": n, "role": role_of(n), "harm": round(h, 6)} for n, h in sorted(scores.items(), key=lambda kv: -kv[1])]
         ranked = [r["name"] for r in ranking]
         ctx.log(f"ranked {len(ranked)} 4-bit MatMuls by harm in {time.perf_counter() - started:.1f}s; most harmful: "
@@ -573,6 +587,9 @@ def summarize_int4(rec: dict) -> str:
         g = rec["gguf"]
         line += (f"; {g['carried']} carried exactly from GGUF {g.get('file_type') or ''} "
                  f"({', '.join(f'{n} {t}' for t, n in g['carried_by_type'].items())})")
+    if rec.get("fused_projections", {}).get("used"):
+        f = rec["fused_projections"]
+        line += f"; {f['matmuls_fused']} same-input MatMuls packed as {f['groups']}"
     if "budget" in rec:
         b = rec["budget"]
         line += (f"; perplexity budget {'met' if b['budget_met'] else 'NOT met'}: {b['float_perplexity']:.3f} -> "
