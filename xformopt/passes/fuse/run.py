@@ -29,6 +29,7 @@ from xformopt import models
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
 from xformopt.measure import memory
+from xformopt.models.validate import read_config
 from xformopt.onnx_graph import fused_counts, load_graph, needs_external_data
 from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.export.dynamo import (
@@ -271,7 +272,7 @@ def runtime_fusions(model_path: Path, scratch: Path) -> dict[str, int]:
 
 def full_fusion_expectation(ctx: PassContext, before: dict[str, int] | None = None, src: Path | None = None) -> dict[str, int]:
     """What every layer must reach (the family's ``fused_per_layer``: BERT's one Attention and two SkipLayerNorms)."""
-    config = models.read_config(src) if src is not None and (src / "config.json").is_file() else None
+    config = read_config(src) if src is not None and (src / "config.json").is_file() else None
     return ctx.spec.family.expected_fusions(ctx.spec.num_layers, before, config)
 
 
