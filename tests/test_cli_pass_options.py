@@ -70,9 +70,9 @@ def test_established_flags_keep_their_meaning(root):
                  "--algorithm", "hqq") == {"keep_8bit": ["lm_head", "qkv"], "max_perplexity_increase": "3%",
                                            "algorithm": "hqq"}
     assert parse(root, "int4", "--block-sizes", "down_proj=128, lm_head=64", "--requantize", "lm_head",
-                 "--kv-cache", "int8", "--no-exact-gguf", "--no-fuse-projections", "--block-sums", "matmul") == {
+                 "--kv-cache", "int8", "--no-exact-gguf", "--fuse-projections", "--block-sums", "matmul") == {
         "block_sizes": "down_proj=128, lm_head=64", "requantize": ["lm_head"], "kv_cache": "int8", "exact_gguf": False,
-        "fuse_projections": False, "block_sums": "matmul"}
+        "fuse_projections": True, "block_sums": "matmul"}
     assert parse(root, "quantize", "--mode", "static", "--max-accuracy-drop", "1%", "--min-agreement", "0.95",
                  "--calibration-data", "rows.jsonl") == {
         "mode": "static", "max_accuracy_drop": parse_budget("1%"), "min_agreement": 0.95,
