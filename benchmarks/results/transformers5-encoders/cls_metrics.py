@@ -1,10 +1,13 @@
 """All of the classification task's metrics (accuracy, macro-F1, label agreement with the PyTorch baseline)
 on the rows agreement_digits.py scores.   python cls_metrics.py MODEL DATA LIMIT ARTIFACT..."""
-import os, sys
+import os
+import sys
 from pathlib import Path
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from xformopt import sources
 from xformopt.runtime.encoder import OrtPredictor, TorchPredictor
+
 model, data, limit = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 spec = sources.resolve(model); task = spec.task_def
 held = task.load(data, label2id=spec.label2id or None, limit=limit, seed=0)

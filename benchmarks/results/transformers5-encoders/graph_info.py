@@ -1,29 +1,17 @@
 """Fused attention per layer, op counts, INT8 ops and initializer comparison of artifacts' model.onnx.
     python graph_info.py ARTIFACT...   (the first is the reference for the initializer comparison)"""
-import collections, hashlib, re, sys
+import collections
+import hashlib
+import sys
+
 import onnx
 from onnx import numpy_helper
 
-LAYER = re.compile(r"layers?[._/](\d+)")
 
 def info(path):
     m = onnx.load(f"{path}/model.onnx")
     g = m.graph
     prod = {o: n for n in g.node for o in n.output}
-    inits = {i.name for i in g.initializer}
-    def layer_of(node, depth=6):
-        seen, frontier = set(), [node]
-        for _ in range(depth):
-            nxt = []
-            for n in frontier:
-                for s in [n.name, *n.input]:
-                    if (mm := LAYER.search(s)):
-                        return int(mm.group(1))
-                for i in n.input:
-                    if i in prod and i not in seen:
-                        seen.add(i); nxt.append(prod[i])
-            frontier = nxt
-        return None
     ops = collections.Counter(n.op_type for n in g.node)
     att = collections.defaultdict(collections.Counter)
     attrs = {}
