@@ -32,6 +32,7 @@ import numpy as np
 from xformopt.errors import InputError
 from xformopt.runtime import last_logits
 from xformopt.runtime.decoder import SPLIT, CacheLayout, _gqa_max_positions, is_state
+from xformopt.runtime.sequence_book import SequenceBook
 from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 
 
@@ -65,7 +66,7 @@ class Slot:
     decoding: bool = False
 
 
-class BatchDecoder:
+class BatchDecoder(SequenceBook):
     """An ONNX Runtime GroupQueryAttention decoder whose cache rows belong to separate sequences.
 
     ``open(reserved)`` adds a sequence, ``prefill(slot, ids)`` reads (part of) its prompt,
@@ -75,8 +76,7 @@ class BatchDecoder:
     def __init__(self, model_dir: Path, threads: int | None = None, max_kv_tokens: int = 8192, max_rows: int = 16,
                  last_position_logits: bool = True):
         self.model_dir = Path(model_dir)
-        if max_kv_tokens < 1 or max_rows < 1:
-            raise InputError(f"max_kv_tokens ({max_kv_tokens}) and max_rows ({max_rows}) must be at least 1")
+        self.start_book(max_kv_tokens, max_rows)
         self.max_positions = _gqa_max_positions(self.model_dir / "model.onnx")
         if not self.max_positions:
             raise InputError(f"{self.model_dir}: cannot be batched continuously: {unbatchable_reason(self.model_dir)}")
@@ -95,24 +95,12 @@ class BatchDecoder:
         if not all(isinstance(d, int) for dims in self.heads.values() for d in dims):
             raise InputError(f"{self.model_dir}: the cache's head axes are not static ({self.layout.past_shapes}); "
                              "re-export the decoder")
-        self.max_kv_tokens, self.max_rows = int(max_kv_tokens), int(max_rows)
         self.bytes_per_position = np.dtype(self.layout.past_dtype).itemsize * sum(h * d for h, d in self.heads.values())
         self.arrays: dict[str, np.ndarray] = {}
         self.rows_allocated = self.capacity = 0
         self._views: dict[tuple[int, int], tuple] = {}
-        self.decoding: list[Slot] = []
-        self.prefilling: list[Slot] = []
-        self.calls = {"prefill": 0, "decode": 0}
 
     # ------------------------------------------------------------------ accounting
-
-    @property
-    def slots(self) -> list[Slot]:
-        return self.decoding + self.prefilling
-
-    @property
-    def cached_positions(self) -> int:
-        return sum(s.length for s in self.slots)
 
     @property
     def allocated_positions(self) -> int:
@@ -131,9 +119,7 @@ class BatchDecoder:
     # ------------------------------------------------------------------ sequences
 
     def open(self, reserved: int) -> Slot:
-        if not self.fits(reserved):
-            raise InputError(f"a sequence of {reserved} positions does not fit beside the {len(self.slots)} open "
-                             f"(at most {self.max_kv_tokens} cached positions, {self.max_rows} rows)")
+        self.check_open(reserved)
         slot = Slot(int(reserved), row=len(self.slots))
         self.prefilling.append(slot)
         self._ensure(len(self.slots), max(s.reserved for s in self.slots))
@@ -142,10 +128,7 @@ class BatchDecoder:
     def prefill(self, slot: Slot, ids) -> np.ndarray:
         """Read ``ids`` (the next part of the prompt) on the slot's row; the logits of its last position."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
-        if slot.decoding or slot not in self.prefilling:
-            raise ValueError("prefill takes a sequence opened and not yet decoding")
-        if slot.length + ids.shape[1] > slot.reserved:
-            raise ValueError(f"{slot.length + ids.shape[1]} positions exceed the {slot.reserved} reserved")
+        self.check_prefill(slot, ids.shape[1])
         mask = np.ones((1, slot.length + ids.shape[1]), dtype=np.int64)
         logits = self._run(ids, mask, slot.row, slot.row + 1)
         slot.length += ids.shape[1]
@@ -154,8 +137,7 @@ class BatchDecoder:
 
     def start_decoding(self, slot: Slot) -> None:
         """Move a sequence whose prompt is read among the decoding rows (row ``d``)."""
-        if slot.length == 0 or slot not in self.prefilling:
-            raise ValueError("start_decoding takes a sequence whose prompt was read")
+        self.check_start(slot)
         first = self.prefilling[0]
         if first is not slot:  # swap rows so the decoding rows stay [0, d)
             self._swap_rows(first, slot)
@@ -167,11 +149,10 @@ class BatchDecoder:
 
     def decode(self, tokens) -> np.ndarray:
         """One step of every decoding row: ``tokens[i]`` is fed to ``self.decoding[i]``; (rows, vocab) logits."""
+        self.check_decode(tokens)
         count = len(self.decoding)
-        if len(tokens) != count or count == 0:
-            raise ValueError(f"decode takes one token per decoding row ({count}), got {len(tokens)}")
         lengths = np.array([s.length for s in self.decoding], dtype=np.int64)
-        if int(lengths.max()) + 1 > self.capacity or any(s.length + 1 > s.reserved for s in self.decoding):
+        if int(lengths.max()) + 1 > self.capacity:
             raise ValueError("a row would grow past its reservation")
         width = int(lengths.max()) + 1
         mask = (np.arange(width)[None, :] <= lengths[:, None]).astype(np.int64)

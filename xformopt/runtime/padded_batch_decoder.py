@@ -77,11 +77,8 @@ class PaddedBatchDecoder(SerialDecoder):
 
     def decode(self, tokens) -> np.ndarray:
         """One step of every decoding row in one call; (rows, vocab) logits."""
+        self.check_decode(tokens)
         count = len(self.decoding)
-        if len(tokens) != count or count == 0:
-            raise ValueError(f"decode takes one token per decoding row ({count}), got {len(tokens)}")
-        if any(s.length + 1 > s.reserved for s in self.decoding):
-            raise ValueError("a row would grow past its reservation")
         lengths = np.array([s.length for s in self.decoding], dtype=np.int64)
         mask = (np.arange(self.width + 1)[None, :] >= (self.width - lengths)[:, None]).astype(np.int64)
         layout = self.runner.layout

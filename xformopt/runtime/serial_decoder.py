@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from xformopt.errors import InputError
 from xformopt.runtime.decoder import OrtDecoder
+from xformopt.runtime.sequence_book import SequenceBook
 
 
 @dataclass(eq=False)
@@ -34,29 +34,15 @@ class SerialSlot:
     decoding: bool = False
 
 
-class SerialDecoder:
+class SerialDecoder(SequenceBook):
     """One :class:`OrtDecoder` session whose sequences each keep their own cache (no shared buffer).
     Not thread-safe: one thread drives it (the scheduler's engine thread)."""
 
-
     def __init__(self, model_dir: Path, threads: int | None = None, max_kv_tokens: int = 8192, max_rows: int = 1):
-        if max_kv_tokens < 1 or max_rows < 1:
-            raise InputError(f"max_kv_tokens ({max_kv_tokens}) and max_rows ({max_rows}) must be at least 1")
+        self.start_book(max_kv_tokens, max_rows)
         self.model_dir = Path(model_dir)
         self.runner = OrtDecoder(self.model_dir, threads=threads)
         self.max_positions = self.runner.max_positions  # None: the graph has no rotary table (the config bounds it)
-        self.max_kv_tokens, self.max_rows = int(max_kv_tokens), int(max_rows)
-        self.decoding: list[SerialSlot] = []
-        self.prefilling: list[SerialSlot] = []
-        self.calls = {"prefill": 0, "decode": 0}
-
-    @property
-    def slots(self) -> list[SerialSlot]:
-        return self.decoding + self.prefilling
-
-    @property
-    def cached_positions(self) -> int:
-        return sum(s.length for s in self.slots)
 
     @property
     def allocated_positions(self) -> int:
@@ -68,9 +54,7 @@ class SerialDecoder:
                 and current + reserved <= self.max_kv_tokens)
 
     def open(self, reserved: int) -> SerialSlot:
-        if not self.fits(reserved):
-            raise InputError(f"a sequence of {reserved} positions does not fit beside the {len(self.slots)} open "
-                             f"(at most {self.max_kv_tokens} cached positions, {self.max_rows} rows)")
+        self.check_open(reserved)
         slot = SerialSlot(int(reserved))
         self.prefilling.append(slot)
         return slot
@@ -78,30 +62,23 @@ class SerialDecoder:
     def prefill(self, slot: SerialSlot, ids) -> np.ndarray:
         """Read ``ids`` (the next part of the prompt) after the slot's state; its last position's logits."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
-        if slot.decoding or slot not in self.prefilling:
-            raise ValueError("prefill takes a sequence opened and not yet decoding")
-        if slot.length + ids.shape[1] > slot.reserved:
-            raise ValueError(f"{slot.length + ids.shape[1]} positions exceed the {slot.reserved} reserved")
+        self.check_prefill(slot, ids.shape[1])
         logits, slot.state = self.runner.forward(ids, slot.state, last_only=True)
         slot.length += ids.shape[1]
         self.calls["prefill"] += 1
         return logits[0, -1]
 
     def start_decoding(self, slot: SerialSlot) -> None:
-        if slot.length == 0 or slot not in self.prefilling:
-            raise ValueError("start_decoding takes a sequence whose prompt was read")
+        self.check_start(slot)
         self.prefilling.remove(slot)
         slot.decoding = True
         self.decoding.append(slot)
 
     def decode(self, tokens) -> np.ndarray:
         """One step of every decoding sequence, each its own batch-1 call; (rows, vocab) logits."""
-        if len(tokens) != len(self.decoding) or not tokens:
-            raise ValueError(f"decode takes one token per decoding row ({len(self.decoding)}), got {len(tokens)}")
+        self.check_decode(tokens)
         rows = []
         for slot, token in zip(self.decoding, tokens):
-            if slot.length + 1 > slot.reserved:
-                raise ValueError("a row would grow past its reservation")
             logits, slot.state = self.runner.forward(np.array([[token]], dtype=np.int64), slot.state, last_only=True)
             slot.length += 1
             rows.append(logits[0, -1])

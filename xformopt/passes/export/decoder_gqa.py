@@ -37,6 +37,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from xformopt.families import kv_shared_layers
 from xformopt.models.quiet import load_quietly
 
 ATTENTION_NAME = "xformopt_gqa"
@@ -194,7 +195,7 @@ def check_supported(config) -> None:
     if kinds - {"full_attention", "sliding_attention"}:
         raise NotGroupQueryAttention(f"layers of kind {sorted(kinds - {'full_attention', 'sliding_attention'})} "
                                      "keep state that is not a key/value cache")
-    if getattr(text, "num_kv_shared_layers", 0):
+    if kv_shared_layers(text.to_dict()):
         raise NotGroupQueryAttention("layers reuse another layer's key/value (num_kv_shared_layers)")
 
 

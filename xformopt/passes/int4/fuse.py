@@ -71,6 +71,8 @@ def fuse_projections(model, model_dir: Path, may_fuse=None) -> dict:
     the concatenated weights, then a Split. Returns the counts for the pass's record."""
     from onnx import helper, numpy_helper
 
+    from xformopt.passes.int4.gguf_blocks import set_nodes
+
     nodes_before = len(model.graph.node)
     groups = [g for g in same_input_groups(model) if may_fuse is None or may_fuse(g)]
     inits = {i.name: i for i in model.graph.initializer}
@@ -92,11 +94,7 @@ def fuse_projections(model, model_dir: Path, may_fuse=None) -> dict:
             kept.extend(replace[node.name])
         elif node.name not in dropped:
             kept.append(node)
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-    still_read = {name for node in model.graph.node for name in node.input}
-    for init in [i for i in model.graph.initializer if i.name in used and i.name not in still_read]:
-        model.graph.initializer.remove(init)
+    set_nodes(model, kept, used)
     return {"groups": len(groups), "matmuls_fused": sum(len(g) for g in groups),
             "fused": [{"name": fused_name(g), "members": [n.name for n in g]} for g in groups],
             "float_nodes": {"before": nodes_before, "after": len(model.graph.node)}}

@@ -201,11 +201,7 @@ def carry_into(model, model_dir: Path, gguf_path: Path, accuracy_level: int, onl
             new_nodes.extend(_minimum_term(node, base, minimums, k, block_sums, model, sums_by == "matmul"))
         replaced.add(init.name)
         carried.append(record)
-    del model.graph.node[:]
-    model.graph.node.extend(new_nodes)
-    still_read = {name for node in model.graph.node for name in node.input}
-    for init in [i for i in model.graph.initializer if i.name in replaced and i.name not in still_read]:
-        model.graph.initializer.remove(init)
+    set_nodes(model, new_nodes, replaced)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return carried, skipped
@@ -332,3 +328,13 @@ def carry_record(ctx, source: dict, counts: dict, candidates: list[str], exact: 
                     "to the checkpoint's weights bit for bit") if exact else
                    ("GGUF codes and scales copied into MatMulNBits, Q4_1 minimums rounded to 4-bit zero points "
                     "(each block's weights shift by at most half a step; max_shift_in_steps per tensor)")}
+
+
+def set_nodes(model, nodes: list, freed: set[str]) -> None:
+    """Make ``nodes`` the graph's nodes, and drop the initializers named in ``freed`` that no node reads
+    any more (the weights a rewrite replaced)."""
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    still_read = {name for node in model.graph.node for name in node.input}
+    for init in [i for i in model.graph.initializer if i.name in freed and i.name not in still_read]:
+        model.graph.initializer.remove(init)
