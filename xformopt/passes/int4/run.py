@@ -415,6 +415,8 @@ def _checked_input(ctx, src: Path, options: Int4Options) -> tuple[list[str], boo
     candidates = weighted_matmuls(graph)
     if not candidates:
         raise InputError(f"{src / 'model.onnx'} has no MatMul with a constant 2-D weight for MatMulNBits to pack")
+    if options.algorithm == "gptq":
+        _check_gptq_blocks(graph, candidates, options.block_size)
     has_gqa = bool(kv_cache.gqa_nodes(graph))
     if options.kv_cache == "int8" and not has_gqa:
         raise InputError(f"{src} has no GroupQueryAttention, so kv_cache int8 has no cache op to give it to; export "
@@ -422,6 +424,19 @@ def _checked_input(ctx, src: Path, options: Int4Options) -> tuple[list[str], boo
     if options.kv_cache == "auto" and not has_gqa:
         ctx.log("kv_cache auto: no GroupQueryAttention in the graph, the KV cache stays float")
     return candidates, options.kv_cache != "float" and has_gqa
+
+
+def _check_gptq_blocks(graph, candidates: list[str], block: int) -> None:
+    """ORT's GPTQ quantizer cannot pad a block (it fails mid-run reshaping a weight whose input size the
+    block does not divide, e.g. SmolLM2's 576 at block 128); RTN and HQQ pad, so only GPTQ is refused."""
+    inits = {i.name: i for i in graph.graph.initializer}
+    weights = {n.name: inits[n.input[1]] for n in graph.graph.node if n.name in set(candidates)}
+    sizes = sorted({int(w.dims[0]) for w in weights.values() if int(w.dims[0]) % block})
+    if sizes:
+        fits = [b for b in (16, 32, 64, 128, 256) if all(int(w.dims[0]) % b == 0 for w in weights.values())]
+        raise InputError(f"gptq needs block_size to divide every MatMul's input size; {block} does not divide "
+                         f"{', '.join(map(str, sizes))}: use block_size {' or '.join(map(str, fits)) or '16'}, "
+                         "or algorithm rtn/hqq (they pad)")
 
 
 def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
