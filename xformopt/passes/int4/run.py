@@ -415,7 +415,7 @@ def _checked_input(ctx, src: Path, options: Int4Options) -> tuple[list[str], boo
     candidates = weighted_matmuls(graph)
     if not candidates:
         raise InputError(f"{src / 'model.onnx'} has no MatMul with a constant 2-D weight for MatMulNBits to pack")
-    if options.algorithm == "gptq":
+    if options.algorithm == "gptq" and not options.symmetric:
         _check_gptq_blocks(graph, candidates, options.block_size)
     has_gqa = bool(kv_cache.gqa_nodes(graph))
     if options.kv_cache == "int8" and not has_gqa:
@@ -427,16 +427,17 @@ def _checked_input(ctx, src: Path, options: Int4Options) -> tuple[list[str], boo
 
 
 def _check_gptq_blocks(graph, candidates: list[str], block: int) -> None:
-    """ORT's GPTQ quantizer cannot pad a block (it fails mid-run reshaping a weight whose input size the
-    block does not divide, e.g. SmolLM2's 576 at block 128); RTN and HQQ pad, so only GPTQ is refused."""
+    """ORT's GPTQ packs asymmetric zero points two to a byte across each weight's blocks and fails mid-run
+    (a reshape) when a weight has an odd number of blocks (SmolLM2's 576 inputs at block 64 or 128); refused
+    here, before any work, with the block sizes that fit. Symmetric GPTQ stores no zero points."""
     inits = {i.name: i for i in graph.graph.initializer}
-    weights = {n.name: inits[n.input[1]] for n in graph.graph.node if n.name in set(candidates)}
-    sizes = sorted({int(w.dims[0]) for w in weights.values() if int(w.dims[0]) % block})
-    if sizes:
-        fits = [b for b in (16, 32, 64, 128, 256) if all(int(w.dims[0]) % b == 0 for w in weights.values())]
-        raise InputError(f"gptq needs block_size to divide every MatMul's input size; {block} does not divide "
-                         f"{', '.join(map(str, sizes))}: use block_size {' or '.join(map(str, fits)) or '16'}, "
-                         "or algorithm rtn/hqq (they pad)")
+    sizes = {int(inits[n.input[1]].dims[0]) for n in graph.graph.node if n.name in set(candidates)}
+    odd = sorted(k for k in sizes if -(-k // block) % 2)
+    if odd:
+        fits = [b for b in (16, 32, 64, 128, 256) if not any(-(-k // b) % 2 for k in sizes)]
+        raise InputError(f"asymmetric gptq needs an even number of blocks per weight; block_size {block} gives an odd "
+                         f"number for input size {', '.join(map(str, odd))}: use block_size "
+                         f"{' or '.join(map(str, fits)) or '16'}, --symmetric, or algorithm rtn/hqq")
 
 
 def run_int4(ctx, src: Path, dst: Path, options: Int4Options) -> dict:
