@@ -17,7 +17,7 @@ from xformopt.measure import host as host_facts
 from xformopt.measure.host import effective_cpu_flags
 from xformopt.models.validate import check_model_files
 from xformopt.passes import get_pass
-from xformopt.passes.base import PassContext
+from xformopt.passes.base import PassContext, check_steps
 from xformopt.recipe import Recipe
 from xformopt.resources import vader_split_path
 
@@ -99,8 +99,8 @@ def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool
     check_output(out, force)
     resolved_target = targets.resolve(target)
     spec, origin = sources.resolve_input(model, task, trust_remote_code=trust_remote_code)
-    for name, options in steps:  # what each pass refuses for this model (its task, its labels), in one line
-        get_pass(name).check(spec, options or {})
+    # what each pass refuses for this model (its task, its labels, its own rules), one call for all
+    check_steps(spec, [(get_pass(name), options) for name, options in steps])
     for name, key, value in data_options(steps):
         if not Path(value.split("::")[0]).exists():
             raise InputError(f"{name}.{key}: data file not found: {value}")
