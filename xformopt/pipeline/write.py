@@ -31,6 +31,7 @@ class RunResult:
     out: Path
     manifest: dict
     report: Report
+    spec: models.ModelSpec  # the model the run started from, as resolved once (callers score against it)
 
 
 def evaluate(stages, spec: models.ModelSpec, heldout: TextDataset, recipe: Recipe, threads: int, progress) -> dict:
@@ -90,4 +91,4 @@ def write_run(ready: RunInputs, recipe: Recipe, executed: Executed, out: Path, *
                               [r.to_dict() for r in executed.records], host=report["host"], recipe=recipe, heldout=heldout)
     manifest["memory"] = report["memory"]
     write_artifact(out, force, ready.protected, stages[-1], manifest, report, evaluation["reference_outputs"], heldout)
-    return RunResult(out, manifest, report)
+    return RunResult(out, manifest, report, spec)
