@@ -27,7 +27,7 @@ def model_copy(tmp_path, tiny_classifier) -> Path:
 @pytest.fixture
 def no_work(monkeypatch):
     """Any of these inputs must be refused before the first pass starts."""
-    monkeypatch.setattr("xformopt.pipeline.run_passes", lambda *a, **k: pytest.fail("work started on bad input"))
+    monkeypatch.setattr("xformopt.pipeline.execute_run", lambda *a, **k: pytest.fail("work started on bad input"))
 
 
 def edit_config(model: Path, change) -> None:

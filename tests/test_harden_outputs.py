@@ -82,7 +82,7 @@ def test_symlink_at_output_is_refused_and_its_target_kept(tiny_classifier, heldo
 def test_output_under_a_file_is_refused_before_work(tiny_classifier, heldout_file, tmp_path, capsys, monkeypatch):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
-    monkeypatch.setattr("xformopt.pipeline.run_passes", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr("xformopt.pipeline.execute_run", lambda *a, **k: pytest.fail("work started"))
     code, _, err = run_cli(["optimize", tiny_classifier, "-r", quick_recipe(tmp_path, heldout_file),
                             "-o", blocker / "missing" / "out"], capsys)
     one_error(code, err, "is a file, not a folder", str(blocker))

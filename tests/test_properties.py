@@ -46,7 +46,7 @@ def stop_before_work(monkeypatch):
     def marker(*args, **kwargs):
         raise Accepted("accepted: work would start here")
 
-    monkeypatch.setattr("xformopt.pipeline.run_passes", marker)
+    monkeypatch.setattr("xformopt.pipeline.execute_run", marker)
 
 
 # --------------------------------------------------------------------------- generators

@@ -5,6 +5,7 @@ was tried and why; without the flag the recipe's own shape runs; bad shape_searc
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from conftest import run_cli
@@ -154,3 +155,26 @@ def test_a_shape_that_misses_is_passed_over_and_the_next_kept(tiny_classifier, h
     assert "+4.00" in (tmp_path / "out" / "report.md").read_text()
     prune = next(p for p in result.manifest["passes"] if p["pass"] == "prune")
     assert prune["options"]["layers"] == 2
+
+
+def test_a_trial_scores_its_artifact_with_the_model_its_run_resolved(tiny_classifier, heldout_file, tmp_path,
+                                                                     monkeypatch):
+    """A trial scores its artifact against the model ``pipeline.run`` resolved (``RunResult.spec``): the model
+    is resolved once per trial, not a second time after the run."""
+    import numpy as np
+
+    from xformopt import sources
+    from xformopt.recipe_search.trial import TrialJob, run_trial
+
+    for name, default in (("HF_HUB_OFFLINE", "1"), ("OMP_WAIT_POLICY", "PASSIVE")):  # run_trial sets them
+        monkeypatch.setenv(name, os.environ.get(name, default))
+    resolved, real = [], sources.resolve
+    monkeypatch.setattr(sources, "resolve", lambda model, *a, **k: resolved.append(model) or real(model, *a, **k))
+    np.save(tmp_path / "baseline.npy", np.zeros((8, 2), np.float32))
+    r = recipes.validate({"name": "one-trial", "target": "avx512_vnni", "passes": ["export"],
+                          "evaluation": {"data": str(heldout_file), "limit": 8, "latency_rounds": 3, "warmup": 1,
+                                         "repeats": 1}}, "test")
+    validation = {"data": str(heldout_file), "limit": 8, "baseline": str(tmp_path / "baseline.npy")}
+    result = run_trial(TrialJob(0, str(tiny_classifier), r, str(tmp_path / "trials" / "000"), None, validation))
+    assert result["status"] == "complete", result
+    assert resolved == [str(tiny_classifier)]

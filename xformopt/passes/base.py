@@ -121,12 +121,17 @@ class Pass:
     def check(cls, spec: ModelSpec, options: dict) -> None:
         """Refuse, before any work, what this pass cannot do for ``spec`` with ``options`` (one InputError
         naming the fix). The base checks that the model's task takes the pass and that no default data is
-        read with labels that are not the model's; a pass adds its own rules and calls ``super().check``."""
+        read with labels that are not the model's, then asks the pass's own rules (``check_own``)."""
         task = spec.task_def
         if cls.name not in task.passes:
             raise InputError(f"unsupported architecture {spec.model_type!r} for pass {cls.name!r}: {task.name} models "
                              f"support {', '.join(task.passes)}")
         cls.check_labelled_fallbacks(spec, options)
+        cls.check_own(spec, options)
+
+    @classmethod
+    def check_own(cls, spec: ModelSpec, options: dict) -> None:
+        """The pass's own refusals for ``spec`` with ``options``, after the base's (``check``); none by default."""
 
     @classmethod
     def check_labelled_fallbacks(cls, spec: ModelSpec, options: dict) -> None:
@@ -178,3 +183,10 @@ class Pass:
         """Write the new stage into ``dst`` (an empty directory) and return the pass record:
         what changed and the figures that verify it. Raise PassFailed when verification fails."""
         raise NotImplementedError
+
+
+def check_steps(spec: ModelSpec, steps: Sequence[tuple[type[Pass], dict]]) -> None:
+    """What each step of a run refuses for ``spec`` (``Pass.check``), in the run's order: the input checks make
+    one call here instead of going into every pass's module in turn."""
+    for pass_cls, options in steps:
+        pass_cls.check(spec, options or {})

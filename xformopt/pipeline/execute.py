@@ -126,6 +126,23 @@ def run_passes(recipe: Recipe, ctx: PassContext, use_cache: bool, workdir: Path,
     return stages, records
 
 
+@dataclass
+class Executed:
+    """What the execute step hands the write step: every stage, the pass records and the input model's hash."""
+
+    stages: list[Stage]
+    records: list[PassRecord]
+    input_hash: str
+
+
+def execute_run(recipe: Recipe, ctx: PassContext, use_cache: bool, workdir: Path) -> Executed:
+    """The second step of ``pipeline.run`` in one call: the input model hashed (the cache key of the first
+    pass, the manifest's ``input.sha256``), then the passes run or reused (:func:`run_passes`)."""
+    input_hash = hash_dir(ctx.spec.path)
+    stages, records = run_passes(recipe, ctx, use_cache, workdir, input_hash)
+    return Executed(stages, records, input_hash)
+
+
 def missed_budget(records: list[PassRecord]) -> PassRecord | None:
     """The first pass that missed its accuracy budget or agreement floor, or None when every one held."""
     return next((entry for entry in records if entry.budget_met is False), None)

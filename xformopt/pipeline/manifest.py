@@ -11,15 +11,14 @@ from xformopt.artifact import MANIFEST_SCHEMA
 from xformopt.data import TextDataset
 from xformopt.measure.host import library_versions
 from xformopt.recipe import Recipe
-from xformopt.sources import hub
-from xformopt.sources.gguf import gguf_input
 
 
-def input_record(source: str, spec: models.ModelSpec, sha256: str) -> dict:
-    """The manifest's ``input``: the model a run (or a chain of single passes) started from."""
+def input_record(source: str, spec: models.ModelSpec, sha256: str, origin: dict) -> dict:
+    """The manifest's ``input``: the model a run (or a chain of single passes) started from. ``origin`` (the hub
+    revision, the GGUF source: ``sources.origin``) was read when the model was resolved, so writing the manifest
+    does not go back to the sources."""
     return {"source": source, "path": str(spec.path), "sha256": sha256, "model_type": spec.model_type, "task": spec.task,
-            "revision": hub.commit_of(spec.path),  # the hub commit a hub id resolved to, else null
-            **gguf_input(spec.path)}  # the GGUF file a checkpoint was converted from, if it was
+            **origin}
 
 
 def build_manifest(input_: dict, target: targets.Target, passes: list[dict], *, host: dict | None = None,

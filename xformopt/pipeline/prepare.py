@@ -4,6 +4,7 @@ fixed sample the passes verify on. Bad input fails here, in seconds, before anyt
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,11 @@ from xformopt.measure import host as host_facts
 from xformopt.measure.host import effective_cpu_flags
 from xformopt.models.validate import check_model_files
 from xformopt.passes import get_pass
-from xformopt.passes.base import PassContext
+from xformopt.passes.base import PassContext, check_steps
 from xformopt.recipe import Recipe
 from xformopt.resources import vader_split_path
+
+_log = logging.getLogger(__name__)
 
 
 def load_heldout(recipe: Recipe, spec: models.ModelSpec) -> TextDataset:
@@ -82,6 +85,7 @@ class Prepared:
     spec: models.ModelSpec
     target: targets.Target
     protected: tuple[Path, ...]  # what -o must never overwrite (read_paths)
+    origin: dict  # where the model came from, for the manifest (sources.origin: hub revision, GGUF source)
 
 
 def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool, target: str, task: str | None,
@@ -94,9 +98,9 @@ def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool
 
     check_output(out, force)
     resolved_target = targets.resolve(target)
-    spec = sources.resolve(model, task, trust_remote_code=trust_remote_code)
-    for name, options in steps:  # what each pass refuses for this model (its task, its labels), in one line
-        get_pass(name).check(spec, options or {})
+    spec, origin = sources.resolve_input(model, task, trust_remote_code=trust_remote_code)
+    # what each pass refuses for this model (its task, its labels, its own rules), one call for all
+    check_steps(spec, [(get_pass(name), options) for name, options in steps])
     for name, key, value in data_options(steps):
         if not Path(value.split("::")[0]).exists():
             raise InputError(f"{name}.{key}: data file not found: {value}")
@@ -107,26 +111,29 @@ def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool
     check_model_files(spec.path, task=spec.task, trust_remote_code=trust_remote_code)
     protected = read_paths(spec.path, data, steps)
     check_output(out, force, protected)
-    return Prepared(spec, resolved_target, protected)
+    return Prepared(spec, resolved_target, protected, origin)
 
 
 @dataclass
 class RunInputs:
-    """What a recipe run stands on once its inputs are checked: the model, target and paths it reads, the
-    held-out rows, the threads and the sample the passes verify on."""
+    """What a recipe run stands on once its inputs are checked, handed to the execute and write steps whole:
+    the model, target and paths it reads, where the model came from, the held-out rows, the threads, the
+    sample the passes verify on and whether this host runs the target."""
 
     spec: models.ModelSpec
     target: targets.Target
     protected: tuple
+    origin: dict
     heldout: TextDataset
     threads: int
     ctx: PassContext
+    host_runs_target: bool
 
 
 def prepare_run(model: str, recipe: Recipe, out: Path, *, force: bool, trust_remote_code: bool) -> RunInputs:
     """The first step of ``pipeline.run`` in one call: :func:`prepare` with the recipe's evaluation settings
     checked, then the held-out rows and the verification context (so the model goes into this module once
-    and comes back with all of it, instead of the run calling back and forth)."""
+    and comes back with all of it, instead of the run calling back and forth); logs what the run stands on."""
     ready = prepare(model, [(step.name, step.options) for step in recipe.passes], out, force=force,
                     target=recipe.target, task=recipe.task, data=recipe.evaluation.data,
                     trust_remote_code=trust_remote_code, recipe=recipe)
@@ -134,4 +141,10 @@ def prepare_run(model: str, recipe: Recipe, out: Path, *, force: bool, trust_rem
     threads = recipe.evaluation.threads or host_facts.usable_cpus()
     ctx = verification_context(ready.spec, ready.target, recipe.evaluation.data, recipe.evaluation.text_column,
                                threads, effective_cpu_flags(), reported_texts=heldout.texts)
-    return RunInputs(ready.spec, ready.target, ready.protected, heldout, threads, ctx)
+    ready = RunInputs(ready.spec, ready.target, ready.protected, ready.origin, heldout, threads, ctx, ctx.host_runs_target)
+    spec, target = ready.spec, ready.target
+    if not ready.host_runs_target:
+        _log.info(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
+    _log.info(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
+              f"held-out {len(heldout)} rows from {heldout.source}")
+    return ready

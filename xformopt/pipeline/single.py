@@ -86,7 +86,7 @@ def run_single(
             memory.release()
         entry = PassRecord(pass_name, record, validated.model_dump(), seconds=round(time.perf_counter() - started, 3),
                            memory=peak.to_dict())
-        input_ = previous.get("input") or input_record(model, spec, hash_dir(spec.path))
+        input_ = previous.get("input") or input_record(model, spec, hash_dir(spec.path), ready.origin)
         write_json(tmp / "manifest.json", build_manifest(input_, ready.target, [*previous.get("passes", []), entry.to_dict()]))
     raise_if_budget_missed([entry], out, entry.to_dict())
     return entry.to_dict()

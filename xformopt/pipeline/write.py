@@ -1,9 +1,12 @@
 """What a run leaves: the stages evaluated and timed, the report built from them (profiled, held to its
-type), and the artifact folder, written whole or not at all (the manifest is built in ``manifest.py``)."""
+type), and the artifact folder, written whole or not at all (the manifest is built in ``manifest.py``).
+:func:`write_run` is the whole step in one call, on what the prepare and execute steps handed down."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from xformopt import models, targets
@@ -12,12 +15,23 @@ from xformopt.data import TextDataset
 from xformopt.evaluate.run import evaluate_stages
 from xformopt.measure import memory
 from xformopt.measure.host import host_info
+from xformopt.pipeline.execute import Executed
+from xformopt.pipeline.manifest import build_manifest, input_record
+from xformopt.pipeline.prepare import RunInputs
 from xformopt.recipe import Recipe
 from xformopt.report.build import build_report
 from xformopt.report.render import write_report_files
 from xformopt.report.types import Report, check_report
 
 _log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunResult:
+    out: Path
+    manifest: dict
+    report: Report
+    spec: models.ModelSpec  # the model the run started from, as resolved once (callers score against it)
 
 
 def evaluate(stages, spec: models.ModelSpec, heldout: TextDataset, recipe: Recipe, threads: int, progress) -> dict:
@@ -63,3 +77,18 @@ def write_artifact(out: Path, force: bool, protected: tuple[Path, ...], final, m
         write_json(tmp / "manifest.json", manifest)
         write_report_files(report, tmp)
         save_reference(tmp, reference_outputs, heldout)
+
+
+def write_run(ready: RunInputs, recipe: Recipe, executed: Executed, out: Path, *, force: bool,
+              progress: Callable[[str, int, int], None] | None, extra_report: dict | None) -> RunResult:
+    """The last step of ``pipeline.run`` in one call: every stage evaluated, the report, the manifest (with the
+    model's origin read at resolve time) and the artifact folder."""
+    spec, stages, heldout = ready.spec, executed.stages, ready.heldout
+    evaluation = evaluate(stages, spec, heldout, recipe, ready.threads, progress)
+    report = report_for(spec, ready.target, stages, evaluation, recipe, ready.host_runs_target, ready.threads, heldout,
+                        extra_report)
+    manifest = build_manifest(input_record(spec.source, spec, executed.input_hash, ready.origin), ready.target,
+                              [r.to_dict() for r in executed.records], host=report["host"], recipe=recipe, heldout=heldout)
+    manifest["memory"] = report["memory"]
+    write_artifact(out, force, ready.protected, stages[-1], manifest, report, evaluation["reference_outputs"], heldout)
+    return RunResult(out, manifest, report, spec)

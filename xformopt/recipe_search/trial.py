@@ -98,12 +98,15 @@ def run_trial(job: TrialJob | dict) -> dict:
         try:
             run = pipeline.run(job.model, r, out, trust_remote_code=job.trust_remote_code)
             report = run.report
-        except GateFailed:  # an accuracy budget missed: the artifact is written and still a valid point
+        except GateFailed as exc:  # an accuracy budget missed: the artifact is written and still a valid point
             budget_met = False
             import json
 
             report = json.loads((out / "report.json").read_text())
-        spec = sources.resolve(job.model, r.task, trust_remote_code=job.trust_remote_code)
+            run = getattr(exc, "result", None)  # BudgetMissed carries the run's result
+        # The model as the run resolved it; resolved again only when a gate gave no result
+        spec = run.spec if isinstance(run, pipeline.RunResult) else sources.resolve(
+            job.model, r.task, trust_remote_code=job.trust_remote_code)
         threads = r.evaluation.threads
         metric, rows, outputs = score_artifact(spec, out, job.validation, threads)
         np.save(outputs_path(out), outputs, allow_pickle=False)

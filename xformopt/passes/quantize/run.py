@@ -177,8 +177,7 @@ class QuantizePass(Pass):
         return True
 
     @classmethod
-    def check(cls, spec: ModelSpec, options: dict) -> None:
-        super().check(spec, options)
+    def check_own(cls, spec: ModelSpec, options: dict) -> None:
         if options.get("mode") == "static":
             spec.task_def.refuse("static-int8", f"quantize mode static on {spec.model_type}")
         if not spec.task_def.int8_calibration and (
