@@ -30,6 +30,7 @@ def main() -> None:
 
     from xformopt import recipe, sources, targets
     from xformopt.evaluate.run import evaluate_stages
+    from xformopt.logs import forwarded_to
     from xformopt.measure.host import effective_cpu_flags, host_info, usable_cpus
     from xformopt.pipeline import load_heldout, run_passes, verification_context
 
@@ -40,10 +41,10 @@ def main() -> None:
     heldout = load_heldout(r, spec)
     threads = args.threads or usable_cpus()
     ctx = verification_context(spec, targets.resolve(r.target), r.evaluation.data, r.evaluation.text_column, threads,
-                               effective_cpu_flags(), lambda m: print(f"  {m}", file=sys.stderr), reported_texts=heldout.texts)
-    with tempfile.TemporaryDirectory() as work:
-        stages, _ = run_passes(r, ctx, True, ctx.log, Path(work))
-        result = evaluate_stages(stages, spec, heldout, r.evaluation, threads, ctx.log)
+                               effective_cpu_flags(), reported_texts=heldout.texts)
+    with tempfile.TemporaryDirectory() as work, forwarded_to(lambda m: print(f"  {m}", file=sys.stderr)):
+        stages, _ = run_passes(r, ctx, True, Path(work))
+        result = evaluate_stages(stages, spec, heldout, r.evaluation, threads)
 
     host = host_info()
     metric = spec.task_def.report_headline(result["artifact"]["metrics"])
