@@ -118,7 +118,7 @@ def prepare(model: str, steps: list[tuple[str, dict]], out: Path, *, force: bool
 class RunInputs:
     """What a recipe run stands on once its inputs are checked, handed to the execute and write steps whole:
     the model, target and paths it reads, where the model came from, the held-out rows, the threads, the
-    sample the passes verify on and whether this host runs the target."""
+    sample the passes verify on (its ``host_runs_target`` says whether this host runs the target)."""
 
     spec: models.ModelSpec
     target: targets.Target
@@ -127,7 +127,6 @@ class RunInputs:
     heldout: TextDataset
     threads: int
     ctx: PassContext
-    host_runs_target: bool
 
 
 def prepare_run(model: str, recipe: Recipe, out: Path, *, force: bool, trust_remote_code: bool) -> RunInputs:
@@ -141,9 +140,9 @@ def prepare_run(model: str, recipe: Recipe, out: Path, *, force: bool, trust_rem
     threads = recipe.evaluation.threads or host_facts.usable_cpus()
     ctx = verification_context(ready.spec, ready.target, recipe.evaluation.data, recipe.evaluation.text_column,
                                threads, effective_cpu_flags(), reported_texts=heldout.texts)
-    ready = RunInputs(ready.spec, ready.target, ready.protected, ready.origin, heldout, threads, ctx, ctx.host_runs_target)
+    ready = RunInputs(ready.spec, ready.target, ready.protected, ready.origin, heldout, threads, ctx)
     spec, target = ready.spec, ready.target
-    if not ready.host_runs_target:
+    if not ctx.host_runs_target:
         _log.info(f"note: this host lacks {target.name} ({', '.join(target.requires)}): timings below are not the target's")
     _log.info(f"model {spec.source} ({spec.model_type}, {spec.task}), target {target.name}, {threads} threads, "
               f"held-out {len(heldout)} rows from {heldout.source}")

@@ -85,7 +85,7 @@ def write_run(ready: RunInputs, recipe: Recipe, executed: Executed, out: Path, *
     model's origin read at resolve time) and the artifact folder."""
     spec, stages, heldout = ready.spec, executed.stages, ready.heldout
     evaluation = evaluate(stages, spec, heldout, recipe, ready.threads, progress)
-    report = report_for(spec, ready.target, stages, evaluation, recipe, ready.host_runs_target, ready.threads, heldout,
+    report = report_for(spec, ready.target, stages, evaluation, recipe, ready.ctx.host_runs_target, ready.threads, heldout,
                         extra_report)
     manifest = build_manifest(input_record(spec.source, spec, executed.input_hash, ready.origin), ready.target,
                               [r.to_dict() for r in executed.records], host=report["host"], recipe=recipe, heldout=heldout)
