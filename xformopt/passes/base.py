@@ -35,7 +35,7 @@ class PassOptions(BaseModel):
 
 @dataclass
 class PassContext:
-    spec: ModelSpec
+    spec: ModelSpec  # the model of the stage the pass reads (``src``): a pruned stage's own shape (stage_spec)
     target: Target
     sample_texts: Sequence[str]  # real held-out texts for parity checks and timing (a fixed sample)
     threads: int

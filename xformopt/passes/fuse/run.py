@@ -10,7 +10,6 @@ a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import logging
 import os
@@ -25,7 +24,6 @@ from typing import Literal
 
 from pydantic import Field
 
-from xformopt import models
 from xformopt.artifact import copy_stage
 from xformopt.errors import PassFailed
 from xformopt.measure import memory
@@ -302,7 +300,6 @@ class FusePass(Pass):
     def run(self, ctx: PassContext, src: Path, dst: Path, options: FuseOptions) -> FuseRecord:
         if (own := OWN_GRAPH_RUNS.get(ctx.spec.task_def.graph)) is not None:  # two graphs, not model.onnx
             return own(ctx, src, dst, options)
-        ctx = dataclasses.replace(ctx, spec=models.stage_spec(ctx.spec, src))  # a pruned stage's own shape
         before = fused_counts(load_graph(src / "model.onnx"))
         work = dst / ".candidates"
         candidates: dict[str, Path] = {}
