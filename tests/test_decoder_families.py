@@ -90,6 +90,19 @@ def test_family_exports_with_split_cache_parity(family, stages):
         assert parity["padded_batch"]["batch"] == 2
 
 
+def test_qwen3_5_linear_attention_solves_are_exported_as_loops(stages, models):
+    """Each Gated DeltaNet layer's two triangular solves are one ONNX Loop each (not transformers' unrolled
+    forward substitution, 63 sliced steps per solve); the export's parity above covers the graph."""
+    import onnx
+
+    record = stages["qwen3_5_text"]["export"][1]
+    assert "ONNX Loops" in record["exporter"] and record["parity"]["greedy_argmax_mismatches"] == 0
+    graph = onnx.load(stages["qwen3_5_text"]["export"][0] / "model.onnx", load_external_data=False).graph
+    linear = json.loads((models["qwen3_5_text"] / "config.json").read_text())["layer_types"].count("linear_attention")
+    assert linear and sum(node.op_type == "Loop" for node in graph.node) == 2 * linear
+    assert len(graph.node) < 600  # the unrolled form: 1,710 nodes for this model
+
+
 @pytest.mark.parametrize("family", DYNAMO_FAMILIES)
 def test_family_fuses_what_its_row_expects_and_quantizes(family, stages):
     from xformopt.families import FAMILIES

@@ -223,8 +223,16 @@ def pin_head_dim(model_path: Path, config_dir: Path) -> None:
     onnx.save(model, model_path)  # graph only: the weights stay in model.onnx.data
 
 
-DYNAMO_EXPORTER = ("torch.onnx.export(dynamo=True), split cache layout (xformopt.passes.export.decoder_dynamo)",
-                   export_dynamo_decoder)
+DYNAMO_EXPORTER_NAME = "torch.onnx.export(dynamo=True), split cache layout (xformopt.passes.export.decoder_dynamo)"
+
+
+def export_dynamo(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> str:
+    """The plain dynamo export; returns what ran (with the linear-attention Loops when it wrote them)."""
+    note = export_dynamo_decoder(src, dst, opset, trust_remote_code)
+    return f"{DYNAMO_EXPORTER_NAME}; {note}" if note else DYNAMO_EXPORTER_NAME
+
+
+DYNAMO_EXPORTER = (DYNAMO_EXPORTER_NAME, export_dynamo)
 GQA_EXPORTER_NAME = ("torch.onnx.export(dynamo=True), GroupQueryAttention + rotary written at export, split cache "
                      "layout, no position_ids (xformopt.passes.export.decoder_gqa)")
 
@@ -238,8 +246,7 @@ def export_gqa_or_dynamo(src: Path, dst: Path, opset: int, trust_remote_code: bo
     except NotGroupQueryAttention as e:
         _log.warning(f"GroupQueryAttention export refused ({e}): exporting with the plain dynamo exporter "
                      "(serve batches it in left-padded rows, without the shared KV buffer)")
-    export_dynamo_decoder(src, dst, opset, trust_remote_code)
-    return DYNAMO_EXPORTER[0]
+    return export_dynamo(src, dst, opset, trust_remote_code)
 
 
 GQA_EXPORTER = (GQA_EXPORTER_NAME, export_gqa_or_dynamo)

@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import warnings
 from pathlib import Path
 
 from xformopt.families import refuse_unexportable_cache
 from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
+from xformopt.passes.export.triangular_solve import loop_solves
+
+_log = logging.getLogger(__name__)
+LOOP_NOTE = "linear attention's triangular solves as ONNX Loops (xformopt.passes.export.triangular_solve)"
 
 EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export/dynamo.py)
 SAMPLE_BATCH, SAMPLE_NEW, SAMPLE_PAST = 2, 3, 4
@@ -135,8 +140,9 @@ def _sample(slots, shapes, vocab: int):
     return ids, mask, positions, past
 
 
-def export_dynamo_decoder(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> None:
-    """Write ``dst/model.onnx`` (weights in ``model.onnx.data``) for the causal LM in ``src``."""
+def export_dynamo_decoder(src: Path, dst: Path, opset: int, trust_remote_code: bool = False) -> str | None:
+    """Write ``dst/model.onnx`` (weights in ``model.onnx.data``) for the causal LM in ``src``; returns
+    :data:`LOOP_NOTE` when linear-attention solves were written as Loops (:mod:`.triangular_solve`)."""
     import torch
     from torch.export import Dim
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -155,14 +161,27 @@ def export_dynamo_decoder(src: Path, dst: Path, opset: int, trust_remote_code: b
     axes = ({0: dyn, 1: dyn}, {0: dyn, 1: dyn}, {0: dyn, 1: dyn}, past_axes)  # *past: one tuple
     past_names = [f"past_key_values.{i}.{kind}" for i, layer in enumerate(slots) for kind in layer]
     present_names = [f"present.{i}.{kind}" for i, layer in enumerate(slots) for kind in layer]
-    # the exporter prints its progress on stdout: kept off ours (the CLI may write JSON there)
-    with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            _wrapper(model, slots), (ids, mask, positions, *past), dynamic_shapes=axes, opset_version=opset,
-            input_names=["input_ids", "attention_mask", "position_ids", *past_names],
-            output_names=["logits", *present_names], dynamo=True, optimize=True, external_data=True)
-    _finish(program, dst / "model.onnx")
+
+    def export(table: dict):
+        # the exporter prints its progress on stdout: kept off ours (the CLI may write JSON there)
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            return torch.onnx.export(
+                _wrapper(model, slots), (ids, mask, positions, *past), dynamic_shapes=axes, opset_version=opset,
+                input_names=["input_ids", "attention_mask", "position_ids", *past_names],
+                output_names=["logits", *present_names], custom_translation_table=table or None, dynamo=True,
+                optimize=True, external_data=True)
+
+    program, note = None, None
+    with loop_solves(model) as table:
+        if table:
+            try:
+                program, note = export(table), LOOP_NOTE
+            except Exception as exc:  # noqa: BLE001 - the modelling code's own (unrolled) export form then
+                _log.warning(f"linear attention's solve could not be written as a Loop ({type(exc).__name__}: "
+                             f"{exc}); exporting the modelling code's unrolled form")
+    _finish(program if program is not None else export({}), dst / "model.onnx")
+    return note
 
 
 def _finish(program, path: Path) -> None:
