@@ -43,6 +43,14 @@ def test_import_is_lazy_and_exports_the_api():
         assert name in names
     assert set(xformopt.__all__) == {"__version__", *xformopt._EXPORTS}
     assert xformopt.optimize is xformopt.api.optimize and xformopt.InputError is InputError
+
+
+def test_the_command_line_starts_without_the_heavy_libraries():
+    """`xformopt --help` and every command's parsing stay quick: the libraries a pass needs load when it runs."""
+    code = ("import sys, xformopt.cli.app; "
+            "print([m for m in ('torch', 'onnxruntime', 'transformers', 'onnxscript', 'onnx') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
     with pytest.raises(AttributeError):
         xformopt.no_such_name  # noqa: B018
 

@@ -32,10 +32,17 @@ from pathlib import Path
 from xformopt.families import refuse_unexportable_cache
 from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
-from xformopt.passes.export.triangular_solve import loop_solves
 
 _log = logging.getLogger(__name__)
 LOOP_NOTE = "linear attention's triangular solves as ONNX Loops (xformopt.passes.export.triangular_solve)"
+
+
+def loop_solves(model):
+    """:func:`xformopt.passes.export.triangular_solve.loop_solves`, imported when an export runs: onnxscript,
+    which it needs at import, would otherwise more than double the command line's start-up."""
+    from xformopt.passes.export.triangular_solve import loop_solves as solves
+
+    return solves(model)
 
 EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export/dynamo.py)
 SAMPLE_BATCH, SAMPLE_NEW, SAMPLE_PAST = 2, 3, 4
