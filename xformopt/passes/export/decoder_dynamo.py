@@ -33,6 +33,9 @@ from xformopt.families import refuse_unexportable_cache
 from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
 
+EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export/dynamo.py)
+SAMPLE_BATCH, SAMPLE_NEW, SAMPLE_PAST = 2, 3, 4
+
 _log = logging.getLogger(__name__)
 LOOP_NOTE = "linear attention's triangular solves as ONNX Loops (xformopt.passes.export.triangular_solve)"
 
@@ -43,9 +46,6 @@ def loop_solves(model):
     from xformopt.passes.export.triangular_solve import loop_solves as solves
 
     return solves(model)
-
-EXPORTER_KEY = "xformopt.exporter"  # the metadata entry the fuse pass reads (xformopt/passes/export/dynamo.py)
-SAMPLE_BATCH, SAMPLE_NEW, SAMPLE_PAST = 2, 3, 4
 
 
 def _layer_cache(layer_cache, tensors: list):

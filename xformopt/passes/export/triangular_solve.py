@@ -1,12 +1,13 @@
 """Linear attention's triangular solve, written for ONNX as one Loop.
 
-A Gated DeltaNet layer (Qwen3.5's linear attention) solves a unit lower-triangular system per chunk of 64
+A Gated DeltaNet layer (Qwen3.5's linear attention) solves two unit lower-triangular systems per chunk of 64
 tokens. ONNX has no triangular solve, so transformers' modelling code, when it sees an export, unrolls
-forward substitution into 63 sliced steps per solve: a graph several times larger, slower to export and to run
-(docs/results/llms.md). Here the layer keeps ``torch.linalg.solve_triangular``,
-and the exporter turns that op into one ONNX Loop doing the same forward substitution, one row per step.
+forward substitution into 63 sliced steps per solve: a graph several times larger, slower to export and to
+run (docs/results/llms.md). Here the layer keeps ``torch.linalg.solve_triangular``, and the exporter turns
+that op into one ONNX Loop doing the same forward substitution, one row per step.
 
-Hand-written because neither onnxscript's function library nor ONNX Runtime provides a triangular solve.
+Hand-written because no library provides it: onnxscript's torch library leaves ``aten_linalg_solve_triangular``
+unimplemented, and neither ONNX nor ONNX Runtime's contrib ops have a triangular solve.
 The export pass's parity check against PyTorch still covers every graph this writes.
 """
 
