@@ -103,6 +103,20 @@ def test_qwen3_5_linear_attention_solves_are_exported_as_loops(stages, models):
     assert len(graph.node) < 600  # the unrolled form: 1,710 nodes for this model
 
 
+def test_int4_harm_ranking_reads_a_text_longer_than_one_graph_call(stages, tmp_path):
+    """Qwen3.5's graph takes at most 64 new tokens a call, with position_ids: the int4 budget's harm ranking cuts a
+    longer held-out text to one call, its positions with it (they once kept the whole text's length)."""
+    import onnx
+
+    from xformopt.passes.int4.harm import harm_scores
+    from xformopt.passes.int4.run import Int4Options, weighted_matmuls
+
+    fused = stages["qwen3_5_text"]["fuse"][0] / "model.onnx"
+    names = weighted_matmuls(onnx.load(fused, load_external_data=False))[:4]
+    scores = harm_scores(fused, names, [list(range(3, 103)), list(range(3, 23))], Int4Options(), tmp_path)
+    assert sorted(scores) == sorted(names) and all(0 < v < 1 for v in scores.values())
+
+
 @pytest.mark.parametrize("family", DYNAMO_FAMILIES)
 def test_family_fuses_what_its_row_expects_and_quantizes(family, stages):
     from xformopt.families import FAMILIES

@@ -53,12 +53,13 @@ def harm_scores(src_model: Path, names: list[str], lists: list[list[int]], optio
     runner.output_names = [*runner.output_names, *dict.fromkeys(probe.values())]
     feeds: dict[str, list[np.ndarray]] = {t: [] for t in probe.values()}
     limit = runner.step_limit
+    takes = {i.name for i in runner.session.get_inputs()}
     for ids in lists[:HARM_TEXTS]:
         batch = np.asarray([ids[:limit]], dtype=np.int64)  # one graph call (Qwen3.5: 64 tokens)
         feed = {"input_ids": batch, "attention_mask": np.ones_like(batch), **runner.layout.empty_past(1),
-                "position_ids": np.arange(len(ids), dtype=np.int64)[None]}  # dropped below unless the graph takes it
-        outputs = runner.session.run(runner.output_names, {k: v for k, v in feed.items()
-                                                           if k in {i.name for i in runner.session.get_inputs()}})
+                # the positions of the tokens fed, not of the whole text; dropped below unless the graph takes them
+                "position_ids": np.arange(batch.shape[1], dtype=np.int64)[None]}
+        outputs = runner.session.run(runner.output_names, {k: v for k, v in feed.items() if k in takes})
         named = dict(zip(runner.output_names, outputs))
         for tensor in feeds:
             feeds[tensor].append(named[tensor].reshape(-1, named[tensor].shape[-1]))
