@@ -58,6 +58,7 @@ from xformopt.passes.stage_runs import stage_runs
 from xformopt.runtime.decoder import CacheLayout, OrtDecoder, step_token_limit
 
 Role = Literal["lm_head", "attention_output", "down_proj", "qkv", "mlp_in"]
+BLOCK_SIZES = (16, 32, 64, 128, 256)  # weights per scale that MatMulNBits takes
 
 
 class Int4Options(PassOptions):
@@ -145,8 +146,8 @@ class Int4Options(PassOptions):
 
 
 def _checked_block(value: int, name: str) -> int:
-    if value not in (16, 32, 64, 128, 256):
-        raise ValueError(f"{name} must be 16, 32, 64, 128 or 256, got {value}")
+    if value not in BLOCK_SIZES:
+        raise ValueError(f"{name} must be {', '.join(map(str, BLOCK_SIZES[:-1]))} or {BLOCK_SIZES[-1]}, got {value}")
     return value
 
 
@@ -365,11 +366,15 @@ def _check_gptq_blocks(graph, candidates: list[str], block: int) -> None:
     """ORT's GPTQ packs asymmetric zero points two to a byte across each weight's blocks and fails mid-run
     (a reshape) when a weight has an odd number of blocks (SmolLM2's 576 inputs at block 64 or 128); refused
     here, before any work, with the block sizes that fit. Symmetric GPTQ stores no zero points."""
-    inits = {i.name: i for i in graph.graph.initializer}
-    sizes = {int(inits[n.input[1]].dims[0]) for n in graph.graph.node if n.name in set(candidates)}
-    odd = sorted(k for k in sizes if -(-k // block) % 2)
+    inits, wanted = {i.name: i for i in graph.graph.initializer}, set(candidates)
+    sizes = {int(inits[n.input[1]].dims[0]) for n in graph.graph.node if n.name in wanted}
+
+    def odd_blocks(k: int, b: int) -> bool:
+        return -(-k // b) % 2 == 1  # ceil(k / b) is odd
+
+    odd = sorted(k for k in sizes if odd_blocks(k, block))
     if odd:
-        fits = [b for b in (16, 32, 64, 128, 256) if not any(-(-k // b) % 2 for k in sizes)]
+        fits = [b for b in BLOCK_SIZES if not any(odd_blocks(k, b) for k in sizes)]
         raise InputError(f"asymmetric gptq needs an even number of blocks per weight; block_size {block} gives an odd "
                          f"number for input size {', '.join(map(str, odd))}: use block_size "
                          f"{' or '.join(map(str, fits)) or '16'}, --symmetric, or algorithm rtn/hqq")
