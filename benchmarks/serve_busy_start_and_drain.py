@@ -11,7 +11,7 @@ it (with an API key) on a real artifact:
    `--drain-seconds 0` (the listener closed at once, as uvicorn's own shutdown does) for comparison.
 
 Writes OUT_DIR/starts.json, OUT_DIR/drain.json and the server logs. Never run as a test (the suite does the
-same on a tiny model: tests/test_serve.py, tests/test_serve_autotune.py).
+same on a tiny model: tests/serve/test_serve.py, tests/serve/test_serve_autotune.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 3. SIGTERM with two streams in flight and one request waiting (`--max-batch 2 --drain-seconds 3`):
    the short stream finishes, the long one ends at the drain with finish_reason and [DONE], the waiting
    one gets 503 + Retry-After, and the server exits 0.
-Never run as a test (the suite does the same on a tiny decoder: tests/test_serve_decoder.py).
+Never run as a test (the suite does the same on a tiny decoder: tests/serve/test_serve_decoder.py).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ listening S seconds (a child it left behind may still connect).
 
 Hand-written rather than a proxy package: all it needs is to read one line per connection and refuse
 it; forwarding, which is what proxy packages do, is exactly what must not happen here. The tests
-(tests/test_no_telemetry.py) use its ``Recorder``.
+(tests/core/test_no_telemetry.py) use its ``Recorder``.
 """
 
 from __future__ import annotations

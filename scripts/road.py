@@ -4,7 +4,7 @@ and where a call climbs back up the layers (docs/architecture.md).
 Traced at run time (sys.setprofile) on a real run, so an import or call hidden in a function counts as
 well as one at module top. Module bodies (imports) are left out: a stop is a call. A *stop* is a first crossing from one xformopt module into another (caller
 module -> callee module, the first time that pair occurs); a *climb* is a stop whose callee sits on a
-higher layer than its caller (tests/test_layers.py's LAYERS; the package root and cli/ at the top).
+higher layer than its caller (tests/core/test_layers.py's LAYERS; the package root and cli/ at the top).
 Callbacks count where they run: a pass calling the CLI's log function is a climb.
 *Floors* is the longest chain of imports between units (a subpackage or a top-level module; imports at
 any depth), the house's height: each floor stands on the one below it.
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parents[1]  # the checkout whose tests/test_layers.py holds the layers
+HERE = Path(__file__).resolve().parents[1]  # the checkout whose tests/core/test_layers.py holds the layers
 
 
 def _layers() -> dict[str, int]:

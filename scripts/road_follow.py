@@ -18,7 +18,7 @@ so a loop over rows is one stop, and a second pass through the same code (the fi
 search's trial of the same shape) adds nothing; a file entered again from another call site counts again.
 The caller is the nearest frame in the package (a call through the standard library or torch keeps its
 package caller); module bodies (imports) are not calls. A *climb* is a stop into a higher layer than the
-caller's (the traced checkout's tests/test_layers.py LAYERS; the package root above everything).
+caller's (the traced checkout's tests/core/test_layers.py LAYERS; the package root above everything).
 
 Each stop records *how* it carries the model: ``argument`` (the string, a model folder or the spec is an
 argument), ``self`` (a method or property of the spec, or of an object holding it) or ``inside`` (an
@@ -34,11 +34,11 @@ beside it. The same walk read between *units* (a file the issue's redesign turne
 of that walk) are listed, so that what each one is for can be read.
 
 *Floors*: the height of the import graph between modules and packages (every .py file of the package,
-a package's __init__ being the package), its imports read as tests/test_layers.py reads them (any depth;
+a package's __init__ being the package), its imports read as tests/core/test_layers.py reads them (any depth;
 ``from a.b import c`` names a.b, ``from xformopt import m`` names xformopt.m): the longest chain of modules,
 each importing the next, modules that import each other (a cycle) being one floor. On 73f5784, the tree
 of the issue's text, this gives its 18 floors for 46 units. *Units* are the modules and folders directly
-under the package, as tests/test_layers.py counts them.
+under the package, as tests/core/test_layers.py counts them.
 
     python scripts/road_follow.py [MODEL] [--shape-search] [--limit N] [--json]   # or road.py --follow
 """
@@ -56,7 +56,7 @@ from collections import Counter
 from functools import cache
 from pathlib import Path, PurePath
 
-# The shape search as tests/test_shape_search.py runs it, on a real checkpoint: two short shapes, a budget
+# The shape search as tests/pipeline/test_shape_search.py runs it, on a real checkpoint: two short shapes, a budget
 # every shape meets (so the fewest-FLOPs shape is kept and the final run reuses its passes).
 PRUNE = {"layers": 1, "ffn_dim": 32, "measure_latency": False, "samples": 16, "eval_samples": 16}
 DISTILL = {"train_samples": 64, "eval_samples": 16, "max_length": 32, "batch_size": 16, "patience": 0,
@@ -111,7 +111,7 @@ def _existing(name: str, package: Path) -> str | None:
 
 
 def module_graph(package: Path) -> dict[str, set[str]]:
-    """module -> the package modules it imports, read as tests/test_layers.py reads imports (any depth,
+    """module -> the package modules it imports, read as tests/core/test_layers.py reads imports (any depth,
     relative ones resolved; ``from a.b import c`` names a.b, ``from xformopt import m`` names xformopt.m),
     each name taken to the longest prefix that is a module or package of the tree."""
     graph: dict[str, set[str]] = {}
@@ -354,7 +354,7 @@ def variant(walk: list[dict], rank, hows: tuple[str, ...]) -> dict:
 
 
 def unit_of(module: str | None) -> str:
-    """The unit a module belongs to (tests/test_layers.py's: the top-level module or subpackage)."""
+    """The unit a module belongs to (tests/core/test_layers.py's: the top-level module or subpackage)."""
     return module.split(".")[1] if module and "." in module else ""
 
 

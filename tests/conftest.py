@@ -141,7 +141,7 @@ def shared_gemm_peak(tmp_path_factory) -> Path:
 def isolated_cache(tmp_path_factory, monkeypatch, shared_gemm_peak) -> Path:
     """Every test gets its own pass cache, so no test sees another's (or the user's) entries. The
     host's GEMM peak (xformopt/profiling/peak.py, kept beside the pass cache) is shared by all tests:
-    it is measured once per run, not once per test that profiles (tests/test_profile.py checks the
+    it is measured once per run, not once per test that profiles (tests/report/test_profile.py checks the
     peak's own caching in a cache folder of its own)."""
     root = tmp_path_factory.mktemp("xformopt-cache")
     (root / "gemm-peak").symlink_to(shared_gemm_peak, target_is_directory=True)

@@ -4,7 +4,7 @@ safetensors headers or a shard index) before anything is loaded.
 transformers' from_pretrained initialises every missing tensor at random and only warns, so a shard
 index that lists some tensors, or a truncated conversion, gives a model that runs and predicts noise.
 The rules below are the ones from_pretrained applies to compute its ``missing_keys``
-(``output_loading_info=True``; tests/test_models.py compares the two): the base-model prefix added or
+(``output_loading_info=True``; tests/models/test_models.py compares the two): the base-model prefix added or
 removed, legacy names renamed, tied weights counted once, and the class's own ignore patterns.
 transformers has no public call that answers this without loading the weights, hence written here; for
 transformers 5's weight conversions (renamed or fused checkpoint tensors) its own renaming functions are used.

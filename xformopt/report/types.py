@@ -8,7 +8,7 @@ order and values unchanged) and these classes are its schema. A field the report
 ``Required``; one that appears only when it was measured (*optional* in the docs) is not.
 
 Where the docs fix a section's fields, the type forbids others, so a field added to the report without
-its row in docs/report-schema.md fails the test suite (tests/test_report_types.py also checks each
+its row in docs/report-schema.md fails the test suite (tests/report/test_report_types.py also checks each
 documented table against these types). Where a section carries names that vary per model (stages,
 metrics, operators) the key is ``str``; a metric object may carry a task's own counts beside the shared
 fields; ``profile`` (schema ``xformopt.profile/1``) is typed in ``profiling/types.py``, and ``generation``'s
@@ -28,7 +28,7 @@ from xformopt.profiling.types import ProfileError, ReportProfile
 from xformopt.typed_json import check_typed, type_errors
 
 # No `from __future__ import annotations` here: evaluated annotations are what give each TypedDict its
-# required and optional keys (tests/test_report_types.py reads them against the docs).
+# required and optional keys (tests/report/test_report_types.py reads them against the docs).
 
 _log = logging.getLogger(__name__)
 

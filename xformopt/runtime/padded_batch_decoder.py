@@ -10,7 +10,7 @@ conv/recurrent states are fixed-size per row: they stack with no padding at all.
 next step's past, so nothing is copied while the rows stay the same; a newcomer (its prompt read alone,
 batch 1, by the single-stream runner, in chunks) is padded into the batch, and a leaving row is dropped
 and the columns no row needs any more are cut. Greedy answers equal the single-stream runner's
-(``tests/test_serve_unbatched.py``).
+(``tests/serve/test_serve_unbatched.py``).
 
 Cost: attention runs over ``W`` positions for every row (the padding is computed, then masked), and
 memory is ``rows x W``: :meth:`fits` counts every row at the longest reservation, as BatchDecoder does.

@@ -2,7 +2,7 @@
 
 ``torch.onnx.export(..., dynamo=True)`` keeps transformers' scaled-dot-product attention as the
 ops torch decomposes it into, which ONNX Runtime's Python optimizer does not match (no Attention
-fuses; tests/test_passes.py proves it). onnxscript's ONNX Runtime fusion rewriter
+fuses; tests/passes/test_passes.py proves it). onnxscript's ONNX Runtime fusion rewriter
 (``onnxscript.rewriter.ort_fusions.optimize_for_ort``) is written for exactly these graphs: it
 fuses BERT's attention into ``Attention`` and ModernBERT's into ``MultiHeadAttention`` (its rotary into
 ``RotaryEmbedding`` by xformopt's own rule, xformopt/fusions/rotary.py). That rewrite runs in the fuse pass (:func:`onnxscript_fusions`, before ORT's

@@ -11,7 +11,7 @@ Percentile) ignore the option altogether. So this module does the chunking itsel
 yields one tokenized batch at a time, and ``calibrate`` calls ``collect_data`` once per chunk of
 ``chunk_batches`` batches; each call ends by merging the chunk (min/max ranges, or histograms) and
 clearing it. At most ``chunk_batches`` batches of intermediate outputs are held, for every method.
-``tests/test_quantize_static.py`` pins the ORT behaviour, so an upgrade that fixes it is noticed.
+``tests/passes/test_quantize_static.py`` pins the ORT behaviour, so an upgrade that fixes it is noticed.
 
 The ranges are saved with ORT's calibration cache format and every quantization candidate of the
 accuracy-budget search reuses them: one calibration per pass, however many candidates.
