@@ -96,6 +96,7 @@ def _write_gguf(path, tied: bool):
 
 
 @pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.extra("gguf")
 def test_gguf_step_bytes_by_role(tmp_path, tied):
     step = gguf_step_bytes(_write_gguf(tmp_path / "m.gguf", tied))
     q8_0, q4_0, q4_1 = 34 / 32, 18 / 32, 20 / 32  # bytes per weight of each GGML block type

@@ -97,3 +97,80 @@ def test_readme_links_resolve_and_reach_every_guide():
     guides = {f"docs/guides/{p.name}" for p in (ROOT / "docs" / "guides").glob("*.md") if p.name != "index.md"}
     assert guides <= set(local), f"guides the README does not link: {sorted(guides - set(local))}"
     assert "docs/reference/cli.md" in local and "docs/serving.md" in local
+
+
+# --------------------------------------------------------------------------- what the README claims, against the code
+
+# How the README names each row of the family table (xformopt/families.py); a new row must be named here and listed.
+FAMILY_NAMES = {
+    "bert": "BERT", "distilbert": "DistilBERT", "roberta": "RoBERTa", "xlm-roberta": "XLM-R", "camembert": "CamemBERT",
+    "electra": "ELECTRA", "mpnet": "MPNet", "deberta-v2": "DeBERTa-v2/v3", "modernbert": "ModernBERT",
+    "eurobert": "EuroBERT", "gte": "GTE", "nomic_bert": "NomicBERT", "jina_embeddings_v3": "Jina v3",
+    "gpt2": "GPT-2", "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
+    "qwen3_5_text": "Qwen3.5", "phi3": "Phi-3", "ministral3": "Ministral 3", "gemma4_text": "Gemma 4",
+    "t5": "T5", "mt5": "mT5", "bart": "BART", "mbart": "mBART", "marian": "Marian", "t5gemma2": "T5Gemma 2",
+}
+
+
+def _covers_row(label: str) -> str:
+    section = README.read_text(encoding="utf-8").split("## What it covers", 1)[1].split("\n## ", 1)[0]
+    row = re.search(rf"^\| \*\*{re.escape(label)}\*\* \| (.*) \|$", section, re.M)
+    assert row, f"the README's 'What it covers' has no row {label!r}"
+    return row.group(1)
+
+
+def _listed(label: str) -> list[str]:
+    """The row's comma-separated names, each cut at its first ';' or '(' (what follows is a remark)."""
+    names = re.split(r";|\(", _covers_row(label))[0]
+    return [name.strip() for name in names.split(",") if name.strip()]
+
+
+@pytest.mark.parametrize("label, kind", [("encoders", "ENCODERS"), ("decoders", "DECODERS"),
+                                         ("encoder-decoders", "SEQ2SEQS")])
+def test_what_it_covers_lists_the_family_table(label, kind):
+    from xformopt import families
+
+    rows = getattr(families, kind)
+    assert set(rows) <= set(FAMILY_NAMES), f"name the new rows in FAMILY_NAMES: {sorted(set(rows) - set(FAMILY_NAMES))}"
+    assert sorted(_listed(label)) == sorted(FAMILY_NAMES[row] for row in rows)
+
+
+def test_what_it_covers_lists_the_task_registry_and_the_generic_path():
+    from xformopt import tasks
+
+    assert set(re.findall(r"`([a-z-]+)`", _covers_row("tasks"))) == set(tasks.TASKS)
+    assert "generic path" in _covers_row("any other text model")
+
+
+def _extras_in_pyproject() -> dict[str, str]:
+    """Each extra of pyproject.toml's [project.optional-dependencies] and its requirement list, as written."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    table = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r"^([a-z0-9_-]+) = \[(.*?)\]", table, re.M | re.S))
+
+
+def test_the_readme_gives_each_extra_its_purpose():
+    section = README.read_text(encoding="utf-8").split("## Install", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `([a-z0-9_-]+)` \| \S", section, re.M))
+    extras = {name for name, requirements in _extras_in_pyproject().items() if requirements.strip()}
+    assert documented == extras  # the empty `dynamo` extra is kept only so that old install lines resolve
+
+
+def test_ci_starts_with_the_readme_quick_start_read_from_the_readme():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("quickstart", ROOT / ".ci" / "quickstart.py")
+    quickstart = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(quickstart)
+    text = README.read_text(encoding="utf-8")
+    block = _BLOCK.search(text.split("## Quick start", 1)[1]).group(2)
+    first, _, last = block.strip().splitlines()
+    assert quickstart.command("install", text) == first.split(" #")[0].strip()
+    assert quickstart.command("test", text) == last.split(" #")[0].strip()
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.strip() and not line.strip().startswith("#")]
+    installs = [i for i, line in enumerate(ci) if "pip install" in line or "quickstart.py install" in line]
+    runs = [i for i, line in enumerate(ci) if "pytest" in line or '"$test_command"' in line]
+    # the first install CI makes is the README's line, and the first tests it runs are the README's command
+    assert "quickstart.py install" in ci[installs[0]] and '"$install_line"' in " ".join(ci[installs[0]:runs[0]])
+    assert "quickstart.py test" in " ".join(ci[:runs[0] + 1]) and '"$test_command"' in ci[runs[0]]

@@ -90,7 +90,7 @@ def test_qat_phase_record_and_float_student(tiny_classifier, sample_texts, tmp_p
     assert qat["formats"]["weights"].endswith("[-64, 64] (reduce_range)")  # avx2: 7-bit weights, per channel
     assert "per channel" in qat["formats"]["weights"] and qat["linear_layers"] > 0
     assert qat["evaluations"][0]["step"] == 0 and qat["steps"] >= 1
-    assert qat["qat_on_eval_rows"]["agreement"] >= qat["ptq_on_eval_rows"]["agreement"]
+    assert qat["qat_on_eval_rows"]["agreement"] >= qat["ptq_on_eval_rows"]["agreement"]  # any host: the best of evaluations that include the PTQ one
     assert "float_after_qat_on_eval_rows" in qat
     from safetensors import safe_open
 

@@ -18,9 +18,8 @@ from pydantic import ValidationError
 
 from xformopt import recipe
 from xformopt.errors import InputError
-from xformopt.families import genai_builder_available
 
-pytestmark = pytest.mark.skipif(not genai_builder_available(), reason="onnxruntime-genai's builder (extra genai) is not installed")
+pytestmark = pytest.mark.extra("genai")
 
 INT4_PPL_TOLERANCE = 0.05  # the bar; measured +0.1% on the trained tiny Qwen2 (RTN, block 32)
 LAYERS = tiny_decoders.SHAPE["num_hidden_layers"]
@@ -432,7 +431,8 @@ def test_cli_optimize_int4_recipe_generates_and_benches(family_models, tmp_path,
 
 
 def test_int4_artifact_runs_in_onnxruntime_genai_with_the_same_greedy_tokens(family_stages):
-    og = pytest.importorskip("onnxruntime_genai")
+    import onnxruntime_genai as og
+
     from xformopt.decoder.generate import generate
 
     directory = family_stages["qwen2"]["int4"][0]

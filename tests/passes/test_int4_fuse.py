@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import extras
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
-pytest.importorskip("accelerate")
+extras.require("gguf")
 
 from tiny_gguf import HIDDEN, graph_over, write_tiny_gguf  # noqa: E402
 

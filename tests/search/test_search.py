@@ -17,12 +17,13 @@ import threading
 import time
 from pathlib import Path
 
+import extras
 import onnx
 import pytest
 import yaml
 from conftest import error_lines, run_cli
 
-pytest.importorskip("optuna", reason="optuna is not installed (pip install 'xformopt[search]')")
+extras.require("search")
 
 from xformopt import recipe as recipes  # noqa: E402
 from xformopt.errors import InputError  # noqa: E402
@@ -30,13 +31,6 @@ from xformopt.recipe_search import run as runner  # noqa: E402
 from xformopt.recipe_search import sampler as samplers  # noqa: E402
 from xformopt.recipe_search import space as spaces  # noqa: E402
 from xformopt.recipe_search.front import pareto  # noqa: E402
-
-try:
-    import ray  # noqa: F401
-
-    HAS_RAY = True
-except ImportError:
-    HAS_RAY = False
 
 REPO = Path(__file__).resolve().parents[2]
 CHOICES = {"fuse.select": ["all", "none"], "quantize.per_channel": [True, False]}
@@ -263,8 +257,6 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """`ray start --head --block` on 127.0.0.1 with 2 CPUs, its own temp dir; ended by its own pid."""
-    if not HAS_RAY:
-        pytest.skip("ray is not installed (pip install 'xformopt[ray]')")
     port = free_port()
     temp = tempfile.mkdtemp(prefix="xfray", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
@@ -306,6 +298,7 @@ def ray_cluster():
 
 
 @pytest.mark.integration
+@pytest.mark.extra("ray")
 def test_ray_gives_the_local_trials(ray_cluster, local_search, tiny_classifier, space_file, shared_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(shared_cache))
     doc = runner.search(settings(tiny_classifier, tmp_path / "search", space_file, ray=ray_cluster))
@@ -321,6 +314,7 @@ def test_ray_gives_the_local_trials(ray_cluster, local_search, tiny_classifier, 
 
 
 @pytest.mark.integration
+@pytest.mark.extra("ray")
 def test_ray_retries_a_killed_worker(ray_cluster, tiny_classifier, space_file, shared_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("XFORMOPT_CACHE_DIR", str(shared_cache))
     out = tmp_path / "search"

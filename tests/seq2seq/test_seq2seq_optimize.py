@@ -36,7 +36,7 @@ def test_trained_bart_int8_keeps_bleu_and_export_equals_pytorch(trained_bart, tm
     assert base > 80  # the model learned the task: the BLEU comparison below means something
     assert stages["export"]["metrics"]["same_output_as_baseline"]["value"] == 1.0  # fp32 greedy == PyTorch's
     assert base - stages["quantize"]["metrics"]["bleu"]["value"] <= 1.0
-    assert stages["quantize"]["metrics"]["bleu"]["ci95"][0] <= stages["quantize"]["metrics"]["bleu"]["value"]
+    assert stages["quantize"]["metrics"]["bleu"]["ci95"][0] <= stages["quantize"]["metrics"]["bleu"]["value"]  # any host: an interval's low end
     records = {p["pass"]: p["record"] for p in result.manifest["passes"]}
     assert records["quantize"]["budget"]["budget_met"] and records["quantize"]["coverage"]["int8"] > 0
     assert records["export"]["parity"]["max_abs_diff"] < 1e-4

@@ -26,11 +26,10 @@ import pytest
 from decoder_serve_helpers import CONTEXT, build_served_decoder, slow_engine_factory, sse_events
 from serve_helpers import ServerThread, free_port, metric
 
-from xformopt.families import genai_builder_available
 from xformopt.serve.app import ServeConfig, create_app
 from xformopt.serve.decoder_scheduler import DecoderSettings
 
-pytestmark = pytest.mark.skipif(not genai_builder_available(), reason="onnxruntime-genai's builder (extra genai) is not installed")
+pytestmark = pytest.mark.extra("genai")
 
 
 @pytest.fixture(scope="module")

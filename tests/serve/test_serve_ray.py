@@ -8,11 +8,10 @@ import httpx
 import pytest
 from serve_helpers import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.extra("serve")]
 
 
 def test_ray_serve_deployment_answers_as_the_artifact(served_classifier, sample_texts):
-    pytest.importorskip("ray.serve")
     import ray
     from ray import serve
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import extras
 import numpy as np
 import pytest
 
 from xformopt.logs import forwarded_to
 
-gguf = pytest.importorskip("gguf")
-pytest.importorskip("accelerate")
+extras.require("gguf")
 
+import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from tiny_gguf import HEADS, HIDDEN, KV_HEADS, graph_over, write_tiny_gguf  # noqa: E402
 
