@@ -51,7 +51,7 @@ def pack_inc_into_matmulnbits(inc_model, float_model, model_dir: Path, ctx, work
     import numpy as np
     import onnx
     import torch
-    from conftest import run_pass
+    from helpers import run_pass
     from onnx import helper, numpy_helper
 
     from xformopt.passes.export.decoder import copy_config_files
@@ -139,7 +139,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from conftest import make_ctx, run_pass
+    from helpers import make_ctx, run_pass
     from toy_decoder import build_decoder, corpus
     from transformers import AutoModelForCausalLM, Qwen2Config
 

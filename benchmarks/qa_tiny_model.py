@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import conftest  # noqa: F401  (offline, passive OpenMP: set before torch loads)
-from conftest import build_vocab
+from helpers import build_vocab
 from qa_helpers import make_rows, train_tiny_qa, write_jsonl
 
 

@@ -17,7 +17,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
 def build_served_decoder(root: Path, texts: list[str]) -> Path:
     """train -> export (GroupQueryAttention) -> int4; the int4 folder, with a chat template."""
     import tiny_decoders
-    from conftest import make_ctx, run_pass
+    from helpers import make_ctx, run_pass
     from toy_decoder import build_decoder
 
     base = tiny_decoders.make_config("llama")

@@ -6,7 +6,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from conftest import error_lines, run_cli
+from helpers import error_lines, run_cli
 
 
 def quick_recipe(tmp_path: Path, heldout_file: Path, passes: str = "- export", name: str = "quick.yaml") -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import LABELS, TINY, build_vocab
+from helpers import LABELS, TINY, build_vocab
 
 MPNET_SPECIALS = ["[UNK]", "[PAD]", "[CLS]", "[SEP]", "[MASK]"]  # MPNet's padding_idx is 1
 

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from conftest import error_lines, run_cli, write_heldout
+from helpers import error_lines, run_cli, write_heldout
 
 from xformopt.measure import modes
 from xformopt.measure.host import host_fingerprint

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from xformopt.benchmarking import types as bench_types
 from xformopt.benchmarking.types import bench_errors, check_bench

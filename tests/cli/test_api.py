@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ANY_LATENCY_DRIFT, run_cli
+from helpers import ANY_LATENCY_DRIFT, run_cli
 
 import xformopt
 from xformopt.errors import BudgetMissed, GateFailed, InputError, XformoptError

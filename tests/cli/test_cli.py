@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import error_lines, onnx_op_counts, run_cli, write_tiny_recipe
+from helpers import error_lines, onnx_op_counts, run_cli, write_tiny_recipe
 
 from xformopt import __version__
 from xformopt.recipe import RECIPES_DIR

@@ -9,7 +9,7 @@ from typing import Literal
 
 import pytest
 import typer
-from conftest import error_lines, run_cli
+from helpers import error_lines, run_cli
 from pydantic import BaseModel, Field
 from typer.testing import CliRunner
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ANY_LATENCY_DRIFT, error_lines, run_cli
+from helpers import ANY_LATENCY_DRIFT, error_lines, run_cli
 
 from xformopt import progress
 from xformopt.cli import output

@@ -9,8 +9,8 @@ import time
 
 import onnx
 import pytest
-from conftest import run_cli
 from harden_helpers import one_error, quick_recipe
+from helpers import run_cli
 
 from xformopt import cache
 from xformopt.cli.cache import parse_duration, parse_size

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli, write_heldout
 from harden_helpers import one_error, quick_recipe, tree
+from helpers import run_cli, write_heldout
 
 from xformopt.measure.host import usable_cpus
 

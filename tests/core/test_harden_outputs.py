@@ -10,8 +10,8 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import run_cli
 from harden_helpers import leftovers, one_error, quick_recipe, tree
+from helpers import run_cli
 
 from xformopt.artifact import check_output
 from xformopt.errors import InputError

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import onnx
 import pytest
-from conftest import run_cli
 from harden_helpers import leftovers, one_error, quick_recipe
+from helpers import run_cli
 
 from xformopt import cache
 

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from conftest import write_tiny_recipe
+from helpers import write_tiny_recipe
 from serve_helpers import free_port
 
 from xformopt import no_telemetry

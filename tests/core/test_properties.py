@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import error_lines, run_cli
+from helpers import error_lines, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -42,7 +42,7 @@ def test_the_gemm_peak_folder_is_shared_and_the_pass_cache_is_not(isolated_cache
 
 def test_xdist_workers_split_the_cores_for_torch():
     import torch
-    from conftest import torch_threads_share
+    from helpers import torch_threads_share
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # each test starts with the worker's share, whatever an earlier test set

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _bert_config, _save, error_lines, run_cli, write_heldout
+from helpers import _bert_config, _save, error_lines, run_cli, write_heldout
 
 from xformopt import models, pipeline, recipe
 from xformopt.errors import InputError

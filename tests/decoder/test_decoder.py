@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import error_lines, make_ctx, run_cli, run_pass
+from helpers import error_lines, make_ctx, run_cli, run_pass
 
 from xformopt import sources
 from xformopt.errors import InputError, PassFailed

@@ -16,7 +16,7 @@ import json
 
 import pytest
 import tiny_decoders
-from conftest import error_lines, make_ctx, run_cli, run_pass
+from helpers import error_lines, make_ctx, run_cli, run_pass
 
 NEW_TOKENS = 32
 LAYERS = tiny_decoders.SHAPE["num_hidden_layers"]

@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import tiny_decoders
-from conftest import make_ctx, run_pass
+from helpers import make_ctx, run_pass
 from serve_helpers import ServerThread
 from test_decoder_families import NEW_TOKENS, _greedy_onnx, _greedy_reference, _prompt
 

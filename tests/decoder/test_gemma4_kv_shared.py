@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny_decoders
-from conftest import make_ctx, run_pass
+from helpers import make_ctx, run_pass
 
 SHARED = 2
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import HAS_MINILM
+from helpers import HAS_MINILM
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 BLOCK = re.compile(r"^```python([^\n]*)\n(.*?)^```", re.S | re.M)

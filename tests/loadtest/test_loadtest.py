@@ -79,7 +79,7 @@ def test_an_open_loop_client_sees_the_queue_of_a_saturated_server():
 
 
 def test_cli_writes_json_markdown_and_plot_and_compares_two_servers(tmp_path, capsys):
-    from conftest import run_cli
+    from helpers import run_cli
 
     with ServerThread(known_service_app()) as one, ServerThread(known_service_app()) as two:
         code, out, err = run_cli(["loadtest", one.url, "--rates", "5,10", "--duration", "1", "--warmup", "0.2",

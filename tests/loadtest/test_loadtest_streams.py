@@ -100,7 +100,7 @@ def test_a_serial_server_shares_one_token_per_step_among_its_streams():
 
 
 def test_cli_writes_json_markdown_and_plot_for_a_decoder_server(tmp_path, capsys):
-    from conftest import run_cli
+    from helpers import run_cli
 
     with ServerThread(known_stream_app()) as server:
         code, out, err = run_cli(["loadtest", server.url, "--streams", "2,1", "--duration", "0.6", "--warmup", "0.1",

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY, _save, _vocab_size, onnx_op_counts, run_cli
+from helpers import TINY, _save, _vocab_size, onnx_op_counts, run_cli
 
 from xformopt.families import FAMILIES, family_of
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import HAS_MINILM, TINY
+from helpers import HAS_MINILM, TINY
 
 from xformopt import models, sources
 from xformopt.errors import InputError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import LABELS, TINY, _vocab_size, make_ctx, onnx_op_counts, run_pass
+from helpers import LABELS, TINY, _vocab_size, make_ctx, onnx_op_counts, run_pass
 
 from xformopt import pipeline, recipe
 from xformopt.errors import PassFailed

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY, make_ctx, onnx_op_counts, run_cli, run_pass
+from helpers import TINY, make_ctx, onnx_op_counts, run_cli, run_pass
 from mpnet_helpers import tiny_mpnet
 
 from xformopt import models, sources

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_ctx, run_cli, run_pass
 from harden_helpers import assert_distill_refuses
+from helpers import make_ctx, run_cli, run_pass
 
 from xformopt.errors import InputError
 from xformopt.passes import get_pass

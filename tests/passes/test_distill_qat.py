@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_ctx, run_pass
 from harden_helpers import assert_distill_refuses
+from helpers import make_ctx, run_pass
 
 from xformopt.passes.distill import qat as Q
 

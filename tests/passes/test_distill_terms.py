@@ -9,7 +9,7 @@ import math
 import shutil
 
 import pytest
-from conftest import make_ctx, run_pass
+from helpers import make_ctx, run_pass
 
 from xformopt.errors import InputError
 from xformopt.families import FAMILIES

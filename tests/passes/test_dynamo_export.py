@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, make_ctx, onnx_op_counts, run_pass
+from helpers import TINY, make_ctx, onnx_op_counts, run_pass
 
 from xformopt import pipeline, recipe
 from xformopt.errors import InputError
@@ -131,7 +131,7 @@ def test_cli_export_dynamo_keeps_stdout_json(tiny_classifier, heldout_file, tmp_
     """The dynamo exporter prints its progress; `--json` stdout must stay one JSON document."""
     import json
 
-    from conftest import run_cli
+    from helpers import run_cli
 
     code, out, err = run_cli(["export", tiny_classifier, "-o", tmp_path / "e", "--exporter", "dynamo",
                               "--data", heldout_file, "--json"], capsys)

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import make_ctx, read_jsonl, run_pass
+from helpers import make_ctx, read_jsonl, run_pass
 
 from xformopt.data import TextDataset
 from xformopt.scoring.retrieval import partner_ranks, recall_at_k
@@ -120,7 +120,7 @@ def test_quantize_budget_on_a_pair_file_records_each_measure(fused_encoder, tiny
 
 
 def test_optimize_on_a_pair_file_reports_recall(tiny_encoder, tmp_path, capsys):
-    from conftest import run_cli
+    from helpers import run_cli
 
     from xformopt.resources import vader_split_path
 

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 import tiny_decoders
-from conftest import make_ctx, run_cli, run_pass
+from helpers import make_ctx, run_cli, run_pass
 from pydantic import ValidationError
 
 from xformopt import recipe

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from conftest import make_ctx, run_pass
+from helpers import make_ctx, run_pass
 from host_facts import real_cpu_flags
 from onnx import numpy_helper
 
@@ -184,7 +184,7 @@ def deep_exported(tmp_path_factory, tokenizer_dir, sample_texts):
     tenth, rounded up) is 4 and the walk has several steps. Embeddings: the cosine of 64-wide vectors,
     which INT8 never brings to exactly 1.0."""
     import torch
-    from conftest import _bert_config, _save
+    from helpers import _bert_config, _save
     from transformers import BertModel
 
     torch.manual_seed(3)
@@ -224,7 +224,7 @@ def test_a_floor_miss_exits_1_with_the_artifact_and_the_accept_command_accepts_i
     import json
     import shlex
 
-    from conftest import run_cli
+    from helpers import run_cli
 
     _, exported = deep_exported
     out = tmp_path / "q"
@@ -248,7 +248,7 @@ def test_a_floor_miss_exits_1_with_the_artifact_and_the_accept_command_accepts_i
 def test_optimize_floor_miss_writes_the_artifact_and_report_and_exits_1(deep_exported, tmp_path, capsys):
     import json
 
-    from conftest import run_cli
+    from helpers import run_cli
 
     model, _ = deep_exported
     recipe = tmp_path / "r.yaml"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import LABELS, TINY, make_ctx, onnx_op_counts, read_jsonl, run_pass
+from helpers import LABELS, TINY, make_ctx, onnx_op_counts, read_jsonl, run_pass
 
 from xformopt.errors import PassFailed
 from xformopt.resources import vader_split_path

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import TINY, make_ctx, onnx_op_counts, run_pass
+from helpers import TINY, make_ctx, onnx_op_counts, run_pass
 from onnx import numpy_helper
 
 from xformopt.errors import InputError, PassFailed

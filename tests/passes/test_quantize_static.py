@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.conftest import make_ctx, run_cli, run_pass
+from helpers import make_ctx, run_cli, run_pass
 
 CAL_LIMIT = 32  # calibration rows: enough for ranges on a tiny model, fast
 

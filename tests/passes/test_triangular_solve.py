@@ -13,7 +13,7 @@ import logging
 import numpy as np
 import pytest
 import tiny_decoders
-from conftest import make_ctx, run_pass
+from helpers import make_ctx, run_pass
 
 from xformopt.passes.export import triangular_solve
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import onnx_op_counts
+from helpers import onnx_op_counts
 
 from xformopt import targets
 from xformopt.onnx_graph import load_graph, weighted_gemms

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from xformopt import api
 from xformopt import recipe as recipes

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import error_lines, run_cli
+from helpers import error_lines, run_cli
 
 from xformopt.profiling import ops
 from xformopt.profiling.layers import node_layers

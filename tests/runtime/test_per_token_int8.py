@@ -14,7 +14,7 @@ from xformopt.runtime.per_token_int8 import ATTENTION_MODES, PER_TENSOR_OPS
 
 
 def _quantized(tmp_path_factory, model_dir, stage, texts, name):
-    from conftest import make_ctx, run_pass
+    from helpers import make_ctx, run_pass
 
     dst = tmp_path_factory.mktemp("int8") / name
     run_pass("quantize", make_ctx(model_dir, texts), stage, dst)

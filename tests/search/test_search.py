@@ -21,7 +21,7 @@ import extras
 import onnx
 import pytest
 import yaml
-from conftest import error_lines, run_cli
+from helpers import error_lines, run_cli
 
 extras.require("search")
 

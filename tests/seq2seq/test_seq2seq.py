@@ -35,11 +35,10 @@ def exported(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny BART trained (seeded, ~15 s on one core) to reverse word sequences."""
+def trained(tmp_path_factory, trained_bart_src):
+    """The tiny BART trained to reverse word sequences (tests/seq2seq/conftest.py), exported."""
     root = tmp_path_factory.mktemp("s2s-trained")
-    src = build_seq2seq(root / "hf", "bart", train_steps=300)
-    return src, _export(src, root / "onnx")
+    return trained_bart_src, _export(trained_bart_src, root / "onnx")
 
 
 def _cut(rows, eos=1):

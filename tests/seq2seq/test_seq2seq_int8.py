@@ -7,7 +7,7 @@ import json
 
 import onnx
 import pytest
-from conftest import make_ctx, run_pass
+from helpers import make_ctx, run_pass
 from tiny_seq2seq import build_seq2seq, inject_ffn_outliers
 
 from xformopt.families import FAMILIES
@@ -93,7 +93,7 @@ def test_static_int8_covers_every_gemm_of_both_graphs(random_t5, quant_format, t
     assert record["verdict"]["passed"]
 
 
-def test_static_int8_keeps_bleu_on_a_trained_model(tmp_path):
+def test_static_int8_keeps_bleu_on_a_trained_model(trained_bart_src, tmp_path):
     """BART learns the reverse task in 300 steps (T5 needs more: benchmarks/seq2seq_int8.py)."""
     from xformopt.models import load_tokenizer
     from xformopt.passes.seq2seq_stages import _settings
@@ -101,7 +101,7 @@ def test_static_int8_keeps_bleu_on_a_trained_model(tmp_path):
     from xformopt.seq2seq.measure import decode, generate_rows
     from xformopt.seq2seq.runner import OrtSeq2Seq
 
-    src = build_seq2seq(tmp_path / "hf", "bart", train_steps=300)
+    src = trained_bart_src
     stage = _export(src, tmp_path / "onnx")
     texts, targets = _held_out()
     run_pass("quantize", make_ctx(src, texts), stage, tmp_path / "q", mode="static")

@@ -22,8 +22,8 @@ def _stages(result) -> dict:
 
 
 @pytest.fixture(scope="module")
-def trained_bart(tmp_path_factory):
-    return build_seq2seq(tmp_path_factory.mktemp("bart") / "hf", "bart", train_steps=300)
+def trained_bart(trained_bart_src):
+    return trained_bart_src
 
 
 def test_trained_bart_int8_keeps_bleu_and_export_equals_pytorch(trained_bart, tmp_path):
@@ -66,7 +66,7 @@ def test_summarization_scores_rouge(trained_bart, tmp_path):
 
 
 def test_beam_width_from_the_flags_is_what_every_stage_generates_with(trained_bart, tmp_path, capsys):
-    from conftest import run_cli
+    from helpers import run_cli
 
     code, out, err = run_cli(["optimize", trained_bart, "-o", tmp_path / "out", "--no-cache", "--num-beams", "3",
                               "--limit", "12", "--threads", "1", "--json", "--recipe", str(_export_only(tmp_path))],
@@ -88,7 +88,7 @@ def _export_only(tmp_path):
 
 
 def test_a_beam_width_for_a_model_that_does_not_generate_text_is_refused(tiny_classifier, tmp_path, capsys):
-    from conftest import run_cli
+    from helpers import run_cli
 
     code, _, err = run_cli(["optimize", tiny_classifier, "-o", tmp_path / "out", "--num-beams", "2"], capsys)
     assert code == 2 and "--num-beams" in err and "text-classification" in err and not (tmp_path / "out").exists()
@@ -101,7 +101,7 @@ def test_refusals_before_any_work(trained_bart, tmp_path):
 
 
 def test_single_pass_commands_chain(tmp_path, capsys):
-    from conftest import run_cli
+    from helpers import run_cli
 
     src = build_seq2seq(tmp_path / "hf", "t5")
     code, out, err = run_cli(["export", src, "-o", tmp_path / "a"], capsys)

@@ -7,22 +7,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 from serve_helpers import ServerThread
-from tiny_seq2seq import build_seq2seq, reverse_pairs
+from tiny_seq2seq import reverse_pairs
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory):
+def artifact(tmp_path_factory, trained_bart_src):
     from transformers import AutoModelForSeq2SeqLM
 
     from xformopt.seq2seq.export import export_seq2seq
     from xformopt.seq2seq.stage import copy_config_files
 
     root = tmp_path_factory.mktemp("s2s-serve")
-    src = build_seq2seq(root / "hf", "bart", train_steps=300)
+    src = trained_bart_src
     out = root / "onnx"
     out.mkdir()
     export_seq2seq(AutoModelForSeq2SeqLM.from_pretrained(src).eval(), out, 18)

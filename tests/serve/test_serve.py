@@ -333,7 +333,7 @@ def test_sigterm_right_after_readiness_answers_every_request_fresh_or_pooled(ser
 
 
 def test_serve_refuses_bad_setups_before_binding(tmp_path, served_classifier, capsys, monkeypatch):
-    from conftest import run_cli
+    from helpers import run_cli
 
     from xformopt.serve.server import open_bind_warning
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 import tiny_decoders
-from conftest import error_lines, make_ctx, run_cli, run_pass
 from decoder_serve_helpers import CHAT_TEMPLATE, slow_engine_factory, sse_events
+from helpers import error_lines, make_ctx, run_cli, run_pass
 from serve_helpers import ServerThread, free_port, metric
 
 from xformopt.serve.app import ServeConfig, create_app

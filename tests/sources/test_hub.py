@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 from harden_helpers import one_error, quick_recipe
+from helpers import run_cli
 
 REPO = "tiny-org/tiny-bert"
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (
+from harden_helpers import one_error
+from helpers import (
     _bert_config,
     _save,
     check_bench_report_and_gate,
     run_cli,
     write_tiny_recipe,
 )
-from harden_helpers import one_error
 
 from xformopt import sources
 from xformopt.errors import InputError

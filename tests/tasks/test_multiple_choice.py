@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (
+from harden_helpers import one_error
+from helpers import (
     _bert_config,
     _save,
     check_bench_report_and_gate,
@@ -21,7 +22,6 @@ from conftest import (
     run_pass,
     write_tiny_recipe,
 )
-from harden_helpers import one_error
 
 from xformopt import sources
 from xformopt.errors import InputError

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import check_bench_report_and_gate, run_cli
 from harden_helpers import one_error
+from helpers import check_bench_report_and_gate, run_cli
 from qa_helpers import make_row, make_rows, train_tiny_qa, write_jsonl
 
 from xformopt import sources, tasks
@@ -406,7 +406,7 @@ def test_parity_catches_a_divergence_only_long_contexts_show(tmp_path, tiny_qa, 
     """A graph whose position embeddings are wrong past position 48 agrees with PyTorch on the question
     alone (all a first-text-only parity saw); parity over the pairs as the model receives them fails."""
     import onnx
-    from conftest import make_ctx, run_pass
+    from helpers import make_ctx, run_pass
     from onnx import numpy_helper
 
     from xformopt.errors import PassFailed

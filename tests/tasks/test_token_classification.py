@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     _bert_config,
     _save,
     check_bench_report_and_gate,
@@ -321,7 +321,7 @@ RECIPE = ("name: tiny-ner\ntarget: auto\npasses:\n  - export\n  - fuse:\n      s
 
 def test_optimize_writes_an_int8_artifact_that_a_pipeline_runs(tmp_path, tiny_ner, heldout_conll, heldout_rows,
                                                              capsys, monkeypatch):
-    from conftest import onnx_op_counts
+    from helpers import onnx_op_counts
 
     (tmp_path / "tiny.yaml").write_text(RECIPE)
     out = tmp_path / "out"

@@ -15,7 +15,7 @@ import torch
 from transformers import BertTokenizerFast, DebertaV2Config, DebertaV2Model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
-from conftest import build_vocab  # noqa: E402
+from helpers import build_vocab  # noqa: E402
 
 V3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=-1, position_biased_input=False,
           type_vocab_size=0, share_att_key=True, norm_rel_ebd="layer_norm", max_position_embeddings=512)

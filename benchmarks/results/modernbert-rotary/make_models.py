@@ -15,7 +15,7 @@ import torch
 from transformers import BertTokenizerFast, ModernBertConfig, ModernBertModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
-from conftest import build_vocab  # noqa: E402
+from helpers import build_vocab  # noqa: E402
 
 IDS = dict(pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3, max_position_embeddings=512)
 SHAPES = {
