@@ -19,7 +19,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import gc
 import json
-import re
 from pathlib import Path
 
 import extras
@@ -329,36 +328,15 @@ def served_reader(tmp_path_factory, tokenizer_dir, sample_texts) -> Path:
 
 # --------------------------------------------------------------------------- skips that must name an extra
 
-# pytest.importorskip's own reason ("could not import 'x': No module named 'x'"): a test skipped so names no extra,
-# and a newcomer on the quick start's install cannot tell what to install. Such a skip fails the run.
-_UNNAMED_IMPORT_SKIP = re.compile(r"could not import|No module named")
-
-
-def _skip_reason(report) -> str:
-    longrepr = report.longrepr
-    text = longrepr[2] if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3 else str(longrepr)
-    return text.removeprefix("Skipped: ")
-
-
-def _check_skip(report) -> None:
-    if not report.skipped or getattr(report, "wasxfail", None) is not None:
-        return
-    text = _skip_reason(report)
-    if _UNNAMED_IMPORT_SKIP.search(text) and not text.startswith(extras.REASON_PREFIX):
-        report.outcome = "failed"
-        report.longrepr = (f"{report.nodeid} skipped for a missing import without naming the extra that brings it "
-                           f"({text}): mark it extra(NAME) or call extras.require(NAME) (tests/extras.py)")
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker forwards the report
 def pytest_collectreport(report):
-    _check_skip(report)
+    extras.check_skip(report)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    _check_skip(outcome.get_result())
+    extras.check_skip(outcome.get_result())
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -367,5 +345,5 @@ def pytest_terminal_summary(terminalreporter, config):
     if path is None or hasattr(config, "workerinput"):
         return
     ids = sorted({report.nodeid for report in terminalreporter.stats.get("skipped", [])
-                  if _skip_reason(report).startswith(extras.REASON_PREFIX)})
+                  if extras.skip_reason(report).startswith(extras.REASON_PREFIX)})
     Path(path).write_text("".join(f"{nodeid}\n" for nodeid in ids), encoding="utf-8")

@@ -17,6 +17,7 @@ reason), so the next such test is caught on every host, not only on one without 
 from __future__ import annotations
 
 import functools
+import re
 from importlib import metadata
 
 import pytest
@@ -78,3 +79,26 @@ def require(name: str) -> None:
     """At the top of a test module whose imports need extra ``name``: skip the whole module without it."""
     if missing(name):
         pytest.skip(reason(name), allow_module_level=True)
+
+
+# pytest.importorskip's own reason ("could not import 'x': No module named 'x'"): a test skipped so names no extra,
+# and a newcomer on the quick start's install cannot tell what to install.
+_UNNAMED_IMPORT_SKIP = re.compile(r"could not import|No module named")
+
+
+def skip_reason(report) -> str:
+    """A skipped report's reason, without pytest's 'Skipped: ' prefix."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, (tuple, list)) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def check_skip(report) -> None:
+    """Turn a skip for a missing import that names no extra into a failure (the conftest calls it on every report)."""
+    if not report.skipped or getattr(report, "wasxfail", None) is not None:
+        return
+    text = skip_reason(report)
+    if _UNNAMED_IMPORT_SKIP.search(text) and not text.startswith(REASON_PREFIX):
+        report.outcome = "failed"
+        report.longrepr = (f"{report.nodeid} skipped for a missing import without naming the extra that brings it "
+                           f"({text}): mark it extra(NAME) or call extras.require(NAME) (tests/extras.py)")

@@ -116,3 +116,29 @@ def test_the_kernel_lint_catches_the_comparison_it_is_for(tmp_path):
                       '    assert a["best"]["score"] >= a["first"]["score"]  # any host: a maximum over a set holding it\n')
     assert _kernel_comparisons(sample) == [
         "test_sample.py:4: a['agreement']['mean_agreement'] > b['agreement']['mean_agreement']"]
+
+
+def test_a_skip_for_a_missing_import_must_name_the_extra():
+    from types import SimpleNamespace
+
+    import extras
+
+    def report(reason):
+        return SimpleNamespace(skipped=True, outcome="skipped", nodeid="t.py::x", longrepr=("t.py", 1, f"Skipped: {reason}"))
+
+    plain = report("could not import 'gguf': No module named 'gguf'")  # pytest.importorskip's own reason
+    extras.check_skip(plain)
+    assert plain.outcome == "failed" and "extra(NAME)" in plain.longrepr
+    named = report(extras.reason("gguf"))
+    extras.check_skip(named)
+    assert named.outcome == "skipped" and extras.skip_reason(named) == 'needs the \'gguf\' extra: pip install -e ".[gguf]"'
+    other = report("needs Linux /proc/cpuinfo")
+    extras.check_skip(other)
+    assert other.outcome == "skipped"
+
+
+def test_every_extra_a_test_names_is_declared_and_the_quick_starts_are_installed():
+    import extras
+
+    assert {"minilm", "test", "gguf", "genai", "ray", "serve"} <= set(extras.declared())
+    assert not extras.missing("minilm") and not extras.missing("test")  # what the README's install line brings
