@@ -67,7 +67,8 @@ def test_embeddings_routes_speak_openai_and_tei(embedder_server, served_embedder
     for dims in (0, want.shape[1] + 1):  # TEI's checks; the OpenAI route's error body is TEI's there
         r = httpx.post(f"{url}/v1/embeddings", json={"input": "x", "dimensions": dims}, headers=AUTH)
         assert r.status_code == 422 and r.json()["type"] == "Validation" and "`dimensions`" in r.json()["message"]
-    assert httpx.post(f"{url}/predict", json={"inputs": "x"}, headers=AUTH).status_code == 404
+    r = httpx.post(f"{url}/predict", json={"inputs": "x"}, headers=AUTH)  # TEI: a route for another kind of model
+    assert r.status_code == 424 and r.json() == {"error": "model is not a classifier model", "error_type": "Backend"}
 
 
 def test_openai_client_reads_the_embeddings_unchanged(embedder_server, served_embedder, sample_texts):

@@ -156,8 +156,11 @@ def test_classifier_main_route_is_predict_and_tokenize_serves_it_too(classifier,
         assert [a["label"] for a in got] == [a["label"] for a in want]
         assert [a["score"] for a in got] == pytest.approx([a["score"] for a in want], abs=1e-5)
     assert httpx.post(f"{server.url}/tokenize", json={"inputs": "a film"}).status_code == 200
-    for path in ("/embed", "/v1/embeddings", "/embed_all", "/similarity", "/rerank"):  # not a classifier's routes
-        assert httpx.post(f"{server.url}{path}", json={"inputs": "x"}).status_code == 404, path
+    for path, kind in [("/embed", "an embedding"), ("/v1/embeddings", "an embedding"), ("/embed_all", "an embedding"),
+                       ("/similarity", "an embedding"), ("/rerank", "a re-ranker")]:  # TEI: 424, the model's kind
+        r = httpx.post(f"{server.url}{path}", json={"inputs": "x"})
+        assert r.status_code == 424 and r.json() == {"error": f"model is not {kind} model", "error_type": "Backend"}
+    assert httpx.post(f"{server.url}/nothing", json={"inputs": "x"}).status_code == 404
 
 
 BAD = [  # (path, body, status, error_type, words): TEI's code for each fault

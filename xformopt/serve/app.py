@@ -29,7 +29,14 @@ from fastapi.responses import Response
 from xformopt import tasks
 from xformopt.models.matryoshka import declared_dimensions
 from xformopt.runtime.predictor import artifact_spec, load_predictor
-from xformopt.serve import autotune, decoder_routes, embedding_routes, seq2seq_routes, tokenizer_routes
+from xformopt.serve import (
+    autotune,
+    decoder_routes,
+    embedding_routes,
+    rerank_routes,
+    seq2seq_routes,
+    tokenizer_routes,
+)
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
 from xformopt.serve.replies import HTTPFailure, check_inputs, error_response, inputs_of, json_response, runner
@@ -371,19 +378,34 @@ def _add_common_routes(app: FastAPI, config: ServeConfig, spec, state: dict, met
     return {*HEALTH_PATHS, "/info", "/metrics", "/openapi.json"}
 
 
+# TEI's model routes, and what it answers (424 Backend) where the model is not of the kind a route needs
+OTHER_KIND = {**dict.fromkeys(embedding_routes.ROUTES, "an embedding"), "/predict": "a classifier",
+              "/rerank": "a re-ranker"}
+
+
 def _add_encoder_routes(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
-    """The task's routes, /tokenize and /decode, and the task's main route again at POST / and /invocations."""
+    """The task's routes (by ``Serving.kind``), /tokenize and /decode, the task's main route again at POST /
+    and /invocations, and TEI's 424 on the model routes of other kinds of model."""
     serving = tasks.get(spec.task).serving
-    if tasks.get(spec.task).head.embeds:
-        routes = embedding_routes.add_routes(app, config, spec, run)
-    else:
-        routes = _add_task_route(app, config, spec, run)
+    routes: set[str] = set()
+    for add in ROUTE_SETS[serving.kind]:
+        routes |= add(app, config, spec, run)
     routes |= tokenizer_routes.add_routes(app, config)
     main = next(r for r in app.router.routes if getattr(r, "path", None) == serving.main_route
                 and "POST" in getattr(r, "methods", ()))
     for path in MAIN_ALIASES:
         app.add_api_route(path, main.endpoint, methods=["POST"], summary=f"{main.summary} (as {main.path})")
+    for path, kind in OTHER_KIND.items():
+        if path not in routes:
+            app.add_api_route(path, _not_this_kind(kind), methods=["POST"], include_in_schema=False)
     return routes | set(MAIN_ALIASES)
+
+
+def _not_this_kind(kind: str):
+    async def refuse():
+        raise HTTPFailure(424, f"model is not {kind} model", "Backend")
+
+    return refuse
 
 
 def _add_task_route(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
@@ -408,3 +430,7 @@ def _add_task_route(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
     predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI
     app.post(route, summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)
     return {route}
+
+
+ROUTE_SETS = {"embed": (embedding_routes.add_routes,), "predict": (_add_task_route,),
+              "rerank": (_add_task_route, rerank_routes.add_routes)}  # by Serving.kind: the task's routes

@@ -94,3 +94,15 @@ class DecodeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     ids: TokenIds | list[TokenIds]
     skip_special_tokens: StrictBool = True
+
+
+class RerankRequest(BaseModel):
+    """TEI ``POST /rerank``: the query's passages ordered by the reranker's score, best first."""
+
+    model_config = ConfigDict(extra="forbid")
+    query: Text
+    texts: list[Text]
+    truncate: StrictBool = True
+    truncation_direction: Direction = "right"
+    raw_scores: StrictBool = Field(False, description="The logit instead of its sigmoid.")
+    return_text: StrictBool = Field(False, description="Each passage's text in its rank.")

@@ -67,7 +67,7 @@ class EmbeddingHead(Head):
 class FeatureExtraction(Task):
     name = "feature-extraction"
     head = EmbeddingHead
-    serving = Serving(routes=("/v1/embeddings", "/embed"), main="/embed", field="input")
+    serving = Serving(routes=("/v1/embeddings", "/embed"), main="/embed", kind="embed", field="input")
     summary = "sentence embeddings (mean-pooled token states)"
     auto_model = "AutoModel"
     headline = "cosine_to_baseline"

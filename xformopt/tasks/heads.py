@@ -69,6 +69,7 @@ class Serving:
 
     routes: tuple[str, ...]
     main: str | None = None  # TEI's main route, also at POST / and /invocations [default: the first route]
+    kind: str = "predict"  # which route set serve builds: "embed", "predict" (the body below), "rerank"
     field: str = "inputs"
     body: str | None = None
     options: tuple[str, ...] = ("truncate",)
