@@ -39,7 +39,7 @@ class TextRanking(Task):
                "top1_agreement": Metric("Top-1 agreement", percent=True, relative=True)}
     needs_labels = True
     passes = ("export", "fuse", "quantize")
-    agreement_measure = "1 - |score - float score| / std of the float scores (floored at 0)"
+    agreement_measure = "pairwise order agreement of the scores"
 
     def claims(self, config: dict) -> bool:
         return super().claims(config) and is_reranker(config)
@@ -69,9 +69,13 @@ class TextRanking(Task):
         return metrics
 
     def agreement(self, outputs, reference):
-        outputs, reference = np.asarray(outputs).reshape(-1), np.asarray(reference).reshape(-1)
-        spread = max(float(np.std(reference)), 1e-6)
-        return np.clip(1.0 - np.abs(outputs - reference) / spread, 0.0, 1.0)
+        """Per row, the share of other rows (up to 512, evenly spaced) that both score sets order the same way
+        against it: a reranker's scores matter only by their order, and a row's concordance is in [0, 1]."""
+        outputs, reference = np.asarray(outputs, np.float64).reshape(-1), np.asarray(reference, np.float64).reshape(-1)
+        others = np.unique(np.linspace(0, len(outputs) - 1, min(len(outputs), 512)).astype(int))
+        same = np.sign(outputs[:, None] - outputs[others]) == np.sign(reference[:, None] - reference[others])
+        mine = others[None, :] == np.arange(len(outputs))[:, None]  # a row against itself says nothing
+        return (same & ~mine).sum(1) / np.maximum((~mine).sum(1), 1)
 
     def budget_points(self, outputs, reference, data):
         if data.labels is not None:
