@@ -107,8 +107,9 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--train-lists", type=int, default=0, help="train on this many lists (0: all 1200)")
     parser.add_argument("--lists-per-step", type=int, default=8, help="train lists (4 pairs each) per step")
-    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: one per usable core)")
     parser.add_argument("--force", action="store_true", help="replace an existing --output")
     args = parser.parse_args()
     if args.output.exists() and not args.force:
@@ -117,7 +118,7 @@ def main() -> int:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     torch.manual_seed(args.seed)
-    torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0))))
     minilm = sources.resolve("minilm").path
     tokenizer = AutoTokenizer.from_pretrained(minilm)
     model = AutoModelForSequenceClassification.from_pretrained(minilm, num_labels=1)

@@ -159,7 +159,9 @@ def test_classifier_main_route_is_predict_and_tokenize_serves_it_too(classifier,
     for path, kind in [("/embed", "an embedding"), ("/v1/embeddings", "an embedding"), ("/embed_all", "an embedding"),
                        ("/similarity", "an embedding"), ("/rerank", "a re-ranker")]:  # TEI: 424, the model's kind
         r = httpx.post(f"{server.url}{path}", json={"inputs": "x"})
-        assert r.status_code == 424 and r.json() == {"error": f"model is not {kind} model", "error_type": "Backend"}
+        want = ({"message": f"model is not {kind} model", "code": 424, "type": "Backend"} if "embeddings" in path
+                else {"error": f"model is not {kind} model", "error_type": "Backend"})  # TEI's OpenAI body there
+        assert r.status_code == 424 and r.json() == want, path
     assert httpx.post(f"{server.url}/nothing", json={"inputs": "x"}).status_code == 404
 
 
@@ -198,3 +200,13 @@ def test_openai_routes_answer_errors_in_teis_openai_shape(embedder):
         assert r.status_code == 400 and r.json() == {"message": r.json()["message"], "code": 400, "type": "Empty"}
         r = httpx.post(f"{server.url}{path}", json={"input": "x", "dimensions": 0}, headers=AUTH)
         assert r.status_code == 422 and r.json()["type"] == "Validation" and r.json()["code"] == 422
+
+
+def test_matryoshka_sizes_come_from_the_config_before_the_card(tmp_path):
+    from xformopt.models.matryoshka import declared_dimensions
+
+    assert declared_dimensions(tmp_path, 64) is None  # nothing declared
+    (tmp_path / "README.md").write_text("loss: MatryoshkaLoss\nmatryoshka_dims: [64, 8, 32]\n")
+    assert declared_dimensions(tmp_path, 64) == [64, 32, 8]
+    (tmp_path / "config.json").write_text(json.dumps({"matryoshka_dimensions": [16, 48, 0, 128]}))
+    assert declared_dimensions(tmp_path, 64) == [48, 16]  # the config wins; sizes outside 1..width dropped
