@@ -98,3 +98,13 @@ def test_cross_encoder_drop_in_refuses_a_classifier(served_classifier):
 
     with pytest.raises(InputError, match="2 outputs"):
         onnx_cross_encoder(Path(served_classifier))
+
+
+def test_rows_without_passages_are_refused_before_any_work(tiny_reranker, tmp_path, capsys):
+    from harden_helpers import one_error
+
+    rows = tmp_path / "queries.jsonl"
+    rows.write_text('{"text": "a query", "label": 1}\n{"text": "another", "label": 0}\n')
+    code, _, err = run_cli(["optimize", tiny_reranker, "--data", rows, "-o", tmp_path / "out"], capsys)
+    one_error(code, err, "needs (query, passage) rows")
+    assert not (tmp_path / "out").exists()
