@@ -311,6 +311,19 @@ def served_classifier(exported_classifier) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_reranker(tmp_path_factory, tokenizer_dir) -> Path:
+    """A tiny random cross-encoder: BertForSequenceClassification with one output (a reranker, as TEI and
+    sentence-transformers' CrossEncoder read one label)."""
+    return _tiny_head("BertForSequenceClassification", tokenizer_dir, tmp_path_factory.mktemp("tiny-rerank"), 5,
+                      num_labels=1)
+
+
+@pytest.fixture(scope="session")
+def served_reranker(tmp_path_factory, tiny_reranker, sample_texts) -> Path:
+    return _export_stage(tiny_reranker, sample_texts, tmp_path_factory.mktemp("served") / "reranker")
+
+
+@pytest.fixture(scope="session")
 def served_tagger(tmp_path_factory, tokenizer_dir, sample_texts) -> Path:
     """A tiny random BertForTokenClassification (IOB2 PER/LOC tags), exported."""
     tags = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]

@@ -186,7 +186,9 @@ def copy_side_files(src: Path, dst: Path) -> None:
     copy_sentence_transformers_modules(src, dst)
 
 
-SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+# README.md: the model card, where sentence-transformers records the Matryoshka sizes a model was trained for
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                               "README.md")
 
 
 def copy_sentence_transformers_modules(src: Path, dst: Path) -> list[str]:

@@ -181,6 +181,21 @@ def test_openai_client_streams_a_chat_completion_unchanged(served_decoder, gener
     assert usage.prompt_tokens == len(alone.generation.prompt_ids)
 
 
+def test_inference_client_chat_completion_unchanged(served_decoder, generator, monkeypatch):
+    """huggingface_hub's InferenceClient (the `clients` extra) appends /v1/chat/completions to the base URL."""
+    import huggingface_hub as hub
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)  # the suite's offline switch refuses local URLs too
+    with ServerThread(create_app(_config(served_decoder))) as server:
+        client = hub.InferenceClient(base_url=server.url, api_key="unused")
+        question = [{"role": "user", "content": "Was the movie any good?"}]
+        whole = client.chat_completion(question, max_tokens=24, temperature=0)
+        pieces = [c.choices[0].delta.content or "" for c in client.chat_completion(question, max_tokens=24,
+                                                                                     temperature=0, stream=True)
+                  if c.choices]
+    alone = generator.generate(chat="Was the movie any good?", max_new_tokens=24)
+    assert whole.choices[0].message.content == "".join(pieces) == alone.text
+
+
 def test_stop_strings_end_the_answer_before_them(served_decoder, generator, sample_texts):
     prompt = sample_texts[1][:200]
     alone = generator.generate(prompt, max_new_tokens=40, stop_at_eos=False).text

@@ -36,8 +36,11 @@ Examples:
 
     xformopt serve smol-int4/ --max-batch 8 --max-kv-tokens 4096   # a decoder: OpenAI chat/completions
 
-Routes: /v1/embeddings (OpenAI) and /embed (TEI) for embedders, /predict for classifiers, taggers and
-question answering, /v1/chat/completions, /v1/completions and /v1/models for decoders (continuous
+Routes (encoders: text-embeddings-inference's set, the task's main route also at POST / and /invocations):
+/embed, /v1/embeddings and /embeddings (OpenAI), /embed_all and /similarity for embedders, /rerank for
+rerankers (one-output cross-encoders), /predict for classifiers, rerankers, taggers and question answering,
+/tokenize and /decode for every encoder, GET /, /ping as /health; /v1/chat/completions, /v1/completions and
+/v1/models for decoders (continuous
 batching, streamed with "stream": true; a graph that cannot be batched, e.g. GPT-2's own layout, is served one
 request at a time, said at start-up and in /info), /health, /info, /metrics (Prometheus), /openapi.json.
 SIGTERM drains readiness-first and exits 0: /health turns 503, requests are still answered (with

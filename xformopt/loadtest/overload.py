@@ -3,7 +3,7 @@
 One continuous Poisson schedule: ``over_rps`` for ``over_s`` seconds, then ``full_rps`` (the
 sustainable rate) for ``recovery_s`` seconds. What it reports:
 
-- every request's fate: answered (by status: 200, 503 refused, 504 past its deadline, others),
+- every request's fate: answered (by status: 200, 429 or 503 refused, 504 past its deadline, others),
   **hung** (no answer within the client's timeout) or **lost** (the connection failed or was reset);
 - the server's resident memory over time (its /metrics ``process_resident_memory_bytes``, sampled
   every ``RSS_EVERY_S``), against its idle size before the run;
@@ -25,7 +25,7 @@ from xformopt.loadtest.generator import Outcome, Request, arrival_times, run_sch
 
 RSS_EVERY_S = 0.5
 WINDOW_S = 1.0
-ANSWERED = ("200", "503", "504")
+ANSWERED = ("200", "429", "503", "504")  # 429: an encoder server's full queue (TEI's code); 503: a decoder's
 _RSS = re.compile(rb"^process_resident_memory_bytes\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 
 

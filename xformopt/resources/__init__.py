@@ -4,6 +4,8 @@
 ``scripts/build_vader_dataset.py``; see ``vader_movie/README.md`` for provenance.
 ``vader_polarity_tags/``: word-level B-POS/B-NEG/O tags (a lexicon lookup of human word ratings) on
 the same snippets, built by ``scripts/build_vader_polarity_tags.py``; see its README.md.
+``review_rerank/``: query-passage lists (a snippet's first half, its own second half among others) for
+rerankers, built by ``scripts/build_review_rerank.py``; see its README.md.
 """
 
 from __future__ import annotations
@@ -22,6 +24,13 @@ def vader_split_path(split: str) -> Path:
     if split not in VADER_SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(VADER_SPLITS)}")
     return _ROOT / "vader_movie" / f"{split}.jsonl"
+
+
+def review_rerank_path(split: str) -> Path:
+    """Path of the vendored ``review_rerank/<split>.jsonl`` file (query, passage, relevance rows)."""
+    if split not in VADER_SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(VADER_SPLITS)}")
+    return _ROOT / "review_rerank" / f"{split}.jsonl"
 
 
 def polarity_tags_path(split: str) -> Path:

@@ -5,13 +5,15 @@ OpenAPI schema, and Ray Serve takes the same app as its ingress. The app is buil
 ``ServeConfig`` (picklable, so Ray can ship it to replicas); the model opens in the app's lifespan,
 in the process that serves, and /health says 200 only after a warm-up batch ran.
 
-Routes: ``/v1/embeddings`` (OpenAI) and ``/embed`` (TEI) for feature-extraction, ``/predict`` for
-the other tasks (TEI's for text-classification; transformers' pipeline answers for token
-classification and question answering); ``/health``, ``/info``, ``/metrics``, ``/openapi.json``.
-Errors are one JSON line, ``{"error": ..., "error_type": ...}`` as TEI writes them.
+Encoder routes follow text-embeddings-inference's layout (``router/src/http/server.rs``): the task's
+main route (``/embed``, ``/predict``, ``/rerank``) also at ``POST /`` and ``POST /invocations`` (the
+SageMaker contract), health at ``GET /health``, ``/`` and ``/ping``; for feature-extraction
+``/v1/embeddings`` and ``/embeddings`` (OpenAI), ``/embed_all``, ``/similarity``
+(xformopt/serve/embedding_routes.py); ``/tokenize`` and ``/decode`` for every encoder
+(xformopt/serve/tokenizer_routes.py); ``/info``, ``/metrics``, ``/openapi.json``. Errors are one JSON
+line with TEI's status codes and bodies (xformopt/serve/replies.py).
 """
 
-import base64
 import contextlib
 import hmac
 import inspect
@@ -20,28 +22,29 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
-import orjson
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from xformopt import tasks
-from xformopt.errors import InputError
+from xformopt.models.matryoshka import declared_dimensions
 from xformopt.runtime.predictor import artifact_spec, load_predictor
-from xformopt.serve import autotune, decoder_routes, schemas, seq2seq_routes
+from xformopt.serve import (
+    autotune,
+    decoder_routes,
+    embedding_routes,
+    rerank_routes,
+    seq2seq_routes,
+    tokenizer_routes,
+)
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from xformopt.serve.scheduler import (
-    BatchFailed,
-    DeadlineExceeded,
-    Overloaded,
-    Scheduler,
-    Settings,
-)
+from xformopt.serve.replies import HTTPFailure, check_inputs, error_response, inputs_of, json_response, runner
+from xformopt.serve.scheduler import Scheduler, Settings
 from xformopt.version import __version__
 
-PUBLIC_PATHS = ("/health",)  # load balancers probe it without a key
+HEALTH_PATHS = ("/health", "/", "/ping")  # TEI's three; load balancers probe them without a key (GET only)
+MAIN_ALIASES = ("/", "/invocations")  # POST: the task's main route, as TEI and SageMaker place it
 # FastAPI >= 0.16x looks up OpenTelemetry providers on every request (3 % of the event loop's time under
 # load); /metrics is this server's telemetry. Older FastAPI has no such option.
 _NO_TELEMETRY = ({"telemetry": {"tracing": False, "metrics": False, "logs": False}}
@@ -67,16 +70,6 @@ class ServeConfig:
         out.pop("api_key")
         out["auth"] = self.api_key is not None
         return out
-
-
-class HTTPFailure(Exception):
-    def __init__(self, status: int, message: str, kind: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
-
-
-def error_response(status: int, message: str, kind: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "error_type": kind}, status_code=status, headers=headers)
 
 
 # --------------------------------------------------------------------------- ASGI middlewares
@@ -125,13 +118,14 @@ class BodyLimit:
 
 
 class BearerAuth:
-    """401 unless ``Authorization: Bearer KEY`` (compared in constant time); /health stays open."""
+    """401 unless ``Authorization: Bearer KEY`` (compared in constant time); ``GET`` of the health paths
+    stays open (``POST /`` is the model's main route: it needs the key)."""
 
     def __init__(self, app, key: str):
         self.app, self.key = app, key.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
+        if scope["type"] == "http" and not (scope["method"] == "GET" and scope["path"] in HEALTH_PATHS):
             header = dict(scope.get("headers") or []).get(b"authorization", b"")
             scheme, _, given = header.partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.key):
@@ -190,35 +184,6 @@ class RequestMetrics:
 # --------------------------------------------------------------------------- helpers
 
 
-def _as_list(value) -> tuple[list, bool]:
-    """(inputs, whether the request sent one input rather than a list)."""
-    return (list(value), False) if isinstance(value, list) else ([value], True)
-
-
-def _check_inputs(items: list, limit: int) -> None:
-    if not items:
-        raise HTTPFailure(422, "no inputs; send at least one", "Validation")
-    if len(items) > limit:
-        raise HTTPFailure(422, f"{len(items)} inputs in one request, more than the limit of {limit}; split the request",
-                          "Validation")
-    for i, item in enumerate(items):
-        texts = item if isinstance(item, (list, tuple)) else [item]
-        if any(isinstance(t, str) and not t.strip() for t in texts):
-            raise HTTPFailure(422, f"input {i} is empty; send non-empty texts", "Validation")
-
-
-def _encode(vector: np.ndarray, fmt: str):
-    if fmt == "base64":  # what the OpenAI client decodes: little-endian float32 bytes
-        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
-    return np.ascontiguousarray(vector, dtype=np.float32)  # orjson writes it as a list of floats
-
-
-def _json(content) -> Response:
-    """A JSON answer; orjson writes numpy float32 arrays directly (json.dumps of their .tolist() cost
-    0.4 ms per 384-float embedding, a large share of a request's CPU)."""
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
-
-
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
@@ -248,10 +213,26 @@ def _info(config: ServeConfig, spec, predictor, scheduler=None) -> dict:
         "max_tokens": predictor.max_length if predictor is not None else None,
         "labels": spec.id2label or None,
         "settings": config.public(),
+        # TEI's names for what its clients read: the served name, the token limit, inputs per request
+        "model_id": config.model_name or path.name,
+        "max_input_length": predictor.max_length if predictor is not None else None,
+        "max_client_batch_size": config.max_inputs,
+        "version": __version__,
+        **_embedding_info(config, spec),
         "batching": {**tuning.public(), "remeasured": scheduler.retunes}
         if (tuning := getattr(scheduler, "tuning", None))
         else getattr(predictor, "batching", None),  # decoders: continuous, or one at a time and why
     }
+
+
+def _embedding_info(config: ServeConfig, spec) -> dict:
+    """An embedder's width and the Matryoshka sizes its config or card declares (what ``dimensions`` may
+    ask for with the accuracy the model was trained for; None: none declared)."""
+    task = tasks.TASKS.get(spec.task)
+    if task is None or task.head is None or not task.head.embeds:
+        return {}
+    return {"dimensions": spec.hidden_size,
+            "matryoshka_dimensions": declared_dimensions(config.artifact, spec.hidden_size)}
 
 
 def _read(path: Path) -> dict:
@@ -290,10 +271,8 @@ def create_app(config: ServeConfig, predictor_factory=None, engine_factory=None)
         routes |= decoder_routes.add_routes(app, config, state)
     elif seq2seq is not None:
         routes |= seq2seq_routes.add_routes(app, config, state)
-    elif tasks.get(spec.task).head.embeds:
-        routes |= _add_embedding_routes(app, config, spec, _runner(state))
     else:
-        routes |= _add_task_route(app, config, spec, _runner(state))
+        routes |= _add_encoder_routes(app, config, spec, runner(state))
 
     app.state.serve = state
     # pure ASGI middlewares; the last added runs first: metrics see every answer, auth runs before the body is read
@@ -362,43 +341,25 @@ def _encoder_lifespan(config: ServeConfig, spec, state: dict, metrics: Metrics, 
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPFailure)
     async def _failure(request, exc: HTTPFailure):
-        return error_response(exc.status, exc.message, exc.kind, exc.headers)
+        return error_response(exc.status, exc.message, exc.kind, exc.headers, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
         status, message = _validation_message(exc)
-        return error_response(status, message, "Validation")
+        return error_response(status, message, "Validation", path=request.url.path)
 
     @app.exception_handler(Exception)
     async def _crash(request, exc: Exception):
-        return error_response(500, f"internal error ({type(exc).__name__}); the server logged it", "Backend")
-
-
-def _runner(state: dict):
-    """``run(items, **options)``: the items through the encoder scheduler, its refusals as HTTP answers."""
-
-    async def run(items: list, **options) -> list[tuple]:
-        scheduler = state["scheduler"]
-        if scheduler is None or not state["ready"]:
-            raise HTTPFailure(503, "the model is still loading; retry shortly", "Unhealthy", {"Retry-After": "1"})
-        try:
-            return await scheduler.submit(items, **options)
-        except Overloaded as exc:
-            raise HTTPFailure(503, str(exc), "Overloaded", {"Retry-After": str(exc.retry_after)}) from None
-        except DeadlineExceeded as exc:
-            raise HTTPFailure(504, f"request deadline passed: {exc}", "Timeout") from None
-        except InputError as exc:
-            raise HTTPFailure(422, exc.message, "Validation") from None
-        except BatchFailed as exc:
-            raise HTTPFailure(500, str(exc), "Backend") from None
-
-    return run
+        return error_response(500, f"internal error ({type(exc).__name__}); the server logged it", "Backend",
+                              path=request.url.path)
 
 
 def _add_common_routes(app: FastAPI, config: ServeConfig, spec, state: dict, metrics: Metrics) -> set[str]:
     """/health, /info and /metrics, for every artifact; returns the routes the metrics label by name."""
 
     @app.get("/health", summary="200 once the model is loaded and warmed up; 503 before, and while draining")
+    @app.get("/", summary="Health, as /health (TEI)")
+    @app.get("/ping", summary="Health, as /health (TEI, SageMaker)")
     async def health():
         if state["draining"]:  # a load balancer stops sending here first; requests still get answers
             return error_response(503, "draining: shutting down, send requests elsewhere", "Unhealthy")
@@ -414,36 +375,37 @@ def _add_common_routes(app: FastAPI, config: ServeConfig, spec, state: dict, met
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    return {"/health", "/info", "/metrics", "/openapi.json"}
+    return {*HEALTH_PATHS, "/info", "/metrics", "/openapi.json"}
 
 
-def _add_embedding_routes(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
-    """OpenAI's /v1/embeddings and TEI's /embed."""
-    width = spec.hidden_size
-    model_name = config.model_name or Path(config.artifact).name
+# TEI's model routes, and what it answers (424 Backend) where the model is not of the kind a route needs
+OTHER_KIND = {**dict.fromkeys(embedding_routes.ROUTES, "an embedding"), "/predict": "a classifier",
+              "/rerank": "a re-ranker"}
 
-    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings")
-    async def openai_embeddings(body: schemas.OpenAIEmbeddingRequest):
-        texts, _ = _as_list(body.input)
-        _check_inputs(texts, config.max_inputs)
-        if body.dimensions is not None and body.dimensions != width:
-            raise HTTPFailure(422, f"dimensions {body.dimensions}: this model gives {width}; omit dimensions",
-                              "Validation")
-        answers = await run(texts, truncate=True, normalize=None)
-        tokens = sum(t for _, t in answers)
-        data = [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
-                for i, (v, _) in enumerate(answers)]
-        return _json({"object": "list", "data": data, "model": body.model or model_name,
-                      "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-    @app.post("/embed", summary="text-embeddings-inference embeddings: [[float]]")
-    async def embed(body: schemas.EmbedRequest):
-        texts, _ = _as_list(body.inputs)
-        _check_inputs(texts, config.max_inputs)
-        answers = await run(texts, truncate=body.truncate, normalize=body.normalize)
-        return _json([np.asarray(v, dtype=np.float32) for v, _ in answers])
+def _add_encoder_routes(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
+    """The task's routes (by ``Serving.kind``), /tokenize and /decode, the task's main route again at POST /
+    and /invocations, and TEI's 424 on the model routes of other kinds of model."""
+    serving = tasks.get(spec.task).serving
+    routes: set[str] = set()
+    for add in ROUTE_SETS[serving.kind]:
+        routes |= add(app, config, spec, run)
+    routes |= tokenizer_routes.add_routes(app, config)
+    main = next(r for r in app.router.routes if getattr(r, "path", None) == serving.main_route
+                and "POST" in getattr(r, "methods", ()))
+    for path in MAIN_ALIASES:
+        app.add_api_route(path, main.endpoint, methods=["POST"], summary=f"{main.summary} (as {main.path})")
+    for path, kind in OTHER_KIND.items():
+        if path not in routes:
+            app.add_api_route(path, _not_this_kind(kind), methods=["POST"], include_in_schema=False)
+    return routes | set(MAIN_ALIASES)
 
-    return set(tasks.get(spec.task).serving.routes)
+
+def _not_this_kind(kind: str):
+    async def refuse():
+        raise HTTPFailure(424, f"model is not {kind} model", "Backend")
+
+    return refuse
 
 
 def _add_task_route(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
@@ -456,15 +418,19 @@ def _add_task_route(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
         if serving.two_texts_are_a_pair and isinstance(value, list) and len(value) == 2 \
                 and all(isinstance(v, str) for v in value):
             value = tuple(value)  # TEI: a list of two texts is one pair
-        items, single = _as_list(value)
+        items, single = inputs_of(value)
         if serving.structured:
             items = [q.model_dump() for q in items]
         else:  # a pair is a tuple for the predictor (a list there is a batch)
             items = [tuple(i) if isinstance(i, (list, tuple)) else i for i in items]
-        _check_inputs(items, config.max_inputs)
+        check_inputs(items, config.max_inputs)
         answers = [a for a, _ in await run(items, **{name: getattr(body, name) for name in serving.options})]
-        return _json(answers[0] if single else answers)
+        return json_response(answers[0] if single else answers)
 
     predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI
     app.post(route, summary=f"{spec.task}: {request_model.__doc__.splitlines()[0]}")(predict)
     return {route}
+
+
+ROUTE_SETS = {"embed": (embedding_routes.add_routes,), "predict": (_add_task_route,),
+              "rerank": (_add_task_route, rerank_routes.add_routes)}  # by Serving.kind: the task's routes

@@ -44,6 +44,7 @@ class LRUCache:
         return len(self._items)
 
 
-def input_key(item) -> str:
-    """The exact input as a hashable key (a text, a [text, pair] list, a {question, context} object)."""
-    return item if isinstance(item, str) else json.dumps(item, sort_keys=True, ensure_ascii=False)
+def input_key(item) -> str | tuple:
+    """The exact input as a hashable key (a text, a [text, pair] list, token ids, a {question, context}
+    object); anything but a text is tagged, so the text "[101, 102]" and the ids [101, 102] differ."""
+    return item if isinstance(item, str) else ("json", json.dumps(item, sort_keys=True, ensure_ascii=False))

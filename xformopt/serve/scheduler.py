@@ -189,17 +189,18 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
 
-    async def submit(self, items: list, *, truncate: bool = True, **finish) -> list[tuple]:
+    async def submit(self, items: list, *, truncate: bool = True, cache: bool = True, **finish) -> list[tuple]:
         """(answer, tokens) per input, in order; raises Overloaded, DeadlineExceeded, BatchFailed,
-        InputError (an input the model cannot take)."""
+        InputError (an input the model cannot take). ``cache=False``: answers too large to keep (every
+        token's vector) are neither looked up nor kept."""
         loop = asyncio.get_running_loop()
         arrived = loop.time()
         options = (truncate, tuple(sorted(finish.items())))
         keys = [(input_key(item), options) for item in items]
-        answers = [self.results.get(k) for k in keys]
+        answers = [self.results.get(k) if cache else MISSING for k in keys]
         hits = sum(a is not MISSING for a in answers)
         self.metrics.cache.labels("hit").inc(hits)
-        self.metrics.cache.labels("miss").inc(len(items) - hits if self.results.capacity else 0)
+        self.metrics.cache.labels("miss").inc(len(items) - hits if self.results.capacity and cache else 0)
         missing = [i for i, a in enumerate(answers) if a is MISSING]
         if not missing:
             return answers
@@ -229,7 +230,8 @@ class Scheduler:
         computed = job.future.result()  # the batch's exception, if it failed
         for i, answer, key in zip(missing, computed, (keys[i] for i in missing)):
             answers[i] = answer
-            self.results.put(key, answer)
+            if cache:
+                self.results.put(key, answer)
         return answers
 
     def _backlog_s(self, more: int) -> float:

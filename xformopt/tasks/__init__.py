@@ -14,14 +14,15 @@ from xformopt.tasks import (
     generation,
     multiple_choice,
     question_answering,
+    ranking,
     summarization,
     token_classification,
     translation,
 )
 from xformopt.tasks.base import Metric, Task
 
-_MODULES = (classification, embeddings, generation, token_classification, question_answering, fill_mask, multiple_choice,
-            translation, summarization)  # encoder-decoder tasks last: detect() tries encoder heads first
+_MODULES = (classification, ranking, embeddings, generation, token_classification, question_answering, fill_mask,
+            multiple_choice, translation, summarization)  # encoder-decoder tasks last: detect() tries encoder heads first
 
 TASKS: dict[str, Task] = {m.TASK.name: m.TASK for m in _MODULES}
 
@@ -60,9 +61,8 @@ def detect(config: dict, decoder: bool, sentence_transformers: bool = False) -> 
     embeddings for encoders, generation for decoders. ``sentence_transformers``: the folder is a
     sentence-transformers model (modules.json), an embedder even where config.architectures still
     names its pretraining head (all-mpnet-base-v2 says MPNetForMaskedLM; its weights have no LM head)."""
-    architectures = config.get("architectures") or []
     for task in TASKS.values():
-        if task.decoder == decoder and any(a.endswith(task.architectures) for a in architectures if task.architectures):
+        if task.decoder == decoder and task.claims(config):
             if sentence_transformers and task is fill_mask.TASK:
                 break
             return task

@@ -87,6 +87,12 @@ class Task:
     refuses: ClassVar[dict[str, str]] = {
         "generate": f"generate needs a decoder ({', '.join(DECODERS)}) exported for text-generation"}
 
+    def claims(self, config: dict) -> bool:
+        """Whether a checkpoint's config says it was trained for this task (``tasks.detect`` asks each
+        task in turn): its config.architectures end with one of ``architectures``."""
+        names = config.get("architectures") or []
+        return bool(self.architectures) and any(a.endswith(self.architectures) for a in names)
+
     @property
     def decoder(self) -> bool:
         """Decoder families (KV cache) vs encoders: what ``tasks.detect`` matches against the family."""

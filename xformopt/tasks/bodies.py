@@ -4,10 +4,16 @@ only the server imports this module."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 Text = StrictStr  # numbers and nulls are refused, not turned into text
 Pair = tuple[Text, Text]
+# huggingface_hub's InferenceClient always sends a "parameters" object (function_to_apply, top_k,
+# aggregation_strategy); TEI ignores every field it does not know, these routes refuse unknown fields but
+# accept this one and ignore it, as TEI does
+Parameters = Field(None, description="What huggingface_hub's InferenceClient sends; accepted and ignored, as in TEI.")
 
 
 class ClassifyRequest(BaseModel):
@@ -18,6 +24,7 @@ class ClassifyRequest(BaseModel):
     inputs: Text | Pair | list[Text | Pair]
     raw_scores: StrictBool = Field(False, description="Logits instead of probabilities.")
     truncate: StrictBool = True
+    parameters: dict[str, Any] | None = Parameters
 
 
 class TokensRequest(BaseModel):
@@ -26,6 +33,7 @@ class TokensRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     inputs: Text | list[Text]
     truncate: StrictBool = True
+    parameters: dict[str, Any] | None = Parameters
 
 
 class Question(BaseModel):

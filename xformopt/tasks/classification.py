@@ -11,6 +11,14 @@ from xformopt.tasks.base import AGREEMENT, Metric, Task, argmax_budget_points
 from xformopt.tasks.heads import Head, Prepared, Serving, is_pair, row_of, tokenize
 
 
+def is_reranker(config: dict) -> bool:
+    """A sequence-classification head with one output scores a pair: a reranker (text-ranking), as TEI
+    tells them apart; a classifier has two labels or more."""
+    labels = config.get("id2label") or config.get("label2id") or {}
+    count = config.get("num_labels", len(labels) if isinstance(labels, dict) and labels else None)
+    return count == 1
+
+
 class ClassificationHead(Head):
     """``[{label, score}]`` per input, best first; texts or (text, text_pair) tuples."""
 
@@ -67,6 +75,9 @@ class TextClassification(Task):
     needs_labels = True
     passes = ("export", "fuse", "quantize", "prune", "distill")
     torch_objective = "logits"
+
+    def claims(self, config):
+        return super().claims(config) and not is_reranker(config)
 
     def score(self, outputs, baseline, data, seed=0):
         pred = outputs.argmax(-1)

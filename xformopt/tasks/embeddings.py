@@ -20,7 +20,7 @@ from xformopt.scoring.pooling import mean_pool
 from xformopt.scoring.probe import Probe
 from xformopt.scoring.retrieval import RECALL_AT, recall_at_k
 from xformopt.tasks.base import Metric, Task
-from xformopt.tasks.heads import Head, Serving, l2_normalize, single_rows
+from xformopt.tasks.heads import Head, Prepared, Serving, id_row, is_token_ids, l2_normalize, single_rows
 
 
 def _paired(outputs: np.ndarray) -> bool:
@@ -38,24 +38,36 @@ def _texts(outputs: np.ndarray) -> np.ndarray:
 
 
 class EmbeddingHead(Head):
-    """One vector per text, pooled as the model's sentence-transformers modules say."""
+    """One vector per text (or list of token ids), pooled as the model's sentence-transformers modules say."""
 
     embeds = True
 
     @staticmethod
-    def prepare(predictor, texts, truncate):
-        return single_rows(predictor, texts, truncate)[1]
+    def prepare(predictor, inputs, truncate):
+        texts = [i for i, x in enumerate(inputs) if not is_token_ids(x)]
+        out: list[Prepared | None] = [None] * len(inputs)
+        if texts:
+            for i, prepared in zip(texts, single_rows(predictor, [inputs[i] for i in texts], truncate)[1]):
+                out[i] = prepared
+        for i in sorted(set(range(len(inputs))) - set(texts)):
+            out[i] = Prepared([id_row(predictor, inputs[i], truncate, i)])
+        return out
 
     @staticmethod
-    def finish(predictor, prepared, outputs, normalize=None, **_):
-        vector = predictor.pooling(outputs[0].astype(np.float32))
+    def finish(predictor, prepared, outputs, normalize=None, dimensions=None, all_tokens=False, **_):
+        """The pooled vector; ``dimensions``: its first N, normalised after the cut (Matryoshka, as TEI
+        does it); ``all_tokens``: every token's vector instead, unpooled (TEI's /embed_all)."""
+        states = outputs[0].astype(np.float32)
+        if all_tokens:
+            return states
+        vector = predictor.pooling(states)[:dimensions]
         return l2_normalize(vector) if (predictor.pooling.normalize if normalize is None else normalize) else vector
 
 
 class FeatureExtraction(Task):
     name = "feature-extraction"
     head = EmbeddingHead
-    serving = Serving(routes=("/v1/embeddings", "/embed"), field="input")
+    serving = Serving(routes=("/v1/embeddings", "/embed"), main="/embed", kind="embed", field="input")
     summary = "sentence embeddings (mean-pooled token states)"
     auto_model = "AutoModel"
     headline = "cosine_to_baseline"

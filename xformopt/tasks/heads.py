@@ -60,19 +60,26 @@ class Head:
 class Serving:
     """How `xformopt serve` exposes a task and `xformopt loadtest` drives it.
 
-    ``routes``: the HTTP routes; the first is the one load tests post to, with the inputs under ``field``.
+    ``routes``: the HTTP routes; the first is the one load tests post to, with the inputs under ``field``;
+    ``main``: the one TEI also serves at ``POST /`` and ``/invocations`` (the first, unless named).
     ``body``: the request model's name in :mod:`xformopt.tasks.bodies` (pydantic, loaded only by the
     server); ``options``: the body fields passed on to ``predict``; ``two_texts_are_a_pair``: TEI's
     ``[a, b]`` is one pair; ``structured``: inputs are objects (dumped to dicts), and a load test needs
     rows of them; ``warmup``: one input built from a warm-up text."""
 
     routes: tuple[str, ...]
+    main: str | None = None  # TEI's main route, also at POST / and /invocations [default: the first route]
+    kind: str = "predict"  # which route set serve builds: "embed", "predict" (the body below), "rerank"
     field: str = "inputs"
     body: str | None = None
     options: tuple[str, ...] = ("truncate",)
     two_texts_are_a_pair: bool = False
     structured: str | None = None  # what a structured input holds, for messages ("question and context")
     warmup: Callable[[str], Any] = lambda text: text  # noqa: E731 (the default: the text itself)
+
+    @property
+    def main_route(self) -> str:
+        return self.main or self.routes[0]
 
     def request_model(self):
         return getattr(importlib.import_module("xformopt.tasks.bodies"), self.body) if self.body else None
@@ -105,6 +112,28 @@ def tokenize(predictor, texts: list[str], pairs: list[str] | None, truncate: boo
 
 def row_of(encoded, i: int) -> Row:
     return Row({k: list(encoded[k][i]) for k in FEATURES if k in encoded})
+
+
+def is_token_ids(value) -> bool:
+    """A list of token ids (TEI and OpenAI take them in place of a text)."""
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
+
+
+def id_row(predictor, ids: list[int], truncate: bool, index: int) -> Row:
+    """One input given as token ids, fed as given (no special tokens added, as TEI and OpenAI do); cut at
+    the model's limit, or an InputError naming it with ``truncate=False``."""
+    vocab = len(predictor.tokenizer)
+    if any(not 0 <= i < vocab for i in ids):
+        raise InputError(f"input {index} has a token id outside the model's vocabulary of {vocab}")
+    if len(ids) > predictor.max_length:
+        if not truncate:
+            raise InputError(f"input {index} has {len(ids)} tokens, more than the model's {predictor.max_length}; "
+                             "shorten it or allow truncation (truncate: true)")
+        ids = ids[:predictor.max_length]
+    features = {"input_ids": list(ids), "attention_mask": [1] * len(ids)}
+    if "token_type_ids" in predictor.tokenizer.model_input_names:
+        features["token_type_ids"] = [0] * len(ids)
+    return Row(features)
 
 
 def single_rows(predictor, texts: list, truncate: bool, **extra) -> tuple[Any, list[Prepared]]:

