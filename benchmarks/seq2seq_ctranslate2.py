@@ -50,7 +50,7 @@ def xformopt_int8(src: Path, root: Path) -> Path:
     for name in ("export", "fuse", "quantize"):
         out = root / name
         options = {"select": "all"} if name == "fuse" else {}
-        run_single(name, str(previous), out, options, log=lambda m: print(f"  {m}", file=sys.stderr))
+        run_single(name, str(previous), out, options, force=True)
         previous = out
     return previous
 
