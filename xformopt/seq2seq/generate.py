@@ -166,7 +166,7 @@ def beam_search(runner, input_ids, attention_mask, settings: GenerationSettings)
         log_probs = process(log_probs, flat, settings).reshape(batch, beams, -1)
         vocab = log_probs.shape[-1]
         total = (log_probs + running_scores[:, :, None]).reshape(batch, -1)
-        top = np.argsort(-total, axis=1, kind="stable")[:, :keep]
+        top = top_k(total, keep)
         top_scores = np.take_along_axis(total, top, axis=1)
         src_beam, token = top // vocab, top % vocab
         candidates = np.take_along_axis(running, src_beam[:, :, None], axis=1).copy()
@@ -201,13 +201,29 @@ def beam_search(runner, input_ids, attention_mask, settings: GenerationSettings)
         open_beam = not (is_finished.all() and settings.early_stopping is True)
         if not (improvable.any() and open_beam and not hits.all()) or cur >= max_length:
             break
-        cache = cache.select(beam_rows)
+        cache = cache.reorder(beam_rows)
         logits, cache = runner.step(running[:, :, cur - 1].reshape(-1, 1), cache)
     out = []
     for b in range(batch):
         seq = finished[b, 0, :finished_lengths[b, 0]]
         out.append(seq)
     return _strip(_pad(out, settings.pad_token_id), settings)
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the indices of the ``k`` largest scores, exactly ``np.argsort(-scores, kind="stable")[:, :k]``
+    (descending, a tie to the lower index) without sorting the row: beam search ranks beams x vocabulary
+    scores per step, and sorting 4 x 32128 took 50 ms of a 60 ms t5-small step."""
+    if scores.shape[1] <= 4 * k:
+        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]  # the k-th largest value of each row
+    out = np.empty((len(scores), k), dtype=np.int64)
+    for r, (row, value) in enumerate(zip(scores, kth)):
+        above = np.flatnonzero(row > value)
+        tied = np.flatnonzero(row == value)[:k - len(above)]  # the lowest indices among ties at the k-th place
+        picked = np.concatenate([above, tied])
+        out[r] = picked[np.argsort(-row[picked], kind="stable")]
+    return out
 
 
 def _pad(rows: list[np.ndarray], pad: int) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 
 from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
-from xformopt.runtime.session import ort_session
+from xformopt.runtime.session import DECODER_SPIN_US, ort_session
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
 
 
@@ -32,6 +32,14 @@ class Cache:
         """The cache of ``rows`` (beam reordering, a batch's rows repeated per beam)."""
         rows = np.asarray(rows)
         return Cache(self.mask[rows], [a[rows] for a in self.self_kv], [a[rows] for a in self.cross_kv])
+
+    def reorder(self, rows) -> Cache:
+        """The cache after beam search picks ``rows`` (each a beam of the same source): only the self-attention
+        past differs between a source's beams, so the source mask and cross-attention cache stay as they are."""
+        rows = np.asarray(rows)
+        if np.array_equal(rows, np.arange(len(rows))):
+            return self
+        return Cache(self.mask, [a[rows] for a in self.self_kv], self.cross_kv)
 
     @property
     def length(self) -> int:
@@ -52,8 +60,13 @@ class OrtSeq2Seq:
     def __init__(self, path: str | Path, threads: int | None = None):
         self.path = Path(path)
         self.encoder = ort_session(self.path / ENCODER_FILE, threads)
-        self.decoder = ort_session(self.path / DECODER_FILE, threads)
+        # the decoder's workers spin between its many small ops, as a decoder-only model's do (runtime.session)
+        self.decoder = ort_session(self.path / DECODER_FILE, threads, spinning=True, spin_us=DECODER_SPIN_US)
         self.past_names = [i.name for i in self.decoder.get_inputs()][2:]
+        outputs = self.decoder.get_outputs()
+        self.present_names = [o.name for o in outputs[1:]]
+        vocab = outputs[0].shape[-1]
+        self.vocab = vocab if isinstance(vocab, int) else None  # else read off the first step's logits
         self.config = json.loads((self.path / "config.json").read_text(encoding="utf-8"))
 
     @staticmethod
@@ -73,6 +86,7 @@ class OrtSeq2Seq:
     def start(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> tuple[np.ndarray, Cache]:
         feed = self.encoder_feed(input_ids, attention_mask)
         out = self.encoder.run(None, feed)
+        self.vocab = self.vocab or int(out[1].shape[-1])
         self_kv, cross_kv = split_present(out[2:], cross=True)
         return out[1][:, -1].astype(np.float32), Cache(feed["attention_mask"], self_kv, cross_kv)
 
@@ -81,8 +95,29 @@ class OrtSeq2Seq:
                                                         "attention_mask": attention_mask.astype(np.int64)})[0]
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
-        out = self.decoder.run(None, self.decoder_feed(tokens, cache))
-        return out[0][:, -1].astype(np.float32), Cache(cache.mask, list(out[1:]), cache.cross_kv)
+        """One cached step with IO binding: ORT reads the cache's arrays where they lie and writes the logits
+        and the grown self-attention past straight into arrays allocated here, which the next step reads in
+        turn (``run`` would allocate its outputs and copy each into a new numpy array)."""
+        if self.vocab is None:
+            out = self.decoder.run(None, self.decoder_feed(tokens, cache))
+            self.vocab = int(out[0].shape[-1])
+            return out[0][:, -1].astype(np.float32), Cache(cache.mask, list(out[1:]), cache.cross_kv)
+        binding = self.decoder.io_binding()
+        for name, array in self.decoder_feed(tokens, cache).items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        batch, new = tokens.shape
+        logits = _bind_new(binding, "logits", (batch, new, self.vocab), np.float32)
+        presents = [_bind_new(binding, name, (*past.shape[:2], past.shape[2] + new, *past.shape[3:]), past.dtype)
+                    for name, past in zip(self.present_names, cache.self_kv)]
+        self.decoder.run_with_iobinding(binding)
+        return logits[:, -1], Cache(cache.mask, presents, cache.cross_kv)
+
+
+def _bind_new(binding, name: str, shape: tuple, dtype) -> np.ndarray:
+    """A new array bound as the output ``name``: ORT writes into it."""
+    array = np.empty(shape, dtype=dtype)
+    binding.bind_output(name, "cpu", 0, array.dtype, list(shape), array.ctypes.data)
+    return array
 
 
 def decoder_start_token(model) -> int:
