@@ -57,8 +57,10 @@ def split_present(arrays: list[np.ndarray], cross: bool) -> tuple[list, list]:
 class OrtSeq2Seq:
     """The two graphs of a seq2seq artifact in ONNX Runtime sessions."""
 
-    def __init__(self, path: str | Path, threads: int | None = None):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, threads: int | None = None, bind_io: bool = True):
+        """``bind_io=False``: each step through ``run`` with numpy outputs (the loop before IO binding, kept to
+        compare against)."""
+        self.path, self.bind_io = Path(path), bind_io
         self.encoder = ort_session(self.path / ENCODER_FILE, threads)
         # the decoder's workers spin between its many small ops, as a decoder-only model's do (runtime.session)
         self.decoder = ort_session(self.path / DECODER_FILE, threads, spinning=True, spin_us=DECODER_SPIN_US)
@@ -98,7 +100,7 @@ class OrtSeq2Seq:
         """One cached step with IO binding: ORT reads the cache's arrays where they lie and writes the logits
         and the grown self-attention past straight into arrays allocated here, which the next step reads in
         turn (``run`` would allocate its outputs and copy each into a new numpy array)."""
-        if self.vocab is None:
+        if self.vocab is None or not self.bind_io:
             out = self.decoder.run(None, self.decoder_feed(tokens, cache))
             self.vocab = int(out[0].shape[-1])
             return out[0][:, -1].astype(np.float32), Cache(cache.mask, list(out[1:]), cache.cross_kv)
