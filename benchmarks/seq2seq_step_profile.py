@@ -1,15 +1,16 @@
 """Where one decode step's time goes, before and after issue 55, on an encoder-decoder INT8 artifact.
 
 Before: the decoder graph as quantize wrote it until then (a tied LM head read transposed stayed float32), each
-step through ``session.run`` with numpy outputs, workers sleeping between ops, and the search of the branch
+step through ``session.run`` with numpy outputs, and the search of the branch
 point (commit ``BEFORE``: beam candidates ranked by a stable sort of beams x vocabulary). After: this tree.
 Both generate exactly ``--tokens`` tokens from the same source, interleaved round by round.
 
 Per step, in milliseconds (medians over rounds):
-- operators: the sum of ORT's kernel times (ORT's profiler, a separate session on a step's real feed at the
-  middle of the output);
-- ORT around the kernels: ORT's own ``model_run`` time less the operators;
-- binding and call: the Python call into ORT (``run`` / ``run_with_iobinding``) less ``model_run``;
+- ORT call: the Python call into ORT (``run`` / ``run_with_iobinding``), timed in the loop;
+- of which operators: that call times the kernels' share of ORT's ``model_run`` in ORT's profiler (a separate
+  profiled session on a step's real feed from the end of the output; profiling slows a run, so its own
+  times are not subtracted from the unprofiled call); the rest of the call is ORT's framework, input and
+  output binding;
 - runner Python: the runner's ``step`` less the call into ORT;
 - search Python: the search's own work per step (the sentence's time less start and steps, per step).
 
@@ -95,21 +96,16 @@ class Timed:
 
 
 def variant(path: Path, threads: int, after: bool):
-    from xformopt.runtime.session import ort_session
     from xformopt.seq2seq.runner import OrtSeq2Seq
 
-    runner = OrtSeq2Seq(path, threads, bind_io=after)
-    if not after:
-        runner.decoder = ort_session(path / "decoder.onnx", threads)  # workers sleep between ops, as before
-    return runner
+    return OrtSeq2Seq(path, threads, bind_io=after)
 
 
-def operators(path: Path, threads: int, after: bool, feed: dict, runs: int = 20) -> tuple[float, float]:
+def operators(path: Path, threads: int, feed: dict, runs: int = 20) -> tuple[float, float]:
     """(sum of kernel times, ORT's model_run) per run, ms, medians, from ORT's profiler."""
-    from xformopt.runtime.session import DECODER_SPIN_US, ort_session
+    from xformopt.runtime.session import ort_session
 
-    session = ort_session(path / "decoder.onnx", threads, profile_prefix=str(path / "profile"), spinning=after,
-                          spin_us=DECODER_SPIN_US if after else None)
+    session = ort_session(path / "decoder.onnx", threads, profile_prefix=str(path / "profile"))
     for _ in range(runs):
         session.run(None, feed)
     trace = session.end_profiling()
@@ -180,11 +176,13 @@ def summarise(name: str, threads: int, beams: int, rounds: list[dict], start_ms:
     steps = rounds[0]["steps"]
     tokens, cache = rounds[-1]["timed"].last_feed
     feed = rounds[-1]["timed"].runner.decoder_feed(tokens, cache)
-    ops, model_run = operators(path, threads, name == "after", feed)
+    ops, model_run = operators(path, threads, feed)
     search = float(np.median([(r["outside_steps_s"] * 1e3 - start_ms) / steps for r in rounds]))
+    call = med("call_ms")
     return {"variant": name, "threads": threads, "beams": beams, "tokens_per_s": 1e3 / med("per_token_ms"),
-            "per_token_ms": med("per_token_ms"), "operators_ms": ops, "ort_around_kernels_ms": model_run - ops,
-            "binding_and_call_ms": med("call_ms") - model_run, "runner_python_ms": med("step_ms") - med("call_ms"),
+            "per_token_ms": med("per_token_ms"), "ort_call_ms": call, "operators_ms": call * ops / model_run,
+            "ort_framework_and_binding_ms": call * (1 - ops / model_run), "profiled_operators_ms": ops,
+            "profiled_model_run_ms": model_run, "runner_python_ms": med("step_ms") - call,
             "search_python_ms": search, "start_ms": start_ms}
 
 
@@ -192,11 +190,11 @@ def write(out: Path, rows: list[dict]) -> None:
     from xformopt.measure.host import cpu_model
 
     (out / "results.json").write_text(json.dumps({"cpu": cpu_model(), "rows": rows}, indent=1) + "\n")
-    lines = ["| variant | threads | beams | tokens/s | ms/token | operators | ORT around kernels | binding + call | "
+    lines = ["| variant | threads | beams | tokens/s | ms/token | ORT call | of which operators | ORT framework + binding | "
              "runner Python | search Python |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['threads']} | {r['beams']} | {r['tokens_per_s']:.0f} | {r['per_token_ms']:.1f} | "
-                     f"{r['operators_ms']:.1f} | {r['ort_around_kernels_ms']:.1f} | {r['binding_and_call_ms']:.1f} | "
+                     f"{r['ort_call_ms']:.1f} | {r['operators_ms']:.1f} | {r['ort_framework_and_binding_ms']:.1f} | "
                      f"{r['runner_python_ms']:.2f} | {r['search_python_ms']:.1f} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

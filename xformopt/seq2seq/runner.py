@@ -15,7 +15,7 @@ import numpy as np
 
 from xformopt.models.cache_names import cache_kwargs, output_cache
 from xformopt.models.quiet import load_quietly
-from xformopt.runtime.session import DECODER_SPIN_US, ort_session
+from xformopt.runtime.session import ort_session
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
 
 
@@ -62,8 +62,9 @@ class OrtSeq2Seq:
         compare against)."""
         self.path, self.bind_io = Path(path), bind_io
         self.encoder = ort_session(self.path / ENCODER_FILE, threads)
-        # the decoder's workers spin between its many small ops, as a decoder-only model's do (runtime.session)
-        self.decoder = ort_session(self.path / DECODER_FILE, threads, spinning=True, spin_us=DECODER_SPIN_US)
+        # workers sleep between ops (the session default): letting them spin, as a decoder-only model's do, made
+        # t5-small's steps slower at 2 threads on a shared 2-core host (0.66x greedy, 0.53x with 4 beams; docs/seq2seq.md)
+        self.decoder = ort_session(self.path / DECODER_FILE, threads)
         self.past_names = [i.name for i in self.decoder.get_inputs()][2:]
         outputs = self.decoder.get_outputs()
         self.present_names = [o.name for o in outputs[1:]]
