@@ -1,7 +1,8 @@
 """The decode loop of issue 55 against the loop before it, token for token, on an artifact's held-out sources.
 
 Before: the search of commit ``BEFORE`` (scores in float64, stable sort) over ``session.run`` steps; after: this
-tree (float32 scores as transformers keeps them, partition top-k, IO-bound steps). Both at batch 1 on the
+tree (float32 scores as transformers keeps them, partition top-k), its steps IO-bound (the path ``bind_io=True``
+takes, so both step kinds are covered). Both at batch 1 on the
 vendored reverse test split (100 sources), greedy and ``--beams``; a differing row is printed with both
 outputs and the after loop's top two first-step scores.
 
@@ -37,7 +38,7 @@ def main() -> None:
     before = old_search()
     tokenizer = load_tokenizer(args.artifact)
     sources = [json.loads(line)["source"] for line in word_seq2seq_path("reverse", "test").read_text().splitlines()]
-    runners = {"before": OrtSeq2Seq(args.artifact, 1, bind_io=False), "after": OrtSeq2Seq(args.artifact, 1)}
+    runners = {"before": OrtSeq2Seq(args.artifact, 1, bind_io=False), "after": OrtSeq2Seq(args.artifact, 1, bind_io=True)}
     result = {"artifact": str(args.artifact), "before_commit": BEFORE, "sources": len(sources), "by_beams": {}}
     for beams in (1, args.beams):
         settings = GenerationSettings.from_model_dir(args.artifact).with_(max_new_tokens=args.max_new_tokens,

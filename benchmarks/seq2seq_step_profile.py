@@ -1,7 +1,7 @@
 """Where one decode step's time goes, before and after issue 55, on an encoder-decoder INT8 artifact.
 
-Before: the decoder graph as quantize wrote it until then (a tied LM head read transposed stayed float32), each
-step through ``session.run`` with numpy outputs, and the search of the branch
+Before: the decoder graph as quantize wrote it until then (a tied LM head read transposed stayed float32) and the
+search of the branch
 point (commit ``BEFORE``: beam candidates ranked by a stable sort of beams x vocabulary). After: this tree.
 Both generate exactly ``--tokens`` tokens from the same source, interleaved round by round.
 
@@ -95,10 +95,10 @@ class Timed:
         return out
 
 
-def variant(path: Path, threads: int, after: bool):
+def variant(path: Path, threads: int):
     from xformopt.seq2seq.runner import OrtSeq2Seq
 
-    return OrtSeq2Seq(path, threads, bind_io=after)
+    return OrtSeq2Seq(path, threads)  # both through ``run``: IO binding measured slower (docs/seq2seq.md)
 
 
 def operators(path: Path, threads: int, feed: dict, runs: int = 20) -> tuple[float, float]:
@@ -148,7 +148,7 @@ def main() -> None:
     mask = np.ones_like(ids)
     rows = []
     for threads in (int(t) for t in args.threads.split(",")):
-        runners = {name: variant(paths[name], threads, name == "after") for name in paths}
+        runners = {name: variant(paths[name], threads) for name in paths}
         timers = {name: Timed(runner) for name, runner in runners.items()}
         for beams in (int(b) for b in args.beams.split(",")):
             settings = GenerationSettings.from_model_dir(args.artifact).with_(

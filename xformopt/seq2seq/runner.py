@@ -57,9 +57,10 @@ def split_present(arrays: list[np.ndarray], cross: bool) -> tuple[list, list]:
 class OrtSeq2Seq:
     """The two graphs of a seq2seq artifact in ONNX Runtime sessions."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, bind_io: bool = True):
-        """``bind_io=False``: each step through ``run`` with numpy outputs (the loop before IO binding, kept to
-        compare against)."""
+    def __init__(self, path: str | Path, threads: int | None = None, bind_io: bool = False):
+        """``bind_io``: each step with IO binding (:meth:`step`). Off by default: measured interleaved on the shared
+        2-vCPU host, binding ten to thirty inputs and outputs per step cost more than ``run``'s numpy outputs
+        (t5-small shapes, batch 1: 0.87x greedy, 0.97x with 4 beams; 1.06x at batch 8 with 4 beams; docs/seq2seq.md)."""
         self.path, self.bind_io = Path(path), bind_io
         self.encoder = ort_session(self.path / ENCODER_FILE, threads)
         # workers sleep between ops (the session default): letting them spin, as a decoder-only model's do, made
@@ -98,9 +99,8 @@ class OrtSeq2Seq:
                                                         "attention_mask": attention_mask.astype(np.int64)})[0]
 
     def step(self, tokens: np.ndarray, cache: Cache) -> tuple[np.ndarray, Cache]:
-        """One cached step with IO binding: ORT reads the cache's arrays where they lie and writes the logits
-        and the grown self-attention past straight into arrays allocated here, which the next step reads in
-        turn (``run`` would allocate its outputs and copy each into a new numpy array)."""
+        """One cached step. Through ``run`` by default; with ``bind_io``, IO binding: ORT reads the cache's arrays
+        where they lie and writes the logits and the grown self-attention past into arrays allocated here."""
         if self.vocab is None or not self.bind_io:
             out = self.decoder.run(None, self.decoder_feed(tokens, cache))
             self.vocab = int(out[0].shape[-1])
