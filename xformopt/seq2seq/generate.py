@@ -135,7 +135,7 @@ def greedy(runner, input_ids, attention_mask, settings: GenerationSettings) -> l
         token = process(logits.copy(), sequences, settings).argmax(-1)
         token = np.where(done, settings.pad_token_id, token)
         sequences = np.concatenate([sequences, token[:, None]], axis=1)
-        done |= np.isin(token, eos)
+        done |= _is_eos(token, eos)
         if done.all():
             break
     return _strip(sequences, settings)
@@ -173,7 +173,7 @@ def beam_search(runner, input_ids, attention_mask, settings: GenerationSettings)
         src_beam, token = top // vocab, top % vocab
         candidates = np.take_along_axis(running, src_beam[:, :, None], axis=1).copy()
         candidates[:, :, cur] = token
-        hits = np.isin(token, eos) | (cur + 1 >= max_length)
+        hits = _is_eos(token, eos) | (cur + 1 >= max_length)
         # e. the best unfinished continuations run on
         alive_scores = top_scores + hits * NEG32
         nxt = np.argsort(-alive_scores, axis=1, kind="stable")[:, :beams]
@@ -227,6 +227,11 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
         picked = np.concatenate([above, tied])
         out[r] = picked[np.argsort(-row[picked], kind="stable")]
     return out
+
+
+def _is_eos(tokens: np.ndarray, eos: np.ndarray) -> np.ndarray:
+    """``np.isin(tokens, eos)`` for the one to few EOS ids of a generation config (np.isin took 0.2 ms a step)."""
+    return (tokens[..., None] == eos).any(axis=-1)
 
 
 def _pad(rows: list[np.ndarray], pad: int) -> np.ndarray:
