@@ -1,16 +1,26 @@
-"""xformopt's INT8 encoder-decoder artifact against CTranslate2's INT8 and PyTorch: same model, same
-inputs, same threads, one interleaved run (each round: every engine translates the same sentence at
-batch 1, greedy, in a shuffled order).
+"""xformopt's INT8 encoder-decoder artifact against CTranslate2's INT8: same model, same inputs, same threads,
+same beam settings, one interleaved run.
 
-Two models, both T5 built in code (no checkpoint is reachable offline; CTranslate2 4.8's converter
-fails on transformers 5's BART config and on our word-level Marian vocabulary, T5 converts):
+Each cell (model x threads x beams, batch 1) is a run of rounds; in each round both engines translate the same
+source in a shuffled order, and the round's ratio is xformopt's tokens/s over CTranslate2's. A cell reports the
+median ratio and a bootstrap 95% interval of that median (rounds resampled). Beside the batch-1 cells, each
+model and thread count also gets a batch-8 cell (eight sources in one call of each engine's batch API).
 
-- ``trained``: the tiny T5 of tests/tiny_seq2seq.py trained 800 steps on the reverse task, scored by BLEU
-  on the vendored reverse test split (meaningful: the model learned the task);
-- ``t5-small``: random weights with t5-small's shapes (d_model 512, 6+6 layers, 8 heads, d_ff 2048,
-  vocab 32128) for speed only: every engine generates exactly ``--tokens`` tokens (min = max length).
+Three T5 models built in code (no checkpoint is reachable offline; CTranslate2 4.8's converter fails on
+transformers 5's BART config and on our word-level Marian vocabulary, T5 converts):
 
-Run: python benchmarks/seq2seq_ctranslate2.py --threads 2 --out benchmarks/results/seq2seq-ctranslate2
+- ``trained``: the tiny T5 of tests/tiny_seq2seq.py trained 800 steps on the reverse task; generation stops
+  at EOS (outputs are 3-10 tokens), up to ``--tokens``;
+- ``t5-small``: random weights, t5-small's shapes (d_model 512, 6 + 6 layers, 8 heads of 64, ReLU FFN 2048,
+  vocab 32128, tied head);
+- ``flan-t5-small``: random weights, flan-t5-small's shapes (6 heads of 64 in a 512 stream, gated-GELU FFN
+  1024, 8 + 8 layers, untied head).
+
+On the random models both engines generate exactly ``--tokens`` tokens (minimum = maximum length). Beam
+settings on both: ``--beams`` beams, length penalty 1.0, no early stop (ours: ``early_stopping=False``;
+CTranslate2 has no early stop), one hypothesis returned.
+
+Run: python benchmarks/seq2seq_ctranslate2.py --out benchmarks/results/seq2seq-ctranslate2
 Needs: pip install 'xformopt[ctranslate2]'.
 """
 
@@ -27,17 +37,24 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tiny_seq2seq: models built in code
 
+MODELS = ("trained", "t5-small", "flan-t5-small")
+T5_SMALL = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8)
 
-def build(kind: str, root: Path, trained: Path | None = None) -> Path:
-    from tiny_seq2seq import build_seq2seq
+
+def build(kind: str, root: Path) -> Path:
+    import torch
+    import transformers
+    from tiny_seq2seq import FLAN_T5_SMALL, build_seq2seq, make_config
 
     if kind == "trained":
-        return trained or build_seq2seq(root / "hf", "t5", train_steps=800)
-    import transformers
-
+        return build_seq2seq(root / "hf", "t5", train_steps=800)
     directory = build_seq2seq(root / "hf", "t5")  # the tokenizer; the model is replaced below
-    config = transformers.T5Config(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6,
-                                   num_heads=8, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    if kind == "t5-small":
+        config = transformers.T5Config(**T5_SMALL, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    else:
+        config = make_config("t5", **FLAN_T5_SMALL)
+        config.relative_attention_num_buckets = 32  # the checkpoint's (the tiny default is 8)
+    torch.manual_seed(0)
     transformers.T5ForConditionalGeneration(config).eval().save_pretrained(directory)
     return directory
 
@@ -49,105 +66,116 @@ def xformopt_int8(src: Path, root: Path) -> Path:
     previous = src
     for name in ("export", "fuse", "quantize"):
         out = root / name
-        options = {"select": "all"} if name == "fuse" else {}
-        run_single(name, str(previous), out, options, log=lambda m: print(f"  {m}", file=sys.stderr))
+        if not (out / "manifest.json").is_file():
+            run_single(name, str(previous), out, {"select": "all"} if name == "fuse" else {}, force=True)
         previous = out
     return previous
 
 
+def prepared(kind: str, work: Path) -> tuple[Path, Path, Path]:
+    """(the Hugging Face folder, xformopt's INT8 artifact, CTranslate2's INT8 folder), built once under ``work``."""
+    import ctranslate2
+
+    root = work / kind
+    src = root / "hf" if (root / "hf" / "config.json").is_file() else build(kind, root)
+    artifact = xformopt_int8(src, root)
+    ct2_dir = root / "ct2-int8"
+    if not (ct2_dir / "model.bin").is_file():
+        ctranslate2.converters.TransformersConverter(str(src)).convert(str(ct2_dir), quantization="int8", force=True)
+    return src, artifact, ct2_dir
+
+
+def engines(src: Path, artifact: Path, ct2_dir: Path, threads: int, beams: int, tokens: int, fixed: bool):
+    """Two callables, list of sources -> list of generated token counts (EOS counted where reached)."""
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    from xformopt.seq2seq.text import Text2TextModel
+
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    ours = Text2TextModel(artifact, threads=threads)
+    settings = ours.settings.with_(max_new_tokens=tokens, num_beams=beams, length_penalty=1.0, early_stopping=False,
+                                   min_new_tokens=tokens if fixed else 0)
+    ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="int8", intra_threads=threads, inter_threads=1)
+
+    def run_ours(texts):
+        return [len(g.ids) for g in ours.generate(texts, settings)]
+
+    def run_ct2(texts):
+        batch = [tokenizer.convert_ids_to_tokens(tokenizer(t)["input_ids"]) for t in texts]
+        out = ct2.translate_batch(batch, beam_size=beams, length_penalty=1.0, max_decoding_length=tokens,
+                                  min_decoding_length=tokens if fixed else 0, num_hypotheses=1, return_end_token=True)
+        return [len(r.hypotheses[0]) for r in out]
+
+    return {"xformopt int8": run_ours, "ctranslate2 int8": run_ct2}
+
+
+def bootstrap_median(values: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    rng = np.random.default_rng(seed)
+    medians = np.median(values[rng.integers(0, len(values), (reps, len(values)))], axis=1)
+    return float(np.quantile(medians, 0.025)), float(np.quantile(medians, 0.975))
+
+
+def cell(fns: dict, texts: list[str], rounds: int, batch: int, seed: int) -> dict:
+    """Interleaved rounds; per round each engine's tokens/s on the same sources, and their ratio."""
+    for fn in fns.values():  # warm-up
+        fn(texts[:batch])
+    rates = {name: [] for name in fns}
+    order, rng = list(fns), random.Random(seed)
+    for r in range(rounds):
+        chunk = [texts[(r * batch + i) % len(texts)] for i in range(batch)]
+        rng.shuffle(order)
+        for name in order:
+            started = time.perf_counter()
+            count = sum(fns[name](chunk))
+            rates[name].append(count / (time.perf_counter() - started))
+    ratio = np.asarray(rates["xformopt int8"]) / np.asarray(rates["ctranslate2 int8"])
+    low, high = bootstrap_median(ratio)
+    return {"rounds": rounds, "batch": batch, "ratio_median": float(np.median(ratio)), "ratio_ci95": [low, high],
+            **{f"{name} tokens/s median": float(np.median(v)) for name, v in rates.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="trained,t5-small")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=60)
-    parser.add_argument("--tokens", type=int, default=32, help="t5-small: tokens every engine generates")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--beams", default="1,4")
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--batch8-rounds", type=int, default=5, help="rounds of the batch-8 cell (0: none)")
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens (random models: exactly this many)")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--trained-dir", type=Path, help="a tiny T5 already trained (tests/tiny_seq2seq.py, 800 steps)")
+    parser.add_argument("--work", type=Path, help="where models and artifacts are built (reused); default OUT/work")
     args = parser.parse_args()
     import ctranslate2
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from xformopt.measure.host import cpu_model, effective_cpu_flags, library_versions
     from xformopt.resources import word_seq2seq_path
-    from xformopt.scoring.text_generation import bleu
-    from xformopt.seq2seq.text import Text2TextModel
 
-    torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = [json.loads(line) for line in word_seq2seq_path("reverse", "test").read_text().splitlines()]
+    texts = [r["source"] for r in rows]
     results = {"host": {"cpu": cpu_model(), "flags": sorted(f for f in effective_cpu_flags()
                                                            if f in ("avx2", "avx512f", "avx512_vnni", "amx_int8"))},
                "versions": {**library_versions(), "ctranslate2": ctranslate2.__version__},
-               "threads": args.threads, "rounds": args.rounds, "models": {}}
+               "tokens": args.tokens, "cells": []}
     for kind in args.models.split(","):
-        root = args.out / "work" / kind
-        print(f"[{kind}] building, exporting, converting", file=sys.stderr)
-        src = build(kind, root, args.trained_dir)
-        artifact = xformopt_int8(src, root)
-        ct2_dir = root / "ct2-int8"
-        ctranslate2.converters.TransformersConverter(str(src)).convert(str(ct2_dir), quantization="int8", force=True)
-        tokenizer = AutoTokenizer.from_pretrained(src)
-        hf = AutoModelForSeq2SeqLM.from_pretrained(src).eval()
-        ours = Text2TextModel(artifact, threads=args.threads)
-        ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="int8", intra_threads=args.threads,
-                                     inter_threads=1)
-        fixed = kind != "trained"
-        n = args.tokens if fixed else 24
-        settings = ours.settings.with_(max_new_tokens=n, num_beams=1, **({"min_new_tokens": n} if fixed else {}))
-        extra = {"min_new_tokens": n} if fixed else {}
-
-        def run_torch(text):
-            enc = tokenizer([text], return_tensors="pt")
-            with torch.no_grad():
-                out = hf.generate(**enc, max_new_tokens=n, num_beams=1, do_sample=False, **extra)[0, 1:].tolist()
-            return out
-
-        def run_ours(text):
-            return ours.generate([text], settings)[0].ids
-
-        def run_ct2(text):
-            tokens = tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])
-            out = ct2.translate_batch([tokens], beam_size=1, max_decoding_length=n,
-                                      min_decoding_length=n if fixed else 0)[0].hypotheses[0]
-            return tokenizer.convert_tokens_to_ids(out)
-
-        engines = {"pytorch fp32": run_torch, "xformopt int8": run_ours, "ctranslate2 int8": run_ct2}
-        texts = [r["source"] for r in rows]
-        for fn in engines.values():  # warm-up
-            for t in texts[:3]:
-                fn(t)
-        times = {k: [] for k in engines}
-        counts = {k: [] for k in engines}
-        order = list(engines)
-        rng = random.Random(0)
-        for r in range(args.rounds):
-            rng.shuffle(order)
-            for name in order:
-                started = time.perf_counter()
-                ids = engines[name](texts[r % len(texts)])
-                times[name].append(time.perf_counter() - started)
-                counts[name].append(len(ids))
-        table = {}
-        for name, fn in engines.items():
-            entry = {"median_ms": float(np.median(times[name]) * 1e3),
-                     "tokens_per_s": float(sum(counts[name]) / sum(times[name])),
-                     "mean_tokens": float(np.mean(counts[name]))}
-            if not fixed:
-                hyps = [tokenizer.decode(fn(t), skip_special_tokens=True).strip() for t in texts]
-                entry["bleu"] = bleu(hyps, [r["target"] for r in rows])["value"]
-            table[name] = entry
-        base = table["pytorch fp32"]["tokens_per_s"]
-        for entry in table.values():
-            entry["tokens_per_s_vs_pytorch"] = entry["tokens_per_s"] / base
-        results["models"][kind] = table
-        print(json.dumps({kind: table}, indent=1), file=sys.stderr)
+        src, artifact, ct2_dir = prepared(kind, args.work or args.out / "work")
+        for threads in (int(t) for t in args.threads.split(",")):
+            for beams in (int(b) for b in args.beams.split(",")):
+                fns = engines(src, artifact, ct2_dir, threads, beams, args.tokens, fixed=kind != "trained")
+                for batch, rounds in ((1, args.rounds), (8, args.batch8_rounds)):
+                    if rounds:
+                        row = {"model": kind, "threads": threads, "beams": beams,
+                               **cell(fns, texts, rounds, batch, seed=threads * 10 + beams)}
+                        results["cells"].append(row)
+                        print(json.dumps(row), file=sys.stderr, flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = ["| model | engine | BLEU | median ms / sentence | tokens/s | x PyTorch |", "|---|---|---|---|---|---|"]
-    for kind, table in results["models"].items():
-        for name, e in table.items():
-            lines.append(f"| {kind} | {name} | {e.get('bleu', float('nan')):.2f} | {e['median_ms']:.2f} | "
-                         f"{e['tokens_per_s']:.0f} | {e['tokens_per_s_vs_pytorch']:.2f}x |")
+    lines = ["| model | threads | beams | batch | xformopt tokens/s | CTranslate2 tokens/s | ratio (median) | 95% CI |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in results["cells"]:
+        lines.append(f"| {c['model']} | {c['threads']} | {c['beams']} | {c['batch']} | "
+                     f"{c['xformopt int8 tokens/s median']:.0f} | {c['ctranslate2 int8 tokens/s median']:.0f} | "
+                     f"{c['ratio_median']:.2f} | {c['ratio_ci95'][0]:.2f}-{c['ratio_ci95'][1]:.2f} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -48,14 +48,23 @@ def build_tokenizer(directory: Path, bos: bool):
     return tokenizer
 
 
-def make_config(family: str, d_model: int = 64, layers: int = 2, heads: int = 4, vocab: int = len(SPECIALS) + len(WORDS)):
+# flan-t5-small's shape (mT5-small's attention too): 6 heads of d_kv 64 (384 wide) in a 512-wide stream, a
+# gated-GELU FFN of 1024, 8 + 8 layers, a head untied from the embeddings. FLAN_T5_TINY keeps what makes it
+# differ from t5-small (heads x d_kv != d_model, gated GELU, untied head) at a size a test exports in seconds.
+FLAN_T5_SMALL = dict(d_model=512, heads=6, d_kv=64, d_ff=1024, layers=8, gated=True, tied=False, vocab=32128)
+FLAN_T5_TINY = dict(d_model=64, heads=6, d_kv=16, d_ff=128, layers=2, gated=True, tied=False)
+
+
+def make_config(family: str, d_model: int = 64, layers: int = 2, heads: int = 4, vocab: int = len(SPECIALS) + len(WORDS),
+                d_kv: int | None = None, d_ff: int | None = None, gated: bool = False, tied: bool = True):
     import transformers
 
     if family == "t5":
-        return transformers.T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_model // heads, d_ff=2 * d_model,
-                                     num_layers=layers, num_decoder_layers=layers, num_heads=heads, pad_token_id=0,
-                                     eos_token_id=1, decoder_start_token_id=0, relative_attention_num_buckets=8,
-                                     dropout_rate=0.0)
+        return transformers.T5Config(vocab_size=vocab, d_model=d_model, d_kv=d_kv or d_model // heads,
+                                     d_ff=d_ff or 2 * d_model, num_layers=layers, num_decoder_layers=layers,
+                                     num_heads=heads, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                                     relative_attention_num_buckets=8, dropout_rate=0.0,
+                                     feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=tied)
     if family in ("t5gemma", "t5gemma2"):
         return _gemma_config(family, d_model, layers, heads, vocab)
     common = dict(vocab_size=vocab, d_model=d_model, encoder_layers=layers, decoder_layers=layers,

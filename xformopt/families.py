@@ -124,6 +124,9 @@ class Family:
     layers_keys: tuple[str, ...] = ("num_hidden_layers",)
     heads_keys: tuple[str, ...] = ("num_attention_heads",)
     hidden_keys: tuple[str, ...] = ("hidden_size",)
+    # one head's width where the config names it (T5's d_kv, any config's head_dim): then the attention is
+    # heads x that width, not the hidden size split across heads (flan-t5-small: 6 heads of 64, d_model 512)
+    head_dim_keys: tuple[str, ...] = ("head_dim",)
     positions_keys: tuple[str, ...] = ("max_position_embeddings",)
     position_offset: int = 0  # positions the embedding table reserves (RoBERTa: padding_idx + 1)
     fallback_per_layer: dict[str, int] = field(default_factory=dict)
@@ -232,7 +235,8 @@ def _bert_like(model_type: str, offset: int = 0) -> Family:
 # reads the cache's real shape off the model, not these.
 _SEQ2SEQ_SHAPE = dict(layers_keys=("num_layers", "encoder_layers", "num_hidden_layers"),
                       heads_keys=("num_heads", "encoder_attention_heads", "num_attention_heads"),
-                      hidden_keys=("d_model", "hidden_size"), positions_keys=("max_position_embeddings",))
+                      hidden_keys=("d_model", "hidden_size"), head_dim_keys=("d_kv", "head_dim"),
+                      positions_keys=("max_position_embeddings",))
 
 
 # T5's FFN output projection (DenseReluDense.wo, by module path): smooth, as measured in benchmarks/seq2seq_int8.py.
@@ -334,7 +338,7 @@ DECODERS = tuple(name for name, f in FAMILIES.items() if f.decoder)
 # row reads these, as the table's rows read their own.
 _GENERIC_KEYS = {"layers_keys": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
                  "heads_keys": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
-                 "hidden_keys": ("hidden_size", "n_embd", "dim", "d_model"),
+                 "hidden_keys": ("hidden_size", "n_embd", "dim", "d_model"), "head_dim_keys": ("head_dim", "d_kv"),
                  "positions_keys": ("max_position_embeddings", "n_positions", "n_ctx")}
 
 

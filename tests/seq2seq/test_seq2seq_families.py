@@ -99,3 +99,50 @@ def test_t5gemma2_greedy_and_beam_equal_transformers(tmp_path):
         ours = generate(runner, enc["input_ids"], enc["attention_mask"], settings.with_(num_beams=beams))
         theirs = _hf_generate(src, enc, max_new_tokens=12, num_beams=beams)
         assert _cut(ours) == theirs, f"num_beams={beams}"
+
+
+def test_flan_t5_small_shape_is_accepted_and_a_bad_head_width_named(tmp_path):
+    """flan-t5-small (and mT5-small) put 6 heads of d_kv 64 in a 512-wide stream: T5's attention is
+    num_heads x d_kv wide, not d_model split across heads, so the check reads d_kv (any config's head_dim)."""
+    from tiny_seq2seq import FLAN_T5_SMALL, FLAN_T5_TINY, make_config
+    from transformers import T5Config
+
+    from xformopt.errors import InputError
+    from xformopt.models.spec import describe
+    from xformopt.models.validate import check_config
+
+    full = make_config("t5", **FLAN_T5_SMALL).to_dict()
+    assert full["d_model"] % full["num_heads"]  # the shape the old check refused
+    check_config(full, tmp_path / "config.json", family_of("t5"))
+    src = build_seq2seq(tmp_path / "hf", "t5", **FLAN_T5_TINY)
+    spec = describe(src)
+    assert (spec.task, spec.num_layers, spec.num_heads, spec.hidden_size) == ("translation", 2, 6, 64)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "d_kv": 0}))
+    with pytest.raises(InputError, match="d_kv must be a positive whole number"):
+        describe(src)
+    # a config naming no head width is still held to hidden size = heads x width
+    bare = {k: v for k, v in T5Config(d_model=512, num_heads=6).to_dict().items() if k != "d_kv"}
+    with pytest.raises(InputError, match="not a multiple of the 6 attention heads"):
+        check_config(bare, tmp_path / "config.json", family_of("t5"))
+
+
+def test_flan_t5_shape_exports_and_generates_as_transformers(tmp_path):
+    """The tiny flan-t5 shape (heads x d_kv != d_model, gated GELU, untied head): parity and greedy/beam tokens."""
+    from tiny_seq2seq import FLAN_T5_TINY
+    from transformers import AutoTokenizer
+
+    from xformopt.seq2seq.parity import check_parity
+    from xformopt.seq2seq.runner import TorchSeq2Seq
+
+    src = build_seq2seq(tmp_path / "hf", "t5", seed=5, **FLAN_T5_TINY)
+    onnx_dir = _export(src, tmp_path / "onnx")
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    parity = check_parity(TorchSeq2Seq(src), OrtSeq2Seq(onnx_dir), tokenizer, [r["source"] for r in reverse_pairs(12, 1)])
+    assert parity["max_abs_diff"] < 1e-4, parity
+    enc = tokenizer([r["source"] for r in reverse_pairs(5, 3)], padding=True, return_tensors="np")
+    settings = GenerationSettings.from_model_dir(onnx_dir).with_(max_new_tokens=10)
+    for beams in (1, 4):
+        ours = generate(OrtSeq2Seq(onnx_dir, threads=1), enc["input_ids"], enc["attention_mask"],
+                        settings.with_(num_beams=beams))
+        assert _cut(ours) == _hf_generate(src, enc, max_new_tokens=10, num_beams=beams), f"num_beams={beams}"

@@ -200,3 +200,53 @@ def test_a_missed_floor_on_a_seq2seq_stage_reads_as_one_line(tmp_path):
     assert not verdict(agreement, 0.8, False)["passed"]  # a missed budget fails it too
     line = QuantizePass.budget_failure(record, tmp_path)
     assert "0.850 < 0.9" in line and f"--min-agreement {record['verdict']['accept']['min_agreement']}" in line
+
+
+# a vocabulary wide enough that the exporter's constant folding (at most 262144 output elements) leaves the
+# tied head's Transpose in the graph, as at any real vocabulary (t5-small: 32128 x 512); words past 28 unused
+WIDE_VOCAB = 4608
+
+
+def test_a_tied_lm_head_goes_int8_and_its_untied_copy_is_exact(tmp_path):
+    """T5's logits projection is the embedding table read transposed: ORT's quantizer skipped it (float32,
+    the largest GEMM of a decode step). Each graph's head gets its own transposed copy and goes INT8."""
+    import numpy as np
+
+    from xformopt.passes.quantize.transposed_weights import transposed_weight_nodes, untie
+    from xformopt.runtime.session import ort_session
+
+    src = build_seq2seq(tmp_path / "hf", "t5", vocab=WIDE_VOCAB)
+    stage = _export(src, tmp_path / "onnx")
+    assert all(transposed_weight_nodes(stage / name) for name in GRAPH_FILES)  # the export reads it transposed
+    untied = tmp_path / "untied.onnx"
+    assert untie(stage / DECODER_FILE_NAME, untied) and not transposed_weight_nodes(untied)
+    feed = _decoder_feed(stage)
+    before = ort_session(stage / DECODER_FILE_NAME, 1).run(["logits"], feed)[0]
+    after = ort_session(untied, 1).run(["logits"], feed)[0]
+    np.testing.assert_allclose(after, before, atol=1e-5)  # the same function, the weight laid out for MatMul
+    texts, _ = _held_out()
+    record = run_pass("quantize", make_ctx(src, texts), stage, tmp_path / "q", outlier_rules=False)
+    assert set(record["untied_heads"]) == set(GRAPH_FILES)
+    for name in GRAPH_FILES:
+        graph = onnx.load(str(tmp_path / "q" / name), load_external_data=False).graph
+        weights = {i.name: i for i in graph.initializer}
+        float_reads = [n.name for n in graph.node if n.op_type in ("FusedMatMul", "MatMul") and n.input[1] in weights]
+        assert not float_reads and not transposed_weight_nodes(tmp_path / "q" / name), float_reads
+        vocab = [n for n in graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")
+                 and n.input[1] in weights and weights[n.input[1]].dims[-1] == WIDE_VOCAB]
+        assert vocab, f"{name}: the logits projection is not INT8"
+    assert not list((tmp_path / "q").glob(".untied-*"))
+
+
+DECODER_FILE_NAME = GRAPH_FILES[1]
+
+
+def _decoder_feed(stage):
+    import numpy as np
+
+    from xformopt.seq2seq.runner import OrtSeq2Seq
+
+    runner = OrtSeq2Seq(stage, threads=1)
+    ids = np.array([[5, 6, 7, 1]], dtype=np.int64)
+    _, cache = runner.start(ids, np.ones_like(ids))
+    return runner.decoder_feed(np.array([[4]], dtype=np.int64), cache)

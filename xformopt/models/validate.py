@@ -101,7 +101,11 @@ def check_config(config: dict, file: Path, family) -> None:
         if key in config and config[key] is not None and not _of_kind(config[key], kind):
             raise InputError(f"{file}: {key} is {config[key]!r}; it must be {kind}")
     width, heads = family.config_value(config, family.hidden_keys), family.config_value(config, family.heads_keys)
-    if width % heads:
+    head_dim = family.config_item(config, family.head_dim_keys)
+    if head_dim is not None:  # the head's own width: the attention is heads x head_dim, whatever the hidden size
+        if not _positive_int(head_dim[1]) or head_dim[1] > MAX_DIM:
+            raise InputError(f"{file}: {head_dim[0]} must be a positive whole number (got {head_dim[1]!r})")
+    elif width % heads:
         raise InputError(f"{file}: hidden size {width} is not a multiple of the {heads} attention heads")
     for key in ("label2id", "id2label"):
         mapping = config.get(key)

@@ -85,6 +85,7 @@ class QuantizeRecord(TypedDict, total=False):
     budget_met: bool
     graphs: list[str]  # seq2seq
     coverage_by_graph: dict[str, dict[str, Any]]
+    untied_heads: dict[str, list[str]]  # seq2seq dynamic: per graph, the nodes that read a weight transposed (a tied LM head), given their own copy to go INT8
 
 
 @with_config(ConfigDict(extra="forbid"))

@@ -19,6 +19,7 @@ import numpy as np
 from xformopt.errors import InputError
 
 NEG = -1.0e9
+NEG32 = np.float32(NEG)  # beam scores stay float32: a Python float times a bool array would make them float64
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ def greedy(runner, input_ids, attention_mask, settings: GenerationSettings) -> l
         token = process(logits.copy(), sequences, settings).argmax(-1)
         token = np.where(done, settings.pad_token_id, token)
         sequences = np.concatenate([sequences, token[:, None]], axis=1)
-        done |= np.isin(token, eos)
+        done |= _is_eos(token, eos)
         if done.all():
             break
     return _strip(sequences, settings)
@@ -150,10 +151,11 @@ def beam_search(runner, input_ids, attention_mask, settings: GenerationSettings)
     logits, cache = logits[rows], cache.select(rows)
     running = np.full((batch, beams, max_length), settings.pad_token_id, dtype=np.int64)
     running[:, :, 0] = settings.decoder_start_token_id
-    running_scores = np.full((batch, beams), NEG, dtype=np.float64)
+    # scores in float32, as transformers keeps them (and half the bytes to rank per step)
+    running_scores = np.full((batch, beams), NEG, dtype=np.float32)
     running_scores[:, 0] = 0.0
     finished = np.full((batch, beams, max_length), settings.pad_token_id, dtype=np.int64)
-    finished_scores = np.full((batch, beams), NEG, dtype=np.float64)
+    finished_scores = np.full((batch, beams), NEG, dtype=np.float32)
     finished_lengths = np.ones((batch, beams), dtype=np.int64)
     is_finished = np.zeros((batch, beams), dtype=bool)
     improvable = np.ones((batch, 1), dtype=bool)
@@ -162,18 +164,18 @@ def beam_search(runner, input_ids, attention_mask, settings: GenerationSettings)
     cur = 1
     while True:
         flat = running[:, :, :cur].reshape(batch * beams, cur)
-        log_probs = _log_softmax(logits.astype(np.float64))
+        log_probs = _log_softmax(logits)
         log_probs = process(log_probs, flat, settings).reshape(batch, beams, -1)
         vocab = log_probs.shape[-1]
         total = (log_probs + running_scores[:, :, None]).reshape(batch, -1)
-        top = np.argsort(-total, axis=1, kind="stable")[:, :keep]
+        top = top_k(total, keep)
         top_scores = np.take_along_axis(total, top, axis=1)
         src_beam, token = top // vocab, top % vocab
         candidates = np.take_along_axis(running, src_beam[:, :, None], axis=1).copy()
         candidates[:, :, cur] = token
-        hits = np.isin(token, eos) | (cur + 1 >= max_length)
+        hits = _is_eos(token, eos) | (cur + 1 >= max_length)
         # e. the best unfinished continuations run on
-        alive_scores = top_scores + hits * NEG
+        alive_scores = top_scores + hits * NEG32
         nxt = np.argsort(-alive_scores, axis=1, kind="stable")[:, :beams]
         running = np.take_along_axis(candidates, nxt[:, :, None], axis=1)
         running_scores = np.take_along_axis(alive_scores, nxt, axis=1)
@@ -182,7 +184,7 @@ def beam_search(runner, input_ids, attention_mask, settings: GenerationSettings)
         just_done = hits & top_beams[None, :]
         scored = top_scores / ((cur + 1 - 1) ** settings.length_penalty)
         full = is_finished.all(axis=1, keepdims=True) & (settings.early_stopping is True)
-        scored = scored + full * NEG + (~improvable) * NEG + (~just_done) * NEG
+        scored = scored + full * NEG32 + (~improvable) * NEG32 + (~just_done) * NEG32
         merged_seq = np.concatenate([finished, candidates], axis=1)
         merged_scores = np.concatenate([finished_scores, scored], axis=1)
         merged_len = np.concatenate([finished_lengths, np.full((batch, keep), cur + 1)], axis=1)
@@ -201,13 +203,35 @@ def beam_search(runner, input_ids, attention_mask, settings: GenerationSettings)
         open_beam = not (is_finished.all() and settings.early_stopping is True)
         if not (improvable.any() and open_beam and not hits.all()) or cur >= max_length:
             break
-        cache = cache.select(beam_rows)
+        cache = cache.reorder(beam_rows)
         logits, cache = runner.step(running[:, :, cur - 1].reshape(-1, 1), cache)
     out = []
     for b in range(batch):
         seq = finished[b, 0, :finished_lengths[b, 0]]
         out.append(seq)
     return _strip(_pad(out, settings.pad_token_id), settings)
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Per row, the indices of the ``k`` largest scores, exactly ``np.argsort(-scores, kind="stable")[:, :k]``
+    (descending, a tie to the lower index) without sorting the row: beam search ranks beams x vocabulary
+    scores per step, and sorting 4 x 32128 took 50 ms of a 60 ms t5-small step."""
+    if scores.shape[1] <= 4 * k:
+        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    n = scores.shape[1]
+    kth = np.partition(scores, n - k, axis=1)[:, n - k]  # the k-th largest value of each row
+    out = np.empty((len(scores), k), dtype=np.int64)
+    for r, (row, value) in enumerate(zip(scores, kth)):
+        above = np.flatnonzero(row > value)
+        tied = np.flatnonzero(row == value)[:k - len(above)]  # the lowest indices among ties at the k-th place
+        picked = np.concatenate([above, tied])
+        out[r] = picked[np.argsort(-row[picked], kind="stable")]
+    return out
+
+
+def _is_eos(tokens: np.ndarray, eos: np.ndarray) -> np.ndarray:
+    """``np.isin(tokens, eos)`` for the one to few EOS ids of a generation config (np.isin took 0.2 ms a step)."""
+    return (tokens[..., None] == eos).any(axis=-1)
 
 
 def _pad(rows: list[np.ndarray], pad: int) -> np.ndarray:
@@ -219,5 +243,7 @@ def _pad(rows: list[np.ndarray], pad: int) -> np.ndarray:
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
+    """A new float32 array (the runner's logits are left as they are)."""
+    x = np.asarray(x, dtype=np.float32)
     x = x - x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from xformopt.onnx_graph import load_graph, needs_external_data, op_counts
+from xformopt.passes.quantize import transposed_weights
 from xformopt.passes.quantize.calibration import METHODS
 
 MODEL_FILE = "model.onnx"
@@ -77,11 +78,21 @@ def quantize_dynamic_graph(model_in: Path, model_out: Path, formats: dict, op_ty
         )
 
 
-def dynamic_builder(src: Path, formats: dict, graph: str = MODEL_FILE):
-    """Builds dynamic INT8 of ``src/graph`` (``src``: the stage folder)."""
+def dynamic_builder(src: Path, formats: dict, graph: str = MODEL_FILE, untie_weights: bool = False):
+    """Builds dynamic INT8 of ``src/graph`` (``src``: the stage folder); ``untie_weights``: weights read
+    transposed (a tied LM head) get their own copy first, so they go INT8 too (transposed_weights.py)."""
     def build(out_dir: Path, exclude: list[str]) -> None:
         out_dir.mkdir(exist_ok=True)
-        quantize_dynamic_graph(src / graph, out_dir / graph, formats, formats["op_types"], exclude)
+        source = src / graph
+        if untie_weights:
+            untied = out_dir / f".untied-{graph}"
+            if transposed_weights.untie(source, untied):
+                source = untied
+        try:
+            quantize_dynamic_graph(source, out_dir / graph, formats, formats["op_types"], exclude)
+        finally:
+            for leftover in out_dir.glob(f".untied-{graph}*"):
+                leftover.unlink()
 
     return build
 

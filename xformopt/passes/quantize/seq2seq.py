@@ -24,7 +24,7 @@ from xformopt.models import load_tokenizer
 from xformopt.onnx_graph import int8_coverage, load_graph
 from xformopt.passes.base import PassContext
 from xformopt.passes.quantize import calibration as cal
-from xformopt.passes.quantize import outliers
+from xformopt.passes.quantize import outliers, transposed_weights
 from xformopt.passes.quantize.builders import dynamic_builder, static_builder
 from xformopt.passes.seq2seq_stages import SAMPLE_ROWS
 from xformopt.passes.seq2seq_stages import _settings as sample_settings
@@ -52,7 +52,9 @@ def quantize_seq2seq(ctx: PassContext, src: Path, dst: Path, options, formats: d
         if options.mode == "static":
             builders, record["calibration"] = _static_builders(ctx, src, treated, work, options, formats, tokenizer)
         else:
-            builders = {name: dynamic_builder(treated, formats, name) for name in GRAPH_FILES}
+            builders = {name: dynamic_builder(treated, formats, name, untie_weights=True) for name in GRAPH_FILES}
+            record["untied_heads"] = {name: nodes for name in GRAPH_FILES
+                                      if (nodes := transposed_weights.transposed_weight_nodes(treated / name))}
         chosen, graphs = _budget_ladder(ctx, src, work, options, builders, exclude, tokenizer, record)
         for item in chosen.iterdir():
             shutil.move(str(item), dst / item.name)
