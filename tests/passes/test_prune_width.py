@@ -1,0 +1,201 @@
+"""prune's width pruning of the hidden size (xformopt/passes/prune/width.py), its relative targets
+(prune/relative.py) and MPNet's heads (pruned the same in every layer, the shared position bias cut per
+kept head), on tiny models built in code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY, make_ctx, onnx_op_counts, run_pass
+from mpnet_helpers import tiny_mpnet
+
+from xformopt.errors import InputError
+from xformopt.passes import surgery
+from xformopt.passes.prune import plans as prune_plans
+from xformopt.passes.prune import relative, width
+from xformopt.passes.prune.flops import Shape
+
+HEAD_DIM = TINY["hidden"] // TINY["heads"]
+FAST = dict(measure_latency=False, samples=32, eval_samples=32, batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def mpnet_classifier(tmp_path_factory) -> Path:
+    return tiny_mpnet(tmp_path_factory.mktemp("mpnet") / "cls", classifier=True)
+
+
+def logits(model, path: Path, texts) -> np.ndarray:
+    import inspect
+
+    import torch
+    from transformers import AutoTokenizer
+
+    enc = AutoTokenizer.from_pretrained(path)(list(texts), padding=True, truncation=True, max_length=64,
+                                              return_tensors="pt")
+    accepts = set(inspect.signature(model.forward).parameters)
+    with torch.no_grad():
+        return model(**{k: v for k, v in enc.items() if k in accepts}).logits.numpy()
+
+
+def auto_load(path: Path):
+    """Plain transformers, no xformopt loader: what a user's code does with the student."""
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path).eval()
+
+
+@pytest.mark.parametrize("which", ["bert", "mpnet"])
+def test_width_pruning_with_nothing_pruned_leaves_outputs_identical(which, tiny_classifier, mpnet_classifier,
+                                                                    sample_texts):
+    """Every channel kept: the rebuilt model (a new model of the class, every tensor copied through the
+    slicing rule) computes exactly the teacher's logits."""
+    path = tiny_classifier if which == "bert" else mpnet_classifier
+    model = auto_load(path)
+    arch = surgery.arch_for(model.config.model_type)
+    same = width.shrink_hidden(model, arch, list(range(TINY["hidden"])))
+    assert same is not model and same.config.hidden_size == TINY["hidden"]
+    np.testing.assert_array_equal(logits(same, path, sample_texts[:8]), logits(model, path, sample_texts[:8]))
+
+
+def test_channel_importance_ranks_a_dead_channel_last(tiny_classifier, sample_texts):
+    """A channel that every residual LayerNorm writes as 0 (weight and bias 0) carries nothing: score 0, cut first."""
+    import inspect
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from xformopt.passes.prune.importance import make_batches
+
+    model = auto_load(tiny_classifier)
+    arch = surgery.arch_for("bert")
+    norms = width.residual_norms(model, TINY["hidden"])
+    assert len(norms) == 1 + 2 * TINY["layers"]  # the embeddings' norm and two per layer
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight[7] = 0
+            norm.bias[7] = 0
+    tok = AutoTokenizer.from_pretrained(tiny_classifier)
+    batches = make_batches(tok, sample_texts[:16], None, None, 8, 64, set(inspect.signature(model.forward).parameters))
+    scores = width.channel_importance(model, arch, batches)
+    assert scores.shape == (TINY["hidden"],) and scores[7] == 0 and (np.delete(scores, 7) > 0).all()
+    assert 7 not in width.kept_channels(scores, TINY["hidden"] - 1)
+
+
+def test_width_pruned_student_loads_with_automodel_exports_and_fuses(tiny_classifier, sample_texts, tmp_path):
+    """The pass with hidden_size: a stock checkpoint of the same family (no pruned_heads; heads follow the width)
+    that AutoModel loads with the pass's own held-out quality, whose export keeps parity and fuses every layer."""
+    import inspect
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from xformopt.passes.prune.importance import make_batches, quality
+    from xformopt.runtime.encoder import OrtPredictor
+
+    out = tmp_path / "p"
+    record = run_pass("prune", make_ctx(tiny_classifier, sample_texts), tiny_classifier, out, hidden_size=32,
+                      ffn_fraction=0.5, **FAST)
+    assert record["before"]["hidden_size"] == 64 and record["after"]["hidden_size"] == 32
+    assert record["after"]["heads_per_layer"] == [2, 2] and record["after"]["ffn_per_layer"] == [64, 64]
+    assert record["target"] == {"hidden_size": 32, "ffn_dim": 64, "ffn_fraction": 0.5}
+    assert "hidden" in record["importance"] and not record["pruned_heads"]
+    student = auto_load(out)
+    assert (student.config.hidden_size, student.config.num_attention_heads) == (32, 2)
+    assert not getattr(student.config, "pruned_heads", None)
+    assert student.bert.embeddings.word_embeddings.weight.shape[1] == 32 and student.classifier.in_features == 32
+    ctx = make_ctx(tiny_classifier, sample_texts)
+    from xformopt.passes.prune.run import PruneOptions, load_sets
+
+    _, held = load_sets(ctx, PruneOptions(hidden_size=32, **FAST), True)
+    tok = AutoTokenizer.from_pretrained(out)
+    batches = make_batches(tok, held.texts, None, held.labels, 16, 128, set(inspect.signature(student.forward).parameters))
+    assert quality(student, batches, "logits", None) == record["quality_before_recovery"]["pruned"]
+
+    ctx = make_ctx(out, sample_texts)
+    run_pass("export", ctx, out, tmp_path / "e")
+    fused = run_pass("fuse", ctx, tmp_path / "e", tmp_path / "f", select="all")
+    assert fused["expected"] == {"Attention": 2, "SkipLayerNormalization": 4}
+    counts = onnx_op_counts(tmp_path / "f" / "model.onnx")
+    assert counts["Attention"] == 2 and counts["SkipLayerNormalization"] == 4
+    onnx_model = OrtPredictor(ctx.spec, tmp_path / "f", threads=1)
+    enc = onnx_model.tokenize(sample_texts[:3])
+    with torch.no_grad():
+        want = student(**{k: torch.from_numpy(v) for k, v in enc.items()}).logits.numpy()
+    np.testing.assert_allclose(onnx_model.raw_outputs(enc), want, atol=1e-4)
+
+
+def test_mpnet_width_pruned_loads_with_automodel(mpnet_classifier, sample_texts, tmp_path):
+    """MPNet narrower: the shared relative-position bias keeps one column per kept head (the same heads in every
+    layer), and AutoModel loads the student."""
+    record = run_pass("prune", make_ctx(mpnet_classifier, sample_texts), mpnet_classifier, tmp_path / "p",
+                      hidden_fraction=0.5, layers=1, **FAST)
+    assert record["after"]["hidden_size"] == 32 and record["after"]["heads_per_layer"] == [2]
+    student = auto_load(tmp_path / "p")
+    assert student.mpnet.encoder.relative_attention_bias.weight.shape[1] == 2
+    assert np.isfinite(logits(student, tmp_path / "p", sample_texts[:4])).all()
+
+
+def test_mpnet_head_pruning_is_shared_and_reloads(mpnet_classifier, sample_texts, tmp_path):
+    """MPNet heads (refused before): the same heads go from every layer, the bias keeps their columns, the
+    checkpoint reloads through xformopt's loader with the in-memory logits, and export + fuse keep parity."""
+    import torch
+
+    from xformopt.models import pruned_heads
+    from xformopt.runtime.encoder import OrtPredictor
+
+    out = tmp_path / "p"
+    record = run_pass("prune", make_ctx(mpnet_classifier, sample_texts), mpnet_classifier, out, heads_per_layer=3,
+                      **FAST)
+    gone = record["pruned_heads"]
+    assert set(gone) == {"0", "1"} and gone["0"] == gone["1"] and len(gone["0"]) == 1
+    assert "heads_shared" in record["importance"]
+    import transformers
+
+    model = pruned_heads.from_pretrained(transformers.AutoModelForSequenceClassification, out).eval()
+    assert model.mpnet.encoder.relative_attention_bias.weight.shape[1] == 3
+    ctx = make_ctx(out, sample_texts)
+    run_pass("export", ctx, out, tmp_path / "e")
+    run_pass("fuse", ctx, tmp_path / "e", tmp_path / "f", select="all")
+    assert onnx_op_counts(tmp_path / "f" / "model.onnx")["MultiHeadAttention"] == 2
+    onnx_model = OrtPredictor(ctx.spec, tmp_path / "f", threads=1)
+    enc = onnx_model.tokenize(sample_texts[:3])
+    with torch.no_grad():
+        want = model(**{k: torch.from_numpy(v) for k, v in enc.items()}).logits.numpy()
+    np.testing.assert_allclose(onnx_model.raw_outputs(enc), want, atol=1e-4)
+
+
+def test_mpnet_heads_differing_between_layers_are_refused(mpnet_classifier):
+    from xformopt.models import pruned_heads
+
+    model = auto_load(mpnet_classifier)
+    with pytest.raises(InputError, match="same heads in every layer"):
+        pruned_heads.prune_heads(model, {0: [1], 1: [2]})
+    assert model.mpnet.encoder.relative_attention_bias.weight.shape[1] == TINY["heads"]  # nothing cut
+    pruned_heads.prune_heads(model, {0: [1], 1: [1]})
+    assert model.mpnet.encoder.relative_attention_bias.weight.shape[1] == TINY["heads"] - 1
+
+
+def test_fractions_reproduce_minilm_absolute_shape_and_scale_to_base():
+    """0.5 / 0.667 / 0.333 is MiniLM-L6's old shape (3 of 6 layers, 8 of 12 heads, FFN 512 of 1536); on BERT-base's
+    shape the same fractions mean 6 layers, 8 heads, FFN 1024."""
+    from xformopt.passes.prune.run import PruneOptions
+
+    options = PruneOptions(layers_fraction=0.5, heads_fraction=0.667, ffn_fraction=0.333)
+    for shape, want in ((Shape(384, 32, [12] * 6, [1536] * 6), (3, 8, 512)),
+                        (Shape(768, 64, [12] * 12, [3072] * 12), (6, 8, 1024))):
+        absolute = relative.resolve(options, shape)
+        assert absolute.layers_fraction is None and absolute.ffn_dim in (want[2] - 1, want[2])
+        n = shape.num_layers
+        plan = prune_plans.explicit_plan([np.zeros(12)] * n, [np.zeros(shape.ffn[0])] * n, [0.0] * n, shape,
+                                         absolute, 16)  # the plan rounds the FFN width to the SIMD multiple
+        assert (len(plan.keep_layers), len(plan.heads[plan.keep_layers[0]]), plan.ffn_width) == want
+    with pytest.raises(InputError, match="same dimension"):
+        relative.resolve(PruneOptions(layers=3, layers_fraction=0.5), Shape(384, 32, [12] * 6, [1536] * 6))
+
+
+def test_hidden_size_and_heads_must_agree(tiny_classifier, sample_texts, tmp_path):
+    with pytest.raises(InputError, match="heads_per_layer 3 does not fit"):
+        run_pass("prune", make_ctx(tiny_classifier, sample_texts), tiny_classifier, tmp_path / "p", hidden_size=32,
+                 heads_per_layer=3, **FAST)
