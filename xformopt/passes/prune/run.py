@@ -291,6 +291,10 @@ def load_inputs(ctx: PassContext, src: Path, options: PruneOptions) -> PruneInpu
         shape = current_shape(model, arch)
         options = resolve_fractions(options, shape)
         width_prune.check_width_target(options.hidden_size, options.heads_per_layer, shape.head_dim)
+        if options.hidden_size is not None and objective != "logits":
+            raise InputError("hidden_size/hidden_fraction: width pruning narrows the embedding itself (its dimension "
+                             "is the hidden size), so an index built with the teacher's vectors no longer fits; it is "
+                             "offered for classifiers. Prune layers, heads or FFN width of an embedding model")
         check_explicit_prunes(shape, options, ctx.target.simd_multiple)
     tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
     accepts = set(inspect.signature(model.forward).parameters)
