@@ -101,6 +101,9 @@ def test_width_pruned_student_loads_with_automodel_exports_and_fuses(tiny_classi
     assert record["after"]["heads_per_layer"] == [2, 2] and record["after"]["ffn_per_layer"] == [64, 64]
     assert record["target"] == {"hidden_size": 32, "ffn_dim": 64, "ffn_fraction": 0.5}
     assert "hidden" in record["importance"] and not record["pruned_heads"]
+    from xformopt.passes.prune.run import PrunePass
+
+    assert "2->2 layers, heads [2, 2], FFN 64, hidden 64->32;" in PrunePass.summarize(record)
     student = auto_load(out)
     assert (student.config.hidden_size, student.config.num_attention_heads) == (32, 2)
     assert not getattr(student.config, "pruned_heads", None)

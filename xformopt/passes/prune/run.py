@@ -471,7 +471,10 @@ class PrunePass(Pass):
         metric = "accuracy" if "accuracy" in q["pruned"] else "cosine_to_unpruned"
         before = q["unpruned"].get(metric, 1.0)
         line = (f"{rec['before']['layers']}->{rec['after']['layers']} layers, heads {rec['after']['heads_per_layer']}, "
-                f"FFN {rec['after']['ffn_per_layer'][0]}; FLOPs -{s['at_reference']:.0%} at {rec['reference_length']} tokens, "
+                f"FFN {rec['after']['ffn_per_layer'][0]}"
+                + (f", hidden {rec['before']['hidden_size']}->{rec['after']['hidden_size']}"
+                   if rec["before"].get("hidden_size") != rec["after"].get("hidden_size") else "")
+                + f"; FLOPs -{s['at_reference']:.0%} at {rec['reference_length']} tokens, "
                 f"params {rec['params']['before']:,}->{rec['params']['after']:,}; {metric} {before:.4f}->{q['pruned'][metric]:.4f} "
                 f"(before recovery, {rec['importance']['method']} importance)")
         if "latency" in rec:
