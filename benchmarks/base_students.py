@@ -112,6 +112,8 @@ def main() -> None:
         src = teacher(root)
         spec = resolve(str(src))
         artifacts = {"teacher INT8 (optimum settings)": optimum_dynamic_int8(src, root / "reference", spec, target.name)}
+        # the teacher through xformopt's own chain too: what the students' ratios would be against its best INT8
+        artifacts["teacher, xformopt INT8 (fused)"] = chain(src, root / "teacher-stages", target, texts, threads)
         facts = {}
         from xformopt.models import load_torch_model
 
@@ -132,7 +134,7 @@ def main() -> None:
     host = host_info()
     result = {
         "what": "batch 1, real texts (vendored sentiment test split), tokenization included, interleaved rounds",
-        "host": {k: host.get(k) for k in ("cpu_model", "cpu_flags_relevant", "usable_cpus")} | {"threads": threads},
+        "host": {k: host.get(k) for k in ("cpu_model", "cpu_flags", "cores_usable", "versions")} | {"threads": threads},
         "load_average_1m": round(os.getloadavg()[0], 2), "rounds": args.rounds, "texts": len(texts),
         "target": target.name, "seconds": round(time.perf_counter() - started, 1),
         "median_ms": {k: round(v.median_ms, 3) for k, v in stats.items()},
