@@ -202,3 +202,76 @@ def test_hidden_size_and_heads_must_agree(tiny_classifier, sample_texts, tmp_pat
     with pytest.raises(InputError, match="heads_per_layer 3 does not fit"):
         run_pass("prune", make_ctx(tiny_classifier, sample_texts), tiny_classifier, tmp_path / "p", hidden_size=32,
                  heads_per_layer=3, **FAST)
+
+
+def family_classifier(family: str, vocab: int):
+    """A tiny random classifier of ``family`` (ELECTRA with an embedding size below its hidden size: its
+    embeddings_project layer is where the residual stream starts)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(4)
+    common = dict(num_labels=2, vocab_size=vocab)
+    if family == "distilbert":
+        config = transformers.DistilBertConfig(dim=TINY["hidden"], n_layers=2, n_heads=TINY["heads"],
+                                               hidden_dim=TINY["intermediate"], max_position_embeddings=128, **common)
+    else:
+        cls = {"roberta": transformers.RobertaConfig, "xlm-roberta": transformers.XLMRobertaConfig,
+               "electra": transformers.ElectraConfig}[family]
+        extra = {"embedding_size": 16} if family == "electra" else {"pad_token_id": 1}
+        config = cls(hidden_size=TINY["hidden"], num_hidden_layers=2, num_attention_heads=TINY["heads"],
+                     intermediate_size=TINY["intermediate"], max_position_embeddings=130, **extra, **common)
+    return transformers.AutoModelForSequenceClassification.from_config(config).eval()
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta", "electra", "distilbert"])
+def test_width_pruning_reaches_every_bert_like_family(family, tmp_path):
+    """Per family: every channel kept gives the same logits; half the channels (heads cut to match, one layer
+    dropped by the plan) gives a stock checkpoint that AutoModel loads with the in-memory logits."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from xformopt.passes.prune.importance import magnitude_importance
+    from xformopt.passes.surgery import apply_plan
+
+    model = family_classifier(family, 120)
+    arch = surgery.arch_for(model.config.model_type)
+    ids = torch.randint(5, 120, (3, 12))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        same = width.shrink_hidden(model, arch, list(range(TINY["hidden"])))
+        np.testing.assert_array_equal(same(input_ids=ids).logits.numpy(), want.numpy())
+    shape = surgery.current_shape(model, arch)
+    heads, ffn, layers = magnitude_importance(model, arch)
+    from xformopt.passes.prune.run import PruneOptions
+
+    plan = prune_plans.explicit_plan(heads, ffn, layers, shape, PruneOptions(hidden_fraction=0.5, layers=1).model_copy(
+        update={"hidden_size": 32, "hidden_fraction": None}), 8, width.magnitude_channels(model, arch))
+    apply_plan(model, arch, plan)
+    student = width.shrink_hidden(model, arch, plan.hidden)
+    student.save_pretrained(tmp_path / "s")
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "s").eval()
+    key = arch.layout.hidden_key
+    assert getattr(loaded.config, key) == 32 and len(arch.layers(loaded)) == 1 and arch.heads(arch.layers(loaded)[0]) == 2
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(input_ids=ids).logits.numpy(), student(input_ids=ids).logits.numpy(), atol=1e-6)
+
+
+def test_a_width_that_would_drop_a_module_is_refused():
+    """ELECTRA builds embeddings_project only when embedding_size differs from hidden_size: cutting the hidden size
+    to the embedding size would silently drop the projection, so it is refused."""
+    from xformopt.errors import PassFailed
+
+    model = family_classifier("electra", 120)
+    model.config.embedding_size = 32  # an ELECTRA whose embeddings are 32 wide: hidden 32 would equal them
+    arch = surgery.arch_for("electra")
+    from xformopt.passes.surgery import apply_plan
+
+    heads, ffn, layers = [np.arange(4.0)] * 2, [np.arange(128.0)] * 2, [0.0, 0.0]
+    from xformopt.passes.prune.run import PruneOptions
+
+    plan = prune_plans.explicit_plan(heads, ffn, layers, surgery.current_shape(model, arch),
+                                     PruneOptions(hidden_size=32), 8, np.arange(64.0))
+    apply_plan(model, arch, plan)
+    with pytest.raises(PassFailed, match="would lose electra.embeddings_project"):
+        width.shrink_hidden(model, arch, plan.hidden)

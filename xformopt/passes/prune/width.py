@@ -121,6 +121,10 @@ def shrink_hidden(model, arch: Arch, channels: list[int]):
     new = type(model)(config)
     index = torch.tensor(channels, dtype=torch.long)
     old_state = model.state_dict()
+    lost = sorted(set(old_state) - set(new.state_dict()))
+    if lost:  # e.g. ELECTRA drops embeddings_project when the new hidden size equals its embedding size
+        raise PassFailed(f"width pruning to {width}: the narrower {config.model_type} would lose {', '.join(lost[:4])}"
+                         f"{' ...' if len(lost) > 4 else ''}; choose another hidden size")
     state = {}
     for name, want in new.state_dict().items():
         tensor = old_state[name]
