@@ -221,3 +221,20 @@ def test_untrained_students_of_every_kind_are_timed(tiny_classifier, sample_text
     listed = [{"layers": 1}, {"layers_fraction": 0.5, "ffn_fraction": 0.5}, {"hidden_fraction": 0.5}]
     timing = time_shapes(spec, targets.PROFILES["avx512_vnni"], listed, sample_texts[:16], 1)
     assert len(timing["median_ms"]) == 3 and all(ms > 0 for ms in timing["median_ms"]) and timing["unpruned_ms"] > 0
+
+
+def test_a_hidden_size_shape_runs_the_whole_chain_in_measured_order(tiny_classifier, heldout_file, tmp_path):
+    """A relative shape with a narrower residual stream, beside an absolute one, in measured order (real timings:
+    which comes first is the host's call): the kept one runs prune -> distill -> export -> quantize and the artifact
+    has the shape its record names."""
+    listed = [{"layers": 1, "hidden_fraction": 0.5}, {"layers": 2, "ffn_dim": 64}]
+    result = api.optimize(tiny_classifier, recipe=tiny_recipe(heldout_file, order="measured", shapes=listed),
+                          output=tmp_path / "out", max_accuracy_drop=100, validation_data=str(heldout_file))
+    searched = result.report["shape_search"]
+    assert len(searched["ordering"]["median_ms"]) == 2 and searched["ordering"]["unpruned_ms"] > 0
+    kept = searched["tried"][0]
+    assert kept["kept"] and kept["untrained_ms"] in searched["ordering"]["median_ms"]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"]) == (kept["resolved"]["layers"],
+                                                                    kept["resolved"]["hidden_size"])
+    assert kept["resolved"]["hidden_size"] in (32, 64)
