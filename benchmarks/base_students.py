@@ -7,6 +7,7 @@ vendored sentiment test split, tokenization included (the BERT-uncased WordPiece
 vocabulary is BERT-base's 30,522). Speed only: random weights say nothing of accuracy.
 
     python benchmarks/base_students.py --rounds 200 --json benchmarks/results/issue53-bert-base/students.json
+    python benchmarks/base_students.py --teacher examples/sentiment/mpnet-teacher   # any BERT-like classifier folder
 
 Never run as a test: speed claims live here and in docs/results/prune-distill.md.
 """
@@ -47,6 +48,7 @@ def teacher(root: Path) -> Path:
 
 
 def student(src: Path, options: dict, out: Path, multiple: int) -> Path:
+    """``src`` cut to ``options`` (magnitude importance) and saved with its tokenizer."""
     from transformers import AutoTokenizer
 
     from xformopt.models import load_torch_model
@@ -57,7 +59,7 @@ def student(src: Path, options: dict, out: Path, multiple: int) -> Path:
 
     spec = resolve(str(src))
     model = load_torch_model(spec, src)
-    cut = cut_to(model, arch_for("bert"), get_pass("prune").Options(**options), multiple)
+    cut = cut_to(model, arch_for(spec.model_type), get_pass("prune").Options(**options), multiple)
     cut.save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
@@ -85,6 +87,8 @@ def chain(src: Path, root: Path, target, texts: list[str], threads: int) -> Path
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--teacher", type=Path, default=None,
+                        help="a classifier folder to cut [default: a random-weight BertConfig() BERT-base]")
     parser.add_argument("--target", default="avx512_vnni")
     parser.add_argument("--rounds", type=int, default=200, help="interleaved batch-1 rounds")
     parser.add_argument("--texts", type=int, default=200, help="test-split texts cycled through")
@@ -109,19 +113,20 @@ def main() -> None:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="xformopt-base-students-") as work:
         root = Path(work)
-        src = teacher(root)
+        src = args.teacher.resolve() if args.teacher else teacher(root)
         spec = resolve(str(src))
+        arch = arch_for(spec.model_type)
         artifacts = {"teacher INT8 (optimum settings)": optimum_dynamic_int8(src, root / "reference", spec, target.name)}
         # the teacher through xformopt's own chain too: what the students' ratios would be against its best INT8
         artifacts["teacher, xformopt INT8 (fused)"] = chain(src, root / "teacher-stages", target, texts, threads)
         facts = {}
         from xformopt.models import load_torch_model
 
-        shape0 = current_shape(load_torch_model(spec, src), arch_for("bert"))
+        shape0 = current_shape(load_torch_model(spec, src), arch)
         for i, (name, options) in enumerate(SHAPES.items()):
             print(f"building {name}", file=sys.stderr)
             s = student(src, options, root / f"s{i}", target.simd_multiple)
-            shape = current_shape(load_torch_model(resolve(str(s)), s), arch_for("bert"))
+            shape = current_shape(load_torch_model(resolve(str(s)), s), arch)
             facts[name] = {"options": options, "layers": shape.num_layers, "heads": shape.heads[0], "ffn": shape.ffn[0],
                            "hidden": shape.hidden,
                            "flops_share_at_32_tokens": round(encoder_flops(shape, 32)["total"]
@@ -137,6 +142,7 @@ def main() -> None:
         "host": {k: host.get(k) for k in ("cpu_model", "cpu_flags", "cores_usable", "versions")} | {"threads": threads},
         "load_average_1m": round(os.getloadavg()[0], 2), "rounds": args.rounds, "texts": len(texts),
         "target": target.name, "seconds": round(time.perf_counter() - started, 1),
+        "teacher": str(args.teacher) if args.teacher else "random-weight BertConfig() (BERT-base shape)",
         "median_ms": {k: round(v.median_ms, 3) for k, v in stats.items()},
         "p90_ms": {k: round(v.p90_ms, 3) for k, v in stats.items()},
         "speedup_vs_teacher_int8": {k: round(ref / v.median_ms, 2) for k, v in stats.items()},

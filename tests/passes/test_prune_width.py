@@ -275,3 +275,25 @@ def test_a_width_that_would_drop_a_module_is_refused():
     apply_plan(model, arch, plan)
     with pytest.raises(PassFailed, match="would lose electra.embeddings_project"):
         width.shrink_hidden(model, arch, plan.hidden)
+
+
+def test_untrained_mpnet_students_keep_the_same_heads_in_every_layer(mpnet_classifier):
+    """students.cut_to (the shape search's untrained students, magnitude importance) on MPNet: head and hidden-size
+    cuts keep one head set for every layer (found on all-mpnet-base-v2, whose per-layer rankings differ)."""
+    import torch
+
+    from xformopt.passes.prune.run import PruneOptions
+    from xformopt.passes.prune.students import cut_to
+
+    model = auto_load(mpnet_classifier)
+    with torch.no_grad():  # make the layers' own magnitude rankings of the heads disagree
+        for i, layer in enumerate(model.mpnet.encoder.layer):
+            layer.attention.attn.o.weight[:, i * HEAD_DIM:(i + 1) * HEAD_DIM] *= 5
+    arch = surgery.arch_for("mpnet")
+    ids = torch.randint(5, 100, (2, 9))
+    for options in (PruneOptions(heads_fraction=0.5), PruneOptions(hidden_fraction=0.5, layers=2)):
+        student = cut_to(model, arch, options, 8)
+        assert student.mpnet.encoder.relative_attention_bias.weight.shape[1] == 2
+        with torch.no_grad():
+            assert torch.isfinite(student(input_ids=ids).logits).all()
+    assert model.mpnet.encoder.relative_attention_bias.weight.shape[1] == TINY["heads"]  # the teacher is untouched

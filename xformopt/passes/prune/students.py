@@ -10,7 +10,7 @@ import numpy as np
 
 from xformopt.passes.prune import width as width_prune
 from xformopt.passes.prune.importance import magnitude_importance
-from xformopt.passes.prune.plans import explicit_plan
+from xformopt.passes.prune.plans import explicit_plan, shared_head_scores
 from xformopt.passes.prune.relative import resolve
 from xformopt.passes.surgery import Arch, apply_plan, current_shape
 
@@ -26,6 +26,8 @@ def cut_to(model, arch: Arch, options, multiple: int, scores=None):
         channels = width_prune.magnitude_channels(model, arch) if options.hidden_size is not None else None
         scores = (heads, ffn, layers, channels)
     heads, ffn, layers, channels = scores
+    if arch.layout.shared_head_bias:  # MPNet: one per-head bias for every layer, so one head ranking for all
+        heads = shared_head_scores(heads)
     plan = explicit_plan(heads, ffn, layers, shape, options, multiple,
                          None if channels is None else np.asarray(channels))
     student = copy.deepcopy(model)
