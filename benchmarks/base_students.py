@@ -85,6 +85,17 @@ def chain(src: Path, root: Path, target, texts: list[str], threads: int) -> Path
     return prev
 
 
+def op_counts(path: Path) -> dict:
+    """The ops that say what an artifact runs: fused attention, INT8 GEMMs, float MatMuls left."""
+    from collections import Counter
+
+    import onnx
+
+    counts = Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
+    return {op: counts[op] for op in ("Attention", "MultiHeadAttention", "MatMulInteger", "DynamicQuantizeMatMul",
+                                      "MatMul", "SkipLayerNormalization") if counts[op]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, default=None,
@@ -132,6 +143,7 @@ def main() -> None:
                            "flops_share_at_32_tokens": round(encoder_flops(shape, 32)["total"]
                                                              / encoder_flops(shape0, 32)["total"], 4)}
             artifacts[f"{name}, xformopt INT8"] = chain(s, root / f"s{i}-stages", target, texts, threads)
+        ops = {k: op_counts(d / "model.onnx") for k, d in artifacts.items()}
         print(f"timing {len(artifacts)} artifacts interleaved ({args.rounds} rounds)", file=sys.stderr)
         predictors = {k: OrtPredictor(spec, d, threads=threads) for k, d in artifacts.items()}
         stats = real(predictors, texts, None, rounds=args.rounds, warmup=20, seed=0)
@@ -147,6 +159,7 @@ def main() -> None:
         "p90_ms": {k: round(v.p90_ms, 3) for k, v in stats.items()},
         "speedup_vs_teacher_int8": {k: round(ref / v.median_ms, 2) for k, v in stats.items()},
         "shapes": facts,
+        "ops": ops,  # per artifact: fused attention and INT8 GEMM counts (what ran, not assumed)
     }
     for k, v in stats.items():
         print(f"{k:55s} {v.median_ms:8.2f} ms  p90 {v.p90_ms:8.2f}  {ref / v.median_ms:5.2f}x")
