@@ -65,6 +65,9 @@ class Layout:
     hidden_key: str  # config: hidden size
     layer_count_attr: str | None = None  # a module attribute that caches the layer count too
     head_pruning: bool = True  # False: heads stay whole (prune cuts FFN width and layers only)
+    # an Embedding (path from the base model) with one column per head that every layer shares (MPNet's
+    # relative-position bias): a head pruned is pruned in every layer and its column cut (models/pruned_heads.py)
+    shared_head_bias: str = ""
     attn_query: str = ""  # the query and key projections (distill's MiniLM relation loss reads their outputs)
     attn_key: str = ""
     # distill's intermediate-layer losses this family supports (xformopt/passes/distill/losses.py): hidden_mse
@@ -102,15 +105,16 @@ DISTILBERT_LAYOUT = Layout(
 # MPNet keeps q/k/v/o side by side in ``attention.attn`` (o is the output projection, its LayerNorm
 # sits one level up in ``attention``). Its attention probabilities include the relative-position bias,
 # which a student shares with the teacher: attention_mse is not offered (the relations and hidden states
-# carry what differs). Heads are not pruned: the encoder computes one relative-position
-# bias for all heads and adds it in every layer, and transformers' MPNet ``prune_heads`` leaves that
-# bias at full width (the forward then fails on the shape); FFN width and whole layers prune as BERT's.
+# carry what differs). Heads prune the same in every layer: the encoder computes one relative-position
+# bias (an Embedding with one column per head) and adds it in every layer, so a removed head is removed
+# from every layer and its column cut from the bias (``shared_head_bias``; transformers 4's MPNet
+# ``prune_heads`` left the bias at full width and the forward failed on the shape).
 MPNET_LAYOUT = Layout(
     layers="encoder.layer", heads="attention.attn.num_attention_heads",
     head_dim="attention.attn.attention_head_size", attn_value="attention.attn.v",
     attn_out="attention.attn.o", ffn_in="intermediate.dense", ffn_out="output.dense",
-    layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size", head_pruning=False,
-    attn_query="attention.attn.q", attn_key="attention.attn.k", distill_terms=("hidden_mse", "relation_kl"),
+    layers_key="num_hidden_layers", ffn_key="intermediate_size", hidden_key="hidden_size",
+    shared_head_bias="encoder.relative_attention_bias", attn_query="attention.attn.q", attn_key="attention.attn.k", distill_terms=("hidden_mse", "relation_kl"),
 )
 
 

@@ -65,6 +65,12 @@ class ShapeChoice(BaseModel):
     layers: int | None = Field(None, ge=1, description="encoder layers kept")
     heads_per_layer: int | None = Field(None, ge=1, description="attention heads kept per layer")
     ffn_dim: int | None = Field(None, ge=1, description="FFN width kept per layer")
+    hidden_size: int | None = Field(None, ge=1, description="hidden size (residual stream) kept")
+    # relative to the model being pruned (one recipe for a 6-layer MiniLM and a 12-layer base model)
+    layers_fraction: float | None = Field(None, gt=0, le=1, description="fraction of the layers kept")
+    heads_fraction: float | None = Field(None, gt=0, le=1, description="fraction of the heads kept per layer")
+    ffn_fraction: float | None = Field(None, gt=0, le=1, description="fraction of the FFN width kept")
+    hidden_fraction: float | None = Field(None, gt=0, le=1, description="fraction of the hidden size kept")
     distill_minutes: float | None = Field(None, gt=0, description="distill's max_minutes for this shape "
                                                                   "[default: the recipe's]")
 
@@ -77,6 +83,10 @@ class ShapeSearch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     shapes: list[ShapeChoice] = Field(min_length=1, max_length=16)
+    order: Literal["measured", "flops"] = Field(
+        "measured", description="the order shapes are tried in: measured (each shape cut from the model untrained, "
+                                "exported, fused and timed interleaved on this host, fastest first) or flops (fewest "
+                                "encoder FLOPs first, nothing timed)")
     max_minutes: float = Field(60.0, gt=0, le=24 * 60, description="time budget of the whole search")
     keep_trials: bool = Field(False, description="keep each shape's artifact beside -o (DIR.shape-search/)")
 

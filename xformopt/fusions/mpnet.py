@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 
-from onnx import NodeProto, helper
+from onnx import NodeProto, helper, numpy_helper
 from onnxruntime.transformers.fusion_attention import FusionAttention
 from onnxruntime.transformers.onnx_model import OnnxModel
 
@@ -51,6 +51,22 @@ class FusionMPNetAttention(FusionAttention):
         if path is None or self._perm(path[0]) != perm:
             return None
         return path
+
+    def _heads_from_weights(self, q_reshape: NodeProto, q_matmul: NodeProto) -> tuple[int, int]:
+        """(heads, attention width) of a layer whose Reshape gives only the head size: the query projection's
+        output width over it. (0, 0) when either is not a constant."""
+        shape = self.model.get_constant_value(q_reshape.input[1])
+        if shape is None:
+            concat = self.model.get_parent(q_reshape, 1)
+            size = self.model.get_constant_value(concat.input[-1]) if concat is not None and concat.op_type == "Concat" \
+                else None
+        else:
+            size = shape[-1:] if len(shape) == 4 else None
+        weight = next((w for w in (self.model.get_initializer(i) for i in q_matmul.input) if w is not None), None)
+        if size is None or getattr(size, "size", 0) != 1 or weight is None or int(size[0]) <= 0:
+            return 0, 0
+        width = int(numpy_helper.to_array(weight).shape[-1])
+        return (width // int(size[0]), width) if width % int(size[0]) == 0 else (0, 0)
 
     def _attention_bias(self, position_bias: str, mask: str) -> str:
         """position bias + padding mask, one Add for all layers (both are computed once per forward)."""
@@ -126,6 +142,8 @@ class FusionMPNetAttention(FusionAttention):
             return  # the packed bias input needs the projection biases as constants
 
         num_heads, hidden_size = self.get_num_heads_and_hidden_size(q_reshape)
+        if num_heads <= 0:  # MPNet reshapes to (-1 heads, head size): a head-pruned layer's count is in its weights
+            num_heads, hidden_size = self._heads_from_weights(q_reshape, q_matmul)
         if num_heads <= 0 or hidden_size <= 0 or hidden_size % num_heads:
             return
 

@@ -84,6 +84,8 @@ def prune_heads(model, heads: dict[int, list[int]]) -> None:
         if drop:
             plan[index] = (present, drop)
     done = recorded(model.config)
+    if layout.shared_head_bias and plan:
+        _cut_shared_bias(model, layout, layers, plan)
     for index, (present, drop) in plan.items():
         layer = layers[index]
         size = Layout.get(layer, layout.head_dim)
@@ -101,6 +103,28 @@ def prune_heads(model, heads: dict[int, list[int]]) -> None:
                 setattr(attention, attr, count * size)
         done[index] = sorted(set(done.get(index, [])) | drop)
     store(model.config, done)
+
+
+def _cut_shared_bias(model, layout: Layout, layers, plan: dict) -> None:
+    """A family whose layers share one per-head bias (MPNet): the same heads must go from every layer,
+    and the bias keeps the columns of the heads left. Refused (nothing cut) when the layers would differ."""
+    import torch
+
+    present = [current_head_ids(model, i) for i in range(len(layers))]
+    after = [[h for h in ids if h not in plan.get(i, (None, set()))[1]] for i, ids in enumerate(present)]
+    if any(ids != after[0] for ids in after) or any(ids != present[0] for ids in present):
+        raise InputError(f"{model.config.model_type} shares one position bias across layers: prune the same heads in "
+                         f"every layer (this would leave {sorted(set(map(tuple, after)))})")
+    bias = Layout.get(model.base_model, layout.shared_head_bias)
+    keep = torch.tensor([p for p, h in enumerate(present[0]) if h in set(after[0])], dtype=torch.long)
+    cut = torch.nn.Embedding(bias.num_embeddings, len(keep), dtype=bias.weight.dtype, device=bias.weight.device)
+    with torch.no_grad():
+        cut.weight.copy_(bias.weight.index_select(1, keep.to(bias.weight.device)))
+    Layout.set(model.base_model, layout.shared_head_bias, cut)
+    parent = layout.shared_head_bias.rpartition(".")[0]
+    owner = Layout.get(model.base_model, parent) if parent else model.base_model
+    if hasattr(owner, "n_heads"):  # MPNetEncoder caches the head count it builds the bias with
+        owner.n_heads = len(keep)
 
 
 def from_pretrained(cls, path: Path, *, trust_remote_code: bool = False, **kwargs):

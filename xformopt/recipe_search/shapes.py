@@ -41,13 +41,15 @@ from xformopt.passes import get_pass
 from xformopt.passes.prune.flops import Shape, encoder_flops
 from xformopt.pipeline import Prepared
 from xformopt.recipe_search.remeasure import remeasure
+from xformopt.recipe_search.shape_order import time_shapes
 from xformopt.recipe_search.trial import TrialJob, run_trial, score_outputs, validation_set
 from xformopt.runtime.encoder import TorchPredictor
 from xformopt.scoring.metrics import mean_with_bootstrap
 
 _log = logging.getLogger(__name__)
 
-SHAPE_KEYS = ("layers", "heads_per_layer", "ffn_dim")
+SHAPE_KEYS = ("layers", "heads_per_layer", "ffn_dim", "hidden_size", "layers_fraction", "heads_fraction", "ffn_fraction",
+              "hidden_fraction")
 TRIAL_TIMING = {"latency_rounds": 10, "warmup": 2, "repeats": 1, "modes": ["real"]}
 WORK_MARKER = ".xformopt-shape-search"
 FIRST_RUN_OVERHEAD_S = 180.0  # prune, export, fuse, quantize and scoring beside distill (2-core CPU, MiniLM)
@@ -74,6 +76,7 @@ class Candidate:
     shape: dict
     minutes: float | None
     changes: dict[str, dict]
+    untrained_ms: float | None = None  # the shape's untrained student timed on this host (order: measured)
 
     def apply(self, recipe: recipes.Recipe) -> recipes.Recipe:
         """``recipe`` with this shape (each changed step checked by its pass's options model)."""
@@ -95,21 +98,52 @@ def candidates(recipe: recipes.Recipe) -> list[Candidate]:
     return out
 
 
-def shape_flops(config: dict, shape: dict, length: float = 32.0) -> float:
-    """Encoder FLOPs of a shape (``layers``, ``heads_per_layer``, ``ffn_dim``; None: the model's) at ``length``
-    tokens (xformopt/passes/prune/flops.py's model)."""
-    full_heads = int(config.get("num_attention_heads") or config.get("n_heads") or 1)
+def teacher_shape(config: dict) -> Shape:
+    """The unpruned model's shape from its config.json (the keys of BERT-like families and DistilBERT's)."""
+    heads = int(config.get("num_attention_heads") or config.get("n_heads") or 1)
     hidden = int(config.get("hidden_size") or config.get("dim") or 1)
-    layers = shape.get("layers") or int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
-    heads = shape.get("heads_per_layer") or full_heads
-    ffn = shape.get("ffn_dim") or int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
-    return encoder_flops(Shape(hidden, hidden // full_heads, [heads] * layers, [ffn] * layers), length)["total"]
+    layers = int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
+    ffn = int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
+    return Shape(hidden, hidden // heads, [heads] * layers, [ffn] * layers)
 
 
-def label(candidate: Candidate) -> str:
-    shape = candidate.shape
-    text = (f"{shape.get('layers') or 'all'} layers x {shape.get('heads_per_layer') or 'all'} heads x "
-            f"FFN {shape.get('ffn_dim') or 'all'}")
+def absolute_shape(config: dict, shape: dict) -> Shape:
+    """A shape's kept dimensions (absolute or fractions; None: the model's) as the prune pass resolves them
+    (xformopt/passes/prune/relative.py; a narrower hidden size keeps hidden / head size heads)."""
+    full = teacher_shape(config)
+
+    def kept(absolute: str, fraction: str, size: int) -> int:
+        if shape.get(absolute):
+            return min(int(shape[absolute]), size)
+        return max(1, round(shape[fraction] * size)) if shape.get(fraction) else size
+
+    hd = full.head_dim
+    hidden = kept("hidden_size", "hidden_fraction", full.hidden)
+    hidden = min(max(hd, round(hidden / hd) * hd), full.hidden)
+    heads = hidden // hd if hidden < full.hidden else kept("heads_per_layer", "heads_fraction", full.heads[0])
+    layers = kept("layers", "layers_fraction", full.num_layers)
+    ffn = kept("ffn_dim", "ffn_fraction", full.ffn[0])
+    return Shape(hidden, hd, [heads] * layers, [ffn] * layers)
+
+
+def shape_flops(config: dict, shape: dict, length: float = 32.0) -> float:
+    """Encoder FLOPs of a shape at ``length`` tokens (xformopt/passes/prune/flops.py's model)."""
+    return encoder_flops(absolute_shape(config, shape), length)["total"]
+
+
+def flops_share(config: dict, shape: dict, length: float = 32.0) -> float:
+    """The shape's share of the unpruned model's encoder FLOPs at ``length`` tokens."""
+    return shape_flops(config, shape, length) / encoder_flops(teacher_shape(config), length)["total"]
+
+
+def label(candidate: Candidate, config: dict | None = None) -> str:
+    """``3 layers x 8 heads x FFN 512 x hidden 384`` (resolved against ``config`` when given)."""
+    if config is not None:
+        s = absolute_shape(config, candidate.shape)
+        text = f"{s.num_layers} layers x {s.heads[0]} heads x FFN {s.ffn[0]} x hidden {s.hidden}"
+    else:
+        shape = candidate.shape
+        text = " x ".join(f"{k} {v:g}" for k, v in shape.items() if v is not None) or "the model's shape"
     return text + (f", distill {candidate.minutes:g} min" if candidate.minutes else "")
 
 
@@ -160,8 +194,13 @@ def _try_shapes(ready: Prepared, model: str, recipe: recipes.Recipe, tries: list
     timed = recipes.timed_step(plain)
     default_minutes = timed.options.get(get_pass(timed.name).minutes_option) if timed else None
     for n, candidate in enumerate(tries):
+        resolved = absolute_shape(config, candidate.shape)
         entry = {"shape": candidate.shape, "distill_minutes": candidate.minutes or default_minutes,
-                 "flops_at_32_tokens": round(shape_flops(config, candidate.shape))}
+                 "flops_at_32_tokens": round(shape_flops(config, candidate.shape)),
+                 "flops_share_of_teacher": round(flops_share(config, candidate.shape), 4),
+                 "untrained_ms": candidate.untrained_ms,
+                 "resolved": {"layers": resolved.num_layers, "heads_per_layer": resolved.heads[0],
+                              "ffn_dim": resolved.ffn[0], "hidden_size": resolved.hidden}}
         elapsed = time.monotonic() - started
         done = [t for t in tried if "seconds" in t]
         overhead = (float(np.mean([t["seconds"] - (t["distill_minutes"] or 0) * 60 for t in done])) if done
@@ -171,12 +210,12 @@ def _try_shapes(ready: Prepared, model: str, recipe: recipes.Recipe, tries: list
             tried.append({**entry, "status": "skipped",
                           "why": f"would not fit: about {estimate / 60:.1f} min left to run, "
                                  f"{(budget_s - elapsed) / 60:.1f} min left of the budget"})
-            _log.info(f"shape search: {label(candidate)}: skipped (would not fit in the time left)")
+            _log.info(f"shape search: {label(candidate, config)}: skipped (would not fit in the time left)")
             continue
         # the report's own timing of each tried artifact is not used (they are timed together below):
         # a short one; the evaluation rows stay the run's, so the final run reuses every pass from the cache
         r = candidate.apply(plain).model_copy(update={"name": f"{recipe.name}-shape-{n:02d}"}).with_evaluation(**TRIAL_TIMING)
-        _log.info(f"shape search [{n + 1}/{len(tries)}]: {label(candidate)}")
+        _log.info(f"shape search [{n + 1}/{len(tries)}]: {label(candidate, config)}")
         result = run_trial(TrialJob(n, model, r, str((work / f"{n:03d}").resolve()), None, base.validation,
                                     trust_remote_code))
         entry.update({k: result[k] for k in ("status", "metric", "seconds", "budget_met", "error") if k in result})
@@ -186,10 +225,10 @@ def _try_shapes(ready: Prepared, model: str, recipe: recipes.Recipe, tries: list
             entry["drop_points"] = drop
             entry["within_budget"] = drop <= base.allowed + 1e-9
             entry.update(drop_interval(spec, result.get("validation_outputs"), base.vdata, base.rows, recipe.evaluation.seed))
-            _log.info(f"shape search: {label(candidate)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
+            _log.info(f"shape search: {label(candidate, config)}: validation {result['metric']:.4f} ({drop:+.2f} points below fp32; "
                 f"{'within' if entry['within_budget'] else 'outside'} the budget) in {result['seconds'] / 60:.1f} min")
         else:
-            _log.info(f"shape search: {label(candidate)}: failed: {result.get('error')}")
+            _log.info(f"shape search: {label(candidate, config)}: failed: {result.get('error')}")
         tried.append(entry)
         if entry.get("within_budget"):
             kept = entry
@@ -210,10 +249,10 @@ def _kept_and_why(tried: list[dict], kept: dict | None, base: _Baseline, work: P
         why = (f"no shape was within {allowed:.2f} points on the validation rows; kept the most accurate one tried "
                f"({kept['drop_points']:+.2f} points)")
     else:
-        cheaper = [t for t in tried if t is not kept]
-        why = (f"the fewest-FLOPs shape within {allowed:.2f} points on the validation rows ({kept['drop_points']:+.2f})"
-               + (f"; {len(cheaper)} cheaper shape(s) missed the budget or did not fit the time" if cheaper
-                  else "; the cheapest shape listed"))
+        earlier = [t for t in tried if t is not kept]
+        why = (f"the first shape tried within {allowed:.2f} points on the validation rows ({kept['drop_points']:+.2f})"
+               + (f"; {len(earlier)} shape(s) tried before it (faster or fewer FLOPs) missed the budget or did not fit "
+                  "the time" if earlier else "; the first shape in the order"))
     unresolved = kept.get("drop_ci95") and kept["drop_ci95"][1] > allowed
     if unresolved:  # the choice stands (the budget is on the point estimate); the record says how sure it is
         lo, hi = kept["drop_ci95"]
@@ -236,8 +275,9 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
     started = time.monotonic()
     threads = recipe.evaluation.threads or usable_cpus()
     base = _score_baseline(spec, recipe, max_accuracy_drop, work, threads)
+    tries, ordering = _ordered(ready, recipe, tries, base, threads)
     _log.info(f"shape search: fp32 validation metric {base.metric:.4f}; budget {base.allowed:.2f} points; {len(tries)} "
-              f"shapes, fewest FLOPs first, within {search.max_minutes:g} min")
+              f"shapes, {ORDER_TEXT[search.order]}, within {search.max_minutes:g} min")
     tried, kept = _try_shapes(ready, model, recipe, tries, config, base, work, started, trust_remote_code)
     kept, why = _kept_and_why(tried, kept, base, work)
     for t in tried:
@@ -246,7 +286,8 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
     record = {
         "max_accuracy_drop": max_accuracy_drop, "allowed_points": round(base.allowed, 4),
         "validation": {"source": base.vdata.source, "rows": len(base.vdata), "fp32_metric": round(base.metric, 6)},
-        "order": "fewest encoder FLOPs first; stop at the first within the budget",
+        "order": f"{ORDER_TEXT[search.order]}; stop at the first within the budget",
+        "ordering": ordering,
         "max_minutes": search.max_minutes, "seconds": round(time.monotonic() - started, 1),
         "tried": [{k: v for k, v in t.items() if k != "candidate"} for t in tried],
         "latency": latency, "kept": kept["shape"], "why": why,
@@ -254,6 +295,29 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
     if not search.keep_trials:
         shutil.rmtree(work, ignore_errors=True)
     return kept["candidate"].apply(recipe.without_shape_search()), record  # the run's own evaluation settings
+
+
+ORDER_TEXT = {"measured": "fastest first as measured on this host (untrained students, fused fp32, batch 1)",
+              "flops": "fewest encoder FLOPs first"}
+
+
+def _ordered(ready: Prepared, recipe: recipes.Recipe, tries: list[Candidate], base: _Baseline,
+             threads: int) -> tuple[list[Candidate], dict | None]:
+    """``tries`` (fewest FLOPs first) in the order the search runs them, and how it was measured (None: by FLOPs).
+    A failed measurement falls back to FLOPs and says so."""
+    if recipe.shape_search.order != "measured":
+        return tries, None
+    shaper = recipes.shaped_step(recipe).name
+    try:
+        timing = time_shapes(ready.spec, ready.target, [c.shape for c in tries], list(base.vdata.texts[:64]), threads,
+                             shaper)
+    except Exception as exc:  # noqa: BLE001 -- the order informs the search; FLOPs order it when timing fails
+        _log.info(f"shape search: shapes not timed ({type(exc).__name__}: {exc}); fewest FLOPs first")
+        return tries, {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    for candidate, ms in zip(tries, timing["median_ms"]):
+        candidate.untrained_ms = ms
+    ordered = [c for _, c in sorted(enumerate(tries), key=lambda p: (timing["median_ms"][p[0]], p[0]))]
+    return ordered, timing
 
 
 def drop_interval(spec, outputs: str | None, vdata, base_rows, seed: int) -> dict:

@@ -140,8 +140,13 @@ def metric_label(name: str) -> str:
 
 
 def prune_shape_text(shape: dict, sep: str = " x ") -> str:
-    """A prune shape (the shape search's record) as layers x heads x FFN; "all" where the model's own."""
-    return sep.join(str(shape.get(k) or "all") for k in ("layers", "heads_per_layer", "ffn_dim"))
+    """A prune shape (the shape search's record) as layers x heads x FFN x hidden: a count, a fraction of the
+    model's own (``0.5``), or "all" where the model's own."""
+    def one(absolute: str, fraction: str) -> str:
+        return str(shape[absolute]) if shape.get(absolute) else f"{shape[fraction]:g}" if shape.get(fraction) else "all"
+
+    return sep.join(one(a, f) for a, f in (("layers", "layers_fraction"), ("heads_per_layer", "heads_fraction"),
+                                           ("ffn_dim", "ffn_fraction"), ("hidden_size", "hidden_fraction")))
 
 
 def fused_text(fused: dict | None, abbreviate: bool = True, sep: str = " \u00b7 ", space: str = " ") -> str:

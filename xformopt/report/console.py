@@ -249,7 +249,7 @@ class ReportView:
                               "`xformopt profile DIR` for the full profile.", style="dim"))
         searched = report.get("shape_search")
         if searched:
-            grid.add_row(Text(f"Prune shape {prune_shape_text(searched['kept'])} (layers x heads x FFN): {searched['why']}; "
+            grid.add_row(Text(f"Prune shape {prune_shape_text(searched['kept'])} (layers x heads x FFN x hidden): {searched['why']}; "
                               f"{len(searched['tried'])} shape(s) considered, see report.md.", style="dim"))
         return grid
 

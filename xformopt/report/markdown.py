@@ -62,13 +62,16 @@ def _shape_search_lines(searched: dict | None) -> list[str]:
              f"{v['rows']} validation rows, fp32 {v['fp32_metric']:.4f})", ""]
     body = []
     for t in searched["tried"]:
-        body.append([prune_shape_text(t["shape"], " × "), f"{t['distill_minutes']:g}" if t.get("distill_minutes") else "-",
+        shape = prune_shape_text(t["shape"], " × ")
+        if t.get("resolved"):  # a relative shape: what it meant for this model, and its share of the model's FLOPs
+            shape += f" = {prune_shape_text(t['resolved'], ' × ')} ({t['flops_share_of_teacher']:.0%} FLOPs)"
+        body.append([shape, f"{t['distill_minutes']:g}" if t.get("distill_minutes") else "-",
                      f"{t['metric']:.4f}" if "metric" in t else "-",
                      f"{t['drop_points']:+.2f}" if "drop_points" in t else "-",
                      "{:+.2f} to {:+.2f}".format(*t["drop_ci95"]) if t.get("drop_ci95") else "-",
                      f"{t['latency_ms']:.2f}" if "latency_ms" in t else "-",
                      "kept" if t.get("kept") else (t.get("why") or t.get("error") or t.get("status", ""))[:80]])
-    lines += _md_table(["layers × heads × FFN", "distill min", "validation", "drop (pt)", "95% interval",
+    lines += _md_table(["layers × heads × FFN × hidden", "distill min", "validation", "drop (pt)", "95% interval",
                         "ms (b=1)", ""], body, left=(0, 6))
     return [*lines, "", f"- kept: {searched['why']} ({searched['seconds'] / 60:.1f} min)", ""]
 

@@ -225,6 +225,7 @@ class ShapeSearch(TypedDict):
     allowed_points: float
     validation: dict[str, Any]  # source, rows, fp32_metric
     order: str
+    ordering: dict[str, Any] | None  # order measured: each shape's untrained student timed on this host (None: FLOPs)
     max_minutes: float
     seconds: float
     tried: list[dict[str, Any]]  # one per shape: its shape, status, metric, drop, latency, why

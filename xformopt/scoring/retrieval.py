@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from xformopt.scoring.metrics import proportion
+from xformopt.scoring.metrics import mean_with_bootstrap, proportion
 
 RECALL_AT = (1, 5)
+NEIGHBOURS = 10  # neighbour_overlap's k: the 10 nearest texts an index built on the embeddings would return
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -35,3 +36,21 @@ def recall_at_k(queries: np.ndarray, candidates: np.ndarray, k: int) -> dict:
     """Share of queries whose partner is in the top ``k``: value, n, Wilson ci95, and the pool size."""
     hits = partner_ranks(queries, candidates) < k
     return {**proportion(hits), "k": k, "candidates": len(candidates)}
+
+
+def nearest(embeddings: np.ndarray, k: int) -> np.ndarray:
+    """Each row's ``k`` nearest other rows by cosine (index ties broken by position): (rows, k) indices."""
+    sims = _unit(embeddings) @ _unit(embeddings).T
+    np.fill_diagonal(sims, -np.inf)
+    return np.argsort(-sims, axis=1, kind="stable")[:, :k]
+
+
+def neighbour_overlap(embeddings: np.ndarray, baseline: np.ndarray, k: int = NEIGHBOURS, seed: int = 0) -> dict | None:
+    """Mean share of each text's ``k`` nearest neighbours (among the same texts) that the baseline's embeddings
+    also rank among its ``k`` nearest, with a bootstrap 95% interval over texts. Each side ranks in its own
+    space, so a student of another width compares too. None with ``k`` or fewer texts."""
+    if len(embeddings) <= k:
+        return None
+    ours, theirs = nearest(embeddings, k), nearest(baseline, k)
+    shared = np.array([len(set(a) & set(b)) / k for a, b in zip(ours.tolist(), theirs.tolist())])
+    return {**mean_with_bootstrap(shared, seed), "k": k}

@@ -1,5 +1,6 @@
 """feature-extraction: sentence embeddings, mean-pooled as sentence-transformers pools them; metrics
-cosine to the PyTorch fp32 embeddings, a linear probe's accuracy where the rows are labelled, and
+cosine to the PyTorch fp32 embeddings, the overlap of each text's 10 nearest neighbours with those the fp32
+embeddings give (``neighbour_overlap_at_10``), a linear probe's accuracy where the rows are labelled, and
 retrieval recall@k where they are pairs (``text`` / ``text_pair``: two texts that should be near).
 
 A pair set is embedded as a bi-encoder serves it, each side on its own: outputs are then
@@ -18,7 +19,7 @@ import numpy as np
 from xformopt.scoring.metrics import cosine_to_baseline, row_cosine
 from xformopt.scoring.pooling import mean_pool
 from xformopt.scoring.probe import Probe
-from xformopt.scoring.retrieval import RECALL_AT, recall_at_k
+from xformopt.scoring.retrieval import NEIGHBOURS, RECALL_AT, neighbour_overlap, recall_at_k
 from xformopt.tasks.base import Metric, Task
 from xformopt.tasks.heads import Head, Prepared, Serving, id_row, is_token_ids, l2_normalize, single_rows
 
@@ -73,7 +74,9 @@ class FeatureExtraction(Task):
     headline = "cosine_to_baseline"
     metrics = {"cosine_to_baseline": Metric("Cosine to fp32", relative=True, bounds=(-1.0, 1.0)),
                "probe_accuracy": Metric("Probe acc.", percent=True),
-               **{f"recall_at_{k}": Metric(f"Recall@{k}", percent=True) for k in RECALL_AT}}
+               **{f"recall_at_{k}": Metric(f"Recall@{k}", percent=True) for k in RECALL_AT},
+               # what a nearest-neighbour index sees: the texts each text finds, against those the fp32 model finds
+               f"neighbour_overlap_at_{NEIGHBOURS}": Metric(f"kNN overlap@{NEIGHBOURS}", relative=True)}
     # Embeddings are compared by cosine downstream: the INT8 ladder holds them to the line users hold
     # embedders to (logits only need their ranking kept).
     agreement_floor = 0.99
@@ -107,6 +110,9 @@ class FeatureExtraction(Task):
         if baseline is None:  # cosine and the probe compare with the fp32 embeddings
             return metrics
         metrics["cosine_to_baseline"] = cosine_to_baseline(_embeddings(outputs), _embeddings(baseline))
+        overlap = neighbour_overlap(_texts(outputs), _texts(baseline), seed=seed)
+        if overlap is not None:
+            metrics[f"neighbour_overlap_at_{NEIGHBOURS}"] = overlap
         if Probe.usable(data.labels):
             metrics["probe_accuracy"] = Probe(_texts(baseline), data.labels, seed).score(_texts(outputs))
         return {name: metrics[name] for name in self.metrics if name in metrics}
@@ -137,7 +143,7 @@ class FeatureExtraction(Task):
         return f"worst_of({','.join(parts)})", 100.0 - max(0.0, *(p["drop"] for p in parts.values()))
 
     def skipped_without_baseline(self):
-        return "cosine_to_baseline and probe_accuracy"
+        return f"cosine_to_baseline, neighbour_overlap_at_{NEIGHBOURS} and probe_accuracy"
 
 
 TASK = FeatureExtraction()

@@ -152,21 +152,31 @@ def ids_digest(*datasets: Encoded) -> str:
 
 
 def load_cached_main(path: Path):
-    """Teacher main outputs saved by ``save_cached_main`` (safetensors: no pickle), or None."""
+    """Teacher outputs saved by ``save_cached_main`` (safetensors: no pickle): (train main, held-out main,
+    {teacher hidden-state index: flat float16 states}, row offsets or None), or None."""
     from safetensors.torch import load_file
 
     try:
         tensors = load_file(str(path))
     except (OSError, ValueError, RuntimeError):
         return None
-    return tensors.get("train"), tensors.get("eval")
+    hidden = {int(k.split(".", 1)[1]): v for k, v in tensors.items() if k.startswith("hidden.")}
+    offsets = tensors.get("offsets")
+    return tensors.get("train"), tensors.get("eval"), hidden, None if offsets is None else offsets.numpy()
 
 
-def save_cached_main(path: Path, train, heldout) -> None:
+def save_cached_main(path: Path, train, heldout, cache: TeacherCache | None = None) -> None:
+    """The teacher's main outputs and, when ``cache`` holds them, its hidden states (one flat float16 tensor per
+    cached layer, by hidden-state index, and the row offsets into them)."""
+    import torch
     from safetensors.torch import save_file
 
+    tensors = {"train": train.contiguous(), "eval": heldout.contiguous()}
+    if cache is not None and cache.hidden:
+        tensors.update({f"hidden.{layer}": flat.contiguous() for layer, flat in zip(cache.layers, cache.hidden)})
+        tensors["offsets"] = torch.from_numpy(np.ascontiguousarray(cache.offsets))
     with replacing(path) as tmp:
-        save_file({"train": train.contiguous(), "eval": heldout.contiguous()}, str(tmp))
+        save_file(tensors, str(tmp))
 
 
 def hidden_cache_mb(lengths: np.ndarray, hidden_size: int, n_layers: int) -> float:

@@ -399,26 +399,40 @@ class _Distillation:
         cache_mb = D.hidden_cache_mb(train_enc.lengths, hidden_size, len(set(layer_map))) if need_hidden else 0.0
         online = options.attention_weight > 0 or relations is not None or (need_hidden and cache_mb > options.teacher_cache_mb)
         cached_layers = sorted(set(layer_map)) if need_hidden and not online else []
-        disk_key = hashlib.sha256(json.dumps([teacher_hash, self.objective, D.ids_digest(train_enc, heldout_enc)]).encode())
+        # On disk, keyed by the teacher's weights and config, the tokenized rows and the cached layers: a shape
+        # search (or a rerun) pays for the teacher pass once; a changed teacher or data set misses the key.
+        disk_key = hashlib.sha256(json.dumps([teacher_hash, self.objective, D.ids_digest(train_enc, heldout_enc),
+                                              cached_layers]).encode())
         disk_path = ckpt.home() / "distill-teacher" / f"{disk_key.hexdigest()[:24]}.safetensors"
-        on_disk = None if cached_layers or online else D.load_cached_main(disk_path)
-        if on_disk and on_disk[0] is not None and len(on_disk[0]) == len(train_enc) and len(on_disk[1]) == len(heldout_enc):
+        reused = None if online else self.cached_targets(disk_path, train_enc, heldout_enc, cached_layers, layer_map)
+        if reused is not None:
             ctx.log(f"distill: teacher outputs reused from {disk_path}")
-            return _Targets(D.TeacherCache(on_disk[0], [], None, None, 0.0), on_disk[1], True, cache_mb,
-                            cached_layers, online)
+            return _Targets(reused[0], reused[1], True, cache_mb, cached_layers, online)
         ctx.log(f"distill: teacher pass over {len(train_enc)} training rows" + (
             f" (caching {len(cached_layers)} hidden layers, {cache_mb:.0f} MB float16)" if cached_layers else ""))
         cache = D.teacher_outputs(pair.teacher, train_enc, self.objective, accepts, cached_layers, 64, self.device,
                                   progress=progress.tracker("distill: teacher pass (batches)"))
+        heldout_teacher = D.teacher_outputs(pair.teacher, heldout_enc, self.objective, accepts, [], 64, self.device).main
+        try:
+            D.save_cached_main(disk_path, cache.main, heldout_teacher, cache)
+        except OSError as exc:  # a read-only cache only costs the next run the teacher pass
+            ctx.log(f"distill: teacher outputs not kept on disk ({exc})")
         if cached_layers:  # the cache is indexed by position in cached_layers
             position = {j: p for p, j in enumerate(cached_layers)}
             cache.hidden = [cache.hidden[position[j]] for j in layer_map]
-        heldout_teacher = D.teacher_outputs(pair.teacher, heldout_enc, self.objective, accepts, [], 64, self.device).main
-        try:
-            D.save_cached_main(disk_path, cache.main, heldout_teacher)
-        except OSError as exc:  # a read-only cache only costs the next run the teacher pass
-            ctx.log(f"distill: teacher outputs not kept on disk ({exc})")
         return _Targets(cache, heldout_teacher, False, cache_mb, cached_layers, online)
+
+    @staticmethod
+    def cached_targets(path: Path, train_enc, heldout_enc, cached_layers: list[int], layer_map: list[int]):
+        """(TeacherCache, held-out outputs) from ``path`` when it holds every row and cached layer; else None."""
+        on_disk = D.load_cached_main(path)
+        if not on_disk or on_disk[0] is None or len(on_disk[0]) != len(train_enc) or len(on_disk[1]) != len(heldout_enc):
+            return None
+        train, heldout, hidden, offsets = on_disk
+        if set(cached_layers) - set(hidden) or (cached_layers and offsets is None):
+            return None
+        states = [hidden[j] for j in layer_map] if cached_layers else None
+        return D.TeacherCache(train, list(cached_layers), states, offsets if cached_layers else None, 0.0), heldout
 
     def settings(self, layer_map: list[int], relations) -> T.Settings:
         options = self.options

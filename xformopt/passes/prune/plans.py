@@ -34,6 +34,7 @@ class Plan:
     fused_attention: int | None = None  # layers whose attention the candidate's ONNX graph fused (all expected)
     qualified: bool | None = None  # set by select_plan: passed the rule's loss filter
     loss_se: float | None = None  # standard error of the paired per-row loss difference to the best candidate
+    hidden: list[int] | None = None  # kept residual-stream channels (width pruning, prune/width.py); None: all
 
     @property
     def kept_heads(self) -> int:
@@ -98,8 +99,8 @@ def width_plan(head_scores, ffn_scores, keep_layers: list[int], head_fraction: f
 
 def removes_nothing(plan: Plan, shape0: Shape) -> bool:
     """True when ``plan`` keeps every layer, head and FFN neuron of ``shape0``: a prune that is a copy."""
-    return len(plan.keep_layers) == shape0.num_layers and all(
-        len(plan.heads[i]) == shape0.heads[i] and len(plan.ffn[i]) == shape0.ffn[i] for i in plan.keep_layers)
+    return len(plan.keep_layers) == shape0.num_layers and (plan.hidden is None or len(plan.hidden) == shape0.hidden) \
+        and all(len(plan.heads[i]) == shape0.heads[i] and len(plan.ffn[i]) == shape0.ffn[i] for i in plan.keep_layers)
 
 
 
@@ -107,7 +108,8 @@ def distinct(plans: list[Plan]) -> list[Plan]:
     """``plans`` without repeats (two head fractions can round to the same counts): each is scored and timed once."""
     seen, out = set(), []
     for plan in plans:
-        key = (tuple(plan.keep_layers), tuple(tuple(plan.heads[i]) for i in plan.keep_layers), plan.ffn_width)
+        key = (tuple(plan.keep_layers), tuple(tuple(plan.heads[i]) for i in plan.keep_layers), plan.ffn_width,
+               tuple(plan.hidden or ()))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -118,7 +120,7 @@ def distinct(plans: list[Plan]) -> list[Plan]:
 def shape_text(shape: Shape) -> str:
     heads = shape.heads[0] if len(set(shape.heads)) == 1 else "/".join(map(str, shape.heads))
     ffn = shape.ffn[0] if len(set(shape.ffn)) == 1 else "/".join(map(str, shape.ffn))
-    return f"{shape.num_layers} layers, {heads} heads per layer, FFN {ffn}"
+    return f"{shape.num_layers} layers, {heads} heads per layer, FFN {ffn}, hidden {shape.hidden}"
 
 
 
@@ -127,9 +129,9 @@ def check_explicit_prunes(shape0: Shape, options, multiple: int) -> None:
     SIMD multiple, keep the model's shape (e.g. ``layers: 99, ffn_dim: 99999``). The kept counts do
     not depend on the importance scores, so neutral scores decide it."""
     neutral = explicit_plan([np.zeros(h) for h in shape0.heads], [np.zeros(f) for f in shape0.ffn],
-                            [0.0] * shape0.num_layers, shape0, options, multiple)
+                            [0.0] * shape0.num_layers, shape0, options, multiple, np.zeros(shape0.hidden))
     if removes_nothing(neutral, shape0):
-        asked = ", ".join(f"{k}={getattr(options, k)}" for k in ("layers", "heads_per_layer", "ffn_dim")
+        asked = ", ".join(f"{k}={getattr(options, k)}" for k in EXPLICIT_KEYS
                           if getattr(options, k) is not None)
         raise InputError(f"nothing to prune: {asked} keeps the model's whole shape ({shape_text(shape0)}; targets "
                          f"above it are clipped to it); ask for fewer heads/FFN/layers or sparsity > 0")
@@ -140,21 +142,50 @@ HEAD_FRACTIONS = (1.0, 0.75, 0.5)  # heads kept (global ranking); the FFN width 
 
 
 
-def explicit_plan(head_scores, ffn_scores, layer_scores, shape0: Shape, options, multiple: int) -> Plan:
+EXPLICIT_KEYS = ("layers", "heads_per_layer", "ffn_dim", "hidden_size")  # the options an explicit plan reads
+
+
+def explicit_plan(head_scores, ffn_scores, layer_scores, shape0: Shape, options, multiple: int,
+                  channel_scores: np.ndarray | None = None) -> Plan:
+    """The one plan explicit targets describe. ``hidden_size`` (rounded to a multiple of the head size) keeps
+    ``hidden_size / head_size`` heads per layer (prune/width.py says why) and the best ``channel_scores``."""
     n = shape0.num_layers
     keep_n = min(options.layers or n, n)
     keep_layers = sorted(sorted(range(n), key=lambda i: (-layer_scores[i], i))[:keep_n])
     f0 = max(shape0.ffn)
     width = f0 if options.ffn_dim is None else round_multiple(options.ffn_dim, multiple, 1, f0)
+    hidden = None
+    if getattr(options, "hidden_size", None) is not None:
+        d = min(max(shape0.head_dim, round(options.hidden_size / shape0.head_dim) * shape0.head_dim), shape0.hidden)
+        order = sorted(range(shape0.hidden), key=lambda c: (-channel_scores[c], c))
+        hidden = sorted(order[:d])
+        options = options.model_copy(update={"heads_per_layer": d // shape0.head_dim})
     heads = {}
     for i in keep_layers:
         h = shape0.heads[i] if options.heads_per_layer is None else min(options.heads_per_layer, shape0.heads[i])
-        if options.heads_per_layer is not None:
+        if options.heads_per_layer is not None and hidden is None:
             step = head_step(shape0.head_dim, multiple)
             if h >= step and shape0.heads[i] >= step:
                 h = max(step, (h // step) * step)  # round down to a SIMD-friendly width where possible
         heads[i] = top(head_scores[i], h)
-    return Plan(keep_layers, heads, {i: top(ffn_scores[i], width) for i in keep_layers}, width, note="explicit")
+    return Plan(keep_layers, heads, {i: top(ffn_scores[i], width) for i in keep_layers}, width, note="explicit",
+                hidden=hidden)
+
+
+def shared_head_scores(head_scores: list[np.ndarray]) -> list[np.ndarray]:
+    """For a family whose layers share one per-head bias (MPNet): every layer scored by the sum over layers of
+    the per-layer-normalised scores, so every ranking keeps the same heads in every layer."""
+    shared = sum(s / (np.linalg.norm(s) + 1e-12) for s in head_scores)
+    return [shared.copy() for _ in head_scores]
+
+
+def uniform_heads(plan: Plan, shared: np.ndarray) -> Plan:
+    """``plan`` with the same heads in every kept layer: the mean count (rounded, at least one) of the best
+    ``shared`` scores (:func:`shared_head_scores`), for a family whose layers share one per-head bias."""
+    k = max(1, round(plan.kept_heads / len(plan.keep_layers)))
+    for i in plan.keep_layers:
+        plan.heads[i] = top(shared, k)
+    return plan
 
 
 

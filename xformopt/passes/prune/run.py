@@ -109,6 +109,7 @@ from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import ModelSpec, load_tokenizer, load_torch_model, pruned_heads
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.prune import width as width_prune
 from xformopt.passes.prune.flops import Shape, encoder_flops
 from xformopt.passes.prune.importance import (
     Batches,
@@ -121,6 +122,7 @@ from xformopt.passes.prune.importance import (
     taylor_importance,
 )
 from xformopt.passes.prune.plans import (
+    EXPLICIT_KEYS,
     HEAD_FRACTIONS,
     Plan,
     candidate_plans,
@@ -131,7 +133,11 @@ from xformopt.passes.prune.plans import (
     removes_nothing,
     select_plan,
     shape_text,
+    shared_head_scores,
+    uniform_heads,
 )
+from xformopt.passes.prune.relative import FRACTIONS, fraction_text
+from xformopt.passes.prune.relative import resolve as resolve_fractions
 from xformopt.passes.prune.timing import measure_onnx_latency, time_plans
 from xformopt.passes.records import PruneRecord
 from xformopt.passes.surgery import (
@@ -151,6 +157,13 @@ class PruneOptions(PassOptions):
     heads_per_layer: int | None = Field(None, ge=1, description="explicit: attention heads kept in every layer")
     ffn_dim: int | None = Field(None, ge=1, description="explicit: FFN width kept in every layer")
     layers: int | None = Field(None, ge=1, description="explicit: number of encoder layers kept")
+    hidden_size: int | None = Field(
+        None, ge=1, description="explicit: hidden size (residual stream) kept, a multiple of the head size; the heads "
+                                "kept per layer are hidden_size / head size (xformopt/passes/prune/width.py)")
+    layers_fraction: float | None = Field(None, gt=0, le=1, description="relative: fraction of the layers kept")
+    heads_fraction: float | None = Field(None, gt=0, le=1, description="relative: fraction of the heads kept per layer")
+    ffn_fraction: float | None = Field(None, gt=0, le=1, description="relative: fraction of the FFN width kept")
+    hidden_fraction: float | None = Field(None, gt=0, le=1, description="relative: fraction of the hidden size kept")
     strategy: Literal["auto", "width", "depth"] = Field(
         "auto", description="sparsity allocation: auto (candidates over layer counts, chosen by `prefer`), width only, "
                             "depth first"
@@ -185,11 +198,13 @@ class PruneOptions(PassOptions):
 
     @model_validator(mode="after")
     def _one_target(self):
-        explicit = [self.heads_per_layer, self.ffn_dim, self.layers]
+        explicit = [getattr(self, k) for k in (*EXPLICIT_KEYS, *FRACTIONS)]
         if self.sparsity is None and all(v is None for v in explicit):
-            raise ValueError("give a target: sparsity (e.g. 0.5), or heads_per_layer / ffn_dim / layers")
+            raise ValueError("give a target: sparsity (e.g. 0.5), or heads_per_layer / ffn_dim / layers / hidden_size "
+                             "(or their *_fraction)")
         if self.sparsity is not None and any(v is not None for v in explicit):
-            raise ValueError("sparsity and explicit heads_per_layer/ffn_dim/layers are exclusive; give one kind")
+            raise ValueError("sparsity and explicit heads_per_layer/ffn_dim/layers/hidden_size (or fractions) are "
+                             "exclusive; give one kind")
         return self
 
 
@@ -215,6 +230,7 @@ def load_sets(ctx: PassContext, options: PruneOptions, labelled: bool):
 
 def shape_record(shape: Shape, ref_len: int, mean_len: float) -> dict:
     return {
+        "hidden_size": shape.hidden,
         "layers": shape.num_layers,
         "heads_per_layer": shape.heads,
         "ffn_per_layer": shape.ffn,
@@ -245,6 +261,7 @@ class PruneInputs:
     shape0: Shape
     params0: int
     multiple: int
+    options: PruneOptions  # as given, fractions turned into the absolute targets they mean for this model
 
 
 @dataclass
@@ -255,6 +272,7 @@ class Importance:
     ffn_scores: list
     layer_scores: list
     method: dict
+    channel_scores: Any = None  # per hidden channel (width pruning only)
 
 
 def load_inputs(ctx: PassContext, src: Path, options: PruneOptions) -> PruneInputs:
@@ -270,7 +288,14 @@ def load_inputs(ctx: PassContext, src: Path, options: PruneOptions) -> PruneInpu
     model = load_torch_model(ctx.spec, src)
     model.requires_grad_(False)
     if options.sparsity is None:
-        check_explicit_prunes(current_shape(model, arch), options, ctx.target.simd_multiple)
+        shape = current_shape(model, arch)
+        options = resolve_fractions(options, shape)
+        width_prune.check_width_target(options.hidden_size, options.heads_per_layer, shape.head_dim)
+        if options.hidden_size is not None and objective != "logits":
+            raise InputError("hidden_size/hidden_fraction: width pruning narrows the embedding itself (its dimension "
+                             "is the hidden size), so an index built with the teacher's vectors no longer fits; it is "
+                             "offered for classifiers. Prune layers, heads or FFN width of an embedding model")
+        check_explicit_prunes(shape, options, ctx.target.simd_multiple)
     tokenizer = load_tokenizer(src, ctx.spec.trust_remote_code)
     accepts = set(inspect.signature(model.forward).parameters)
     labelled = objective == "logits"
@@ -288,7 +313,7 @@ def load_inputs(ctx: PassContext, src: Path, options: PruneOptions) -> PruneInpu
                                                               max_length=options.max_length)["input_ids"]]))
     return PruneInputs(arch, model, objective, labelled, imp_set, held_set, imp_b, held_b, imp_ref, held_ref,
                        mean_len, current_shape(model, arch), sum(p.numel() for p in model.parameters()),
-                       ctx.target.simd_multiple)
+                       ctx.target.simd_multiple, options)
 
 
 def score_importance(ctx: PassContext, inputs: PruneInputs, options: PruneOptions) -> Importance:
@@ -319,7 +344,19 @@ def score_importance(ctx: PassContext, inputs: PruneInputs, options: PruneOption
                     "(heads |W_v|x|W_o|, neurons |W_in|x|W_out|, layers |output projections|)",
         }
         method.update({"samples": 0, "candidate_choice": "rule (no data): fewest layers dropped, most heads kept"})
-    return Importance(head_scores, ffn_scores, layer_scores, method)
+    if arch.layout.shared_head_bias:  # one per-head bias shared by every layer: the same heads everywhere
+        head_scores = shared_head_scores(head_scores)
+        method["heads_shared"] = "one ranking for every layer (sum of per-layer-normalised scores): the layers share " \
+                                 "one per-head position bias"
+    channels = None
+    if options.hidden_size is not None:
+        if options.importance == "taylor":
+            channels = width_prune.channel_importance(model, arch, inputs.imp_b)
+            method["hidden"] = "mean |LayerNorm output| per channel over real tokens, summed over the residual norms (Minitron)"
+        else:
+            channels = width_prune.magnitude_channels(model, arch)
+            method["hidden"] = "sum of |LayerNorm weight| per channel over the residual norms (data-free)"
+    return Importance(head_scores, ffn_scores, layer_scores, method, channels)
 
 
 def make_plans(inputs: PruneInputs, importance: Importance, options: PruneOptions) -> list[Plan]:
@@ -332,13 +369,15 @@ def make_plans(inputs: PruneInputs, importance: Importance, options: PruneOption
                                 HEAD_FRACTIONS if inputs.arch.layout.head_pruning else (1.0,))
         # A small sparsity can round back to the full shape (the FFN width is a SIMD multiple, and
         # 5% of the target is tolerated): such a candidate removes nothing and is not a prune.
+        if inputs.arch.layout.shared_head_bias:
+            plans = [uniform_heads(p, importance.head_scores[0]) for p in plans]
         plans = distinct([p for p in plans if not removes_nothing(p, shape0)])
         if not plans:
             raise InputError(f"nothing to prune: sparsity {options.sparsity} rounds back to the model's whole shape "
                              f"({shape_text(shape0)}; FFN widths are multiples of {multiple}); ask for fewer "
                              f"heads/FFN/layers or a larger sparsity")
         return plans
-    plans = [explicit_plan(*scores, shape0, options, multiple)]
+    plans = [explicit_plan(*scores, shape0, options, multiple, importance.channel_scores)]
     if removes_nothing(plans[0], shape0):  # check_explicit_prunes already refused this; kept as a guard
         raise InputError(f"nothing to prune: the explicit targets keep the model's whole shape "
                          f"({shape_text(shape0)}); ask for fewer heads/FFN/layers or sparsity > 0")
@@ -353,10 +392,13 @@ def most_structure(plans: list[Plan]) -> tuple[Plan, dict]:
 
 
 def prune_model(inputs: PruneInputs, plan: Plan) -> tuple[tuple[dict, dict], Shape]:
-    """Apply ``plan`` in place; the held-out quality (unpruned, pruned) and the new shape."""
+    """Apply ``plan`` (in place; a narrower hidden size makes a new model, ``inputs.model``); the held-out quality
+    (unpruned, pruned) and the new shape."""
     model = inputs.model
     before_quality = quality(model, inputs.held_b, inputs.objective, inputs.held_ref)
     apply_plan(model, inputs.arch, plan)
+    if plan.hidden is not None and len(plan.hidden) < inputs.shape0.hidden:
+        model = inputs.model = width_prune.shrink_hidden(model, inputs.arch, plan.hidden)
     model.eval()
     after_quality = quality(model, inputs.held_b, inputs.objective, inputs.held_ref)
     shape1 = current_shape(model, inputs.arch)
@@ -380,7 +422,8 @@ def prune_record(inputs: PruneInputs, options: PruneOptions, importance: Importa
         "reference_length": ref_len,
         "sample_mean_length": round(mean_len, 2),
         "target": {"sparsity": options.sparsity} if options.sparsity is not None else {
-            k: getattr(options, k) for k in ("heads_per_layer", "ffn_dim", "layers")},
+            k: getattr(inputs.options, k) for k in EXPLICIT_KEYS if getattr(inputs.options, k) is not None}
+        | fraction_text(options),
         "strategy": options.strategy if options.sparsity else "explicit",
         "simd_multiple": inputs.multiple,
         "sparsity_achieved": {"at_reference": round(1 - f_ref1 / f_ref0, 4),
@@ -413,7 +456,7 @@ class PrunePass(Pass):
     needs = ("importance data (default: vendored train split)", "held-out texts (timing)")
     flags = {"train_data": "data"}
     data_options = ("data",)
-    shape_options = ("layers", "heads_per_layer", "ffn_dim")
+    shape_options = ("layers", "heads_per_layer", "ffn_dim", "hidden_size", *FRACTIONS)
     shape_replaces = ("sparsity",)
     labelled_fallbacks = {"data": ("train/test", "prune's importance and held-out rows")}
 
@@ -428,7 +471,10 @@ class PrunePass(Pass):
         metric = "accuracy" if "accuracy" in q["pruned"] else "cosine_to_unpruned"
         before = q["unpruned"].get(metric, 1.0)
         line = (f"{rec['before']['layers']}->{rec['after']['layers']} layers, heads {rec['after']['heads_per_layer']}, "
-                f"FFN {rec['after']['ffn_per_layer'][0]}; FLOPs -{s['at_reference']:.0%} at {rec['reference_length']} tokens, "
+                f"FFN {rec['after']['ffn_per_layer'][0]}"
+                + (f", hidden {rec['before']['hidden_size']}->{rec['after']['hidden_size']}"
+                   if rec["before"].get("hidden_size") != rec["after"].get("hidden_size") else "")
+                + f"; FLOPs -{s['at_reference']:.0%} at {rec['reference_length']} tokens, "
                 f"params {rec['params']['before']:,}->{rec['params']['after']:,}; {metric} {before:.4f}->{q['pruned'][metric]:.4f} "
                 f"(before recovery, {rec['importance']['method']} importance)")
         if "latency" in rec:
@@ -438,7 +484,9 @@ class PrunePass(Pass):
         return line
 
     def run(self, ctx: PassContext, src: Path, dst: Path, options: PruneOptions) -> PruneRecord:
+        given = options
         inputs = load_inputs(ctx, src, options)
+        options = inputs.options
         importance = score_importance(ctx, inputs, options)
         plans = make_plans(inputs, importance, options)
         if options.importance == "taylor":
@@ -449,7 +497,7 @@ class PrunePass(Pass):
         qualities, shape1 = prune_model(inputs, plan)
         inputs.model.save_pretrained(dst)
         copy_side_files(src, dst)  # tokenizer and any other non-weight files
-        record = prune_record(inputs, options, importance, plan, selection, qualities, shape1)
+        record = prune_record(inputs, given, importance, plan, selection, qualities, shape1)
         inputs.model = None  # the only reference: freed before the latency check exports two more models
         if options.measure_latency:
             record["latency"] = measure_onnx_latency(ctx, src, dst, options.latency_rounds)
