@@ -188,7 +188,8 @@ def bench(
 ) -> None:
     """Re-measure an artifact; with --baseline, exit 1 on a latency or accuracy regression.
 
-    ARTIFACT is measured as `optimize` measured it (same rows, solo batch-1 timing in repeats).
+    ARTIFACT is measured as `optimize` measured it (same rows, solo batch-1 timing in repeats); an
+    encoder-decoder's latency is one sentence end to end (tokenize, generate, decode), with decoded tokens/s.
 
     Only like is compared with like: a baseline with other settings (threads, seed, held-out rows)
     is refused, and one from another host too unless --allow-host-mismatch.
