@@ -15,7 +15,7 @@ import logging
 
 from xformopt.benchmarking.measure import Artifact, Plan, document, reference_for
 from xformopt.errors import InputError
-from xformopt.evaluate.seq2seq import AGREEMENT_ROWS, generation_settings, mean_tokens, solo_sentences
+from xformopt.evaluate.seq2seq import AGREEMENT_ROWS, generation_settings, solo_sentences, tokens_per_s
 from xformopt.models import load_tokenizer
 from xformopt.seq2seq.measure import decode, forced_agreement, generate_rows, sentence_call
 from xformopt.seq2seq.runner import OrtSeq2Seq
@@ -68,7 +68,7 @@ def measure(artifact: Artifact, run: Plan) -> dict:
     _log.info(f"timing one sentence end to end, alone ({s['repeats']} repeats x {s['rounds']} rounds, {s['threads']} threads)")
     latency = solo_sentences(sentence_call(runner, tokenizer, texts, generation), len(texts), s["rounds"],
                              s["warmup"], s["repeats"])
-    tokens_per_s = mean_tokens(rows) / (latency["mean_ms"] / 1e3) if latency["mean_ms"] else 0.0
-    measured = {"stage": artifact.stage, "latency": latency, "metrics": metrics, "tokens_per_s": tokens_per_s,
+    measured = {"stage": artifact.stage, "latency": latency, "metrics": metrics,
+                "tokens_per_s": tokens_per_s(rows, latency["mean_ms"]),
                 "generation": {"num_beams": generation.num_beams, "max_new_tokens": generation.max_new_tokens}}
     return document(artifact, s, measured, notes)

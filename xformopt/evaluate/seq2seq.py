@@ -9,7 +9,8 @@ Per stage (the report's rows, as for encoders):
 - ``latency``: one sentence at batch 1 end to end (tokenize, generate with the model's generation
   config, greedy or beams, decode), all stages interleaved; ``tokens_per_s``: generated tokens over that time.
 
-The artifact row adds its solo timing (repeats) and ``step_cost_ms``: one cached decoder step after
+The artifact row adds its solo timing (repeats), its ``tokens_per_s`` over that solo timing (what
+``xformopt bench`` re-measures), and ``step_cost_ms``: one cached decoder step after
 1, 8, 32 and 128 earlier steps (those the model's positions allow), the evidence that decoding uses the cache (the cost grows only by the
 attention's share). ``reference_outputs`` are the baseline's generated ids (padded with -1).
 """
@@ -66,8 +67,10 @@ def solo_sentences(call, n: int, rounds: int, warmup: int, repeats: int) -> dict
     return {**solo_steps(call, n, rounds, warmup, repeats), "unit": UNIT}
 
 
-def mean_tokens(rows: list[list[int]]) -> float:
-    return float(np.mean([len(r) for r in rows])) if rows else 0.0
+def tokens_per_s(rows: list[list[int]], mean_ms: float) -> float:
+    """Mean generated tokens per row over the mean call."""
+    tokens = float(np.mean([len(r) for r in rows])) if rows else 0.0
+    return tokens / (mean_ms / 1e3) if mean_ms else 0.0
 
 
 def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int,
@@ -102,15 +105,12 @@ def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int,
     _log.info(f"cached-step cost of the artifact after {lengths} earlier steps")
     steps = step_cost_by_length(runners[final], tokenizer, texts[0], lengths)
 
-    def tokens_per_s(name: str) -> float:
-        return mean_tokens(rows[name]) / (latency[name].mean_ms / 1e3) if latency[name].mean_ms else 0.0
-
     per_stage = {s.name: {"metrics": metrics[s.name],
-                          "latency": {**latency[s.name].to_dict(), "unit": UNIT, "tokens_per_s": tokens_per_s(s.name)},
+                          "latency": {**latency[s.name].to_dict(), "unit": UNIT, "tokens_per_s": tokens_per_s(rows[s.name], latency[s.name].mean_ms)},
                           "speedup": speedup[s.name], "size_bytes": size_bytes(s)} for s in stages}
     return {
         "stages": per_stage,
-        "artifact": {"stage": final, "latency": solo, "metrics": metrics[final], "tokens_per_s": tokens_per_s(final),
+        "artifact": {"stage": final, "latency": solo, "metrics": metrics[final], "tokens_per_s": tokens_per_s(rows[final], solo["mean_ms"]),
                      "step_cost_ms": steps, "generation": {"num_beams": generation.num_beams,
                                                           "max_new_tokens": generation.max_new_tokens},
                      "examples": [{"source": t, "output": o} for t, o in zip(texts[:3], decoded[final][:3])]},
