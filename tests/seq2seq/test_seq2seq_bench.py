@@ -86,3 +86,19 @@ def test_a_missing_graph_is_one_line_and_exit_2(artifact, tmp_path, capsys):
     code, out, err = run_cli(["bench", broken, *QUICK], capsys)
     assert code == 2 and DECODER_FILE in err and len(err.strip().splitlines()) == 1, err
     assert (broken / ENCODER_FILE).is_file()
+    code, out, err = run_cli(["bench", artifact, "--new-tokens", "8"], capsys)  # the decoder bench's own flag
+    assert code == 2 and "text-generation artifacts only" in err, err
+
+
+def test_a_single_pass_export_is_measured_with_what_it_has(trained_bart_src, tmp_path, capsys):
+    """`xformopt export` output (no report, no reference/): bench measures it on the default rows, says what it
+    skipped, and compares with nothing."""
+    code, out, err = run_cli(["export", trained_bart_src, "-o", tmp_path / "chain"], capsys)
+    assert code == 0, err
+    code, out, err = run_cli(["bench", tmp_path / "chain", "--limit", "8", "--threads", "1", "--rounds", "3",
+                              "--repeats", "1", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert bench_errors(doc) == [] and not doc["comparison"]["comparable"] and doc["artifact"]["stage"] == "export"
+    assert "bleu" in doc["artifact"]["metrics"] and "same_output_as_baseline" not in doc["artifact"]["metrics"]
+    assert any("same_output_as_baseline and next_token_agreement skipped" in n for n in doc["notes"])
