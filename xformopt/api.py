@@ -312,17 +312,17 @@ _LOADERS = {"encoder": load_predictor, "decoder": TextGenerator, "seq2seq": Text
 @dataclass
 class BenchResult:
     """What ``bench`` measured. ``doc``: the bench document (``xformopt.bench/1`` for encoders, the
-    generation bench ``xformopt.generation-bench/1`` for decoders), as ``--json`` prints it.
-    ``comparison``: ``doc["comparison"]`` (encoders; None for decoders). ``verdict``: ``"pass"`` (gated,
+    generation bench ``xformopt.generation-bench/1`` for decoders; encoder-decoders take the first), as ``--json`` prints it.
+    ``comparison``: ``doc["comparison"]`` (encoders and encoder-decoders; None for decoders). ``verdict``: ``"pass"`` (gated,
     every check passed), ``"regression"`` (gated, a check failed: ``failure`` says which), or
     ``"informative"`` (nothing gated: no baseline, or a decoder)."""
 
     doc: dict
-    kind: str  # "encoder" | "generation"
+    kind: str  # "encoder" | "seq2seq" | "generation"
 
     @property
     def comparison(self) -> dict | None:
-        return self.doc.get("comparison") if self.kind == "encoder" else None
+        return self.doc.get("comparison") if self.kind != "generation" else None
 
     @property
     def gated(self) -> bool:
@@ -383,8 +383,8 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
         if baseline is not None or junit is not None:  # nothing gates generation
             task.refuse("gate", ", ".join(f for f, v in {"--baseline": baseline, "--junit": junit}.items() if v))
         return bench_generation(artifact, **generation, rounds=rounds, threads=threads, seed=seed, output=output)
-    if graph != "encoder":
-        task.refuse("bench", f"{artifact} is a {task.name} artifact")  # encoder-decoders: their refusal says what measures them
+    if graph not in bench_run.MEASURES:
+        task.refuse("bench", f"{artifact} is a {task.name} artifact")
     paths = {k: Path(v) if v is not None else None for k, v in (("baseline", baseline), ("data", data),
                                                                   ("output", output), ("junit", junit))}
     bench_run.check_apart(artifact, (paths["data"], paths["baseline"]), **{"-o": paths["output"], "--junit": paths["junit"]})
@@ -395,7 +395,7 @@ def bench(artifact: str | Path, *, baseline: str | Path | None = None, data: str
                                   label_column=label_column, limit=limit, seed=seed, threads=threads, rounds=rounds,
                                   warmup=warmup, repeats=repeats, max_latency_regression=max_latency_regression,
                                   max_accuracy_drop=max_accuracy_drop, allow_host_mismatch=allow_host_mismatch)
-    result = BenchResult(doc, "encoder")
+    result = BenchResult(doc, graph)
     if check and result.verdict == "regression":
         raise GateFailed(result.failure)
     return result

@@ -76,7 +76,7 @@ def test_a_real_profile_document_matches_its_type_and_round_trips(artifact, tmp_
 
 
 @pytest.mark.parametrize("where, key", [("", "surprise"), ("comparison", "verdict"), ("comparison.checks.0", "p"),
-                                        ("settings.heldout", "file"), ("artifact", "tokens_per_s")])
+                                        ("settings.heldout", "file"), ("artifact", "step_cost_ms")])
 def test_an_unexpected_bench_field_is_named(documents, where, key):
     doc = json.loads(documents["gated"][0])
     node = doc

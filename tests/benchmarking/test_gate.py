@@ -125,6 +125,16 @@ def test_cosine_limit_is_in_points_times_100():
     assert "cosine_to_baseline regression: 0.9860 vs 0.9920 baseline (-0.60 pt)" in gate.failure_message(failed)
 
 
+@pytest.mark.parametrize("new_value, verdict", [(29.6, "pass"), (29.4, "regression")])
+def test_bleu_is_its_own_points(new_value, verdict):
+    """BLEU is on a 0-100 scale already: 0.5 points of budget is 0.5 BLEU, not 0.005."""
+    result = gate.compare(document(metric="bleu", value=30.0), document(metric="bleu", value=new_value),
+                          max_accuracy_drop=0.5)
+    check = result["checks"][1]
+    assert check["verdict"] == verdict and check["change_points"] == pytest.approx(new_value - 30.0)
+    assert check["threshold"] == pytest.approx(29.5)
+
+
 def test_both_failures_in_one_line():
     result = gate.compare(document(median=3.0, value=0.9), document(median=6.0, value=0.8))
     message = gate.failure_message(result)

@@ -36,8 +36,9 @@ Accuracy
 --------
 The headline metric (``accuracy`` for classification, ``cosine_to_baseline`` for embeddings) is
 compared in points: ``points = 100 * value``, so ``--max-accuracy-drop 0.5`` allows 0.5
-percentage points of accuracy, or 0.005 of cosine. A regression iff
-``100 * (old - new) > max_accuracy_drop``. Both runs score the same rows with the same model
+percentage points of accuracy, or 0.005 of cosine; a metric already on a 0-100 scale (BLEU, chrF:
+its task declares ``bounds`` up to 100) is its own points, so 0.5 allows 0.5 BLEU. A regression iff
+``scale * (old - new) > max_accuracy_drop``. Both runs score the same rows with the same model
 file, so the metric is (near) deterministic; the confidence intervals are reported as evidence
 but do not widen the limit. A gate (``--baseline``) whose headline metric cannot be compared
 (one side lacks it, e.g. an embeddings artifact without ``reference/``, or other ``--data``) is
@@ -58,7 +59,7 @@ from xformopt.measure.host import (
     FINGERPRINT_VERSIONS,
     host_fingerprint,
 )
-from xformopt.report.cells import PERCENT_METRICS
+from xformopt.report.cells import METRICS, PERCENT_METRICS
 from xformopt.report.schema import KNOWN_SCHEMAS, check_numbers
 
 LATENCY_CHECK = "latency_median_ms"
@@ -274,8 +275,14 @@ def _uncertainty(metric: dict) -> dict:
     return {k: metric[k] for k in ("n", "ci95", "stderr") if k in metric}
 
 
+def points_scale(name: str) -> float:
+    """Points per unit of a metric: 100 for a 0-1 score (accuracy, cosine), 1 for one on a 0-100 scale (BLEU)."""
+    metric = METRICS.get(name)
+    return 1.0 if metric is not None and metric.bounds[1] == 100.0 else 100.0
+
+
 def metric_check(name: str, old_metrics: dict, new_metrics: dict, max_drop: float | str) -> dict:
-    """Regression iff 100 * (old - new) > the allowed drop in points (plain; the CIs are evidence only).
+    """Regression iff scale * (old - new) > the allowed drop in points (plain; the CIs are evidence only).
 
     ``max_drop``: points, or a percentage of the baseline's value ('1%', see accuracy_budget)."""
     old, new = (old_metrics or {}).get(name), (new_metrics or {}).get(name)
@@ -291,9 +298,10 @@ def metric_check(name: str, old_metrics: dict, new_metrics: dict, max_drop: floa
             "evidence": {},
         }
     old_v, new_v = float(old["value"]), float(new["value"])
-    max_drop_points = accuracy_budget.points(max_drop, 100 * old_v)
+    scale = points_scale(name)
+    max_drop_points = accuracy_budget.points(max_drop, scale * old_v)
     base["limit"] = max_drop_points
-    change_points = 100 * (new_v - old_v)
+    change_points = scale * (new_v - old_v)
     regression = -change_points > max_drop_points
     message = (
         f"{name} {'regression' if regression else 'ok'}: {_fmt_metric(name, new_v)} vs {_fmt_metric(name, old_v)} baseline "
@@ -305,7 +313,7 @@ def metric_check(name: str, old_metrics: dict, new_metrics: dict, max_drop: floa
         "current": new_v,
         "change": new_v - old_v,
         "change_points": change_points,
-        "threshold": old_v - max_drop_points / 100,
+        "threshold": old_v - max_drop_points / scale,
         "verdict": REGRESSION if regression else PASS,
         "message": message,
         "evidence": {"baseline": _uncertainty(old), "current": _uncertainty(new)},

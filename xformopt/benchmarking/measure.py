@@ -49,6 +49,7 @@ from xformopt.report.schema import BENCH_SCHEMA, REPORT_SCHEMA
 from xformopt.report.types import Report
 from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.session import thread_pool_setting
+from xformopt.seq2seq import GRAPH_FILES as SEQ2SEQ_GRAPHS
 
 _log = logging.getLogger(__name__)
 
@@ -160,22 +161,35 @@ def load_artifact(path: Path) -> Artifact:
     check_document(report, str(path / "report.json"))  # settings, host and the artifact's latency
     if not isinstance(report.get("model"), dict):
         raise InputError(f"{path / 'report.json'} lacks its 'model' section; re-run optimize")
-    if not (path / "model.onnx").is_file():
-        raise InputError(f"{path} has no model.onnx; bench times the ONNX artifact of `xformopt optimize`")
-
-    check_onnx_file(path / "model.onnx")
     task = (manifest.get("input") or {}).get("task") or report["model"].get("task")
+    check_graphs(path, models.artifact_task(path))
     spec = models.describe(path, task)
     if not (path / "tokenizer.json").is_file():
         raise InputError(f"{path} has no tokenizer.json; the artifact is incomplete, re-run optimize")
     return Artifact(path, manifest, report, evaluation, spec)
 
 
+# Task.graph -> the ONNX files bench times (encoder-decoders: two graphs, xformopt/seq2seq)
+GRAPH_FILES = {"encoder": ("model.onnx",), "seq2seq": SEQ2SEQ_GRAPHS}
+
+
+def check_graphs(path: Path, task) -> None:
+    """The artifact's ONNX graphs are there and readable, else one line (exit 2)."""
+    names = GRAPH_FILES.get(task.graph if task is not None else "encoder", GRAPH_FILES["encoder"])
+    missing = [n for n in names if not (path / n).is_file()]
+    if missing:
+        raise InputError(f"{path} has no {' or '.join(missing)}; bench times the ONNX artifact of `xformopt optimize`")
+    for name in names:
+        check_onnx_file(path / name)
+
+
 def _load_chain(path: Path, manifest: dict) -> Artifact:
     """The output of `xformopt export|fuse|quantize`: measured with the default evaluation settings."""
     last = manifest["passes"][-1].get("pass")
-    if not (path / "model.onnx").is_file():
-        raise InputError(f"{path} is the output of `xformopt {last}` (a PyTorch folder, no model.onnx); bench times "
+    task = models.artifact_task(path)
+    graphs = GRAPH_FILES.get(task.graph if task is not None else "encoder", GRAPH_FILES["encoder"])
+    if not all((path / name).is_file() for name in graphs):
+        raise InputError(f"{path} is the output of `xformopt {last}` (a PyTorch folder, no {' or '.join(graphs)}); bench times "
                          f"ONNX: run `xformopt export {path} -o NEW_DIR` and bench NEW_DIR")
     if not (path / "tokenizer.json").is_file():
         raise InputError(f"{path} has no tokenizer.json; the stage is incomplete, re-run `xformopt {last}`")
@@ -265,28 +279,32 @@ def open_predictor(artifact: Artifact, threads: int):
         raise InputError(f"cannot load the artifact {artifact.path} ({type(exc).__name__}: {reason}); re-run optimize") from None
 
 
+def reference_for(artifact: Artifact, heldout):
+    """(the fp32 baseline's outputs, None) when reference/ holds outputs for exactly these held-out rows,
+    else (None, why not)."""
+    reference = load_reference(artifact)
+    if reference is None:
+        return None, ("the artifact has no reference/ (fp32 baseline outputs)" if artifact.report is not None else
+                      "single-pass commands record no fp32 baseline outputs (reference/); `xformopt optimize` does")
+    ref_outputs, rows = reference
+    same_rows = (
+        [int(i) for i in rows["row_ids"]] == [int(i) for i in heldout.row_ids]
+        and heldout_identity({"source": rows.get("source", "")})["source"] == heldout_identity({"source": heldout.source})["source"]
+    )
+    return (ref_outputs, None) if same_rows else (None, "the held-out rows differ from the rows of reference/rows.json")
+
+
 def metrics_for(artifact: Artifact, heldout, outputs, seed: int, notes: list[str]):
     """Metrics as optimize computed them for the artifact (the task's score) when the held-out rows
     are the reference rows; otherwise label metrics only (no fp32 baseline outputs for other rows)."""
     import numpy as np
 
     task = artifact.spec.task_def
-    reference = load_reference(artifact)
-    same_rows = False
-    if reference is None:
-        reason = ("the artifact has no reference/ (fp32 baseline outputs)" if artifact.report is not None else
-                  "single-pass commands record no fp32 baseline outputs (reference/); `xformopt optimize` does")
-    else:
-        ref_outputs, rows = reference
-        same_rows = (
-            [int(i) for i in rows["row_ids"]] == [int(i) for i in heldout.row_ids]
-            and heldout_identity({"source": rows.get("source", "")})["source"] == heldout_identity({"source": heldout.source})["source"]
-        )
-        reason = "the held-out rows differ from the rows of reference/rows.json"
-        if same_rows and ref_outputs.shape[1:] != np.asarray(outputs).shape[1:]:
-            raise InputError(f"{artifact.path / 'reference'} holds outputs of shape {ref_outputs.shape[1:]}, the model gives "
-                             f"{np.asarray(outputs).shape[1:]}; the artifact is inconsistent, re-run optimize")
-    if same_rows:
+    ref_outputs, reason = reference_for(artifact, heldout)
+    if ref_outputs is not None and ref_outputs.shape[1:] != np.asarray(outputs).shape[1:]:
+        raise InputError(f"{artifact.path / 'reference'} holds outputs of shape {ref_outputs.shape[1:]}, the model gives "
+                         f"{np.asarray(outputs).shape[1:]}; the artifact is inconsistent, re-run optimize")
+    if ref_outputs is not None:
         return task.score(outputs, ref_outputs, heldout, seed)
     note = f"{task.skipped_without_baseline()} skipped: {reason}"
     _log.info(f"note: {note}")
@@ -308,6 +326,11 @@ def measure(artifact: Artifact, run: Plan) -> dict:
     latency = modes.solo_repeats(predictor, texts, pairs, rounds=s["rounds"],
                                  warmup=s["warmup"], repeats=s["repeats"], seed=s["seed"],
                                  progress=progress.tracker(f"latency (alone, {s['repeats']} repeats)"))
+    return document(artifact, s, {"stage": artifact.stage, "latency": latency, "metrics": metrics}, notes)
+
+
+def document(artifact: Artifact, settings: dict, measured: dict, notes: list[str]) -> dict:
+    """The bench document without its ``comparison``: ``measured`` is its ``artifact`` section."""
     host = host_info()
     return {
         "schema": BENCH_SCHEMA,
@@ -316,10 +339,10 @@ def measure(artifact: Artifact, run: Plan) -> dict:
         "model": artifact.model,
         "target": artifact.target,
         "headline_metric": artifact.headline_metric,
-        "settings": s,
+        "settings": settings,
         "host": host,
         "host_fingerprint": host_fingerprint(host),
-        "artifact": {"stage": artifact.stage, "latency": latency, "metrics": metrics},
+        "artifact": measured,
         "notes": notes,
     }
 

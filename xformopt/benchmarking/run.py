@@ -1,8 +1,8 @@
 """One bench run, as `xformopt bench` and ``xformopt.bench()`` do it: refuse unsafe output paths and an
 incomparable baseline before timing, measure, compare, and write the JSON document and JUnit XML.
 
-Encoder artifacts get the measurement and the regression gate (:mod:`.measure`, :mod:`.gate`); decoder
-artifacts the generation benchmark (:mod:`xformopt.decoder.bench`), which has no gate yet.
+Encoder and encoder-decoder artifacts get the measurement and the regression gate (:mod:`.measure`,
+:mod:`.seq2seq`, :mod:`.gate`); decoder artifacts the generation benchmark (:mod:`xformopt.decoder.bench`), which has no gate yet.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 from xformopt.atomic import write_text as write_atomic
 from xformopt.benchmarking import gate, measure
+from xformopt.benchmarking import seq2seq as seq2seq_bench
 from xformopt.benchmarking.junit import junit_xml
 from xformopt.benchmarking.types import check_bench
 from xformopt.decoder.bench import bench_artifact
@@ -24,6 +25,11 @@ from xformopt.errors import InputError
 from xformopt.models.validate import check_threads
 
 _log = logging.getLogger(__name__)
+
+
+# Task.graph -> how bench measures the artifact (same document, same gate); decoders have their own bench.
+# measure.measure is looked up at call time (a test replaces it).
+MEASURES = {"encoder": lambda art, run: measure.measure(art, run), "seq2seq": seq2seq_bench.measure}
 
 
 def check_writable(path: Path | None, flag: str) -> None:
@@ -110,7 +116,7 @@ def bench_encoder(artifact: Path, *, baseline: Path | None = None, data: Path | 
                   rounds: int | None = None, warmup: int | None = None, repeats: int | None = None,
                   max_latency_regression: str | float = "5%", max_accuracy_drop: str | float = "0.5",
                   allow_host_mismatch: bool = False, out: Path | None = None, junit: Path | None = None) -> dict:
-    """Measure an encoder artifact and compare it (see :mod:`.measure` for the document, :mod:`.gate`
+    """Measure an encoder or encoder-decoder artifact and compare it (see :mod:`.measure` for the document, :mod:`.gate`
     for ``comparison``); a baseline with other settings, or from another host without
     ``allow_host_mismatch``, is refused (InputError) before anything is timed."""
 
@@ -128,7 +134,7 @@ def bench_encoder(artifact: Path, *, baseline: Path | None = None, data: Path | 
     run = measure.plan(art, opts)
     if base_doc is not None:  # refuse an incomparable baseline before spending time on timing
         gate.check_comparable(base_doc, measure.preview(art, run), allow_host_mismatch)
-    doc = measure.measure(art, run)
+    doc = MEASURES[art.spec.task_def.graph](art, run)
     if base_doc is not None:
         comparison = gate.compare(base_doc, doc, max_latency_regression=limit_fraction, max_accuracy_drop=max_accuracy_drop,
                                   allow_host_mismatch=allow_host_mismatch, gated=True, baseline_path=str(baseline))

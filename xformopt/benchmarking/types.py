@@ -61,6 +61,9 @@ class BenchArtifact(TypedDict):
     stage: str
     latency: ArtifactLatency
     metrics: Metrics
+    # encoder-decoders: decoded tokens per second over the solo timing, and the generation settings used
+    tokens_per_s: NotRequired[float]
+    generation: NotRequired[dict[str, int]]
 
 
 @with_config(_CLOSED)

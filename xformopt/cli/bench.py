@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from xformopt import api
+from xformopt.benchmarking import gate
 from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.cli.bench_generation import DECODER_EXAMPLES, ints, print_generation
@@ -61,6 +62,10 @@ def measurement_table(doc: dict) -> Table:
     table.add_row("latency median", f"{lat['median_ms']:.2f} ms")
     table.add_row("latency p90 / p99", f"{lat['p90_ms']:.2f} / {lat['p99_ms']:.2f} ms")
     table.add_row("repeat medians", " ".join(f"{m:.2f}" for m in lat["repeat_medians_ms"]) + f" ms (spread {lat['spread_ms']:.2f})")
+    if "tokens_per_s" in doc["artifact"]:  # encoder-decoders: latency is one sentence, tokenize to decode
+        gen = doc["artifact"].get("generation") or {}
+        table.add_row("decoded tokens/s", f"{doc['artifact']['tokens_per_s']:.1f} ({gen.get('num_beams', '?')} beam(s), "
+                                          f"up to {gen.get('max_new_tokens', '?')} new tokens)")
     for name, metric in doc["artifact"]["metrics"].items():
         table.add_row(name, _metric_text(name, metric))
     return table
@@ -90,7 +95,7 @@ def comparison_table(comparison: dict) -> Table:
             limit = f"+{100 * c['limit']:g}%"
             tolerance = f"noise {c['tolerance']:.2f} ms"
         else:
-            cosine = c["name"] not in PERCENT_METRICS
+            cosine = gate.points_scale(c["name"]) == 100 and c["name"] not in PERCENT_METRICS  # a 0-1 score
             change = f"{c['change']:+.4f}" if cosine else f"{c['change_points']:+.2f} pt"
             limit = f"-{c['limit'] / 100:g}" if cosine else f"-{c['limit']:g} pt"
             tolerance = "-"
@@ -122,7 +127,7 @@ def evidence_lines(comparison: dict) -> list[str]:
                     return f"s.e. {side['stderr']:.5f}, n={side.get('n')}"
                 return f"n={side.get('n')}"
             lines.append(f"{c['name']} evidence: baseline {c['baseline']:.4f} ({unc(ev['baseline'])}), current {c['current']:.4f} "
-                         f"({unc(ev['current'])}); regression iff 100*(baseline - current) > {c['limit']:g} points, "
+                         f"({unc(ev['current'])}); regression iff {gate.points_scale(c['name']):g}*(baseline - current) > {c['limit']:g} points, "
                          f"i.e. current < {c['threshold']:.4f}")
     return lines
 
@@ -183,7 +188,8 @@ def bench(
 ) -> None:
     """Re-measure an artifact; with --baseline, exit 1 on a latency or accuracy regression.
 
-    ARTIFACT is measured as `optimize` measured it (same rows, solo batch-1 timing in repeats).
+    ARTIFACT is measured as `optimize` measured it (same rows, solo batch-1 timing in repeats); an
+    encoder-decoder's latency is one sentence end to end (tokenize, generate, decode), with decoded tokens/s.
 
     Only like is compared with like: a baseline with other settings (threads, seed, held-out rows)
     is refused, and one from another host too unless --allow-host-mismatch.

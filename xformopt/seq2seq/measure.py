@@ -33,6 +33,17 @@ def decode(tokenizer, rows: list[list[int]]) -> list[str]:
     return [t.strip() for t in tokenizer.batch_decode(rows, skip_special_tokens=True)]
 
 
+def sentence_call(runner, tokenizer, texts: Sequence[str], settings: GenerationSettings):
+    """``call(i)``: text ``i`` end to end at batch 1, as a request is served: tokenize, generate, decode.
+    What the report and ``xformopt bench`` time per sentence, so the two compare like with like."""
+
+    def call(i: int) -> list[str]:
+        enc = encode(tokenizer, [texts[i]])
+        return decode(tokenizer, generate(runner, enc["input_ids"], enc["attention_mask"], settings))
+
+    return call
+
+
 def padded(rows: list[list[int]], width: int | None = None) -> np.ndarray:
     """Token rows as one int64 array padded with -1 (what a stage's outputs are saved as)."""
     width = width or max([len(r) for r in rows] + [1])

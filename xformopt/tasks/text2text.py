@@ -42,9 +42,6 @@ class Text2Text(Task):
         "profile": "`xformopt profile` profiles encoder graphs only; the report times encoder-decoder stages per "
                    "generated sentence",
         "search": "xformopt search covers encoders (text-classification, feature-extraction)",
-        "gate": "the regression gate is not available for encoder-decoder artifacts yet",
-        "bench": "`xformopt bench` does not measure encoder-decoder artifacts yet; `xformopt optimize` reports their "
-                 "tokens/s and latency per sentence",
     }
 
     def load(self, path, *, label2id, limit, seed, columns=None, require_labels=None) -> TextDataset:
