@@ -19,6 +19,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import gc
 import json
+import logging
 from pathlib import Path
 
 import extras
@@ -110,6 +111,24 @@ def settled_heap(settled_module_heap):
     yield
     gc.collect()
     gc.freeze()
+
+
+# Loggers a test may reconfigure for the rest of its process: the CLI routes `xformopt` to its own handler and stops
+# its propagation (once per process, xformopt/cli/output.py), a served app's log config does so for `xformopt.serve`.
+RESTORED_LOGGERS = ("xformopt", "xformopt.serve", "xformopt.passes", "uvicorn", "uvicorn.error")
+
+
+@pytest.fixture(autouse=True)
+def restored_loggers():
+    """Each test starts with those loggers as the suite set them, so caplog sees what xformopt logs whatever ran
+    before on this worker (with --dist loadgroup a module follows others on its worker in no fixed company)."""
+    saved = {name: (lg.propagate, list(lg.handlers), lg.level, lg.disabled)
+             for name in RESTORED_LOGGERS for lg in (logging.getLogger(name),)}
+    yield
+    for name, (propagate, handlers, level, disabled) in saved.items():
+        lg = logging.getLogger(name)
+        lg.propagate, lg.handlers[:], lg.disabled = propagate, handlers, disabled
+        lg.setLevel(level)
 
 
 @pytest.fixture(autouse=True)
