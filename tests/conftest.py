@@ -118,17 +118,28 @@ def settled_heap(settled_module_heap):
 RESTORED_LOGGERS = ("xformopt", "xformopt.serve", "xformopt.passes", "uvicorn", "uvicorn.error")
 
 
-@pytest.fixture(autouse=True)
-def restored_loggers():
-    """Each test starts with those loggers as the suite set them, so caplog sees what xformopt logs whatever ran
-    before on this worker (with --dist loadgroup a module follows others on its worker in no fixed company)."""
-    saved = {name: (lg.propagate, list(lg.handlers), lg.level, lg.disabled)
-             for name in RESTORED_LOGGERS for lg in (logging.getLogger(name),)}
-    yield
-    for name, (propagate, handlers, level, disabled) in saved.items():
+def _logger_states() -> dict:
+    return {name: (lg.propagate, list(lg.handlers), lg.level, lg.disabled)
+            for name in RESTORED_LOGGERS for lg in (logging.getLogger(name),)}
+
+
+def _set_logger_states(states: dict) -> None:
+    for name, (propagate, handlers, level, disabled) in states.items():
         lg = logging.getLogger(name)
         lg.propagate, lg.handlers[:], lg.disabled = propagate, handlers, disabled
         lg.setLevel(level)
+
+
+SUITE_LOGGERS = _logger_states()  # as this conftest leaves them, before any test or fixture runs
+
+
+@pytest.fixture(autouse=True)
+def restored_loggers():
+    """Each test starts and ends with those loggers as the suite set them (not as an earlier test or a module
+    fixture that ran the CLI left them), so caplog sees what xformopt logs whatever ran before on this worker."""
+    _set_logger_states(SUITE_LOGGERS)
+    yield
+    _set_logger_states(SUITE_LOGGERS)
 
 
 @pytest.fixture(autouse=True)
