@@ -68,7 +68,11 @@ def _start_rank(name: str) -> int:
 RAY_MODULES = ("test_search.py", "test_serve_ray.py")
 
 
+_EXTRAS_SKIPPED: list[str | None] = [None]  # --extras-skipped, for hooks that are given no config
+
+
 def pytest_configure(config):
+    _EXTRAS_SKIPPED[0] = config.getoption("--extras-skipped")
     host_facts.state_host(config)
     if (share := torch_threads_share()) is not None:
         import torch
@@ -388,9 +392,22 @@ def served_reader(tmp_path_factory, tokenizer_dir, sample_texts) -> Path:
 
 # --------------------------------------------------------------------------- skips that must name an extra
 
+def pytest_sessionstart(session):
+    """--extras-skipped: a fresh file per run (the controller's, before pytest-xdist starts its workers)."""
+    path = session.config.getoption("--extras-skipped")
+    if path is not None and not hasattr(session.config, "workerinput"):
+        Path(path).write_text("", encoding="utf-8")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker forwards the report
 def pytest_collectreport(report):
     extras.check_skip(report)
+    # A whole module skipped for an extra is written from here, in the worker that collected it: pytest-xdist hands
+    # the controller a skipped collection report of one worker only, so the terminal summary can miss it.
+    path = _EXTRAS_SKIPPED[0]
+    if path is not None and report.skipped and extras.skip_reason(report).startswith(extras.REASON_PREFIX):
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"{_without_group(report.nodeid)}\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -404,8 +421,9 @@ def pytest_terminal_summary(terminalreporter, config):
     path = config.getoption("--extras-skipped")
     if path is None or hasattr(config, "workerinput"):
         return
-    ids = sorted({_without_group(report.nodeid) for report in terminalreporter.stats.get("skipped", [])
-                  if extras.skip_reason(report).startswith(extras.REASON_PREFIX)})
+    written = Path(path).read_text(encoding="utf-8").splitlines() if Path(path).is_file() else []
+    ids = sorted(set(written) | {_without_group(report.nodeid) for report in terminalreporter.stats.get("skipped", [])
+                                 if extras.skip_reason(report).startswith(extras.REASON_PREFIX)})
     Path(path).write_text("".join(f"{nodeid}\n" for nodeid in ids), encoding="utf-8")
 
 
