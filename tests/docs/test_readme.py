@@ -169,8 +169,11 @@ def test_ci_starts_with_the_readme_quick_start_read_from_the_readme():
     assert quickstart.command("test", text) == last.split(" #")[0].strip()
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.strip().startswith("#")]
-    installs = [i for i, line in enumerate(ci) if "pip install" in line or "quickstart.py install" in line]
+    installs = [i for i, line in enumerate(ci) if "pip install" in line]
     runs = [i for i, line in enumerate(ci) if "pytest" in line or '"$test_command"' in line]
     # the first install CI makes is the README's line, and the first tests it runs are the README's command
-    assert "quickstart.py install" in ci[installs[0]] and '"$install_line"' in " ".join(ci[installs[0]:runs[0]])
-    assert "quickstart.py test" in " ".join(ci[:runs[0] + 1]) and '"$test_command"' in ci[runs[0]]
+    assert ci[installs[0]] == f"install_line='{quickstart.command('install', text)}'"
+    assert ci[runs[0]] == f"test_command='{quickstart.command('test', text)}'"
+    checked = " ".join(ci[runs[0]:])
+    assert "quickstart.py install" in checked and "quickstart.py test" in checked and "exit 1" in checked
+    assert '"$install_line"' in " ".join(ci[:ci.index('XFORMOPT_EXTRAS_SKIPPED="$skipped" eval "$test_command"')])
