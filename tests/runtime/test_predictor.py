@@ -101,6 +101,22 @@ def test_embeddings_refuse_an_over_long_text_when_truncation_is_off(served_embed
         predictor.embed([long_text], truncate=False)
     with pytest.raises(InputError, match="not a string"):
         predictor.embed(["ok", 3])
+    with pytest.raises(InputError, match=r"truncate='middle': pass True .* \"left\""):
+        predictor.embed([long_text], truncate="middle")
+
+
+def test_truncate_left_keeps_the_end_of_an_over_long_text(served_embedder):
+    """``truncate="left"`` (TEI's truncation_direction) embeds the text's last tokens: the same vector as the
+    text cut by hand to its tail, and another than the default cut."""
+    predictor = load_predictor(served_embedder)
+    words = [f"w{i}" for i in range(60)]
+    long_text = " ".join(words)
+    limit = predictor.max_length
+    tail = predictor.tokenizer.convert_tokens_to_string(predictor.tokenizer.tokenize(long_text)[-(limit - 2):])
+    left = predictor.embed([long_text], truncate="left")
+    np.testing.assert_allclose(left, predictor.embed([tail]), atol=1e-5)
+    assert not np.allclose(left, predictor.embed([long_text]), atol=1e-3)
+    np.testing.assert_allclose(predictor.embed([long_text], truncate="right"), predictor.embed([long_text]), atol=1e-6)
 
 
 def test_pooling_modes_are_read_from_the_pooling_config(served_embedder, tmp_path):

@@ -77,7 +77,7 @@ def test_predict_takes_pairs_and_concurrent_reranks_are_batched(reranker, sample
     ({"query": "a film"}, 422, "Validation", "texts"),
     ({"query": "a film", "texts": ["ok", " "]}, 422, "Validation", "input 1 is empty"),
     ({"query": "a film", "texts": ["film " * 200], "truncate": False}, 422, "Validation", "more than the model's"),
-    ({"query": "a film", "texts": ["ok"], "truncation_direction": "left"}, 422, "Validation", "left is not served"),
+    ({"query": "a film", "texts": ["ok"], "truncation_direction": "up"}, 422, "Validation", "truncation_direction"),
 ])
 def test_bad_rerank_bodies_get_teis_codes(reranker, body, status, kind, words):
     server, _ = reranker

@@ -148,6 +148,29 @@ def test_tokenize_and_decode_answer_as_tei(embedder, matryoshka_embedder):
     assert r.json()[0].startswith("[CLS]") and r.json()[1] == "a"
 
 
+def test_truncation_direction_left_cuts_the_start_as_the_predictor_does(embedder, classifier):
+    """TEI's ``truncation_direction: left`` keeps an over-long input's end: the served vector (or label) is the
+    in-process one with ``truncate="left"``, which differs from the right-cut one; token ids are cut alike."""
+    server, predictor = embedder
+    long = "the film opens slowly " * 20 + "and the end is a triumph of wit and warmth"
+    left, right = predictor.embed([long], truncate="left")[0], predictor.embed([long], truncate=True)[0]
+    assert _cos(left, right) < 0.9999  # the two cuts keep different tokens
+    for direction, want in (("left", left), ("Left", left), ("right", right)):
+        r = httpx.post(f"{server.url}/embed", json={"inputs": long, "truncation_direction": direction}, headers=AUTH)
+        assert r.status_code == 200 and _cos(r.json()[0], want) >= 0.9999, (direction, r.text)
+    ids = predictor.tokenizer(long)["input_ids"]
+    assert len(ids) > predictor.max_length
+    cut = httpx.post(f"{server.url}/embed", json={"inputs": [ids], "truncation_direction": "left"}, headers=AUTH)
+    tail = httpx.post(f"{server.url}/embed", json={"inputs": [ids[-predictor.max_length:]]}, headers=AUTH)
+    head = httpx.post(f"{server.url}/embed", json={"inputs": [ids]}, headers=AUTH)
+    assert _cos(cut.json()[0], tail.json()[0]) >= 0.9999 and _cos(cut.json()[0], head.json()[0]) < 0.9999
+    server, predictor = classifier
+    want = predictor.predict([long], truncate="left")[0]
+    r = httpx.post(f"{server.url}/predict", json={"inputs": long, "truncation_direction": "left"})
+    assert r.status_code == 200 and r.json()[0]["label"] == want[0]["label"], r.text
+    assert abs(r.json()[0]["score"] - want[0]["score"]) < 1e-4
+
+
 def test_classifier_main_route_is_predict_and_tokenize_serves_it_too(classifier, sample_texts):
     server, predictor = classifier
     want = predictor.predict(sample_texts[0])
@@ -174,7 +197,7 @@ BAD = [  # (path, body, status, error_type, words): TEI's code for each fault
     ("/embed", {"inputs": [[1, -2]]}, 422, "Validation", "inputs"),
     ("/embed", {"inputs": "film " * 80, "truncate": False}, 422, "Validation", "more than the model's 32"),
     ("/embed", {"inputs": "x", "prompt_name": "passage"}, 422, "Validation", "not one of the model's prompts"),
-    ("/embed", {"inputs": "x", "truncation_direction": "left"}, 422, "Validation", "left is not served"),
+    ("/embed", {"inputs": "x", "truncation_direction": "middle"}, 422, "Validation", "truncation_direction"),
     ("/", {"inputs": []}, 400, "Empty", "cannot be empty"),
     ("/invocations", {"inputs": 3}, 422, "Validation", "inputs"),
     ("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}}, 400, "Empty", "sentences"),

@@ -134,10 +134,14 @@ class Predictor:
 
     # ------------------------------------------------------------------ the three steps
 
-    def prepare(self, inputs: Sequence, truncate: bool = True) -> list[Prepared]:
-        """Every input tokenized (one fast-tokenizer call per kind of input); ``truncate=False``
-        refuses an input longer than ``max_length`` tokens instead of cutting it."""
-        return self.head.prepare(self, list(inputs), truncate)
+    def prepare(self, inputs: Sequence, truncate: bool | str = True) -> list[Prepared]:
+        """Every input tokenized (one fast-tokenizer call per kind of input). An input longer than
+        ``max_length`` tokens is cut at its end (``truncate=True`` or ``"right"``), at its start (``"left"``,
+        TEI's ``truncation_direction``), or refused (``False``)."""
+        if not (isinstance(truncate, bool) or truncate in ("left", "right")):
+            raise InputError(f"truncate={truncate!r}: pass True (cut the end), \"left\" (cut the start) or False "
+                             "(refuse over-long inputs)")
+        return self.head.prepare(self, list(inputs), True if truncate == "right" else truncate)
 
     def run_rows(self, rows: Sequence[Row]) -> list[np.ndarray]:
         """One padded session call over ``rows``; each row's own outputs, padding removed."""
@@ -155,7 +159,7 @@ class Predictor:
 
     # ------------------------------------------------------------------ whole calls
 
-    def _run(self, inputs: Sequence, batch_size: int, truncate: bool, **options) -> list:
+    def _run(self, inputs: Sequence, batch_size: int, truncate: bool | str, **options) -> list:
         if batch_size < 1:
             raise InputError(f"batch_size must be at least 1, got {batch_size}")
         prepared = self.prepare(inputs, truncate)
@@ -170,7 +174,7 @@ class Predictor:
         return [self.finish(p, o, **options) for p, o in zip(prepared, outputs)]
 
     def embed(self, texts: str | Sequence[str], batch_size: int = 32, normalize: bool | None = None,
-              truncate: bool = True) -> np.ndarray:
+              truncate: bool | str = True) -> np.ndarray:
         """Sentence embeddings (rows, width) float32; ``normalize=None``: as the model's modules say."""
         if not self.head.embeds:
             raise InputError(f"{self.path} is a {self.task} model; embed() needs a feature-extraction artifact "
@@ -181,7 +185,7 @@ class Predictor:
         check_texts(texts)
         return np.stack(self._run(texts, batch_size, truncate, normalize=normalize)).astype(np.float32)
 
-    def predict(self, inputs, batch_size: int = 32, truncate: bool = True, raw_scores: bool = False, *,
+    def predict(self, inputs, batch_size: int = 32, truncate: bool | str = True, raw_scores: bool = False, *,
                 pairs: Sequence[str] | None = None) -> list:
         """The task's answer per input (see the module docstring); one input (not in a list) gives one answer.
 

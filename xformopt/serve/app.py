@@ -39,7 +39,15 @@ from xformopt.serve import (
 )
 from xformopt.serve.decoder_scheduler import DecoderSettings
 from xformopt.serve.metrics import CONTENT_TYPE_LATEST, Metrics
-from xformopt.serve.replies import HTTPFailure, check_inputs, error_response, inputs_of, json_response, runner
+from xformopt.serve.replies import (
+    HTTPFailure,
+    check_inputs,
+    error_response,
+    inputs_of,
+    json_response,
+    runner,
+    truncation,
+)
 from xformopt.serve.scheduler import Scheduler, Settings
 from xformopt.version import __version__
 
@@ -424,7 +432,10 @@ def _add_task_route(app: FastAPI, config: ServeConfig, spec, run) -> set[str]:
         else:  # a pair is a tuple for the predictor (a list there is a batch)
             items = [tuple(i) if isinstance(i, (list, tuple)) else i for i in items]
         check_inputs(items, config.max_inputs)
-        answers = [a for a, _ in await run(items, **{name: getattr(body, name) for name in serving.options})]
+        options = {name: getattr(body, name) for name in serving.options}
+        if "truncate" in options and hasattr(body, "truncation_direction"):
+            options["truncate"] = truncation(options["truncate"], body.truncation_direction)
+        answers = [a for a, _ in await run(items, **options)]
         return json_response(answers[0] if single else answers)
 
     predict.__annotations__ = {"body": request_model}  # the task's body model: validation and OpenAPI

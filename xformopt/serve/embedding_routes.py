@@ -16,7 +16,7 @@ import numpy as np
 from fastapi import FastAPI
 
 from xformopt.serve import schemas
-from xformopt.serve.replies import HTTPFailure, check_inputs, encode_vector, inputs_of, json_response
+from xformopt.serve.replies import HTTPFailure, check_inputs, encode_vector, inputs_of, json_response, truncation
 
 ROUTES = ("/embed", "/v1/embeddings", "/embeddings", "/embed_all", "/similarity")
 
@@ -38,13 +38,9 @@ class Inputs:
         self.limit, self.width = config.max_inputs, width
         self.prompts = read_prompts(config.artifact)
 
-    def items(self, value, what: str = "inputs", prompt_name: str | None = None,
-              direction: str = "right") -> tuple[list, bool]:
+    def items(self, value, what: str = "inputs", prompt_name: str | None = None) -> tuple[list, bool]:
         items, single = inputs_of(value)
         check_inputs(items, self.limit, what)
-        if direction.lower() == "left":
-            raise HTTPFailure(422, "truncation_direction left is not served; send right (the default) or shorter "
-                              "inputs", "Validation")
         if prompt_name is not None:
             if prompt_name not in self.prompts:
                 known = ", ".join(self.prompts) or "none"
@@ -84,15 +80,17 @@ def add_routes(app: FastAPI, config, spec, run) -> set[str]:
 
     @app.post("/embed", summary="text-embeddings-inference embeddings: [[float]]")
     async def embed(body: schemas.EmbedRequest):
-        items, _ = inputs.items(body.inputs, "inputs", body.prompt_name, body.truncation_direction)
+        items, _ = inputs.items(body.inputs, "inputs", body.prompt_name)
         cut = inputs.dimensions(body.dimensions)
-        answers = await run(items, truncate=body.truncate, normalize=body.normalize, dimensions=cut)
+        answers = await run(items, truncate=truncation(body.truncate, body.truncation_direction),
+                            normalize=body.normalize, dimensions=cut)
         return json_response([np.asarray(v, dtype=np.float32) for v, _ in answers])
 
     @app.post("/embed_all", summary="text-embeddings-inference: every token's vector, [[[float]]]")
     async def embed_all(body: schemas.EmbedAllRequest):
-        items, _ = inputs.items(body.inputs, "inputs", body.prompt_name, body.truncation_direction)
-        answers = await run(items, truncate=body.truncate, cache=False, all_tokens=True)
+        items, _ = inputs.items(body.inputs, "inputs", body.prompt_name)
+        answers = await run(items, truncate=truncation(body.truncate, body.truncation_direction), cache=False,
+                            all_tokens=True)
         return json_response([np.asarray(v, dtype=np.float32) for v, _ in answers])
 
     @app.post("/similarity", summary="text-embeddings-inference: cosine of the source sentence with each sentence")
@@ -101,8 +99,9 @@ def add_routes(app: FastAPI, config, spec, run) -> set[str]:
         if not body.inputs.sentences:
             raise HTTPFailure(400, "`inputs.sentences` cannot be empty", "Empty")
         items, _ = inputs.items([body.inputs.source_sentence, *body.inputs.sentences], "inputs.sentences",
-                                options.prompt_name, options.truncation_direction)
-        vectors = np.stack([v for v, _ in await run(items, truncate=options.truncate, normalize=True)])
+                                options.prompt_name)
+        truncate = truncation(options.truncate, options.truncation_direction)
+        vectors = np.stack([v for v, _ in await run(items, truncate=truncate, normalize=True)])
         return json_response([float(s) for s in vectors[1:] @ vectors[0]])
 
     return set(ROUTES)

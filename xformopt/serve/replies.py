@@ -50,6 +50,11 @@ def inputs_of(value) -> tuple[list, bool]:
     return [value], True
 
 
+def truncation(truncate: bool, direction: str = "right") -> bool | str:
+    """The predictor's ``truncate`` for TEI's pair of fields: False, True (cut the end) or "left" (the start)."""
+    return "left" if truncate and direction.lower() == "left" else truncate
+
+
 def check_inputs(items: list, limit: int, what: str = "inputs") -> None:
     if not items:
         raise HTTPFailure(400, f"`{what}` cannot be empty; send at least one input", "Empty")

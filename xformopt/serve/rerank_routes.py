@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from xformopt.serve import schemas
-from xformopt.serve.replies import HTTPFailure, check_inputs, json_response
+from xformopt.serve.replies import HTTPFailure, check_inputs, json_response, truncation
 
 ROUTES = ("/rerank",)
 
@@ -17,12 +17,10 @@ def add_routes(app: FastAPI, config, spec, run) -> set[str]:
     async def rerank(body: schemas.RerankRequest):
         if not body.texts:
             raise HTTPFailure(400, "`texts` cannot be empty", "Empty")
-        if body.truncation_direction.lower() == "left":
-            raise HTTPFailure(422, "truncation_direction left is not served; send right (the default) or shorter "
-                              "inputs", "Validation")
         items = [(body.query, text) for text in body.texts]
         check_inputs(items, config.max_inputs, "texts")
-        answers = await run(items, truncate=body.truncate, raw_scores=body.raw_scores)
+        answers = await run(items, truncate=truncation(body.truncate, body.truncation_direction),
+                            raw_scores=body.raw_scores)
         ranks = [{"index": i, "score": answer[0]["score"], **({"text": text} if body.return_text else {})}
                  for i, ((answer, _), text) in enumerate(zip(answers, body.texts))]
         return json_response(sorted(ranks, key=lambda r: -r["score"]))

@@ -81,7 +81,7 @@ class Settings:
 @dataclass(eq=False)
 class Job:
     items: list
-    truncate: bool
+    truncate: bool | str  # True, False, or "left" (TEI's truncation_direction)
     finish: dict  # options for Predictor.finish (normalize, raw_scores)
     arrived: float
     deadline: float
@@ -189,7 +189,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
 
-    async def submit(self, items: list, *, truncate: bool = True, cache: bool = True, **finish) -> list[tuple]:
+    async def submit(self, items: list, *, truncate: bool | str = True, cache: bool = True, **finish) -> list[tuple]:
         """(answer, tokens) per input, in order; raises Overloaded, DeadlineExceeded, BatchFailed,
         InputError (an input the model cannot take). ``cache=False``: answers too large to keep (every
         token's vector) are neither looked up nor kept."""
@@ -373,7 +373,7 @@ class Scheduler:
     def _prepare(self, jobs: list[Job]) -> list:
         """Per job: its inputs' Prepared, or the InputError one of its inputs raised."""
         per_job: list = [[None] * len(job.items) for job in jobs]
-        for truncate in (True, False):
+        for truncate in dict.fromkeys(job.truncate for job in jobs):  # True, False or "left": one call each
             todo = []  # (job, item) not in the tokenization cache
             for j, job in enumerate(jobs):
                 if job.truncate != truncate:

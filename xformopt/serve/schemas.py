@@ -11,12 +11,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, StrictBool, StrictInt, StrictStr
 
+from xformopt.tasks.bodies import Direction  # TEI's truncation_direction, both spellings
+
 Text = StrictStr  # numbers and nulls are refused, not turned into text
 TokenIds = list[NonNegativeInt]
 Inputs = Text | TokenIds | list[Text | TokenIds]
-# TEI takes both spellings; only "right" is served (the tokenizer is shared by the batch worker, and its
-# truncation side is state, not an argument): "left" gets a 422 naming it
-Direction = Literal["right", "Right", "left", "Left"]
 
 
 class OpenAIEmbeddingRequest(BaseModel):

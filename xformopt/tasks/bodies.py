@@ -4,12 +4,15 @@ only the server imports this module."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 Text = StrictStr  # numbers and nulls are refused, not turned into text
 Pair = tuple[Text, Text]
+# TEI's truncation_direction, in both of its spellings: where an over-long input is cut (the predictor's
+# truncate="left" cuts the start)
+Direction = Literal["right", "Right", "left", "Left"]
 # huggingface_hub's InferenceClient always sends a "parameters" object (function_to_apply, top_k,
 # aggregation_strategy); TEI ignores every field it does not know, these routes refuse unknown fields but
 # accept this one and ignore it, as TEI does
@@ -24,6 +27,7 @@ class ClassifyRequest(BaseModel):
     inputs: Text | Pair | list[Text | Pair]
     raw_scores: StrictBool = Field(False, description="Logits instead of probabilities.")
     truncate: StrictBool = True
+    truncation_direction: Direction = "right"
     parameters: dict[str, Any] | None = Parameters
 
 

@@ -10,6 +10,7 @@ The heads see the predictor only through the attributes they read (``tokenizer``
 
 from __future__ import annotations
 
+import copy
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -97,11 +98,26 @@ def is_pair(value) -> bool:
     return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, str) for v in value)
 
 
-def tokenize(predictor, texts: list[str], pairs: list[str] | None, truncate: bool, **extra):
-    """One fast-tokenizer call; with ``truncate=False`` an over-long input is an InputError naming it."""
+def tokenizer_for(predictor, truncate: bool | str):
+    """The predictor's tokenizer, or for ``truncate="left"`` (TEI's ``truncation_direction``) a copy of it that
+    cuts from the start: a tokenizer's truncation side is its state, not a call argument, and the shared one
+    must not change under a batch being tokenized."""
+    if truncate != "left":
+        return predictor.tokenizer
+    left = getattr(predictor, "_left_tokenizer", None)
+    if left is None:
+        left = copy.deepcopy(predictor.tokenizer)
+        left.truncation_side = "left"
+        predictor._left_tokenizer = left
+    return left
+
+
+def tokenize(predictor, texts: list[str], pairs: list[str] | None, truncate: bool | str, **extra):
+    """One fast-tokenizer call; ``truncate``: True (or "right") cuts the end, "left" the start; with
+    ``truncate=False`` an over-long input is an InputError naming it."""
     limit = predictor.max_length
-    encoded = predictor.tokenizer(texts, pairs, truncation=bool(truncate),
-                                  max_length=limit if truncate else None, **extra)
+    encoded = tokenizer_for(predictor, truncate)(texts, pairs, truncation=bool(truncate),
+                                                 max_length=limit if truncate else None, **extra)
     if not truncate:
         for i, ids in enumerate(encoded["input_ids"]):
             if len(ids) > limit:
@@ -129,7 +145,7 @@ def id_row(predictor, ids: list[int], truncate: bool, index: int) -> Row:
         if not truncate:
             raise InputError(f"input {index} has {len(ids)} tokens, more than the model's {predictor.max_length}; "
                              "shorten it or allow truncation (truncate: true)")
-        ids = ids[:predictor.max_length]
+        ids = ids[-predictor.max_length:] if truncate == "left" else ids[:predictor.max_length]
     features = {"input_ids": list(ids), "attention_mask": [1] * len(ids)}
     if "token_type_ids" in predictor.tokenizer.model_input_names:
         features["token_type_ids"] = [0] * len(ids)
