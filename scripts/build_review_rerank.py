@@ -12,10 +12,11 @@ than 12 words are skipped (halves too short to carry anything), and a query is u
 
 from __future__ import annotations
 
-import html
 import json
 import random
 from pathlib import Path
+
+from xformopt.resources import snippet_halves
 
 ROOT = Path(__file__).resolve().parents[1] / "xformopt" / "resources"
 # split -> (queries, passages per list): test and validation lists of 10 score NDCG@10; the train split's
@@ -24,15 +25,8 @@ SPLITS = {"train": (1200, 4), "validation": (60, 10), "test": (120, 10)}
 MIN_WORDS = 12
 
 
-def halves(text: str) -> tuple[str, str]:
-    words = html.unescape(text).split()
-    cut = len(words) // 2
-    return " ".join(words[:cut]), " ".join(words[cut:])
-
-
 def build(split: str, queries: int, per_list: int, rng: random.Random) -> list[dict]:
-    rows = [json.loads(line) for line in (ROOT / "vader_movie" / f"{split}.jsonl").open(encoding="utf-8")]
-    pairs = list(dict(halves(r["text"]) for r in rows if len(r["text"].split()) >= MIN_WORDS).items())
+    pairs = snippet_halves(split, MIN_WORDS)
     rng.shuffle(pairs)
     chosen, pool = pairs[:queries], [second for _, second in pairs]
     out = []

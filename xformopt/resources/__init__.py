@@ -10,6 +10,8 @@ rerankers, built by ``scripts/build_review_rerank.py``; see its README.md.
 
 from __future__ import annotations
 
+import html
+import json
 from pathlib import Path
 
 VADER_SPLITS = ("train", "validation", "test")
@@ -48,3 +50,16 @@ def word_seq2seq_path(task: str, split: str) -> Path:
     if task not in SEQ2SEQ_SETS or split not in VADER_SPLITS:
         raise ValueError(f"unknown word_seq2seq set {task}-{split}; sets: {SEQ2SEQ_SETS}, splits: {VADER_SPLITS}")
     return _ROOT / "word_seq2seq" / f"{task}-{split}.jsonl"
+
+
+def snippet_halves(split: str, min_words: int = 12) -> list[tuple[str, str]]:
+    """(first half, second half) by words of every ``vader_movie/<split>`` snippet of at least ``min_words``
+    words (HTML unescaped; a repeated opening kept once, in file order): the query and its relevant passage of
+    ``review_rerank``, and what a reranker trains on (examples/rerank)."""
+    pairs: dict[str, str] = {}
+    for line in vader_split_path(split).open(encoding="utf-8"):
+        words = html.unescape(json.loads(line)["text"]).split()
+        if len(words) >= min_words:
+            cut = len(words) // 2
+            pairs.setdefault(" ".join(words[:cut]), " ".join(words[cut:]))
+    return list(pairs.items())
