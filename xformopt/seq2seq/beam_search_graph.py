@@ -1,0 +1,139 @@
+"""One ONNX model that runs the whole decode loop in ONNX Runtime: a ``com.microsoft`` ``BeamSearch`` node (T5 style,
+``model_type=1``) whose ``encoder`` and ``decoder`` attributes are the artifact's two graphs, as they are (float,
+fused or INT8), each inside a thin wrapper that meets the op's subgraph contract (ORT's
+``subgraph_t5_encoder.cc`` / ``subgraph_t5_decoder.cc``, the layout ``convert_generation.py`` builds):
+
+- encoder subgraph ("old format", the first decoder step folded in, as ours is): ``encoder_input_ids``,
+  ``encoder_attention_mask``, ``decoder_input_ids`` (int32) -> ``logits``, ``encoder_hidden_states``, every
+  layer's ``present_key_self_i``/``present_value_self_i``, then every layer's ``present_key_cross_i``/``..._value_...``;
+- decoder subgraph: ``input_ids`` (int32, ``[batch, 1]``: one new token per step), ``encoder_attention_mask`` (int32),
+  all self-attention pasts, then all cross-attention pasts -> ``logits``, the self-attention presents.
+
+Ours are int64 ids and masks, per-layer interleaved caches, and other names: the wrappers cast, rename (Identity)
+and reorder; the op reads head count, head width and vocabulary off static output dims, which they set. Our encoder
+graph feeds its own start token, so the op's ``decoder_input_ids`` input is declared and unused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
+
+GENERATE_FILE = "generate.onnx"
+# the model's inputs, in the op's order (vocab_mask and prefix_vocab_mask left empty)
+SEARCH_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
+                 "repetition_penalty", "", "", "attention_mask")
+
+
+def _contract_io(layers: int) -> tuple[list, list, list, list]:
+    """(encoder inputs, encoder outputs, decoder inputs, decoder outputs) as (contract name, our name) pairs."""
+    def by_kind(prefix, kind, ours):
+        return [(f"{prefix}_{part}_{kind}_{i}", f"{ours}.{i}.{'decoder' if kind == 'self' else 'encoder'}.{part}")
+                for i in range(layers) for part in ("key", "value")]
+
+    enc_in = [("encoder_input_ids", "input_ids"), ("encoder_attention_mask", "attention_mask"), ("decoder_input_ids", None)]
+    enc_out = [("logits", "logits"), ("encoder_hidden_states", "last_hidden_state"),
+               *by_kind("present", "self", "present"), *by_kind("present", "cross", "present")]
+    dec_in = [("input_ids", "decoder_input_ids"), ("encoder_attention_mask", "encoder_attention_mask"),
+              *by_kind("past", "self", "past"), *by_kind("past", "cross", "past")]
+    dec_out = [("logits", "logits"), *by_kind("present", "self", "present")]
+    return enc_in, enc_out, dec_in, dec_out
+
+
+def _static_shape(name: str, value_info, dims: dict) -> list:
+    """The contract's shape of ``name``: batch and lengths symbolic; the dims the op reads fixed."""
+    old = [d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{name}_{i}")
+           for i, d in enumerate(value_info.type.tensor_type.shape.dim)]
+    if name == "logits":
+        return ["batch", 1, dims["vocab"]]
+    if name.startswith(("present_", "past_")):
+        return [old[0] if old else "batch", dims["heads"], old[2] if len(old) > 2 else "length", dims["head_size"]]
+    if name == "input_ids":  # one token per step: the op then feeds the last token, not the whole sequence
+        return ["batch", 1]
+    return old
+
+
+def _wrap(model, prefix: str, inputs: list, outputs: list, dims: dict, name: str):
+    """``model``'s graph with every name under ``prefix``, fed from and feeding the contract's names."""
+    from onnx import TensorProto, compose, helper
+
+    inner = compose.add_prefix(model, prefix)
+    graph = inner.graph
+    declared = {v.name: v for v in graph.input}
+    produced = {v.name: v for v in graph.output}
+    nodes, graph_inputs, graph_outputs, renames = [], [], [], []
+    for outer, ours in inputs:
+        if ours is None:  # our encoder graph feeds its own start token
+            graph_inputs.append(helper.make_tensor_value_info(outer, TensorProto.INT32, ["batch", 1]))
+            continue
+        source = declared[prefix + ours]
+        elem = source.type.tensor_type.elem_type
+        if elem == TensorProto.INT64:  # ids and masks: the op feeds int32
+            graph_inputs.append(helper.make_tensor_value_info(outer, TensorProto.INT32, _static_shape(outer, source, dims)))
+            nodes.append(helper.make_node("Cast", [outer], [source.name], to=TensorProto.INT64, name=f"{prefix}cast_{outer}"))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(outer, elem, _static_shape(outer, source, dims)))
+            nodes.append(helper.make_node("Identity", [outer], [source.name], name=f"{prefix}in_{outer}"))
+    for outer, ours in outputs:
+        source = produced[prefix + ours]
+        graph_outputs.append(helper.make_tensor_value_info(outer, source.type.tensor_type.elem_type,
+                                                           _static_shape(outer, source, dims)))
+        renames.append(helper.make_node("Identity", [source.name], [outer], name=f"{prefix}out_{outer}"))
+    return helper.make_graph(nodes + list(graph.node) + renames, name, graph_inputs, graph_outputs,
+                             initializer=list(graph.initializer), value_info=list(graph.value_info),
+                             sparse_initializer=list(graph.sparse_initializer)), list(inner.functions)
+
+
+def _opsets(*models) -> list:
+    """Every domain the subgraphs use, at the highest version either imports, and the op's own domain."""
+    from onnx import helper
+
+    versions: dict[str, int] = {"com.microsoft": 1}
+    for model in models:
+        for opset in model.opset_import:
+            versions[opset.domain] = max(versions.get(opset.domain, 0), opset.version)
+    return [helper.make_opsetid(domain, version) for domain, version in sorted(versions.items())]
+
+
+def _dims(encoder, config: dict) -> dict:
+    """Heads, head width and vocabulary: off the encoder graph's static output dims, else the config's."""
+    shapes = {o.name: [d.dim_value if d.HasField("dim_value") else None for d in o.type.tensor_type.shape.dim]
+              for o in encoder.graph.output}
+    present, logits = shapes.get("present.0.decoder.key", [None] * 4), shapes.get("logits", [None] * 3)
+    return {"heads": present[1] or int(config["num_heads"]), "head_size": present[3] or int(config["d_kv"]),
+            "vocab": logits[2] or int(config["vocab_size"])}
+
+
+def build_search_model(path: str | Path, eos_token_id: int, pad_token_id: int, decoder_start_token_id: int,
+                       no_repeat_ngram_size: int = 0):
+    """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    path = Path(path)
+    encoder, decoder = (onnx.load(str(path / name), load_external_data=True) for name in (ENCODER_FILE, DECODER_FILE))
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    layers = (len(decoder.graph.output) - 1) // 2
+    dims = _dims(encoder, config)
+    enc_in, enc_out, dec_in, dec_out = _contract_io(layers)
+    enc_graph, enc_functions = _wrap(encoder, "e/", enc_in, enc_out, dims, "t5 encoder and decoder init")
+    dec_graph, dec_functions = _wrap(decoder, "d/", dec_in, dec_out, dims, "t5 decoder")
+    node = helper.make_node("BeamSearch", list(SEARCH_INPUTS), ["sequences"], name="BeamSearch_t5",
+                            domain="com.microsoft", eos_token_id=int(eos_token_id), pad_token_id=int(pad_token_id),
+                            decoder_start_token_id=int(decoder_start_token_id),
+                            no_repeat_ngram_size=int(no_repeat_ngram_size), early_stopping=0, model_type=1,
+                            encoder=enc_graph, decoder=dec_graph)
+    scalar = [1]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "source"]),
+              *(helper.make_tensor_value_info(n, TensorProto.INT32, scalar)
+                for n in ("max_length", "min_length", "num_beams", "num_return_sequences")),
+              *(helper.make_tensor_value_info(n, TensorProto.FLOAT, scalar) for n in ("length_penalty", "repetition_penalty")),
+              helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "source"])]
+    outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", "returned", "max_length"])]
+    graph = helper.make_graph([node], "t5 beam search", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder), producer_name="xformopt",
+                              functions=enc_functions + dec_functions)
+    model.ir_version = max(encoder.ir_version, decoder.ir_version)
+    return model
