@@ -16,12 +16,15 @@ graph feeds its own start token, so the op's ``decoder_input_ids`` input is decl
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
-from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE
+from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE, GRAPH_FILES
 
 GENERATE_FILE = "generate.onnx"
+SEARCH_GRAPH_PAD = -1  # the op's pad_token_id: it fills the output past a hypothesis' end (no token id is negative)
+METADATA_KEY = "xformopt.search"  # the node's fixed attributes, in the model's metadata: read back without the graph
 # the model's inputs, in the op's order (vocab_mask and prefix_vocab_mask left empty)
 SEARCH_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
                  "repetition_penalty", "", "", "attention_mask")
@@ -106,9 +109,14 @@ def _dims(encoder, config: dict) -> dict:
             "vocab": logits[2] or int(config["vocab_size"])}
 
 
-def build_search_model(path: str | Path, eos_token_id: int, pad_token_id: int, decoder_start_token_id: int,
-                       no_repeat_ngram_size: int = 0):
-    """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written)."""
+def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_id: int):
+    """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written).
+
+    Its pad id is -1, not the model's: the op pads finished hypotheses with it, and T5's pad id (0) is also a token
+    the model may generate, so the output's end would be ambiguous. A finished row of a batch is fed the pad id
+    while the others go on: -1 is a valid Gather index (the last embedding row), and that row's logits are unread.
+    The op's no-repeat n-gram rule would index a row's scores with it (ORT's logits_processor.cc): the graph has
+    no such rule (``no_repeat_ngram_size`` 0), and a generation config that sets one runs the Python loop."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -120,11 +128,11 @@ def build_search_model(path: str | Path, eos_token_id: int, pad_token_id: int, d
     enc_in, enc_out, dec_in, dec_out = _contract_io(layers)
     enc_graph, enc_functions = _wrap(encoder, "e/", enc_in, enc_out, dims, "t5 encoder and decoder init")
     dec_graph, dec_functions = _wrap(decoder, "d/", dec_in, dec_out, dims, "t5 decoder")
+    fixed = {"eos_token_id": int(eos_token_id), "decoder_start_token_id": int(decoder_start_token_id),
+             "no_repeat_ngram_size": 0}
     node = helper.make_node("BeamSearch", list(SEARCH_INPUTS), ["sequences"], name="BeamSearch_t5",
-                            domain="com.microsoft", eos_token_id=int(eos_token_id), pad_token_id=int(pad_token_id),
-                            decoder_start_token_id=int(decoder_start_token_id),
-                            no_repeat_ngram_size=int(no_repeat_ngram_size), early_stopping=0, model_type=1,
-                            encoder=enc_graph, decoder=dec_graph)
+                            domain="com.microsoft", **fixed, pad_token_id=SEARCH_GRAPH_PAD, early_stopping=0,
+                            model_type=1, encoder=enc_graph, decoder=dec_graph)
     scalar = [1]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["batch", "source"]),
               *(helper.make_tensor_value_info(n, TensorProto.INT32, scalar)
@@ -136,4 +144,15 @@ def build_search_model(path: str | Path, eos_token_id: int, pad_token_id: int, d
     model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder), producer_name="xformopt",
                               functions=enc_functions + dec_functions)
     model.ir_version = max(encoder.ir_version, decoder.ir_version)
+    helper.set_model_props(model, {METADATA_KEY: json.dumps({**fixed, "graphs": graph_digests(path)})})
     return model
+
+
+def graph_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of the two graphs the search graph embeds: a later stage that rewrites them without rebuilding it
+    leaves a search graph that no longer matches (then the Python loop runs)."""
+    out = {}
+    for name in GRAPH_FILES:
+        with open(Path(folder) / name, "rb") as f:
+            out[name] = hashlib.file_digest(f, "sha256").hexdigest()
+    return out

@@ -14,6 +14,7 @@ from xformopt.models import artifact_task, load_tokenizer, position_limit
 from xformopt.seq2seq import GRAPH_FILES
 from xformopt.seq2seq.generate import GenerationSettings, generate
 from xformopt.seq2seq.runner import OrtSeq2Seq
+from xformopt.seq2seq.search_graph import open_search_graph
 
 
 @dataclass
@@ -43,7 +44,7 @@ class Text2TextModel:
         self.path, self.threads = path, threads
         self.task = artifact_task(path)
         self.tokenizer = load_tokenizer(path)
-        self.runner = OrtSeq2Seq(path, threads=threads)
+        self.runner = OrtSeq2Seq(path, threads=threads, search=open_search_graph(path, threads))
         self.settings = GenerationSettings.from_model_dir(path)
         self.max_length = position_limit(path) or int(self.tokenizer.model_max_length or 512)
 
