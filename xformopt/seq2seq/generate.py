@@ -111,7 +111,10 @@ def generate(runner, input_ids: np.ndarray, attention_mask: np.ndarray, settings
     """Generated token ids per row (the start token and padding left out; EOS kept where reached): in the runner's
     BeamSearch graph where it has one that takes ``settings`` (one ONNX Runtime call), else in the Python loop."""
     if decode_loop(runner, settings, len(input_ids)) == ORT_LOOP:
-        return runner.search.generate(input_ids, attention_mask, settings)
+        rows = runner.search.generate(input_ids, attention_mask, settings)
+        for i in runner.search.capped(rows, settings):  # the op ranks length-capped beams by its own rule: redone here
+            rows[i] = beam_search(runner, input_ids[i:i + 1], attention_mask[i:i + 1], settings)[0]
+        return rows
     search = greedy if settings.num_beams == 1 else beam_search
     return search(runner, input_ids, attention_mask, settings)
 

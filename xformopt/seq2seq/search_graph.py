@@ -9,6 +9,9 @@ The op's own rules, and how a call is held to ours (:mod:`xformopt.seq2seq.gener
 - greedy is the op with one beam and length penalty 0: a hypothesis' score is then its summed log-probabilities, so
   the first EOS that wins the arg-max also ends the search (with a length penalty the op would go on looking for a
   longer hypothesis whose average is better: not greedy);
+- beams that reach ``max_new_tokens`` are scored over their length plus the start token (transformers: the generated
+  tokens), so where the best beam is such a capped one, :func:`xformopt.seq2seq.generate.generate` redoes the row in
+  Python (:meth:`OrtSearchGraph.capped`);
 - its stop rule is transformers' ``early_stopping=False`` heuristic; ``True`` and ``"never"`` are not the graph's;
 - beam search over several rows at once stays in Python: ORT's stop check reads row ``b``'s best score at offset
   ``b * beams`` of scores laid out ``2 * beams`` per row, so rows after the first may stop early (a measured example
@@ -68,6 +71,16 @@ class OrtSearchGraph:
         if settings.early_stopping is not False:
             return f"early_stopping={settings.early_stopping!r} (the op's stop rule is early_stopping=False's)"
         return None
+
+    def capped(self, rows: list[list[int]], settings: GenerationSettings) -> list[int]:
+        """Rows whose best beam ran to ``max_new_tokens`` without EOS while EOS was allowed: there the op's ranking is
+        not transformers' (its unfinished beams are scored over one more position than generated, the start token
+        counted, so a capped beam can beat an EOS-ended one transformers keeps: docs/seq2seq.md). The caller redoes
+        them in Python. With one beam, or EOS banned to the end (min = max new tokens), the two rank alike."""
+        if settings.num_beams == 1 or settings.min_new_tokens >= settings.max_new_tokens:
+            return []
+        eos = self.fixed["eos_token_id"]
+        return [i for i, row in enumerate(rows) if len(row) >= settings.max_new_tokens and row[-1] != eos]
 
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: GenerationSettings) -> list[list[int]]:
         """Generated token ids per row, as :func:`xformopt.seq2seq.generate.generate` returns them."""
