@@ -128,6 +128,7 @@ def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_
     enc_in, enc_out, dec_in, dec_out = _contract_io(layers)
     enc_graph, enc_functions = _wrap(encoder, "e/", enc_in, enc_out, dims, "t5 encoder and decoder init")
     dec_graph, dec_functions = _wrap(decoder, "d/", dec_in, dec_out, dims, "t5 decoder")
+    shared = share_initializers(enc_graph, dec_graph)  # before the node: make_node copies the graphs
     fixed = {"eos_token_id": int(eos_token_id), "decoder_start_token_id": int(decoder_start_token_id),
              "no_repeat_ngram_size": 0}
     node = helper.make_node("BeamSearch", list(SEARCH_INPUTS), ["sequences"], name="BeamSearch_t5",
@@ -140,12 +141,49 @@ def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_
               *(helper.make_tensor_value_info(n, TensorProto.FLOAT, scalar) for n in ("length_penalty", "repetition_penalty")),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "source"])]
     outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", "returned", "max_length"])]
-    graph = helper.make_graph([node], "t5 beam search", inputs, outputs)
+    graph = helper.make_graph([node], "t5 beam search", inputs, outputs, initializer=shared)
     model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder), producer_name="xformopt",
                               functions=enc_functions + dec_functions)
     model.ir_version = max(encoder.ir_version, decoder.ir_version)
     helper.set_model_props(model, {METADATA_KEY: json.dumps({**fixed, "graphs": graph_digests(path)})})
     return model
+
+
+def share_initializers(*graphs) -> list:
+    """Weights the subgraphs hold alike (our encoder graph runs the first decoder step, so it carries every decoder
+    weight too), moved out to the outer graph once; the subgraphs read them from there by name, as ORT's own
+    ``convert_generation.py`` shares them. Returns the outer graph's initializers; ``graphs`` are edited in place."""
+    from onnx import numpy_helper
+
+    def key(tensor):
+        array = numpy_helper.to_array(tensor)
+        return array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest()
+
+    keyed = [{key(t): t for t in g.initializer} for g in graphs]
+    common = set(keyed[0]).intersection(*keyed[1:])
+    shared = []
+    for i, k in enumerate(sorted(common, key=str)):
+        tensor = keyed[0][k]
+        outer = f"shared/{i}"
+        shared.append(numpy_helper.from_array(numpy_helper.to_array(tensor), outer))
+        for graph, by_key in zip(graphs, keyed):
+            _rename_input(graph, by_key[k].name, outer)
+    for graph in graphs:
+        kept = [t for t in graph.initializer if not t.name.startswith("shared/")]
+        del graph.initializer[:]
+        graph.initializer.extend(kept)
+    return shared
+
+
+def _rename_input(graph, old: str, new: str) -> None:
+    """Every read of ``old`` in ``graph``'s nodes becomes ``new``; its initializer is renamed (then dropped)."""
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+    for tensor in graph.initializer:
+        if tensor.name == old:
+            tensor.name = new
 
 
 def graph_digests(folder: Path) -> dict[str, str]:
