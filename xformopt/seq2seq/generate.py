@@ -120,18 +120,17 @@ def generate(runner, input_ids: np.ndarray, attention_mask: np.ndarray, settings
 
 
 ORT_LOOP, PYTHON_LOOP = "onnxruntime BeamSearch op", "python"
-_said: set = set()
 
 
 def decode_loop(runner, settings: GenerationSettings, batch: int = 1) -> str:
     """Which loop :func:`generate` runs for ``settings`` over ``batch`` rows on ``runner`` (a record field); a
-    fallback's reason is logged once per reason."""
+    fallback's reason is logged once per reason and search graph."""
     search = getattr(runner, "search", None)
     if search is None:
         return PYTHON_LOOP
     reason = search.unfit(settings, batch)
-    if reason is not None and reason not in _said:
-        _said.add(reason)
+    if reason is not None and reason not in search.said:
+        search.said.add(reason)
         log.info("the Python decode loop runs: %s", reason)
     return PYTHON_LOOP if reason else ORT_LOOP
 

@@ -53,6 +53,7 @@ class OrtSearchGraph:
         self.session = ort_session(self.path, threads)
         meta = self.session.get_modelmeta().custom_metadata_map
         self.fixed = json.loads(meta[METADATA_KEY])
+        self.said: set[str] = set()  # the fallback reasons logged so far (each once)
 
     def unfit(self, settings: GenerationSettings, batch: int = 1) -> str | None:
         """Why this graph cannot run ``settings`` over ``batch`` rows as the Python loop would (None: it can)."""
