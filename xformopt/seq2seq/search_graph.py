@@ -6,9 +6,9 @@ The op's own rules, and how a call is held to ours (:mod:`xformopt.seq2seq.gener
 - lengths count the decoder start token: ``max_length = 1 + max_new_tokens``, ``min_length = 1 + min_new_tokens``;
 - a finished hypothesis is kept without its EOS token and the op pads the rest; the graph's pad id is -1 (never a
   token), so the end is unambiguous, and a hypothesis shorter than ``max_new_tokens`` ended at EOS, which is put back;
-- greedy is the op with one beam and length penalty 0: a hypothesis' score is then its summed log-probabilities, so
-  the first EOS that wins the arg-max also ends the search (with a length penalty the op would go on looking for a
-  longer hypothesis whose average is better: not greedy);
+- greedy is the op with one beam (``GreedySearch`` has no T5 branch): the first EOS that wins the arg-max ends the
+  search, since the stop check compares the best candidate's score with that same hypothesis'; length penalty 0
+  keeps the scores plain sums (a penalty of 1.0 gave the same rows on 100 of 100: docs/seq2seq.md);
 - beams that reach ``max_new_tokens`` are scored over their length plus the start token (transformers: the generated
   tokens), so where the best beam is such a capped one, :func:`xformopt.seq2seq.generate.generate` redoes the row in
   Python (:meth:`OrtSearchGraph.capped`);
@@ -62,7 +62,7 @@ class OrtSearchGraph:
             # ORT's scorer reads row b's best score for its stop check at b * beams, not b * 2 * beams
             # (beam_search_scorer.cc): a row past the first may stop early (measured: docs/seq2seq.md)
             return "beam search over a batch of several rows (ORT's stop check reads another row's scores)"
-        if batch > 1:  # the op's tokens are the loop's here (tested), but it ranks 2 candidates per row per step
+        if batch > 1:  # the op's tokens are the loop's here (tested), its speed is not (docs/seq2seq.md)
             return "a greedy batch of several rows (measured slower in the op than in the Python loop)"
         if settings.eos_token_id != (fixed["eos_token_id"],):
             return f"EOS ids {list(settings.eos_token_id)}: the graph stops at {fixed['eos_token_id']} only"
