@@ -138,3 +138,30 @@ def test_bart_gets_no_search_graph_and_decodes_in_the_python_loop(tmp_path, capl
     assert model.runner.search is None and decode_loop(model.runner, model.settings) == PYTHON_LOOP
     assert f"has no {GENERATE_FILE}" in caplog.text
     assert model.generate(["w1 w2 w3"])[0].ids  # it generates, in Python
+
+
+def test_serve_answers_one_row_requests_through_the_search_graph(graphs):
+    """`xformopt serve` on the T5 artifact with generate.onnx, a real server on a free local port, httpx: one source
+    (greedy and 4 beams) answered through the op with the Python loop's text; a list of sources (one batch) still
+    answered, by the Python loop."""
+    import httpx
+    from serve_helpers import ServerThread
+
+    from xformopt.serve.app import ServeConfig, create_app
+    from xformopt.serve.scheduler import Settings
+
+    stage, _, _, _, _, sources, _ = graphs
+    reference = Text2TextModel(stage, threads=1, search_graph=False)
+    app = create_app(ServeConfig(str(stage), threads=1, scheduler=Settings(max_batch=8, max_wait_ms=0)))
+    with ServerThread(app) as running:
+        model = app.state.serve["predictor"].model
+        assert model.runner.search is not None
+        for beams in (1, 4):
+            settings = model.options(num_beams=beams)
+            assert decode_loop(model.runner, settings) == ORT_LOOP
+            for text in sources[:5]:
+                r = httpx.post(f"{running.url}/v1/completions", json={"prompt": text, "num_beams": beams}, timeout=30)
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["text"] == reference.generate([text], settings)[0].text
+        r = httpx.post(f"{running.url}/v1/completions", json={"prompt": sources[:3], "num_beams": 4}, timeout=30)
+        assert [c["text"] for c in r.json()["choices"]] == [g.text for g in reference.generate(sources[:3], settings)]
