@@ -3,7 +3,10 @@ same beam settings, one interleaved run.
 
 Each cell (model x threads x beams, batch 1) is a run of rounds; in each round both engines translate the same
 source in a shuffled order, and the round's ratio is xformopt's tokens/s over CTranslate2's. A cell reports the
-median ratio and a bootstrap 95% interval of that median (rounds resampled). Beside the batch-1 cells, each
+median ratio and a bootstrap 95% interval of that median (rounds resampled). xformopt runs twice per round: as
+served (``xformopt int8``: the artifact's ``generate.onnx``, ONNX Runtime's BeamSearch op, where the call allows;
+the cell's ``decode_loop`` says which ran) and through the Python decode loop (``xformopt int8 python loop``), so a
+cell also gives the Python loop over CTranslate2 and the BeamSearch graph over the Python loop. Beside the batch-1 cells, each
 model and thread count also gets a batch-8 cell (eight sources in one call of each engine's batch API).
 
 Three T5 models built in code (no checkpoint is reachable offline; CTranslate2 4.8's converter fails on
@@ -38,6 +41,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tiny_seq2seq: models built in code
 
 MODELS = ("trained", "t5-small", "flan-t5-small")
+GENERATE_FILE = "generate.onnx"  # xformopt.seq2seq.beam_search_graph's (not imported before the package root)
+OURS = {"xformopt int8": True, "xformopt int8 python loop": False}  # name -> decode in the BeamSearch graph
 T5_SMALL = dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6, num_heads=8)
 
 
@@ -79,6 +84,13 @@ def prepared(kind: str, work: Path) -> tuple[Path, Path, Path]:
     root = work / kind
     src = root / "hf" if (root / "hf" / "config.json").is_file() else build(kind, root)
     artifact = xformopt_int8(src, root)
+    if not (artifact / GENERATE_FILE).is_file():  # an artifact built before quantize wrote the search graph
+        from transformers import AutoTokenizer
+
+        from xformopt.seq2seq.search_graph import write_search_graph
+
+        print(write_search_graph(artifact, ["w1 w2 w3", "w4 w5 w6 w7"], AutoTokenizer.from_pretrained(artifact), None),
+              file=sys.stderr)
     ct2_dir = root / "ct2-int8"
     if not (ct2_dir / "model.bin").is_file():
         ctranslate2.converters.TransformersConverter(str(src)).convert(str(ct2_dir), quantization="int8", force=True)
@@ -90,16 +102,17 @@ def engines(src: Path, artifact: Path, ct2_dir: Path, threads: int, beams: int, 
     import ctranslate2
     from transformers import AutoTokenizer
 
+    from xformopt.seq2seq.generate import decode_loop
     from xformopt.seq2seq.text import Text2TextModel
 
     tokenizer = AutoTokenizer.from_pretrained(src)
-    ours = Text2TextModel(artifact, threads=threads)
-    settings = ours.settings.with_(max_new_tokens=tokens, num_beams=beams, length_penalty=1.0, early_stopping=False,
-                                   min_new_tokens=tokens if fixed else 0)
+    models = {name: Text2TextModel(artifact, threads=threads, search_graph=graph) for name, graph in OURS.items()}
+    settings = models["xformopt int8"].settings.with_(max_new_tokens=tokens, num_beams=beams, length_penalty=1.0,
+                                                      early_stopping=False, min_new_tokens=tokens if fixed else 0)
     ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="int8", intra_threads=threads, inter_threads=1)
 
-    def run_ours(texts):
-        return [len(g.ids) for g in ours.generate(texts, settings)]
+    def ours(model):
+        return lambda texts: [len(g.ids) for g in model.generate(texts, settings)]
 
     def run_ct2(texts):
         batch = [tokenizer.convert_ids_to_tokens(tokenizer(t)["input_ids"]) for t in texts]
@@ -107,7 +120,10 @@ def engines(src: Path, artifact: Path, ct2_dir: Path, threads: int, beams: int, 
                                   min_decoding_length=tokens if fixed else 0, num_hypotheses=1, return_end_token=True)
         return [len(r.hypotheses[0]) for r in out]
 
-    return {"xformopt int8": run_ours, "ctranslate2 int8": run_ct2}
+    def loop(batch: int) -> str:  # which loop "xformopt int8" runs at this batch
+        return decode_loop(models["xformopt int8"].runner, settings, batch)
+
+    return {**{name: ours(model) for name, model in models.items()}, "ctranslate2 int8": run_ct2}, loop
 
 
 def bootstrap_median(values: np.ndarray, reps: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -129,10 +145,15 @@ def cell(fns: dict, texts: list[str], rounds: int, batch: int, seed: int) -> dic
             started = time.perf_counter()
             count = sum(fns[name](chunk))
             rates[name].append(count / (time.perf_counter() - started))
-    ratio = np.asarray(rates["xformopt int8"]) / np.asarray(rates["ctranslate2 int8"])
-    low, high = bootstrap_median(ratio)
-    return {"rounds": rounds, "batch": batch, "ratio_median": float(np.median(ratio)), "ratio_ci95": [low, high],
-            **{f"{name} tokens/s median": float(np.median(v)) for name, v in rates.items()}}
+    out = {"rounds": rounds, "batch": batch}
+    # per round: ours (the BeamSearch graph where it runs) over CTranslate2, the Python loop over CTranslate2,
+    # and ours over the Python loop
+    pairs = {"": ("xformopt int8", "ctranslate2 int8"), "python_": ("xformopt int8 python loop", "ctranslate2 int8"),
+             "graph_over_python_": ("xformopt int8", "xformopt int8 python loop")}
+    for prefix, (num, den) in pairs.items():
+        ratio = np.asarray(rates[num]) / np.asarray(rates[den])
+        out[f"{prefix}ratio_median"], out[f"{prefix}ratio_ci95"] = float(np.median(ratio)), list(bootstrap_median(ratio))
+    return {**out, **{f"{name} tokens/s median": float(np.median(v)) for name, v in rates.items()}}
 
 
 def main() -> None:
@@ -162,20 +183,27 @@ def main() -> None:
         src, artifact, ct2_dir = prepared(kind, args.work or args.out / "work")
         for threads in (int(t) for t in args.threads.split(",")):
             for beams in (int(b) for b in args.beams.split(",")):
-                fns = engines(src, artifact, ct2_dir, threads, beams, args.tokens, fixed=kind != "trained")
+                fns, loop = engines(src, artifact, ct2_dir, threads, beams, args.tokens, fixed=kind != "trained")
                 for batch, rounds in ((1, args.rounds), (8, args.batch8_rounds)):
                     if rounds:
-                        row = {"model": kind, "threads": threads, "beams": beams,
+                        row = {"model": kind, "threads": threads, "beams": beams, "decode_loop": loop(batch),
                                **cell(fns, texts, rounds, batch, seed=threads * 10 + beams)}
                         results["cells"].append(row)
                         print(json.dumps(row), file=sys.stderr, flush=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = ["| model | threads | beams | batch | xformopt tokens/s | CTranslate2 tokens/s | ratio (median) | 95% CI |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | threads | beams | batch | xformopt loop | xformopt tokens/s | Python loop tokens/s | CTranslate2 "
+             "tokens/s | xformopt / CT2 (95% CI) | Python loop / CT2 (95% CI) | xformopt / Python loop (95% CI) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(c, prefix):
+        low, high = c[f"{prefix}ratio_ci95"]
+        return f"{c[f'{prefix}ratio_median']:.2f} ({low:.2f}-{high:.2f})"
+
     for c in results["cells"]:
-        lines.append(f"| {c['model']} | {c['threads']} | {c['beams']} | {c['batch']} | "
-                     f"{c['xformopt int8 tokens/s median']:.0f} | {c['ctranslate2 int8 tokens/s median']:.0f} | "
-                     f"{c['ratio_median']:.2f} | {c['ratio_ci95'][0]:.2f}-{c['ratio_ci95'][1]:.2f} |")
+        lines.append(f"| {c['model']} | {c['threads']} | {c['beams']} | {c['batch']} | {c['decode_loop']} | "
+                     f"{c['xformopt int8 tokens/s median']:.0f} | {c['xformopt int8 python loop tokens/s median']:.0f} | "
+                     f"{c['ctranslate2 int8 tokens/s median']:.0f} | {ratio(c, '')} | {ratio(c, 'python_')} | "
+                     f"{ratio(c, 'graph_over_python_')} |")
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -143,6 +143,10 @@ class Family:
     # full match on the exported ONNX node name or its module path, treatment "smooth", "split" or "float"
     # (xformopt/passes/quantize/outliers.py); quantize applies them unless told not to (outlier_rules: false).
     int8_outliers: tuple[tuple[str, str], ...] = ()
+    # encoder-decoders whose artifact also gets generate.onnx: the whole decode loop in ONNX Runtime's BeamSearch op,
+    # whose T5 branch (model_type=1) fits our two graphs (xformopt/seq2seq/beam_search_graph.py); the others decode
+    # in the Python loop (BART and mBART force BOS/EOS tokens and Marian bans its pad token: rules the op lacks)
+    search_graph: bool = False
     generic: bool = False  # built by family_of for a model type the table does not know (no row of facts)
 
     def config_item(self, config: dict, keys: tuple[str, ...]) -> tuple[str, Any] | None:
@@ -247,8 +251,10 @@ _SEQ2SEQ_SHAPE = dict(layers_keys=("num_layers", "encoder_layers", "num_hidden_l
 _T5_OUTLIERS = ((r"model\.(encoder|decoder)\.block\.\d+\.layer\.\d+\.DenseReluDense\.wo", "smooth"),)
 
 
-def _seq2seq(model_type: str, ort_type: str, int8_outliers: tuple[tuple[str, str], ...] = ()) -> Family:
-    return Family(model_type, False, ort_type, {}, exporter=SEQ2SEQ, int8_outliers=int8_outliers, **_SEQ2SEQ_SHAPE)
+def _seq2seq(model_type: str, ort_type: str, int8_outliers: tuple[tuple[str, str], ...] = (),
+             search_graph: bool = False) -> Family:
+    return Family(model_type, False, ort_type, {}, exporter=SEQ2SEQ, int8_outliers=int8_outliers,
+                  search_graph=search_graph, **_SEQ2SEQ_SHAPE)
 
 
 def _genai(model_type: str) -> Family:
@@ -321,8 +327,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # full attention (MultiHeadAttention after fuse); every layer's two (1 + w) RMSNorms fuse.
     Family("qwen3_5_text", True, "gpt2", {"SkipSimplifiedLayerNormalization": 2}, exporter="dynamo",
            grouped_query=True),
-    _seq2seq("t5", "t5", int8_outliers=_T5_OUTLIERS),
-    _seq2seq("mt5", "t5", int8_outliers=_T5_OUTLIERS),
+    _seq2seq("t5", "t5", int8_outliers=_T5_OUTLIERS, search_graph=True),
+    _seq2seq("mt5", "t5", int8_outliers=_T5_OUTLIERS, search_graph=True),
     _seq2seq("bart", "bart"),
     _seq2seq("mbart", "bart"),
     _seq2seq("marian", "bart"),

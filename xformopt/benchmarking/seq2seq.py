@@ -17,8 +17,10 @@ from xformopt.benchmarking.measure import Artifact, Plan, document, reference_fo
 from xformopt.errors import InputError
 from xformopt.evaluate.seq2seq import AGREEMENT_ROWS, generation_settings, solo_sentences, tokens_per_s
 from xformopt.models import load_tokenizer
+from xformopt.seq2seq.generate import decode_loop
 from xformopt.seq2seq.measure import decode, forced_agreement, generate_rows, sentence_call
 from xformopt.seq2seq.runner import OrtSeq2Seq
+from xformopt.seq2seq.search_graph import open_search_graph
 
 _log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ def settings_for(artifact: Artifact):
 def open_runner(artifact: Artifact, threads: int) -> OrtSeq2Seq:
     """The artifact's two graphs in ONNX Runtime; a damaged graph is bad input (exit 2)."""
     try:
-        return OrtSeq2Seq(artifact.path, threads=threads)
+        return OrtSeq2Seq(artifact.path, threads=threads, search=open_search_graph(artifact.path, threads))
     except Exception as exc:  # onnxruntime raises its own types for damaged files
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise InputError(f"cannot load the artifact {artifact.path} ({type(exc).__name__}: {reason}); re-run optimize") from None
@@ -70,5 +72,6 @@ def measure(artifact: Artifact, run: Plan) -> dict:
                              s["warmup"], s["repeats"])
     measured = {"stage": artifact.stage, "latency": latency, "metrics": metrics,
                 "tokens_per_s": tokens_per_s(rows, latency["mean_ms"]),
-                "generation": {"num_beams": generation.num_beams, "max_new_tokens": generation.max_new_tokens}}
+                "generation": {"num_beams": generation.num_beams, "max_new_tokens": generation.max_new_tokens,
+                               "decode_loop": decode_loop(runner, generation)}}
     return document(artifact, s, measured, notes)

@@ -63,7 +63,7 @@ class BenchArtifact(TypedDict):
     metrics: Metrics
     # encoder-decoders: decoded tokens per second over the solo timing, and the generation settings used
     tokens_per_s: NotRequired[float]
-    generation: NotRequired[dict[str, int]]
+    generation: NotRequired[dict[str, int | str]]  # num_beams, max_new_tokens, decode_loop
 
 
 @with_config(_CLOSED)

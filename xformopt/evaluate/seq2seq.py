@@ -26,7 +26,7 @@ from xformopt.measure.latency import compare, run_interleaved
 from xformopt.models import load_tokenizer, position_limit
 from xformopt.onnx_graph import dir_size_bytes
 from xformopt.seq2seq import GRAPH_FILES
-from xformopt.seq2seq.generate import GenerationSettings
+from xformopt.seq2seq.generate import GenerationSettings, decode_loop
 from xformopt.seq2seq.measure import (
     decode,
     forced_agreement,
@@ -36,6 +36,7 @@ from xformopt.seq2seq.measure import (
     step_cost_by_length,
 )
 from xformopt.seq2seq.runner import OrtSeq2Seq, TorchSeq2Seq
+from xformopt.seq2seq.search_graph import open_search_graph
 
 _log = logging.getLogger(__name__)
 
@@ -46,7 +47,10 @@ UNIT = "one sentence end to end (batch 1: tokenize, generate, decode)"
 
 
 def runner_for(stage, threads: int):
-    return TorchSeq2Seq(stage.path, threads=threads) if stage.kind == "hf" else OrtSeq2Seq(stage.path, threads=threads)
+    """An ONNX stage runs as it is served: in its BeamSearch graph where it has one (``decode_loop`` says which)."""
+    if stage.kind == "hf":
+        return TorchSeq2Seq(stage.path, threads=threads)
+    return OrtSeq2Seq(stage.path, threads=threads, search=open_search_graph(stage.path, threads))
 
 
 def size_bytes(stage) -> int:
@@ -112,7 +116,8 @@ def evaluate_seq2seq_stages(stages, spec, heldout, settings, threads: int,
         "stages": per_stage,
         "artifact": {"stage": final, "latency": solo, "metrics": metrics[final], "tokens_per_s": tokens_per_s(rows[final], solo["mean_ms"]),
                      "step_cost_ms": steps, "generation": {"num_beams": generation.num_beams,
-                                                          "max_new_tokens": generation.max_new_tokens},
+                                                          "max_new_tokens": generation.max_new_tokens,
+                                                          "decode_loop": decode_loop(runners[final], generation)},
                      "examples": [{"source": t, "output": o} for t, o in zip(texts[:3], decoded[final][:3])]},
         "reference_outputs": padded(rows[base]).astype(np.float32),
     }

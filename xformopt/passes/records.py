@@ -52,6 +52,7 @@ class ExportRecord(TypedDict, total=False):
     expected_fused: Counts
     decoder: dict[str, Any]  # attention fused per layer, and why not where not
     graphs: dict[str, Any]  # seq2seq: encoder.onnx and decoder.onnx
+    search_graph: dict[str, Any]  # seq2seq: generate.onnx (the decode loop in ORT's BeamSearch op) or why none
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -69,6 +70,7 @@ class FuseRecord(TypedDict, total=False):
     fused_by_graph: dict[str, Counts]  # seq2seq
     onnxscript_rewrites: dict[str, Any]
     fused_parity: dict[str, Any]
+    search_graph: dict[str, Any]  # seq2seq: generate.onnx (the decode loop in ORT's BeamSearch op) or why none
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -86,6 +88,7 @@ class QuantizeRecord(TypedDict, total=False):
     graphs: list[str]  # seq2seq
     coverage_by_graph: dict[str, dict[str, Any]]
     untied_heads: dict[str, list[str]]  # seq2seq dynamic: per graph, the nodes that read a weight transposed (a tied LM head), given their own copy to go INT8
+    search_graph: dict[str, Any]  # seq2seq: generate.onnx (the decode loop in ORT's BeamSearch op) or why none
 
 
 @with_config(ConfigDict(extra="forbid"))

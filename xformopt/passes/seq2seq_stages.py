@@ -25,6 +25,7 @@ from xformopt.seq2seq.generate import GenerationSettings, generate
 from xformopt.seq2seq.measure import encode
 from xformopt.seq2seq.parity import check_parity
 from xformopt.seq2seq.runner import OrtSeq2Seq
+from xformopt.seq2seq.search_graph import CHECK_ROWS, write_search_graph
 
 SAMPLE_ROWS = 16  # sentences each candidate generates when timed and compared
 MAX_NEW_TOKENS = 32
@@ -94,7 +95,8 @@ def fuse_seq2seq(ctx: PassContext, src: Path, dst: Path, options) -> dict:
         shutil.move(str(item), dst / item.name)
     shutil.rmtree(work)
     kept = counts if chosen == "all" else {n: {op: v for op, v in before[n].items() if v} for n in GRAPH_FILES}
-    return {"fusion_route": "onnxscript.rewriter.ort_fusions on encoder.onnx and decoder.onnx",
+    search = write_search_graph(dst, list(ctx.sample_texts)[:CHECK_ROWS], tokenizer, ctx.threads)
+    return {"search_graph": search, "fusion_route": "onnxscript.rewriter.ort_fusions on encoder.onnx and decoder.onnx",
             "fused_before": _sum(before.values()), "fused_possible": total, "fused_kept": _sum(kept.values()),
             "fused_by_graph": counts, "onnxscript_rewrites": rewrites, "expected": dict(options.expect),
             "fused_parity": parity, "kept": chosen, "reason": reason,

@@ -175,7 +175,7 @@ class Artifact(TypedDict):
     # seq2seq: the artifact's generation figures beside its timing
     tokens_per_s: NotRequired[float]
     step_cost_ms: NotRequired[Any]
-    generation: NotRequired[dict[str, int]]
+    generation: NotRequired[dict[str, int | str]]  # num_beams, max_new_tokens, decode_loop
     examples: NotRequired[list[dict[str, str]]]
 
 

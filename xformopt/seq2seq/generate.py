@@ -11,6 +11,7 @@ the same early-stop heuristic) so that an artifact's beams are PyTorch's.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from xformopt.errors import InputError
 
+log = logging.getLogger(__name__)
 NEG = -1.0e9
 NEG32 = np.float32(NEG)  # beam scores stay float32: a Python float times a bool array would make them float64
 
@@ -106,9 +108,31 @@ def process(scores: np.ndarray, sequences: np.ndarray, settings: GenerationSetti
 
 
 def generate(runner, input_ids: np.ndarray, attention_mask: np.ndarray, settings: GenerationSettings) -> list[list[int]]:
-    """Generated token ids per row (the start token and padding left out; EOS kept where reached)."""
+    """Generated token ids per row (the start token and padding left out; EOS kept where reached): in the runner's
+    BeamSearch graph where it has one that takes ``settings`` (one ONNX Runtime call), else in the Python loop."""
+    if decode_loop(runner, settings, len(input_ids)) == ORT_LOOP:
+        rows = runner.search.generate(input_ids, attention_mask, settings)
+        for i in runner.search.capped(rows, settings):  # the op ranks length-capped beams by its own rule: redone here
+            rows[i] = beam_search(runner, input_ids[i:i + 1], attention_mask[i:i + 1], settings)[0]
+        return rows
     search = greedy if settings.num_beams == 1 else beam_search
     return search(runner, input_ids, attention_mask, settings)
+
+
+ORT_LOOP, PYTHON_LOOP = "onnxruntime BeamSearch op", "python"
+
+
+def decode_loop(runner, settings: GenerationSettings, batch: int = 1) -> str:
+    """Which loop :func:`generate` runs for ``settings`` over ``batch`` rows on ``runner`` (a record field); a
+    fallback's reason is logged once per reason and search graph."""
+    search = getattr(runner, "search", None)
+    if search is None:
+        return PYTHON_LOOP
+    reason = search.unfit(settings, batch)
+    if reason is not None and reason not in search.said:
+        search.said.add(reason)
+        log.info("the Python decode loop runs: %s", reason)
+    return PYTHON_LOOP if reason else ORT_LOOP
 
 
 def _strip(sequences: np.ndarray, settings: GenerationSettings) -> list[list[int]]:

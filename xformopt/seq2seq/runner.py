@@ -57,11 +57,13 @@ def split_present(arrays: list[np.ndarray], cross: bool) -> tuple[list, list]:
 class OrtSeq2Seq:
     """The two graphs of a seq2seq artifact in ONNX Runtime sessions."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, bind_io: bool = False):
-        """``bind_io``: each step with IO binding (:meth:`step`). Off by default: measured interleaved on the shared
+    def __init__(self, path: str | Path, threads: int | None = None, bind_io: bool = False, search=None):
+        """``search``: the artifact's BeamSearch graph (:func:`xformopt.seq2seq.search_graph.open_search_graph`), which
+        :func:`xformopt.seq2seq.generate.generate` runs where the settings allow; None: the Python loop always.
+        ``bind_io``: each step with IO binding (:meth:`step`). Off by default: measured interleaved on the shared
         2-vCPU host, binding ten to thirty inputs and outputs per step cost more than ``run``'s numpy outputs
         (t5-small shapes, batch 1: 0.87x greedy, 0.97x with 4 beams; 1.06x at batch 8 with 4 beams; docs/seq2seq.md)."""
-        self.path, self.bind_io = Path(path), bind_io
+        self.path, self.bind_io, self.search = Path(path), bind_io, search
         self.encoder = ort_session(self.path / ENCODER_FILE, threads)
         # workers sleep between ops (the session default): letting them spin, as a decoder-only model's do, made
         # t5-small's steps slower at 2 threads on a shared 2-core host (0.66x greedy, 0.53x with 4 beams; docs/seq2seq.md)

@@ -13,6 +13,7 @@ from xformopt.seq2seq import GRAPH_FILES
 from xformopt.seq2seq.export import export_seq2seq
 from xformopt.seq2seq.parity import check_parity
 from xformopt.seq2seq.runner import OrtSeq2Seq, TorchSeq2Seq
+from xformopt.seq2seq.search_graph import CHECK_ROWS, write_search_graph
 
 DYNAMO_MIN_OPSET = 18
 # Small files a seq2seq stage carries beside its graphs (config, generation defaults, tokenizer).
@@ -67,7 +68,8 @@ def export_seq2seq_stage(ctx, src: Path, dst: Path, options) -> dict:
             f"seq2seq export parity failed: max |diff| {parity['max_abs_diff']:.2e} (limit {options.max_abs_diff:.0e}), "
             f"min cosine {parity['min_cosine']:.6f} (limit {options.min_cosine}) at source lengths "
             f"{parity['sequence_lengths']} ({parity['max_abs_diff_by_output']})")
+    search = write_search_graph(dst, list(ctx.sample_texts)[:CHECK_ROWS], tokenizer, ctx.threads)
     return {"exporter": "torch.onnx.export (dynamo=True): encoder (+ cross-attention cache, first step) and a cached "
                         "decoder step", "opset": opset, "task": ctx.spec.task, "graphs": graph_record(dst),
             "past_inputs": 4 * names["layers"], "inputs": names["encoder"]["inputs"] + names["decoder"]["inputs"],
-            "outputs": names["decoder"]["outputs"], "parity": parity}
+            "outputs": names["decoder"]["outputs"], "parity": parity, "search_graph": search}

@@ -14,6 +14,7 @@ from xformopt.models import artifact_task, load_tokenizer, position_limit
 from xformopt.seq2seq import GRAPH_FILES
 from xformopt.seq2seq.generate import GenerationSettings, generate
 from xformopt.seq2seq.runner import OrtSeq2Seq
+from xformopt.seq2seq.search_graph import open_search_graph
 
 
 @dataclass
@@ -32,7 +33,9 @@ def is_seq2seq_artifact(path: str | Path) -> bool:
 
 
 class Text2TextModel:
-    def __init__(self, path: str | Path, threads: int | None = None):
+    def __init__(self, path: str | Path, threads: int | None = None, search_graph: bool = True):
+        """``search_graph``: decode in the artifact's ``generate.onnx`` where it has one and the settings allow
+        (:mod:`xformopt.seq2seq.search_graph`); False: always the Python loop (what the benchmarks compare it with)."""
         path = Path(path)
         if not path.is_dir():
             raise InputError(f"artifact not found: {path}; pass the -o folder of `xformopt optimize` or `xformopt export`")
@@ -43,7 +46,8 @@ class Text2TextModel:
         self.path, self.threads = path, threads
         self.task = artifact_task(path)
         self.tokenizer = load_tokenizer(path)
-        self.runner = OrtSeq2Seq(path, threads=threads)
+        search = open_search_graph(path, threads) if search_graph else None
+        self.runner = OrtSeq2Seq(path, threads=threads, search=search)
         self.settings = GenerationSettings.from_model_dir(path)
         self.max_length = position_limit(path) or int(self.tokenizer.model_max_length or 512)
 

@@ -32,6 +32,7 @@ from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE, GRAPH_FILES
 from xformopt.seq2seq.feeds import record_feeds
 from xformopt.seq2seq.measure import decode, forced_agreement, generate_rows
 from xformopt.seq2seq.runner import OrtSeq2Seq
+from xformopt.seq2seq.search_graph import CHECK_ROWS, write_search_graph
 
 BUDGET_ROWS = 200  # labelled rows the budget generates on when budget_limit is unset
 PARITY_FEEDS = 4  # feeds per graph the outlier rewrite's float parity is checked on
@@ -68,6 +69,8 @@ def quantize_seq2seq(ctx: PassContext, src: Path, dst: Path, options, formats: d
         raise PassFailed(f"quantize changed nothing: none of {record['coverage']['weighted_gemms']} weighted "
                          f"MatMul/Gemm nodes became INT8 (op types {formats['op_types']})")
     _agreement_verdict(ctx, src, dst, options, tokenizer, record)
+    # built from the INT8 graphs as written: the op embeds them as they are
+    record["search_graph"] = write_search_graph(dst, list(ctx.sample_texts)[:CHECK_ROWS], tokenizer, ctx.threads)
     return record
 
 
