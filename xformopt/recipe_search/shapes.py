@@ -38,7 +38,7 @@ from xformopt.accuracy_budget import points
 from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
-from xformopt.passes.prune.flops import Shape, encoder_flops
+from xformopt.passes.prune.flops import Shape, config_shape, encoder_flops
 from xformopt.pipeline import Prepared
 from xformopt.recipe_search.remeasure import remeasure
 from xformopt.recipe_search.shape_order import time_shapes
@@ -99,12 +99,8 @@ def candidates(recipe: recipes.Recipe) -> list[Candidate]:
 
 
 def teacher_shape(config: dict) -> Shape:
-    """The unpruned model's shape from its config.json (the keys of BERT-like families and DistilBERT's)."""
-    heads = int(config.get("num_attention_heads") or config.get("n_heads") or 1)
-    hidden = int(config.get("hidden_size") or config.get("dim") or 1)
-    layers = int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
-    ffn = int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
-    return Shape(hidden, hidden // heads, [heads] * layers, [ffn] * layers)
+    """The unpruned model's shape from its config.json (xformopt/passes/prune/flops.py)."""
+    return config_shape(config)
 
 
 def absolute_shape(config: dict, shape: dict) -> Shape:
