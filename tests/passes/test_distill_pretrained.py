@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from harden_helpers import assert_distill_refuses
 from helpers import LABELS, TINY, make_ctx, read_jsonl, run_pass
+from tiny_students import tiny_roberta_encoder
 
 # soft targets only (no labels): the KL to the teacher is what moves
 FAST = dict(train_samples=128, eval_samples=32, max_length=48, batch_size=16, patience=0, checkpoint_every=0,
@@ -57,29 +58,8 @@ def teacher(tmp_path_factory, tiny_classifier) -> Path:
 
 @pytest.fixture(scope="module")
 def roberta_student(tmp_path_factory) -> Path:
-    """A tiny pretrained-style RoBERTa encoder (RobertaModel, no task head, as MiniLM ships) with its own
-    byte-level BPE vocabulary (600 tokens, <pad> = 1), trained here on the vendored train split: no network."""
-    import torch
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
-
-    from xformopt.resources import vader_split_path
-
-    directory = tmp_path_factory.mktemp("roberta-student")
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([r["text"] for r in read_jsonl(vader_split_path("train"))], vocab_size=600,
-                            min_frequency=2, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-                            show_progress=False)
-    bpe.save_model(str(directory))
-    tokenizer = RobertaTokenizerFast(vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt"),
-                                     model_max_length=128)
-    tokenizer.save_pretrained(directory)
-    torch.manual_seed(5)
-    config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=130, type_vocab_size=1,
-                           pad_token_id=1, bos_token_id=0, eos_token_id=2)
-    RobertaModel(config, add_pooling_layer=False).eval().save_pretrained(directory)
-    return directory
+    """A tiny RoBERTa encoder with its own BPE vocabulary (tests/tiny_students.py)."""
+    return tiny_roberta_encoder(tmp_path_factory.mktemp("roberta-student") / "roberta")
 
 
 @pytest.fixture(scope="module")

@@ -158,6 +158,7 @@ class DistillPass(Pass):
     flags = {"train_data": "train_data", "validation_data": "eval_data", "unlabeled_data": "unlabeled_data"}
     data_options = ("train_data", "eval_data", "unlabeled_data")
     minutes_option = "max_minutes"
+    student_option = "student"
     labelled_fallbacks = {"train_data": ("train", "distill's training rows"),
                           "eval_data": ("validation", "distill's evaluation rows")}
 
@@ -366,7 +367,11 @@ class _Distillation:
         self.weights = self._weights(has_labels)
         extra_texts, notes["extra_texts"] = extra_training_texts(self.options, train_set)
         self.data = _Data(train_set, heldout_set, notes, has_labels, extra_texts)
-        self.ctx.log(f"distill: teacher {self.choice.path} ({self.choice.how}); {len(train_set)} training rows "
+        how = "the input model" if self.pretrained is not None else self.choice.how
+        student = f"student pretrained {self.pretrained.source} ({self.pretrained.model_type}" + (
+            ", the teacher's tokenizer); " if self.pretrained.same_tokenizer else ", its own tokenizer: logit-level); ") \
+            if self.pretrained is not None else ""
+        self.ctx.log(f"distill: teacher {self.choice.path} ({how}); {student}{len(train_set)} training rows "
                      f"({'labelled' if has_labels else 'no labels'}), {len(heldout_set)} evaluation rows")
 
     def pair(self) -> _Pair:
