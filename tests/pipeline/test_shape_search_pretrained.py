@@ -92,3 +92,14 @@ def test_a_student_entry_names_no_shape(heldout_file, tmp_path, capsys, tiny_cla
 def test_the_shipped_recipe_lists_the_packaged_minilm_beside_its_shapes():
     r = recipes.load("prune-distill-int8")
     assert [s.student for s in r.shape_search.shapes if s.student] == ["minilm"]
+
+
+def test_an_embedding_models_student_must_embed_in_its_width(tiny_encoder, roberta):
+    """An embedder's student is held to its vectors' width (embedding distillation compares them): the 32-wide
+    RoBERTa is skipped for the 64-wide tiny encoder, and kept for a classifier of the same model."""
+    config = json.loads((tiny_encoder / "config.json").read_text())
+    listed = [shapes.Candidate({"student": str(roberta)}, None, {})]
+    kept, skipped = shapes.locate_students(listed, config, embedding=True)
+    assert not kept and "embeds in 32 dimensions, the model in 64" in skipped[0]["why"]
+    kept, skipped = shapes.locate_students(listed, config, embedding=False)
+    assert kept == listed and not skipped and kept[0].student.path == roberta

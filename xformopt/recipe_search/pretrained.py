@@ -35,11 +35,22 @@ def flops(shape: Shape) -> float:
     return encoder_flops(shape, FLOPS_LENGTH)["total"]
 
 
-def locate_students(tries: list, config: dict) -> tuple[list, list[dict]]:
+def skipped_because(choice: PretrainedChoice, config: dict, embedding: bool) -> str | None:
+    """Why a located student is not worth trying on the model of ``config`` (None: it is)."""
+    share = flops(choice.shape) / flops(config_shape(config))
+    width = config_shape(config).hidden
+    if embedding and choice.shape.hidden != width:
+        return f"embeds in {choice.shape.hidden} dimensions, the model in {width}: embedding distillation compares the two"
+    if share >= 1:
+        return f"not smaller than the model ({share:.0%} of its encoder FLOPs at 32 tokens): it would not be faster"
+    return None
+
+
+def locate_students(tries: list, config: dict, embedding: bool = False) -> tuple[list, list[dict]]:
     """``tries`` (shape_search candidates) with each pretrained student located (``candidate.student``), less the
-    students skipped; and the record's entries for those (status skipped, why)."""
+    students skipped; and the record's entries for those (status skipped, why). ``embedding``: the model is an
+    embedder, whose student must embed in its width (distill compares the two vectors)."""
     kept, skipped = [], []
-    teacher = flops(config_shape(config))
     for candidate in tries:
         name = candidate.shape.get("student")
         if not name:
@@ -51,13 +62,11 @@ def locate_students(tries: list, config: dict) -> tuple[list, list[dict]]:
         except InputError as exc:
             why = f"not available here: {exc.message}"
         else:
-            share = flops(choice.shape) / teacher
-            if share < 1:
+            why = skipped_because(choice, config, embedding)
+            if why is None:
                 candidate.student = choice
                 kept.append(candidate)
                 continue
-            why = (f"not smaller than the model ({share:.0%} of its encoder FLOPs at 32 tokens): it would not be "
-                   "faster")
         _log.info(f"shape search: pretrained student {name}: skipped ({why})")
         skipped.append({"shape": candidate.shape, "student_kind": "pretrained", "status": "skipped", "why": why})
     return kept, skipped

@@ -292,7 +292,7 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
     search = recipe.shape_search
     spec = ready.spec
     config = json.loads((Path(spec.path) / "config.json").read_text())
-    tries, unavailable = locate_students(candidates(recipe), config)
+    tries, unavailable = locate_students(candidates(recipe), config, spec.task_def.torch_objective == "embedding")
     if not tries:
         raise InputError("shape search: no shape left to try (" + "; ".join(
             f"{t['shape']['student']}: {t['why']}" for t in unavailable) + ")")

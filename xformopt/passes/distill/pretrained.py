@@ -24,6 +24,7 @@ from xformopt.families import family_of
 from xformopt.models import pruned_heads
 from xformopt.models.quiet import load_quietly
 from xformopt.passes.prune.flops import Shape, config_shape, encoder_flops
+from xformopt.passes.surgery import arch_for
 
 # the options of the loss terms that compare token positions (hidden states, attention maps, relations)
 LAYER_TERMS = ("hidden_weight", "attention_weight", "relation_weight")
@@ -60,6 +61,7 @@ def resolve(source: str, teacher: Path, task: str, options, trust_remote_code: b
     """The student ``source`` names, checked against ``teacher`` for ``options`` (one line per refusal)."""
     path = locate(source)
     spec = models.describe(path, task, source=source, trust_remote_code=trust_remote_code)
+    arch_for(spec.model_type)  # where its layers live (a family row xformopt prunes and distills), else one line
     teacher_cfg = json.loads((Path(teacher) / "config.json").read_text())
     config = json.loads((path / "config.json").read_text())
     same = same_vocabulary(teacher, path, trust_remote_code)
