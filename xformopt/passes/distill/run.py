@@ -4,6 +4,8 @@ The teacher is the original model (the recipe's input, ``--teacher DIR``, or the
 input's ``manifest.json``); the student is the input stage -- e.g. the output of ``prune`` -- or,
 when distill is the first torch pass, a copy of the teacher with layers dropped (``student_layers``,
 evenly spaced from the first to the last; or ``keep_layers``). See ``xformopt.passes.distill.student``.
+With ``student: NAME`` the student is a pretrained model of any family instead, with the teacher's head
+(logit-level when its tokenizer differs): ``xformopt.passes.distill.pretrained``.
 
 Losses (``xformopt.passes.distill.losses``): classification ``alpha * T^2 * KL(teacher || student at
 temperature T) + (1 - alpha) * cross-entropy(labels)`` (KL alone on unlabelled data); feature
