@@ -318,6 +318,11 @@ def check_order(recipe: Recipe, lines: dict[tuple, int] | None = None, origin: s
                 raise InputError(
                     f"{where}: pass {step.name!r} cannot run after {earlier!r}: {cls.must_not_follow[earlier]}"
                 )
+        shaped_before = [e for e in seen if get_pass(e).stage == "torch"]
+        if cls.student_option and step.options.get(cls.student_option) and shaped_before:
+            raise InputError(f"{where}: {step.name}.{cls.student_option}: a pretrained student replaces the model, so "
+                             f"what {', '.join(shaped_before)} made of it would be thrown away; drop "
+                             f"{'that step' if len(shaped_before) == 1 else 'those steps'} or the {cls.student_option}")
         kind = cls.produces
         seen.append(step.name)
 

@@ -103,3 +103,12 @@ def test_an_embedding_models_student_must_embed_in_its_width(tiny_encoder, rober
     assert not kept and "embeds in 32 dimensions, the model in 64" in skipped[0]["why"]
     kept, skipped = shapes.locate_students(listed, config, embedding=False)
     assert kept == listed and not skipped and kept[0].student.path == roberta
+
+
+def test_a_pretrained_student_after_prune_is_refused_before_any_work(heldout_file, roberta):
+    from xformopt.errors import InputError
+
+    raw = recipe(heldout_file, [{"layers": 1}])
+    raw["passes"][1] = {"distill": {**DISTILL, "student": str(roberta)}}
+    with pytest.raises(InputError, match="distill.student: a pretrained student replaces the model, so what prune"):
+        recipes.validate(raw, "test")

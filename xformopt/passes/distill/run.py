@@ -179,6 +179,11 @@ class DistillPass(Pass):
                 P.resolve(options["student"], teacher, spec.task, DistillOptions.model_validate(options),
                           spec.trust_remote_code)
 
+    @classmethod
+    def cache_facts(cls, spec, options: dict) -> dict:
+        """A pretrained student's content: another version of it behind the same name re-runs the pass."""
+        return {"student_sha256": hash_dir(P.locate(options["student"]))} if options.get("student") else {}
+
     @staticmethod
     def summarize(rec: dict) -> str:
         """Student shape, how long and why it stopped, the held-out metric before -> after (teacher)."""
@@ -304,6 +309,10 @@ class _Distillation:
     def student_dir(self) -> Path:
         return self.pretrained.path if self.pretrained is not None else self.src
 
+    @property
+    def teacher_how(self) -> str:
+        return "the input model (the student is pretrained)" if self.pretrained is not None else self.choice.how
+
     @classmethod
     def start(cls, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> _Distillation:
         started, wall_start = T.CLOCK(), time.perf_counter()
@@ -369,7 +378,7 @@ class _Distillation:
         self.weights = self._weights(has_labels)
         extra_texts, notes["extra_texts"] = extra_training_texts(self.options, train_set)
         self.data = _Data(train_set, heldout_set, notes, has_labels, extra_texts)
-        how = "the input model" if self.pretrained is not None else self.choice.how
+        how = self.teacher_how
         student = f"student pretrained {self.pretrained.source} ({self.pretrained.model_type}" + (
             ", the teacher's tokenizer); " if self.pretrained.same_tokenizer else ", its own tokenizer: logit-level); ") \
             if self.pretrained is not None else ""
@@ -593,7 +602,7 @@ class _Distillation:
         options, data, arch = self.options, self.data, self.arch
         teacher = teacher_metrics(self.objective, targets.heldout, heldout_enc)
         return {
-            "teacher": {"path": str(self.choice.path), "how": self.choice.how, "layers": pair.teacher_layers,
+            "teacher": {"path": str(self.choice.path), "how": self.teacher_how, "layers": pair.teacher_layers,
                         "metrics_on_eval_rows": teacher},
             "student": self.student_facts(pair),
             "losses": {
