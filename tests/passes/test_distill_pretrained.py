@@ -143,3 +143,16 @@ def test_a_pretrained_embedding_student_must_embed_in_the_teachers_width(tiny_en
     ctx = make_ctx(tiny_encoder, sample_texts)
     with pytest.raises(InputError, match=f"embeds in 32 dimensions .* in {TINY['hidden']}"):
         distill(ctx, tiny_encoder, tmp_path / "d", student=str(roberta_student), select="auto")
+
+
+def test_the_head_follows_a_teacher_config_that_leaves_its_default_labels_out(roberta_student):
+    """transformers writes no id2label for its default two labels: the student still gets a two-label head."""
+    from xformopt import tasks
+    from xformopt.passes.distill import pretrained
+
+    student = pretrained.PretrainedStudent("roberta", roberta_student, {"model_type": "roberta"}, False)
+    model = pretrained.load(student, tasks.get("text-classification"), {"model_type": "bert"}, False, False)
+    assert model.config.num_labels == 2 and model.classifier.out_proj.out_features == 2
+    three = pretrained.load(student, tasks.get("text-classification"), {"id2label": {"0": "a", "1": "b", "2": "c"}},
+                            False, False)
+    assert three.config.id2label == {0: "a", 1: "b", 2: "c"} and three.classifier.out_proj.out_features == 3

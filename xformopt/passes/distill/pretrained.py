@@ -90,8 +90,10 @@ def load(student: PretrainedStudent, task_def, teacher_config: dict, trust_remot
     kwargs = {"attn_implementation": "eager"} if eager else {}
     if task_def.torch_objective == "logits":
         id2label = {int(k): v for k, v in (teacher_config.get("id2label") or {}).items()}
-        kwargs.update(num_labels=len(id2label) or int(teacher_config.get("num_labels") or 2), id2label=id2label or None,
-                      label2id={v: k for k, v in id2label.items()} or None, ignore_mismatched_sizes=True)
+        if not id2label:  # a config.json of transformers' default two labels may leave them out
+            id2label = {i: f"LABEL_{i}" for i in range(int(teacher_config.get("num_labels") or 2))}
+        kwargs.update(num_labels=len(id2label), id2label=id2label, label2id={v: k for k, v in id2label.items()},
+                      ignore_mismatched_sizes=True)
         if teacher_config.get("problem_type"):
             kwargs["problem_type"] = teacher_config["problem_type"]
     cls = getattr(transformers, task_def.auto_model)
