@@ -161,11 +161,12 @@ def main() -> None:
                  for i, (name, options) in enumerate(SHAPES.items()) if not args.no_cuts}
         built.update({f"pretrained {name}": pretrained_student(name, src, root / f"p{i}")
                       for i, name in enumerate(args.pretrained)})
+        listed = {**SHAPES, **{f"pretrained {name}": {"student": name} for name in args.pretrained}}
         for i, (name, s) in enumerate(built.items()):
             print(f"building {name}", file=sys.stderr)
             s_spec = resolve(str(s))
             shape = current_shape(load_torch_model(s_spec, s), arch_for(s_spec.model_type))
-            facts[name] = {"options": SHAPES.get(name, {"student": name}), "layers": shape.num_layers, "heads": shape.heads[0], "ffn": shape.ffn[0],
+            facts[name] = {"options": listed[name], "layers": shape.num_layers, "heads": shape.heads[0], "ffn": shape.ffn[0],
                            "hidden": shape.hidden,
                            "flops_share_at_32_tokens": round(encoder_flops(shape, 32)["total"]
                                                              / encoder_flops(shape0, 32)["total"], 4)}
