@@ -8,6 +8,11 @@ vocabulary is BERT-base's 30,522). Speed only: random weights say nothing of acc
 
     python benchmarks/base_students.py --rounds 200 --json benchmarks/results/issue53-bert-base/students.json
     python benchmarks/base_students.py --teacher examples/sentiment/mpnet-teacher   # any BERT-like classifier folder
+    python benchmarks/base_students.py --pretrained minilm   # a pretrained student beside the cuts (issue 53)
+
+``--pretrained NAME`` (repeatable) adds a pretrained student of any family (distill's ``student:`` option,
+xformopt/passes/distill/pretrained.py): its own weights with the teacher's fresh head, its own tokenizer, through
+the same chain.
 
 Never run as a test: speed claims live here and in docs/results/prune-distill.md.
 """
@@ -65,6 +70,21 @@ def student(src: Path, options: dict, out: Path, multiple: int) -> Path:
     return out
 
 
+def pretrained_student(name: str, teacher_dir: Path, out: Path) -> Path:
+    """The pretrained model ``name`` with the teacher's (fresh) head, saved with its own tokenizer."""
+    from xformopt.models import load_tokenizer
+    from xformopt.passes.distill import pretrained
+    from xformopt.sources import resolve
+
+    spec = resolve(str(teacher_dir))
+    path = pretrained.locate(name)
+    choice = pretrained.PretrainedStudent(name, path, json.loads((path / "config.json").read_text()), False)
+    model = pretrained.load(choice, spec.task_def, json.loads((teacher_dir / "config.json").read_text()), False, False)
+    model.eval().save_pretrained(out)
+    load_tokenizer(path).save_pretrained(out)
+    return out
+
+
 def chain(src: Path, root: Path, target, texts: list[str], threads: int) -> Path:
     """xformopt's export -> fuse (fastest) -> dynamic INT8 (no accuracy budget: random weights)."""
     from xformopt.models import stage_spec
@@ -105,6 +125,9 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=200, help="test-split texts cycled through")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    parser.add_argument("--pretrained", action="append", default=[],
+                        help="a pretrained student (folder or source name: minilm) beside the cuts; repeatable")
+    parser.add_argument("--no-cuts", action="store_true", help="time the pretrained students alone with the teacher")
     args = parser.parse_args()
 
     from xformopt import targets
@@ -134,11 +157,16 @@ def main() -> None:
         from xformopt.models import load_torch_model
 
         shape0 = current_shape(load_torch_model(spec, src), arch)
-        for i, (name, options) in enumerate(SHAPES.items()):
+        built = {name: student(src, options, root / f"s{i}", target.simd_multiple)
+                 for i, (name, options) in enumerate(SHAPES.items()) if not args.no_cuts}
+        built.update({f"pretrained {name}": pretrained_student(name, src, root / f"p{i}")
+                      for i, name in enumerate(args.pretrained)})
+        listed = {**SHAPES, **{f"pretrained {name}": {"student": name} for name in args.pretrained}}
+        for i, (name, s) in enumerate(built.items()):
             print(f"building {name}", file=sys.stderr)
-            s = student(src, options, root / f"s{i}", target.simd_multiple)
-            shape = current_shape(load_torch_model(resolve(str(s)), s), arch)
-            facts[name] = {"options": options, "layers": shape.num_layers, "heads": shape.heads[0], "ffn": shape.ffn[0],
+            s_spec = resolve(str(s))
+            shape = current_shape(load_torch_model(s_spec, s), arch_for(s_spec.model_type))
+            facts[name] = {"options": listed[name], "layers": shape.num_layers, "heads": shape.heads[0], "ffn": shape.ffn[0],
                            "hidden": shape.hidden,
                            "flops_share_at_32_tokens": round(encoder_flops(shape, 32)["total"]
                                                              / encoder_flops(shape0, 32)["total"], 4)}

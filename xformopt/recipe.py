@@ -58,7 +58,8 @@ class PassStep(BaseModel):
 
 
 class ShapeChoice(BaseModel):
-    """One prune shape the shape search may try (the prune pass's explicit-shape options)."""
+    """One prune shape the shape search may try (the prune pass's explicit-shape options), or a pretrained
+    student of any family (``student: minilm``) distilled from the model in place of a pruned one."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -73,6 +74,9 @@ class ShapeChoice(BaseModel):
     hidden_fraction: float | None = Field(None, gt=0, le=1, description="fraction of the hidden size kept")
     distill_minutes: float | None = Field(None, gt=0, description="distill's max_minutes for this shape "
                                                                   "[default: the recipe's]")
+    student: str | None = Field(None, min_length=1, description="a pretrained student instead of a pruned shape: a "
+                                                                "model folder or a source name (minilm); skipped "
+                                                                "when it is not smaller than the model")
 
 
 class ShapeSearch(BaseModel):
@@ -145,6 +149,10 @@ class Recipe(BaseModel):
         """This recipe with evaluation settings changed (checked by EvaluationSettings)."""
         evaluation = EvaluationSettings.model_validate({**self.evaluation.model_dump(), **changes})
         return self.model_copy(update={"evaluation": evaluation})
+
+    def without_step(self, name: str) -> Recipe:
+        """This recipe without step ``name`` (a pretrained student replaces the shaping step's model)."""
+        return self.model_copy(update={"passes": [step for step in self.passes if step.name != name]})
 
     def without_shape_search(self) -> Recipe:
         return self.model_copy(update={"shape_search": None})
@@ -236,8 +244,25 @@ def timed_step(recipe: Recipe) -> PassStep | None:
     return next((step for step in recipe.passes if get_pass(step.name).minutes_option), None)
 
 
+def student_step(recipe: Recipe) -> PassStep | None:
+    """The step that takes a pretrained student (the pass declares ``student_option``)."""
+    return next((step for step in recipe.passes if get_pass(step.name).student_option), None)
+
+
+def _check_student_choice(recipe: Recipe, shape: ShapeChoice, where: str, i: int) -> None:
+    """A ``student:`` entry names no shape, and the recipe has a pass that takes a pretrained student."""
+    shaped = {k for k, v in shape.model_dump().items() if v is not None and k not in ("distill_minutes", "student")}
+    if shaped:
+        raise InputError(f"{where}: shape_search.shapes.{i}: a pretrained student is not pruned; give student or "
+                         f"{', '.join(sorted(shaped))}, not both")
+    if student_step(recipe) is None:
+        takers = " or ".join(p.name for p in all_passes() if p.student_option)
+        raise InputError(f"{where}: shape_search.shapes.{i}.student: the recipe has no {takers} pass to train it")
+
+
 def check_shape_search(recipe: Recipe, lines: dict, origin: str) -> None:
-    """Each shape is a valid explicit shape for this recipe's shaping step (which must exist)."""
+    """Each shape is a valid explicit shape for this recipe's shaping step (which must exist), or a pretrained
+    student a step of the recipe can train."""
     shaped, timed = shaped_step(recipe), timed_step(recipe)
     if shaped is None:
         shapers = " or ".join(p.name for p in all_passes() if p.shape_options)
@@ -247,6 +272,9 @@ def check_shape_search(recipe: Recipe, lines: dict, origin: str) -> None:
     for i, shape in enumerate(recipe.shape_search.shapes):
         given = {k: v for k, v in shape.model_dump().items() if v is not None and k != "distill_minutes"}
         path = ("shape_search", "shapes", i)
+        if shape.student is not None:
+            _check_student_choice(recipe, shape, _where(lines, path, origin), i)
+            continue
         if not given:
             raise InputError(f"{_where(lines, path, origin)}: shape_search.shapes.{i}: give "
                              f"{', '.join(owner.shape_options[:-1])} and/or {owner.shape_options[-1]}")
@@ -290,6 +318,11 @@ def check_order(recipe: Recipe, lines: dict[tuple, int] | None = None, origin: s
                 raise InputError(
                     f"{where}: pass {step.name!r} cannot run after {earlier!r}: {cls.must_not_follow[earlier]}"
                 )
+        shaped_before = [e for e in seen if get_pass(e).stage == "torch"]
+        if cls.student_option and step.options.get(cls.student_option) and shaped_before:
+            raise InputError(f"{where}: {step.name}.{cls.student_option}: a pretrained student replaces the model, so "
+                             f"what {', '.join(shaped_before)} made of it would be thrown away; drop "
+                             f"{'that step' if len(shaped_before) == 1 else 'those steps'} or the {cls.student_option}")
         kind = cls.produces
         seen.append(step.name)
 

@@ -165,13 +165,19 @@ def describe(path: Path, task: str | None = None, *, source: str | None = None,
 
 def stage_spec(spec: ModelSpec, path: Path) -> ModelSpec:
     """``spec`` with the shape of the stage in ``path`` (a pruned or distilled stage has its own layer,
-    head and width counts; an ONNX stage carries its config.json): what later passes work on."""
+    head and width counts, a pretrained student its own family; an ONNX stage carries its config.json):
+    what later passes work on."""
     try:
         config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return spec
-    if not isinstance(config, dict) or config.get("model_type") != spec.model_type:
+    if not isinstance(config, dict):
         return spec
-    layers, heads, hidden = spec.family.shape(config)
-    return dataclasses.replace(spec, num_layers=layers, num_heads=heads, hidden_size=hidden,
-                               pruned=bool(config.get("pruned_heads")))
+    # a pretrained student of another family (distill's student option): the stage is that family's model,
+    # with the run's task and labels
+    family = spec.family if config.get("model_type") == spec.model_type else known_family(config)
+    if family is None:
+        return spec
+    layers, heads, hidden = family.shape(config)
+    return dataclasses.replace(spec, model_type=config["model_type"], num_layers=layers, num_heads=heads,
+                               hidden_size=hidden, pruned=bool(config.get("pruned_heads")))

@@ -110,6 +110,8 @@ class Pass:
     shape_replaces: ClassVar[tuple[str, ...]] = ()
     # The option bounding the pass's own run time in minutes (a shape search gives each shape its own).
     minutes_option: ClassVar[str | None] = None
+    # The option naming a pretrained student that replaces the shaped model (a shape search's ``student:`` entries).
+    student_option: ClassVar[str | None] = None
 
     @classmethod
     def reads(cls, option: str, options: dict) -> bool:

@@ -42,10 +42,10 @@ class CandidateGraphs:
     def __exit__(self, *exc) -> None:
         self._tmp.cleanup()
 
-    def add_model(self, key: str, model, *, pruned: bool = False) -> dict[str, int]:
+    def add_model(self, key: str, model, *, pruned: bool = False, spec=None) -> dict[str, int]:
         """Export ``model`` (in memory, no parity check) and fuse it with every fusion; returns the
-        fused-op counts."""
-        ctx = self.ctx
+        fused-op counts. ``spec``: the model's own when it is not the context's family (a pretrained student)."""
+        ctx = self.ctx if spec is None else dataclasses.replace(self.ctx, spec=spec)
         stage, raw = self.work / key, self.work / f"{key}-export"
         stage.mkdir()
         raw.mkdir()
@@ -76,9 +76,10 @@ class CandidateGraphs:
         self.dirs[key] = fused
         return record
 
-    def time_encoded(self, rounds: int, tokenizer_dir: Path | None = None) -> dict[str, dict]:
+    def time_encoded(self, rounds: int, tokenizer_dir: Path | None = None,
+                     tokenizer_dirs: dict[str, Path] | None = None) -> dict[str, dict]:
         """Every candidate interleaved on pre-tokenized real texts (:func:`passes.timing.time_stage_dirs`)."""
-        return time_stage_dirs(self.ctx, self.dirs, rounds, tokenizer_dir=tokenizer_dir)
+        return time_stage_dirs(self.ctx, self.dirs, rounds, tokenizer_dir=tokenizer_dir, tokenizer_dirs=tokenizer_dirs)
 
     def time_real(self, texts: list[str], rounds: int, pairs: list[str] | None = None) -> dict:
         """Every candidate interleaved on ``texts`` (and their ``pairs``), tokenization included

@@ -31,21 +31,30 @@ def time_stage_dirs(
     rounds: int,
     data: TextDataset | None = None,
     tokenizer_dir: Path | None = None,
+    tokenizer_dirs: Mapping[str, Path] | None = None,
 ) -> dict[str, dict]:
     """Time the ONNX stage directories ``dirs`` interleaved at batch 1 on up to 64 real requests.
 
     ``data``: the rows to time on [default: ``ctx.sample_data``], each request as the task serves it
     (``Task.timing_inputs``: a question with its context, a context with its choices); ``tokenizer_dir``:
     where the tokenizer lives when the directories have none of their own [default: each directory].
-    Every candidate is fed the same encodings (tokenized once, by the first candidate's tokenizer).
-    Returns each name's latency summary (:meth:`LatencyStats.to_dict`).
+    Every candidate is fed the same encodings (tokenized once, by the first candidate's tokenizer), except those
+    named in ``tokenizer_dirs``, which read the same texts through their own tokenizer (a pretrained student of
+    another vocabulary). Returns each name's latency summary (:meth:`LatencyStats.to_dict`).
     """
-    predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=tokenizer_dir) for name, d in dirs.items()}
+    own = dict(tokenizer_dirs or {})
+    predictors = {name: OrtPredictor(ctx.spec, d, threads=ctx.threads, tokenizer_dir=own.get(name, tokenizer_dir))
+                  for name, d in dirs.items()}
     first = next(iter(predictors.values()))
     texts, pairs = ctx.spec.task_def.timing_inputs(ctx.sample_data if data is None else data)
-    encoded = [first.tokenize([texts[i]], None if pairs is None else [pairs[i]]) for i in range(min(TIMED_TEXTS, len(texts)))]
-    calls = {name: (lambda i, p=p: p.run_encoded(encoded[i])) for name, p in predictors.items()}
-    stats = run_interleaved(calls, len(encoded), warmup=WARMUP_CALLS, iterations=rounds,
+
+    def encode(p) -> list:
+        return [p.tokenize([texts[i]], None if pairs is None else [pairs[i]]) for i in range(min(TIMED_TEXTS, len(texts)))]
+
+    shared = encode(first)
+    encoded = {name: encode(p) if name in own else shared for name, p in predictors.items()}
+    calls = {name: (lambda i, p=p, e=encoded[name]: p.run_encoded(e[i])) for name, p in predictors.items()}
+    stats = run_interleaved(calls, len(shared), warmup=WARMUP_CALLS, iterations=rounds,
                             progress=progress.tracker(f"timing {len(calls)} candidates (rounds)"))
     return {name: s.to_dict() for name, s in stats.items()}
 

@@ -38,8 +38,9 @@ from xformopt.accuracy_budget import points
 from xformopt.errors import InputError
 from xformopt.measure.host import usable_cpus
 from xformopt.passes import get_pass
-from xformopt.passes.prune.flops import Shape, encoder_flops
+from xformopt.passes.prune.flops import Shape, config_shape, encoder_flops
 from xformopt.pipeline import Prepared
+from xformopt.recipe_search.pretrained import PretrainedChoice, locate_students
 from xformopt.recipe_search.remeasure import remeasure
 from xformopt.recipe_search.shape_order import time_shapes
 from xformopt.recipe_search.trial import TrialJob, run_trial, score_outputs, validation_set
@@ -70,16 +71,21 @@ def validation_spec(recipe: recipes.Recipe) -> dict:
 
 @dataclass
 class Candidate:
-    """One shape to try: the shape itself, the minutes of the timed step (None: the recipe's), and what it
-    changes in the recipe's shaping and timed steps (step name -> options)."""
+    """One shape to try: the shape itself (or ``{"student": name}``, a pretrained student), the minutes of the
+    timed step (None: the recipe's), what it changes in the recipe's steps (step name -> options) and the steps
+    it drops (a pretrained student replaces the shaping step's model)."""
 
     shape: dict
     minutes: float | None
     changes: dict[str, dict]
     untrained_ms: float | None = None  # the shape's untrained student timed on this host (order: measured)
+    drops: tuple[str, ...] = ()
+    student: PretrainedChoice | None = None
 
     def apply(self, recipe: recipes.Recipe) -> recipes.Recipe:
         """``recipe`` with this shape (each changed step checked by its pass's options model)."""
+        for step in self.drops:
+            recipe = recipe.without_step(step)
         for step, options in self.changes.items():
             recipe = recipe.with_step_options(step, options)
         return recipe
@@ -90,21 +96,22 @@ def candidates(recipe: recipes.Recipe) -> list[Candidate]:
     owner = get_pass(shaped.name)
     out = []
     for choice in recipe.shape_search.shapes:
-        shape = {k: getattr(choice, k) for k in SHAPE_KEYS}
-        changes = {shaped.name: {**shape, **{k: None for k in owner.shape_replaces}}}
+        if choice.student is not None:
+            taker = recipes.student_step(recipe).name
+            changes = {taker: {get_pass(taker).student_option: choice.student}}
+            shape, drops = {"student": choice.student}, (shaped.name,)
+        else:
+            shape = {k: getattr(choice, k) for k in SHAPE_KEYS}
+            changes, drops = {shaped.name: {**shape, **{k: None for k in owner.shape_replaces}}}, ()
         if choice.distill_minutes is not None:
             changes.setdefault(timed.name, {})[get_pass(timed.name).minutes_option] = choice.distill_minutes
-        out.append(Candidate(shape, choice.distill_minutes, changes))
+        out.append(Candidate(shape, choice.distill_minutes, changes, drops=drops))
     return out
 
 
 def teacher_shape(config: dict) -> Shape:
-    """The unpruned model's shape from its config.json (the keys of BERT-like families and DistilBERT's)."""
-    heads = int(config.get("num_attention_heads") or config.get("n_heads") or 1)
-    hidden = int(config.get("hidden_size") or config.get("dim") or 1)
-    layers = int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
-    ffn = int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
-    return Shape(hidden, hidden // heads, [heads] * layers, [ffn] * layers)
+    """The unpruned model's shape from its config.json (xformopt/passes/prune/flops.py)."""
+    return config_shape(config)
 
 
 def absolute_shape(config: dict, shape: dict) -> Shape:
@@ -126,6 +133,15 @@ def absolute_shape(config: dict, shape: dict) -> Shape:
     return Shape(hidden, hd, [heads] * layers, [ffn] * layers)
 
 
+def candidate_shape(config: dict, candidate: Candidate) -> Shape:
+    """What a candidate's student is: the pruned shape resolved against ``config``, or a pretrained student's own."""
+    return candidate.student.shape if candidate.student is not None else absolute_shape(config, candidate.shape)
+
+
+def candidate_flops(config: dict, candidate: Candidate, length: float = 32.0) -> float:
+    return encoder_flops(candidate_shape(config, candidate), length)["total"]
+
+
 def shape_flops(config: dict, shape: dict, length: float = 32.0) -> float:
     """Encoder FLOPs of a shape at ``length`` tokens (xformopt/passes/prune/flops.py's model)."""
     return encoder_flops(absolute_shape(config, shape), length)["total"]
@@ -137,10 +153,14 @@ def flops_share(config: dict, shape: dict, length: float = 32.0) -> float:
 
 
 def label(candidate: Candidate, config: dict | None = None) -> str:
-    """``3 layers x 8 heads x FFN 512 x hidden 384`` (resolved against ``config`` when given)."""
+    """``3 layers x 8 heads x FFN 512 x hidden 384`` (resolved against ``config`` when given); a pretrained
+    student as ``pretrained minilm: 6 layers x ...``."""
+    prefix = f"pretrained {candidate.shape['student']}: " if candidate.shape.get("student") else ""
     if config is not None:
-        s = absolute_shape(config, candidate.shape)
-        text = f"{s.num_layers} layers x {s.heads[0]} heads x FFN {s.ffn[0]} x hidden {s.hidden}"
+        s = candidate_shape(config, candidate)
+        text = prefix + f"{s.num_layers} layers x {s.heads[0]} heads x FFN {s.ffn[0]} x hidden {s.hidden}"
+    elif prefix:
+        text = prefix.rstrip(": ")
     else:
         shape = candidate.shape
         text = " x ".join(f"{k} {v:g}" for k, v in shape.items() if v is not None) or "the model's shape"
@@ -194,10 +214,12 @@ def _try_shapes(ready: Prepared, model: str, recipe: recipes.Recipe, tries: list
     timed = recipes.timed_step(plain)
     default_minutes = timed.options.get(get_pass(timed.name).minutes_option) if timed else None
     for n, candidate in enumerate(tries):
-        resolved = absolute_shape(config, candidate.shape)
-        entry = {"shape": candidate.shape, "distill_minutes": candidate.minutes or default_minutes,
-                 "flops_at_32_tokens": round(shape_flops(config, candidate.shape)),
-                 "flops_share_of_teacher": round(flops_share(config, candidate.shape), 4),
+        resolved = candidate_shape(config, candidate)
+        entry = {"shape": candidate.shape, "student_kind": "pretrained" if candidate.student else "pruned",
+                 "distill_minutes": candidate.minutes or default_minutes,
+                 "flops_at_32_tokens": round(candidate_flops(config, candidate)),
+                 "flops_share_of_teacher": round(candidate_flops(config, candidate)
+                                                 / encoder_flops(teacher_shape(config), 32.0)["total"], 4),
                  "untrained_ms": candidate.untrained_ms,
                  "resolved": {"layers": resolved.num_layers, "heads_per_layer": resolved.heads[0],
                               "ffn_dim": resolved.ffn[0], "hidden_size": resolved.hidden}}
@@ -270,7 +292,11 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
     search = recipe.shape_search
     spec = ready.spec
     config = json.loads((Path(spec.path) / "config.json").read_text())
-    tries = sorted(candidates(recipe), key=lambda c: shape_flops(config, c.shape))
+    tries, unavailable = locate_students(candidates(recipe), config, spec.task_def.torch_objective == "embedding")
+    if not tries:
+        raise InputError("shape search: no shape left to try (" + "; ".join(
+            f"{t['shape']['student']}: {t['why']}" for t in unavailable) + ")")
+    tries = sorted(tries, key=lambda c: candidate_flops(config, c))
     work = _fresh_work_dir(out)
     started = time.monotonic()
     threads = recipe.evaluation.threads or usable_cpus()
@@ -280,6 +306,7 @@ def choose(ready: Prepared, model: str, recipe: recipes.Recipe, max_accuracy_dro
               f"shapes, {ORDER_TEXT[search.order]}, within {search.max_minutes:g} min")
     tried, kept = _try_shapes(ready, model, recipe, tries, config, base, work, started, trust_remote_code)
     kept, why = _kept_and_why(tried, kept, base, work)
+    tried += unavailable  # after the trials: a trial's folder is numbered by its place in ``tried``
     for t in tried:
         t["kept"] = t is kept
     latency = _time_tried(spec, work, tried, base.vdata, threads, recipe.evaluation.seed)

@@ -141,7 +141,9 @@ def metric_label(name: str) -> str:
 
 def prune_shape_text(shape: dict, sep: str = " x ") -> str:
     """A prune shape (the shape search's record) as layers x heads x FFN x hidden: a count, a fraction of the
-    model's own (``0.5``), or "all" where the model's own."""
+    model's own (``0.5``), or "all" where the model's own; a pretrained student as ``pretrained NAME``."""
+    if shape.get("student"):
+        return f"pretrained {shape['student']}"
     def one(absolute: str, fraction: str) -> str:
         return str(shape[absolute]) if shape.get(absolute) else f"{shape[fraction]:g}" if shape.get(fraction) else "all"
 

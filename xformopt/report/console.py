@@ -249,7 +249,10 @@ class ReportView:
                               "`xformopt profile DIR` for the full profile.", style="dim"))
         searched = report.get("shape_search")
         if searched:
-            grid.add_row(Text(f"Prune shape {prune_shape_text(searched['kept'])} (layers x heads x FFN x hidden): {searched['why']}; "
+            kept = searched["kept"]
+            what = "Student" if kept.get("student") else "Prune shape"
+            dims = "" if kept.get("student") else " (layers x heads x FFN x hidden)"
+            grid.add_row(Text(f"{what} {prune_shape_text(kept)}{dims}: {searched['why']}; "
                               f"{len(searched['tried'])} shape(s) considered, see report.md.", style="dim"))
         return grid
 

@@ -11,9 +11,10 @@
   float16, unpadded (sum of lengths x hidden x layers x 2 bytes), if that fits ``cache_mb``;
   otherwise the teacher runs beside the student on each batch (``online``). Attention maps are never
   cached (they grow with the square of the length): with ``attention_weight`` the teacher runs online.
-- The logits/embeddings (not the hidden states) are also kept on disk, keyed by the teacher's content
-  hash and the token ids (``<xformopt cache>/distill-teacher/``), so a resumed or repeated run skips
-  the teacher pass when it needs no hidden states.
+- The logits/embeddings (and the cached hidden states) are also kept on disk, keyed by the teacher's content
+  hash and the texts as the teacher's tokenizer cuts them (``<xformopt cache>/distill-teacher/``), so a resumed
+  or repeated run, another shape, or a pretrained student with its own tokenizer (rows align by text:
+  xformopt/passes/distill/pretrained.py) skips the teacher pass.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ The teacher is the original model (the recipe's input, ``--teacher DIR``, or the
 input's ``manifest.json``); the student is the input stage -- e.g. the output of ``prune`` -- or,
 when distill is the first torch pass, a copy of the teacher with layers dropped (``student_layers``,
 evenly spaced from the first to the last; or ``keep_layers``). See ``xformopt.passes.distill.student``.
+With ``student: NAME`` the student is a pretrained model of any family instead, with the teacher's head
+(logit-level when its tokenizer differs): ``xformopt.passes.distill.pretrained``.
 
 Losses (``xformopt.passes.distill.losses``): classification ``alpha * T^2 * KL(teacher || student at
 temperature T) + (1 - alpha) * cross-entropy(labels)`` (KL alone on unlabelled data); feature
@@ -51,6 +53,7 @@ from xformopt.passes.base import Pass, PassContext, PassOptions
 from xformopt.passes.distill import checkpoint as ckpt
 from xformopt.passes.distill import data as D
 from xformopt.passes.distill import losses as L
+from xformopt.passes.distill import pretrained as P
 from xformopt.passes.distill import qat as Q
 from xformopt.passes.distill import student as S
 from xformopt.passes.distill import train as T
@@ -71,6 +74,9 @@ NOT_IN_IDENTITY = ("max_minutes", "checkpoint_dir", "checkpoint_every", "resume"
 class DistillOptions(PassOptions):
     teacher: str | None = Field(None, description="teacher model directory; default: the run's input model "
                                                   "(single command: the model named in the input's manifest.json)")
+    student: str | None = Field(None, description="a pretrained student instead of the input stage: a model folder or "
+                                                  "a source name (minilm), given the teacher's head; with another "
+                                                  "tokenizer, logit-level only (xformopt/passes/distill/pretrained.py)")
     student_layers: int | None = Field(None, ge=1, description="keep this many student layers (evenly spaced); "
                                                                "default: all of a given student, half when cut from the teacher")
     keep_layers: list[int] | None = Field(None, min_length=1, description="explicit student layers to keep (0-based)")
@@ -154,6 +160,7 @@ class DistillPass(Pass):
     flags = {"train_data": "train_data", "validation_data": "eval_data", "unlabeled_data": "unlabeled_data"}
     data_options = ("train_data", "eval_data", "unlabeled_data")
     minutes_option = "max_minutes"
+    student_option = "student"
     labelled_fallbacks = {"train_data": ("train", "distill's training rows"),
                           "eval_data": ("validation", "distill's evaluation rows")}
 
@@ -163,13 +170,28 @@ class DistillPass(Pass):
             return bool(options.get("eval_data")) or not options.get("train_data")
         return True
 
+    @classmethod
+    def check_own(cls, spec, options: dict) -> None:
+        """A pretrained student is located and held to the teacher (tokenizer, terms, width) before any work."""
+        if options.get("student"):
+            teacher = Path(options.get("teacher") or spec.path)
+            if (teacher / "config.json").is_file():
+                P.resolve(options["student"], teacher, spec.task, DistillOptions.model_validate(options),
+                          spec.trust_remote_code)
+
+    @classmethod
+    def cache_facts(cls, spec, options: dict) -> dict:
+        """A pretrained student's content: another version of it behind the same name re-runs the pass."""
+        return {"student_sha256": hash_dir(P.locate(options["student"]))} if options.get("student") else {}
+
     @staticmethod
     def summarize(rec: dict) -> str:
         """Student shape, how long and why it stopped, the held-out metric before -> after (teacher)."""
         st, tr, q = rec["student"], rec["training"], rec["quality"]
         metric = rec["selection"]["metric"]
         teacher = q["teacher"].get(metric)
-        line = (f"student {st['layers']} layers, heads {st['heads_per_layer']}, FFN {st['ffn_per_layer'][0]} "
+        kind = f"pretrained {st['model']}: " if st.get("kind") == "pretrained" else ""
+        line = (f"student {kind}{st['layers']} layers, heads {st['heads_per_layer']}, FFN {st['ffn_per_layer'][0]} "
                 f"({st['params']:,} params); {tr['steps']} steps, {tr['epochs']} epochs in "
                 f"{tr['seconds']['total_with_teacher_pass'] / 60:.1f} min (stopped: {tr['stopped_because']}); "
                 f"held-out {metric} {q['before'].get(metric, float('nan')):.4f} -> {q['after'].get(metric, float('nan')):.4f}"
@@ -250,6 +272,8 @@ class _Pair:
     source: str
     dropped_here: bool
     layer_map: list[int]
+    arch: object  # where the student's layers live (its own family's row)
+    teacher_params: int = 0
 
 
 @dataclass
@@ -278,18 +302,42 @@ class _Distillation:
     weights: dict = field(default_factory=dict)
     data: _Data | None = None
     device: object = None
+    pretrained: P.PretrainedStudent | None = None  # the ``student`` option's model
+    teacher_tokenizer: object = None  # set when the pretrained student reads other token ids than the teacher
+
+    @property
+    def student_dir(self) -> Path:
+        return self.pretrained.path if self.pretrained is not None else self.src
+
+    @property
+    def teacher_how(self) -> str:
+        return "the input model (the student is pretrained)" if self.pretrained is not None else self.choice.how
 
     @classmethod
     def start(cls, ctx: PassContext, src: Path, dst: Path, options: DistillOptions) -> _Distillation:
         started, wall_start = T.CLOCK(), time.perf_counter()
-        return cls(ctx=ctx, options=options, src=src, dst=dst, arch=arch_for(ctx.spec.model_type),
-                   choice=S.resolve_teacher(src, ctx.spec.path, options.teacher),
-                   objective=ctx.spec.task_def.torch_objective, started=started, wall_start=wall_start)
+        choice = S.resolve_teacher(src, ctx.spec.path, options.teacher)
+        pretrained = None
+        if options.student:
+            if not choice.student_from_teacher:
+                raise InputError(f"distill student {options.student}: a pretrained student replaces the input stage, "
+                                 f"and the input {src} is not the teacher (the teacher is {choice.how}); run distill "
+                                 "with student: on the teacher itself (no prune before it)")
+            pretrained = P.resolve(options.student, choice.path, ctx.spec.task, options, ctx.spec.trust_remote_code)
+        return cls(ctx=ctx, options=options, src=src, dst=dst, arch=arch_for(ctx.spec.model_type), choice=choice,
+                   objective=ctx.spec.task_def.torch_objective, started=started, wall_start=wall_start,
+                   pretrained=pretrained)
 
     def check_pair(self):
-        """Teacher and student are one family with one vocabulary: the student's tokenizer."""
+        """Teacher and student are one family with one vocabulary (or the student is pretrained, and reads its
+        own tokens when its vocabulary differs): the student's tokenizer."""
         choice, src, trust = self.choice, self.src, self.ctx.spec.trust_remote_code
         teacher_cfg = json.loads((choice.path / "config.json").read_text())
+        if self.pretrained is not None:
+            S.check_teacher_head(self.objective, teacher_cfg, choice.path)
+            if not self.pretrained.same_tokenizer:
+                self.teacher_tokenizer = load_tokenizer(choice.path, trust)
+            return load_tokenizer(self.pretrained.path, trust)
         student_cfg = json.loads((src / "config.json").read_text())
         if teacher_cfg.get("model_type") != student_cfg.get("model_type"):
             raise InputError(f"teacher {choice.path} is a {teacher_cfg.get('model_type')!r} model and the student "
@@ -330,7 +378,11 @@ class _Distillation:
         self.weights = self._weights(has_labels)
         extra_texts, notes["extra_texts"] = extra_training_texts(self.options, train_set)
         self.data = _Data(train_set, heldout_set, notes, has_labels, extra_texts)
-        self.ctx.log(f"distill: teacher {self.choice.path} ({self.choice.how}); {len(train_set)} training rows "
+        how = self.teacher_how
+        student = f"student pretrained {self.pretrained.source} ({self.pretrained.model_type}" + (
+            ", the teacher's tokenizer); " if self.pretrained.same_tokenizer else ", its own tokenizer: logit-level); ") \
+            if self.pretrained is not None else ""
+        self.ctx.log(f"distill: teacher {self.choice.path} ({how}); {student}{len(train_set)} training rows "
                      f"({'labelled' if has_labels else 'no labels'}), {len(heldout_set)} evaluation rows")
 
     def pair(self) -> _Pair:
@@ -339,7 +391,13 @@ class _Distillation:
         teacher = _load(spec, self.choice.path, eager)
         teacher.requires_grad_(False)
         teacher_layers = len(arch.layers(teacher))
-        if self.choice.student_from_teacher:
+        student_arch = arch_for(self.pretrained.model_type) if self.pretrained is not None else arch
+        if self.pretrained is not None:
+            student = P.load(self.pretrained, spec.task_def, teacher.config.to_dict(), spec.trust_remote_code, eager)
+            origins, source = None, f"pretrained {self.pretrained.source} ({self.pretrained.path})"
+            keep = S.choose_layers(len(student_arch.layers(student)), options.student_layers, options.keep_layers,
+                                   default_half=False)
+        elif self.choice.student_from_teacher:
             student = copy.deepcopy(teacher)
             origins = list(range(teacher_layers))
             source = "cut from the teacher (layers dropped)"
@@ -356,15 +414,16 @@ class _Distillation:
                 origins = list(range(n)) if n == teacher_layers else None
             keep = S.choose_layers(n, options.student_layers, options.keep_layers, default_half=False)
         if keep is not None:
-            S.drop_layers(student, arch, keep)
+            S.drop_layers(student, student_arch, keep)
             origins = [origins[i] for i in keep] if origins is not None else None
         student.requires_grad_(True)
         if options.freeze_embeddings:
             student.get_input_embeddings().weight.requires_grad_(False)
-        layer_map = _layer_map(options, origins, len(arch.layers(student)), teacher_layers)
+        layer_map = _layer_map(options, origins, len(student_arch.layers(student)), teacher_layers)
         teacher.to(self.device)
         student.to(self.device)
-        return _Pair(teacher, student, teacher_layers, origins, source, keep is not None, layer_map)
+        return _Pair(teacher, student, teacher_layers, origins, source, keep is not None, layer_map, student_arch,
+                     sum(p.numel() for p in teacher.parameters()))
 
     def encode(self, tokenizer) -> tuple[D.Encoded, D.Encoded]:
         data, max_length = self.data, self.options.max_length
@@ -385,7 +444,7 @@ class _Distillation:
         """MiniLM's relation loss: the last student layer against its mapped teacher layer."""
         if self.options.relation_weight <= 0:
             return None
-        arch, last = self.arch, self.arch.layers(pair.student)[-1]
+        arch, last = self.arch, pair.arch.layers(pair.student)[-1]
         t_last = arch.layers(pair.teacher)[pair.layer_map[-1] - 1]
         heads = relation_heads(arch.heads(last) * arch.head_dim(last), arch.heads(t_last) * arch.head_dim(t_last),
                                arch.head_dim(t_last))
@@ -449,6 +508,21 @@ class _Distillation:
             checkpoint_every=options.checkpoint_every, seed=options.seed, log_every_seconds=options.log_every_seconds,
             relations=relations)
 
+    def student_facts(self, pair: _Pair) -> dict:
+        """The student in the record: which kind (pruned: cut from the teacher; pretrained: another model), its
+        shape, and its size as shares of the teacher's parameters and encoder FLOPs."""
+        shape = current_shape(pair.student, pair.arch)
+        params = int(sum(p.numel() for p in pair.student.parameters()))
+        teacher_cfg = json.loads((self.choice.path / "config.json").read_text())
+        pretrained = self.pretrained
+        return {"kind": "pretrained" if pretrained is not None else "pruned", "source": pair.source,
+                "model": pretrained.source if pretrained is not None else None,
+                "model_type": pair.student.config.model_type,
+                "same_tokenizer": pretrained.same_tokenizer if pretrained is not None else True,
+                "layers": shape.num_layers, "heads_per_layer": shape.heads, "ffn_per_layer": shape.ffn,
+                "hidden": shape.hidden, "params": params, "origins": pair.origins, "dropped_here": pair.dropped_here,
+                **P.size_facts(shape, params, teacher_cfg, pair.teacher_params)}
+
     def identity(self, student_hash: str, teacher_hash: str) -> str:
         """What a checkpoint must match to be resumed: inputs, data and the options that change learning."""
         return hashlib.sha256(json.dumps({
@@ -476,14 +550,18 @@ class _Distillation:
         student = pair.student
         accepts = set(inspect.signature(student.forward).parameters)
         train_enc, heldout_enc = self.encode(tokenizer)
+        # the teacher reads the same texts through its own tokenizer when the student's differs (rows align by text)
+        teacher_rows = self.encode(self.teacher_tokenizer) if self.teacher_tokenizer is not None else (train_enc, heldout_enc)
         relations = self.relations(pair)
         if options.hidden_weight > 0:
-            s_hidden, t_hidden = self.arch.hidden(student.config), self.arch.hidden(pair.teacher.config)
+            s_hidden, t_hidden = pair.arch.hidden(student.config), self.arch.hidden(pair.teacher.config)
             if s_hidden != t_hidden:
                 student.distill_projection = torch.nn.Linear(s_hidden, t_hidden).to(self.device)
-        student_hash = hash_dir(self.src)
-        teacher_hash = student_hash if self.choice.student_from_teacher else hash_dir(self.choice.path)
-        targets = self.teacher_targets(pair, train_enc, heldout_enc, accepts, relations, teacher_hash)
+        teacher_hash = hash_dir(self.choice.path)
+        cut_here = self.choice.student_from_teacher and self.pretrained is None
+        student_hash = teacher_hash if cut_here else hash_dir(self.student_dir)
+        teacher_accepts = set(inspect.signature(pair.teacher.forward).parameters)
+        targets = self.teacher_targets(pair, *teacher_rows, teacher_accepts, relations, teacher_hash)
         if not targets.online:
             pair.teacher = None  # its outputs are all in the cache now
         settings = self.settings(pair.layer_map, relations)
@@ -500,7 +578,10 @@ class _Distillation:
             del student.distill_projection
         student.to("cpu").eval()
         student.save_pretrained(self.dst)
-        copy_side_files(self.src, self.dst)
+        if self.pretrained is not None:
+            P.copy_files(self.pretrained, self.dst, self.objective)
+        else:
+            copy_side_files(self.src, self.dst)
         reload = _reload_check(self.ctx, student, self.dst, heldout_enc, accepts)
         ckpt.remove(root)
         record = self.record(pair, heldout_enc, targets, result, relations, projected, root)
@@ -520,14 +601,10 @@ class _Distillation:
 
         options, data, arch = self.options, self.data, self.arch
         teacher = teacher_metrics(self.objective, targets.heldout, heldout_enc)
-        shape = current_shape(pair.student, arch)
         return {
-            "teacher": {"path": str(self.choice.path), "how": self.choice.how, "layers": pair.teacher_layers,
+            "teacher": {"path": str(self.choice.path), "how": self.teacher_how, "layers": pair.teacher_layers,
                         "metrics_on_eval_rows": teacher},
-            "student": {"source": pair.source, "layers": shape.num_layers, "heads_per_layer": shape.heads,
-                        "ffn_per_layer": shape.ffn, "hidden": shape.hidden,
-                        "params": int(sum(p.numel() for p in pair.student.parameters())),
-                        "origins": pair.origins, "dropped_here": pair.dropped_here},
+            "student": self.student_facts(pair),
             "losses": {
                 "weights": self.weights, "temperature": options.temperature, "layer_map": pair.layer_map if (
                     options.hidden_weight or options.attention_weight or options.relation_weight) else None,
@@ -542,6 +619,8 @@ class _Distillation:
                          "labelled": heldout_enc.labels is not None},
                 **data.notes, "max_length": options.max_length, "batch_size": options.batch_size,
                 "teacher_outputs": {"mode": "online" if targets.online else "cached",
+                                    "tokenized_by": "the teacher's own tokenizer (the student's differs)"
+                                    if self.teacher_tokenizer is not None else "the student's (one vocabulary)",
                                     "seconds": round(targets.cache.seconds, 2), "reused_from_disk": targets.from_disk,
                                     "hidden_cache_mb": round(targets.cache_mb, 1) if targets.cached_layers else 0.0},
             },

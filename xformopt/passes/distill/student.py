@@ -142,6 +142,14 @@ def default_layer_map(origins: list[int] | None, student_layers: int, teacher_la
     return [max(1, round((i + 1) * teacher_layers / student_layers)) for i in range(student_layers)]
 
 
+def check_teacher_head(objective: str, teacher_cfg: dict, teacher: Path) -> None:
+    """A classifier student learns from a classifier teacher's logits."""
+    archs = teacher_cfg.get("architectures") or []
+    if objective == "logits" and not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise InputError(f"teacher {teacher} has no sequence-classification head (architectures {archs}); "
+                         "a classifier student needs a classifier teacher")
+
+
 def check_compatible(objective: str, teacher_cfg: dict, student_cfg: dict, teacher_tok, student_tok,
                      teacher: Path, student: Path, need_same_hidden: bool) -> None:
     """Both models must read the same token ids and produce comparable outputs."""
@@ -151,11 +159,8 @@ def check_compatible(objective: str, teacher_cfg: dict, student_cfg: dict, teach
         raise InputError(f"teacher {teacher} and student {student} have different vocabularies ({tn} vs "
                          f"{len(student_tok.get_vocab())} tokens); distillation feeds both the same token ids: use a "
                          "teacher with the student's tokenizer")
+    check_teacher_head(objective, teacher_cfg, teacher)
     if objective == "logits":
-        archs = teacher_cfg.get("architectures") or []
-        if not any(a.endswith("ForSequenceClassification") for a in archs):
-            raise InputError(f"teacher {teacher} has no sequence-classification head (architectures {archs}); "
-                             "a classifier student needs a classifier teacher")
         tl = {str(k): int(v) for k, v in (teacher_cfg.get("label2id") or {}).items()}
         sl = {str(k): int(v) for k, v in (student_cfg.get("label2id") or {}).items()}
         if len(teacher_cfg.get("id2label") or tl) != len(student_cfg.get("id2label") or sl) or (tl and sl and tl != sl):

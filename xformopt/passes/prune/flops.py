@@ -45,6 +45,16 @@ def encoder_flops(shape: Shape, length: float) -> dict[str, float]:
 
 
 
+def config_shape(config: dict) -> Shape:
+    """A model's full shape from its config.json (the keys of BERT-like families and DistilBERT's)."""
+    heads = int(config.get("num_attention_heads") or config.get("n_heads") or 1)
+    hidden = int(config.get("hidden_size") or config.get("dim") or 1)
+    layers = int(config.get("num_hidden_layers") or config.get("n_layers") or 1)
+    ffn = int(config.get("intermediate_size") or config.get("hidden_dim") or 4 * hidden)
+    return Shape(hidden, hidden // heads, [heads] * layers, [ffn] * layers)
+
+
+
 def round_multiple(value: float, multiple: int, low: int, high: int) -> int:
     """``value`` rounded to the nearest multiple (at least one multiple), clipped to [low, high]."""
     rounded = max(multiple, round(value / multiple) * multiple)
