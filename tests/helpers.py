@@ -206,3 +206,28 @@ def _tiny_head(cls_name: str, tokenizer_dir: Path, directory: Path, seed: int, *
     torch.manual_seed(seed)
     model = getattr(transformers, cls_name)(_bert_config(tokenizer_dir, **config)).eval()
     return _save(model, tokenizer_dir, directory)
+
+
+def train_tiny_classifier(tiny_classifier: Path, out: Path, rows: int) -> Path:
+    """The tiny classifier trained for a few seconds on the first ``rows`` of the vendored train split (its layers
+    and logits then carry signal: a random tiny model barely changes when a layer is dropped), saved in ``out``
+    with the tiny classifier's other files."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    data = read_jsonl(vader_split_path("train"))[:rows]
+    tok = AutoTokenizer.from_pretrained(tiny_classifier)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_classifier).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for s in range(0, len(data), 32):
+        batch = data[s:s + 32]
+        enc = tok([r["text"] for r in batch], padding=True, truncation=True, max_length=48, return_tensors="pt")
+        model(**enc, labels=torch.tensor([int(r["label"] == "positive") for r in batch])).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(out)
+    for item in tiny_classifier.iterdir():
+        if not (out / item.name).exists():
+            shutil.copy2(item, out / item.name)
+    return out

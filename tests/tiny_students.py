@@ -8,12 +8,11 @@ from pathlib import Path
 from helpers import read_jsonl
 
 
-def tiny_roberta_encoder(directory: Path) -> Path:
-    """A RobertaModel (no task head, as MiniLM ships) of 1 layer, hidden 32, with its own byte-level BPE vocabulary
-    (600 tokens, <s>=0, <pad>=1, </s>=2) trained here on the vendored train split."""
-    import torch
+def byte_bpe_tokenizer(directory: Path):
+    """A byte-level BPE tokenizer of RoBERTa's kind (600 tokens, <s>=0, <pad>=1, </s>=2; no token_type_ids), trained
+    on the vendored train split (no network) and saved in ``directory``."""
     from tokenizers import ByteLevelBPETokenizer
-    from transformers import RobertaConfig, RobertaModel, RobertaTokenizerFast
+    from transformers import RobertaTokenizerFast
 
     from xformopt.resources import vader_split_path
 
@@ -26,6 +25,16 @@ def tiny_roberta_encoder(directory: Path) -> Path:
     tokenizer = RobertaTokenizerFast(vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt"),
                                      model_max_length=128)
     tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def tiny_roberta_encoder(directory: Path) -> Path:
+    """A RobertaModel (no task head, as MiniLM ships) of 1 layer, hidden 32, with its own byte-level BPE vocabulary
+    (600 tokens, <s>=0, <pad>=1, </s>=2) trained here on the vendored train split."""
+    import torch
+    from transformers import RobertaConfig, RobertaModel
+
+    tokenizer = byte_bpe_tokenizer(directory)
     torch.manual_seed(5)
     config = RobertaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                            intermediate_size=64, max_position_embeddings=130, type_vocab_size=1,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from harden_helpers import assert_distill_refuses
-from helpers import make_ctx, run_cli, run_pass
+from helpers import make_ctx, run_cli, run_pass, train_tiny_classifier
 
 from xformopt.errors import InputError
 from xformopt.passes import get_pass
@@ -34,29 +34,7 @@ def torch_():
 def teacher_classifier(tmp_path_factory, tiny_classifier) -> Path:
     """The tiny classifier trained for a few seconds on the vendored train split: its layers now matter
     (a random tiny model barely changes when a layer is dropped), so there is a real gap to close."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from xformopt.resources import vader_split_path
-
-    torch.manual_seed(0)
-    rows = [json.loads(line) for line in vader_split_path("train").read_text().splitlines()[:960]]
-    tok = AutoTokenizer.from_pretrained(tiny_classifier)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_classifier).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for s in range(0, len(rows), 32):
-        batch = rows[s:s + 32]
-        enc = tok([r["text"] for r in batch], padding=True, truncation=True, max_length=48, return_tensors="pt")
-        labels = torch.tensor([int(r["label"] == "positive") for r in batch])
-        model(**enc, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    out = tmp_path_factory.mktemp("teacher") / "teacher"
-    model.save_pretrained(out)
-    for item in tiny_classifier.iterdir():
-        if not (out / item.name).exists():
-            shutil.copy2(item, out / item.name)
-    return out
+    return train_tiny_classifier(tiny_classifier, tmp_path_factory.mktemp("teacher") / "teacher", 960)
 
 
 @pytest.fixture(scope="module")

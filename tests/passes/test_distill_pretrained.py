@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from harden_helpers import assert_distill_refuses
-from helpers import LABELS, TINY, make_ctx, read_jsonl, run_pass
+from helpers import LABELS, TINY, make_ctx, run_pass, train_tiny_classifier
 from tiny_students import tiny_roberta_encoder
 
 # soft targets only (no labels): the KL to the teacher is what moves
@@ -32,28 +32,7 @@ def teacher_files() -> list[Path]:
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory, tiny_classifier) -> Path:
     """The tiny BERT classifier trained for a few seconds on the vendored train split (its logits carry signal)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from xformopt.resources import vader_split_path
-
-    torch.manual_seed(0)
-    rows = read_jsonl(vader_split_path("train"))[:640]
-    tok = AutoTokenizer.from_pretrained(tiny_classifier)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_classifier).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for s in range(0, len(rows), 32):
-        batch = rows[s:s + 32]
-        enc = tok([r["text"] for r in batch], padding=True, truncation=True, max_length=48, return_tensors="pt")
-        model(**enc, labels=torch.tensor([int(r["label"] == "positive") for r in batch])).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    out = tmp_path_factory.mktemp("teacher") / "teacher"
-    model.save_pretrained(out)
-    for item in tiny_classifier.iterdir():
-        if not (out / item.name).exists():
-            shutil.copy2(item, out / item.name)
-    return out
+    return train_tiny_classifier(tiny_classifier, tmp_path_factory.mktemp("teacher") / "teacher", 640)
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from helpers import (
     TINY,
     make_ctx,
     onnx_op_counts,
-    read_jsonl,
     run_cli,
     run_pass,
 )
+from tiny_students import byte_bpe_tokenizer
 
 from xformopt.errors import InputError
 from xformopt.passes import get_pass, surgery
@@ -575,22 +575,10 @@ def test_real_candidate_timing_embeddings_and_distilbert(fixture, request, sampl
 @pytest.fixture(scope="module")
 def bpe_tokenizer_dir(tmp_path_factory) -> Path:
     """A tiny byte-level BPE tokenizer of RoBERTa's kind (<s>=0, <pad>=1, </s>=2; no token_type_ids), trained on
-    the vendored train split: no network."""
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import RobertaTokenizerFast
-
-    from xformopt.resources import vader_split_path
-
+    the vendored train split: no network (tests/tiny_students.py)."""
     directory = tmp_path_factory.mktemp("bpe")
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([r["text"] for r in read_jsonl(vader_split_path("train"))], vocab_size=600,
-                            min_frequency=2, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
-                            show_progress=False)
-    bpe.save_model(str(directory))
-    tokenizer = RobertaTokenizerFast(vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt"),
-                                     model_max_length=128)
+    tokenizer = byte_bpe_tokenizer(directory)
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 0, 2)
-    tokenizer.save_pretrained(directory)
     return directory
 
 
