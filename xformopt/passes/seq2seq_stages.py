@@ -4,7 +4,8 @@ xformopt/passes/quantize/seq2seq.py.)
 
 - fuse: onnxscript's ORT fusion rewriter on both graphs (the dynamo graphs' attention, self and cross,
   fuses only there), then the fused decoder graph's per-step work that does not depend on the step taken out of
-  it (xformopt/seq2seq/slim.py: nodes before and after in the record's ``slim``), verified against the unfused graphs (logits of the first and cached steps), and
+  it (xformopt/seq2seq/slim.py: nodes before and after in the record's ``slim``), verified against the unfused
+  graphs (logits of the first and cached steps), and
   kept only where it is not slower: both variants generate the sample sentences, interleaved.
 """
 
