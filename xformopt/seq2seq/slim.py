@@ -28,11 +28,29 @@ from pathlib import Path
 
 import numpy as np
 
+from xformopt.onnx_graph import drop_dead
+from xformopt.seq2seq import DECODER_FILE, GRAPH_FILES
+from xformopt.seq2seq.identity_layouts import drop_identity_layouts
+
 TABLE_LENGTH = 8192  # past lengths the position table covers; a longer past fails in ORT (bias width mismatch)
 TOKEN_INPUT = "decoder_input_ids"
 MASK_INPUT = "encoder_attention_mask"
 PROBE_PASTS = (1, 2, 7, 40, 300)  # past lengths at which the subgraph must give the table's tail
 PROBE_MASKS = ((1, 5), (2, 7), (3, 4))  # (batch, source) of the padded masks the mask rewrite is checked on
+
+
+def slim_graphs(folder: Path) -> dict[str, dict]:
+    """Both graphs of a fused stage in ``folder``, rewritten in place: the decoder step's rewrites, then in both graphs
+    the Reshape/Transpose round trips (:mod:`xformopt.seq2seq.identity_layouts`); per graph, nodes before and after
+    and what applied."""
+    record = {}
+    for name in GRAPH_FILES:
+        step = slim_decoder(folder / name) if name == DECODER_FILE else None
+        layouts = drop_identity_layouts(folder / name)
+        before = step["nodes_before"] if step else layouts["nodes_before"]
+        applied = {**(step or {}).get("applied", {}), "identity_layouts": layouts["chains"]}
+        record[name] = {"nodes_before": before, "nodes_after": layouts["nodes_after"], "applied": applied}
+    return record
 
 
 def slim_decoder(path: Path) -> dict:
@@ -57,7 +75,7 @@ def slim_decoder(path: Path) -> dict:
             applied["cross_attention_mask"] += 1
     if applied["position_bias"]:
         _one_token_steps(graph)
-    _drop_dead(graph)
+    drop_dead(graph)
     onnx.save(model, str(path))
     return {"nodes_before": before, "nodes_after": len(graph.node), "applied": applied}
 
@@ -161,7 +179,7 @@ def _probe_feed(graph, past: int, batch: int = 1, source: int = 3) -> dict[str, 
 
 
 def _replace(graph, name: str, nodes: list, tables: list) -> None:
-    """``nodes`` compute ``name`` from now on (the old producer's output is renamed, left for :func:`_drop_dead`)."""
+    """``nodes`` compute ``name`` from now on (the old producer's output is renamed, left for :func:`drop_dead`)."""
     old = _producers(graph)[name]
     old.output[list(old.output).index(name)] = f"{name}/replaced"
     graph.initializer.extend(tables)
@@ -238,19 +256,3 @@ def _one_token_steps(graph) -> None:
                 dims[1].Clear()
                 dims[1].dim_value = 1
 
-
-def _drop_dead(graph) -> None:
-    """Remove nodes whose outputs nothing reads, then initializers no node reads."""
-    while True:
-        read = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
-        dead = [n for n in graph.node if not any(o in read for o in n.output if o)]
-        if not dead:
-            break
-        for node in dead:
-            graph.node.remove(node)
-    read = {t for n in graph.node for t in n.input}
-    for tensor in [t for t in graph.initializer if t.name not in read]:
-        graph.initializer.remove(tensor)
-    produced = {o for n in graph.node for o in n.output}
-    for info in [v for v in graph.value_info if v.name not in produced]:
-        graph.value_info.remove(info)
