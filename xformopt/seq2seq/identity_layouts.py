@@ -52,21 +52,26 @@ def drop_identity_layouts(path: Path) -> dict:
 
 
 def _shapes(model) -> dict[str, tuple] | None:
-    """Every tensor's symbolic shape (a tuple of ints and names; None where a dimension is unknown)."""
+    """Every tensor's symbolic shape it could infer (a tuple of ints and names; None where a dimension is unknown);
+    a tensor it could not infer is absent, and no chain through it is rewritten.
+
+    Calls the inference's steps, not ``SymbolicShapeInference.infer_shapes``: that one raises when any node is left
+    unknown (t5-small's norms' optional outputs) and first writes the partial model, with its weights, into the
+    working directory (``sym_shape_infer_temp.onnx``)."""
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
+    inference = SymbolicShapeInference(2**31 - 1, False, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
     try:
-        inferred = SymbolicShapeInference.infer_shapes(model, auto_merge=False, guess_output_rank=False)
-    except Exception:  # noqa: BLE001  # an op it does not know: nothing is rewritten
+        inference._preprocess(model)
+        while inference.run_:
+            inference._infer_impl()
+    except Exception:  # noqa: BLE001  # an op it cannot take: nothing is rewritten
         return None
-    if inferred is None:
-        return None
-    values = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
     shapes = {}
-    for value in values:
-        if value.type.tensor_type.HasField("shape"):
-            shapes[value.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                                       for d in value.type.tensor_type.shape.dim)
+    for name, value in inference.known_vi_.items():
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            shapes[name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                 for d in value.type.tensor_type.shape.dim)
     return shapes
 
 
