@@ -142,3 +142,25 @@ def test_a_graph_without_fused_attention_is_left_as_it_is(fused, tmp_path):
     got = slim_decoder(stage / DECODER_FILE)
     assert got["nodes_after"] == got["nodes_before"] and got["applied"] == {} and "MultiHeadAttention" in got["reason"]
     assert (stage / DECODER_FILE).read_bytes() == before
+
+
+def test_a_graph_shape_inference_cannot_finish_is_left_as_it_is_and_nothing_is_written_beside_it(tmp_path, monkeypatch):
+    """An op the shape inference does not know leaves tensors unknown: no chain through them is rewritten, and the
+    working directory gets no partial model (ORT's ``infer_shapes`` writes one there before it raises)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    monkeypatch.chdir(tmp_path)
+    split = numpy_helper.from_array(np.array([2, 3, 2, 2], np.int64), "split")
+    back = numpy_helper.from_array(np.array([2, 3, 4], np.int64), "back")
+    graph = helper.make_graph(
+        [helper.make_node("Foo", ["x"], ["u"], domain="example.unknown"),
+         helper.make_node("Reshape", ["u", "split"], ["a"]), helper.make_node("Reshape", ["a", "back"], ["b"]),
+         helper.make_node("Identity", ["b"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [split, back])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                       helper.make_opsetid("example.unknown", 1)]), str(path))
+    got = drop_identity_layouts(path)
+    assert got["chains"] == 0 and _ops(path)["Reshape"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.onnx"]
