@@ -51,7 +51,9 @@ def slim_graphs(folder: Path) -> dict[str, dict]:
         layouts = drop_identity_layouts(folder / name)
         before = step["nodes_before"] if step else layouts["nodes_before"]
         applied = {**(step or {}).get("applied", {}), "identity_layouts": layouts["chains"]}
-        record[name] = {"nodes_before": before, "nodes_after": layouts["nodes_after"], "applied": applied}
+        skipped = (step or {}).get("skipped", []) + ([layouts["reason"]] if "reason" in layouts else [])
+        record[name] = {"nodes_before": before, "nodes_after": layouts["nodes_after"], "applied": applied,
+                        **({"skipped": skipped} if skipped else {})}
     return record
 
 
@@ -69,17 +71,22 @@ def slim_decoder(path: Path) -> dict:
     applied = {"cross_attention_layout": _cross_layout(graph, attention)}
     biases = list(dict.fromkeys(n.input[5] for n in attention if len(n.input) > 5 and n.input[5]))
     applied["position_bias"] = applied["cross_attention_mask"] = 0
+    rewrites = {"position": ("position_bias", _position_table), "mask": ("cross_attention_mask", _mask_where)}
+    skipped = []
     for name in biases:
-        kind = _bias_kind(graph, name)
-        if kind == "position" and _position_table(model, name):
-            applied["position_bias"] += 1
-        elif kind == "mask" and _mask_where(model, name):
-            applied["cross_attention_mask"] += 1
+        key, rewrite = rewrites.get(_bias_kind(graph, name), (None, None))
+        if rewrite is None:
+            continue
+        try:
+            applied[key] += bool(rewrite(model, name))
+        except Exception as err:  # noqa: BLE001  # a subgraph ORT cannot run alone: left as it is, and said
+            skipped.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
     if applied["position_bias"]:
         _one_token_steps(graph)
     drop_dead(graph)
     onnx.save(model, str(path))
-    return {"nodes_before": before, "nodes_after": len(graph.node), "applied": applied}
+    return {"nodes_before": before, "nodes_after": len(graph.node), "applied": applied,
+            **({"skipped": skipped} if skipped else {})}
 
 
 def _producers(graph) -> dict:
