@@ -36,6 +36,24 @@ def load_graph(model_path: Path):
     return onnx.load(str(model_path), load_external_data=False)
 
 
+def drop_dead(graph) -> None:
+    """Remove the nodes whose outputs nothing reads (to a fixed point), then the initializers no node reads and
+    the shape annotations of tensors no longer produced (a graph proto, edited in place)."""
+    while True:
+        read = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if not any(o in read for o in n.output if o)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    read = {t for n in graph.node for t in n.input}
+    for tensor in [t for t in graph.initializer if t.name not in read]:
+        graph.initializer.remove(tensor)
+    produced = {o for n in graph.node for o in n.output}
+    for info in [v for v in graph.value_info if v.name not in produced]:
+        graph.value_info.remove(info)
+
+
 def op_counts(model) -> Counter:
     return Counter(node.op_type for node in model.graph.node)
 

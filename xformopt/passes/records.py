@@ -69,6 +69,7 @@ class FuseRecord(TypedDict, total=False):
     decoder: dict[str, Any]
     fused_by_graph: dict[str, Counts]  # seq2seq
     onnxscript_rewrites: dict[str, Any]
+    slim: dict[str, Any]  # seq2seq: per graph, nodes before and after xformopt/seq2seq/slim.py's rewrites
     fused_parity: dict[str, Any]
     search_graph: dict[str, Any]  # seq2seq: generate.onnx (the decode loop in ORT's BeamSearch op) or why none
 

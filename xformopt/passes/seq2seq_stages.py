@@ -3,8 +3,10 @@ graph-kind table; the record has the keys the pass's summary and the report read
 xformopt/passes/quantize/seq2seq.py.)
 
 - fuse: onnxscript's ORT fusion rewriter on both graphs (the dynamo graphs' attention, self and cross,
-  fuses only there), verified against the unfused graphs (logits of the first and cached steps), and
-  kept only where it is not slower: both variants generate the sample sentences, interleaved.
+  fuses only there), then the fused decoder graph's per-step work that does not depend on the step taken out of
+  it and both graphs' reshape/transpose round trips removed (xformopt/seq2seq/slim.py: nodes before and after in
+  the record's ``slim``), verified against the unfused graphs (logits of the first and cached steps), and kept
+  only where it is not slower: both variants generate the sample sentences, interleaved.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from xformopt.seq2seq.measure import encode
 from xformopt.seq2seq.parity import check_parity
 from xformopt.seq2seq.runner import OrtSeq2Seq
 from xformopt.seq2seq.search_graph import CHECK_ROWS, write_search_graph
+from xformopt.seq2seq.slim import slim_graphs
 
 SAMPLE_ROWS = 16  # sentences each candidate generates when timed and compared
 MAX_NEW_TOKENS = 32
@@ -62,6 +65,8 @@ def fuse_seq2seq(ctx: PassContext, src: Path, dst: Path, options) -> dict:
         before[name] = fused_counts(load_graph(src / name))
         rewrites[name] = onnxscript_fusions(src / name, fused / name)
         counts[name] = {op: n for op, n in fused_counts(load_graph(fused / name)).items() if n}
+    slim = slim_graphs(fused)
+    ctx.log("slimmed: " + ", ".join(f"{n} {r['nodes_before']} -> {r['nodes_after']} nodes" for n, r in slim.items()))
     total = _sum(counts.values())
     missing = {op: (total.get(op, 0), n) for op, n in options.expect.items() if total.get(op, 0) < n}
     if missing:
@@ -98,7 +103,7 @@ def fuse_seq2seq(ctx: PassContext, src: Path, dst: Path, options) -> dict:
     search = write_search_graph(dst, list(ctx.sample_texts)[:CHECK_ROWS], tokenizer, ctx.threads)
     return {"search_graph": search, "fusion_route": "onnxscript.rewriter.ort_fusions on encoder.onnx and decoder.onnx",
             "fused_before": _sum(before.values()), "fused_possible": total, "fused_kept": _sum(kept.values()),
-            "fused_by_graph": counts, "onnxscript_rewrites": rewrites, "expected": dict(options.expect),
+            "fused_by_graph": counts, "onnxscript_rewrites": rewrites, "slim": slim, "expected": dict(options.expect),
             "fused_parity": parity, "kept": chosen, "reason": reason,
             "timings_ms": timings}
 
