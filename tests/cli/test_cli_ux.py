@@ -145,7 +145,7 @@ def test_optimize_mode_is_a_deprecated_alias_of_latency_mode(tmp_path, capsys):
     ("int4", "--algorithm", "xformopt.passes.int4.run:Int4Options", "algorithm"),
     ("prune", "--strategy", "xformopt.passes.prune.run:PruneOptions", "strategy"),
     ("prune", "--importance", "xformopt.passes.prune.run:PruneOptions", "importance"),
-    ("distill", "--device", "xformopt.passes.distill.run:DistillOptions", "device"),
+    ("distill", "--device", "xformopt.passes.distill.options:DistillOptions", "device"),
 ])
 def test_cli_choices_are_the_pass_options_choices(command, flag, options, field):
     """The CLI states the choices (help shows them, a typo is a usage error); they must be the pass's."""
