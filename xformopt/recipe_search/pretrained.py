@@ -17,8 +17,6 @@ from xformopt.passes.prune.flops import Shape, config_shape, encoder_flops
 
 _log = logging.getLogger(__name__)
 
-FLOPS_LENGTH = 32.0
-
 
 @dataclass(frozen=True)
 class PretrainedChoice:
@@ -32,7 +30,7 @@ class PretrainedChoice:
 
 
 def flops(shape: Shape) -> float:
-    return encoder_flops(shape, FLOPS_LENGTH)["total"]
+    return encoder_flops(shape, P.FLOPS_LENGTH)["total"]
 
 
 def skipped_because(choice: PretrainedChoice, config: dict, embedding: bool) -> str | None:

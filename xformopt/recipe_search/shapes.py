@@ -109,15 +109,10 @@ def candidates(recipe: recipes.Recipe) -> list[Candidate]:
     return out
 
 
-def teacher_shape(config: dict) -> Shape:
-    """The unpruned model's shape from its config.json (xformopt/passes/prune/flops.py)."""
-    return config_shape(config)
-
-
 def absolute_shape(config: dict, shape: dict) -> Shape:
     """A shape's kept dimensions (absolute or fractions; None: the model's) as the prune pass resolves them
     (xformopt/passes/prune/relative.py; a narrower hidden size keeps hidden / head size heads)."""
-    full = teacher_shape(config)
+    full = config_shape(config)
 
     def kept(absolute: str, fraction: str, size: int) -> int:
         if shape.get(absolute):
@@ -149,7 +144,7 @@ def shape_flops(config: dict, shape: dict, length: float = 32.0) -> float:
 
 def flops_share(config: dict, shape: dict, length: float = 32.0) -> float:
     """The shape's share of the unpruned model's encoder FLOPs at ``length`` tokens."""
-    return shape_flops(config, shape, length) / encoder_flops(teacher_shape(config), length)["total"]
+    return shape_flops(config, shape, length) / encoder_flops(config_shape(config), length)["total"]
 
 
 def label(candidate: Candidate, config: dict | None = None) -> str:
@@ -219,7 +214,7 @@ def _try_shapes(ready: Prepared, model: str, recipe: recipes.Recipe, tries: list
                  "distill_minutes": candidate.minutes or default_minutes,
                  "flops_at_32_tokens": round(candidate_flops(config, candidate)),
                  "flops_share_of_teacher": round(candidate_flops(config, candidate)
-                                                 / encoder_flops(teacher_shape(config), 32.0)["total"], 4),
+                                                 / encoder_flops(config_shape(config), 32.0)["total"], 4),
                  "untrained_ms": candidate.untrained_ms,
                  "resolved": {"layers": resolved.num_layers, "heads_per_layer": resolved.heads[0],
                               "ffn_dim": resolved.ffn[0], "hidden_size": resolved.hidden}}
