@@ -36,6 +36,11 @@ def load_graph(model_path: Path):
     return onnx.load(str(model_path), load_external_data=False)
 
 
+def producers(graph) -> dict:
+    """Each tensor name -> the node that writes it (a graph proto)."""
+    return {out: node for node in graph.node for out in node.output}
+
+
 def drop_dead(graph) -> None:
     """Remove the nodes whose outputs nothing reads (to a fixed point), then the initializers no node reads and
     the shape annotations of tensors no longer produced (a graph proto, edited in place)."""

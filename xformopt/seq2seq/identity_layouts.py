@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xformopt.onnx_graph import drop_dead
+from xformopt.onnx_graph import producers as graph_producers
 
 LAYOUT_OPS = ("Reshape", "Transpose")
 
@@ -33,7 +34,7 @@ def drop_identity_layouts(path: Path) -> dict:
     shapes = _shapes(model)
     if shapes is None:
         return {"nodes_before": before, "nodes_after": before, "chains": 0, "reason": "symbolic shape inference failed"}
-    producers = {out: node for node in graph.node for out in node.output}
+    producers = graph_producers(graph)
     outputs = {o.name for o in graph.output}
     renames = {}
     for node in graph.node:

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.onnx_graph import drop_dead
+from xformopt.onnx_graph import producers as graph_producers
 from xformopt.seq2seq import DECODER_FILE, GRAPH_FILES
 from xformopt.seq2seq.identity_layouts import drop_identity_layouts
 
@@ -89,14 +90,10 @@ def slim_decoder(path: Path) -> dict:
             **({"skipped": skipped} if skipped else {})}
 
 
-def _producers(graph) -> dict:
-    return {out: node for node in graph.node for out in node.output}
-
-
 def _cross_layout(graph, attention) -> int:
     """Feed the cross-attention cache to MultiHeadAttention as [batch, heads, source, head] (BNSH): drop the
     Transpose(0, 2, 1, 3) + Reshape to [batch, source, hidden] of a graph input, same values."""
-    producers, inputs = _producers(graph), {i.name: i for i in graph.input}
+    producers, inputs = graph_producers(graph), {i.name: i for i in graph.input}
     done = 0
     for node in attention:
         if len(node.input) < 3 or (len(node.input) > 6 and node.input[6]):
@@ -129,7 +126,7 @@ def _untransposed_input(producers, inputs, name: str, heads: int) -> str | None:
 def _cone(graph, name: str) -> tuple[list, set[str], set[str]]:
     """The nodes computing ``name`` (graph order), the graph inputs whose values they read and those read only
     through ``Shape``."""
-    producers, inputs = _producers(graph), {i.name for i in graph.input}
+    producers, inputs = graph_producers(graph), {i.name for i in graph.input}
     wanted, stack, values, shapes = set(), [name], set(), set()
     while stack:
         node = producers.get(stack.pop())
@@ -189,7 +186,7 @@ def _probe_feed(graph, past: int, batch: int = 1, source: int = 3) -> dict[str, 
 
 def _replace(graph, name: str, nodes: list, tables: list) -> None:
     """``nodes`` compute ``name`` from now on (the old producer's output is renamed, left for :func:`drop_dead`)."""
-    old = _producers(graph)[name]
+    old = graph_producers(graph)[name]
     old.output[list(old.output).index(name)] = f"{name}/replaced"
     graph.initializer.extend(tables)
     for info in [v for v in graph.value_info if v.name == name]:  # the old shape (e.g. per-head) no longer holds

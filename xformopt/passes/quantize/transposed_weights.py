@@ -13,13 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from xformopt.onnx_graph import needs_external_data
+from xformopt.onnx_graph import producers as graph_producers
 
 
 def _transposed_reads(graph) -> list[tuple[object, str]]:
     """(node, weight name) for every ``FusedMatMul(x, W, transB=1)`` and ``MatMul(x, Transpose(W))`` over a
     2-D initializer ``W`` with nothing else changed (no alpha, no transA, no batch transposes)."""
     inits = {i.name: i for i in graph.initializer}
-    producers = {out: node for node in graph.node for out in node.output}
+    producers = graph_producers(graph)
     found = []
     for node in graph.node:
         if node.op_type == "FusedMatMul" and len(node.input) == 2 and node.input[1] in inits:
