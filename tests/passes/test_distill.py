@@ -271,6 +271,35 @@ def test_time_budget_stops_and_fits_the_schedule(teacher_classifier, sample_text
     assert tr["seconds"]["total_with_teacher_pass"] <= 60.0
 
 
+@pytest.mark.parametrize("in_budget", [True, False])
+def test_the_teacher_pass_counts_in_the_budget_unless_told_not_to(teacher_classifier, sample_texts, tmp_path,
+                                                                  monkeypatch, in_budget):
+    """A fake clock: the teacher pass costs 30 s, every step 2 s. By default a one-minute budget leaves training
+    about 30 s; with teacher_pass_in_budget off (a shape search: trials that read the teacher's outputs from disk
+    train as long as the one that computed them) training gets the whole minute."""
+    now = [1000.0]
+    monkeypatch.setattr(T, "CLOCK", lambda: now[0])
+    monkeypatch.setattr(T, "ON_STEP", lambda step, tr: now.__setitem__(0, now[0] + 2.0))
+    real_pass = D.teacher_outputs
+
+    def slow_teacher_pass(*args, **kwargs):
+        now[0] += 15.0  # training rows and held-out rows: two calls, 30 s
+        return real_pass(*args, **kwargs)
+
+    monkeypatch.setattr(D, "teacher_outputs", slow_teacher_pass)
+    ctx = make_ctx(teacher_classifier, sample_texts)
+    rec = distill(ctx, teacher_classifier, tmp_path / "d", epochs=20, max_minutes=1.0, eval_every=5,
+                  teacher_pass_in_budget=in_budget)
+    tr = rec["training"]
+    assert tr["stopped_because"] == "time"
+    if in_budget:
+        assert 10 <= tr["steps"] <= 15  # (60 s - 30 s - 1 s reserve) / 2 s per step
+        assert tr["seconds"]["total_with_teacher_pass"] <= 60.0
+    else:
+        assert 25 <= tr["steps"] <= 30  # (60 s - 1 s reserve) / 2 s per step
+        assert 80.0 <= tr["seconds"]["total_with_teacher_pass"] <= 90.0
+
+
 def test_keep_last_returns_the_last_steps_weights_not_the_best(teacher_classifier, sample_texts, tmp_path):
     """A learning rate far too high makes the student worse than where it started: keep: best returns the
     step-0 student, keep: last the final one; each record's "after" is the evaluation of the weights saved."""

@@ -127,6 +127,34 @@ def test_pass_prunes_the_silenced_head(tiny_classifier, sample_texts, tmp_path):
     assert record["after"]["heads_per_layer"] == [3, 3]
 
 
+def test_taylor_scores_are_reused_for_the_same_model_and_sample_only(tiny_classifier, sample_texts, tmp_path):
+    """A shape search's later trials read the teacher's importance from disk (the same scores, so the same cut);
+    another model, another sample or another seed misses the cache and is scored afresh."""
+    import shutil
+
+    import torch
+
+    ctx = make_ctx(tiny_classifier, sample_texts)
+    first = run_pass("prune", ctx, tiny_classifier, tmp_path / "a", heads_per_layer=3, **FAST)
+    again = run_pass("prune", ctx, tiny_classifier, tmp_path / "b", heads_per_layer=3, ffn_dim=32, **FAST)
+    assert first["importance"]["reused_from_disk"] is False and again["importance"]["reused_from_disk"] is True
+    assert again["pruned_heads"] == first["pruned_heads"]
+    assert run_pass("prune", ctx, tiny_classifier, tmp_path / "c", heads_per_layer=3, **FAST, seed=1)[
+        "importance"]["reused_from_disk"] is False
+    fewer = make_ctx(tiny_classifier, sample_texts)
+    assert run_pass("prune", fewer, tiny_classifier, tmp_path / "d", heads_per_layer=3, **{**FAST, "samples": 16})[
+        "importance"]["reused_from_disk"] is False
+
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_classifier, changed)
+    model = load(changed)
+    with torch.no_grad():
+        model.bert.encoder.layer[0].attention.output.dense.weight.mul_(1.5)
+    model.save_pretrained(changed)
+    record = run_pass("prune", make_ctx(changed, sample_texts), changed, tmp_path / "e", heads_per_layer=3, **FAST)
+    assert record["importance"]["reused_from_disk"] is False
+
+
 def test_magnitude_record_says_data_free(tiny_classifier, sample_texts, tmp_path):
     record = run_pass("prune", make_ctx(tiny_classifier, sample_texts), tiny_classifier, tmp_path / "out",
                       ffn_dim=64, importance="magnitude", **FAST)

@@ -49,6 +49,10 @@ class DistillOptions(PassOptions):
     epochs: float = Field(3.0, gt=0, description="passes over the training rows")
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps")
     max_minutes: float | None = Field(None, gt=0, description="time budget for the whole pass (teacher pass included)")
+    teacher_pass_in_budget: bool = Field(True, description="max_minutes counts the teacher pass (and loading); false: "
+                                                           "training alone gets max_minutes, so every shape of a shape "
+                                                           "search trains as long whether it computed the teacher's "
+                                                           "outputs or read them from disk")
     eval_every: int | None = Field(None, ge=1, description="steps between held-out evaluations; default: twice per epoch")
     patience: int = Field(4, ge=0, description="stop after this many evaluations without improvement (0: never)")
     min_delta: float = Field(0.0, ge=0, description="smallest improvement of the selection metric that counts")

@@ -21,7 +21,8 @@ evaluation set used for early stopping, are dropped. Evaluation/early stopping: 
 are computed once and kept in memory (see ``xformopt.passes.distill.data`` for the bounds).
 
 Training (``xformopt.passes.distill.train``): AdamW, warm-up + linear decay, ``epochs``/``max_steps`` and a
-``max_minutes`` budget (the whole pass, teacher pass included), held-out evaluation every
+``max_minutes`` budget (the whole pass, teacher pass included; training alone with ``teacher_pass_in_budget:
+false``), held-out evaluation every
 ``eval_every`` steps with early stopping and best-checkpoint selection, resumable checkpoints
 (``xformopt.passes.distill.checkpoint``), seeded; CPU with ``ctx.threads`` threads, CUDA when present
 (``device``).
@@ -67,7 +68,7 @@ from xformopt.passes.surgery import arch_for, current_shape, weights_sha256
 CURVE = "distill_curve.png"
 # Options that do not change what is learned: left out of the checkpoint identity, so a rerun with
 # another budget or checkpoint cadence still resumes.
-NOT_IN_IDENTITY = ("max_minutes", "checkpoint_dir", "checkpoint_every", "resume", "device", "log_every_seconds")
+NOT_IN_IDENTITY = ("max_minutes", "teacher_pass_in_budget", "checkpoint_dir", "checkpoint_every", "resume", "device", "log_every_seconds")
 
 
 class DistillPass(Pass):
@@ -423,6 +424,8 @@ class _Distillation:
         budget = options.max_minutes * 60 if options.max_minutes else None
         if budget and options.qat:  # the QAT phase's share of the budget is kept for it
             budget = budget * (1 - Q.budget_share(options.epochs, options.qat_epochs))
+        if budget and not options.teacher_pass_in_budget:  # the clock started before loading and the teacher pass
+            budget += T.CLOCK() - self.started
         return T.Settings(
             objective=self.objective, weights=self.weights, temperature=options.temperature, layer_map=layer_map,
             lr=options.lr, weight_decay=options.weight_decay, warmup=options.warmup, epochs=options.epochs,
@@ -557,7 +560,7 @@ class _Distillation:
                 "resumed_from_step": result.resumed_from_step, "resumed_from_steps": result.extra["resumed_from_steps"],
                 "checkpoints_written": result.checkpoints_written,
                 "checkpoint_dir": str(root), "eval_every": result.extra["eval_every"],
-                "max_minutes": options.max_minutes,
+                "max_minutes": options.max_minutes, "teacher_pass_in_budget": options.teacher_pass_in_budget,
             },
             "evaluations": result.history,
             "selection": {"metric": result.extra["metric"], "best_step": result.best_step, "keep": options.keep,

@@ -104,11 +104,12 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from xformopt.artifact import copy_side_files
+from xformopt.artifact import copy_side_files, hash_dir
 from xformopt.data import load_text_dataset
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import ModelSpec, load_tokenizer, load_torch_model, pruned_heads
 from xformopt.passes.base import Pass, PassContext, PassOptions
+from xformopt.passes.prune import importance_cache
 from xformopt.passes.prune import width as width_prune
 from xformopt.passes.prune.flops import Shape, encoder_flops
 from xformopt.passes.prune.importance import (
@@ -262,6 +263,7 @@ class PruneInputs:
     params0: int
     multiple: int
     options: PruneOptions  # as given, fractions turned into the absolute targets they mean for this model
+    model_hash: str = ""   # content hash of the model folder (Taylor only: the importance cache's key)
 
 
 @dataclass
@@ -313,17 +315,34 @@ def load_inputs(ctx: PassContext, src: Path, options: PruneOptions) -> PruneInpu
                                                               max_length=options.max_length)["input_ids"]]))
     return PruneInputs(arch, model, objective, labelled, imp_set, held_set, imp_b, held_b, imp_ref, held_ref,
                        mean_len, current_shape(model, arch), sum(p.numel() for p in model.parameters()),
-                       ctx.target.simd_multiple, options)
+                       ctx.target.simd_multiple, options, hash_dir(src) if options.importance == "taylor" else "")
+
+
+def taylor_scores(ctx: PassContext, inputs: PruneInputs, options: PruneOptions) -> tuple[list, list, list, bool]:
+    """Head, FFN and layer-drop scores from the disk cache when this model and sample were scored before
+    (a shape search's later trials), else measured and kept there; the flag says which."""
+    entry = importance_cache.key(inputs.model_hash, inputs.objective, inputs.imp_b, options.seed)
+    cached = importance_cache.load(entry)
+    if cached is not None:
+        ctx.log(f"head, FFN and layer-drop scores reused from {importance_cache.folder() / entry}.npz "
+                "(same model, sample and seed)")
+        return (*cached, True)
+    ctx.log("scoring heads and FFN neurons (Taylor: |d loss / d mask|)")
+    heads, ffn = taylor_importance(inputs.model, inputs.arch, inputs.imp_b, inputs.objective, options.seed)
+    ctx.log("measuring layer-drop sensitivity")
+    layers = layer_sensitivity(inputs.model, inputs.arch, inputs.imp_b, inputs.objective, inputs.imp_ref)
+    try:
+        importance_cache.save(entry, heads, ffn, layers)
+    except OSError as exc:  # a read-only cache only costs the next trial the scoring
+        ctx.log(f"importance scores not kept on disk ({exc})")
+    return heads, ffn, layers, False
 
 
 def score_importance(ctx: PassContext, inputs: PruneInputs, options: PruneOptions) -> Importance:
     """Taylor (data) or magnitude (data-free) scores for every head, FFN neuron and layer."""
-    model, arch, objective, labelled = inputs.model, inputs.arch, inputs.objective, inputs.labelled
+    model, arch, labelled = inputs.model, inputs.arch, inputs.labelled
     if options.importance == "taylor":
-        ctx.log("scoring heads and FFN neurons (Taylor: |d loss / d mask|)")
-        head_scores, ffn_scores = taylor_importance(model, arch, inputs.imp_b, objective, options.seed)
-        ctx.log("measuring layer-drop sensitivity")
-        layer_scores = layer_sensitivity(model, arch, inputs.imp_b, objective, inputs.imp_ref)
+        head_scores, ffn_scores, layer_scores, reused = taylor_scores(ctx, inputs, options)
         method = {
             "method": "taylor",
             "heads": "accumulated |dL/d head_mask| (Michel et al. 2019), normalised per layer for global ranking"
@@ -335,7 +354,8 @@ def score_importance(ctx: PassContext, inputs: PruneInputs, options: PruneOption
             "loss": "cross-entropy on the labels" if labelled
             else "MSE between pooled embeddings and the unpruned model's (self-supervised proxy)",
         }
-        method.update({"samples": len(inputs.imp_set), "source": inputs.imp_set.source, "seed": options.seed})
+        method.update({"samples": len(inputs.imp_set), "source": inputs.imp_set.source, "seed": options.seed,
+                       "reused_from_disk": reused})
     else:
         head_scores, ffn_scores, layer_scores = magnitude_importance(model, arch)
         method = {

@@ -1,0 +1,32 @@
+"""Usage: python paired.py OUT_DIR [OUT_DIR ...] (artifacts of `xformopt optimize` on the vendored sentiment split).
+
+Paired bootstrap of (student INT8 correct - teacher fp32 correct) over the 2,014 test rows, for the artifacts
+given; the teacher's outputs are the report's reference/baseline_outputs.npy (PyTorch fp32, same rows)."""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import xformopt
+from xformopt.runtime.encoder import OrtPredictor
+from xformopt.runtime.predictor import artifact_spec
+from xformopt.scoring.metrics import mean_with_bootstrap
+
+TEST = Path(xformopt.__file__).parent / "resources" / "vader_movie" / "test.jsonl"
+rows = [json.loads(line) for line in TEST.open()]
+texts = [r["text"] for r in rows]
+labels = np.array([{"negative": 0, "positive": 1}[r["label"]] for r in rows])
+out = {}
+for art in sys.argv[1:]:
+    art = Path(art)
+    teacher = np.load(art / "reference" / "baseline_outputs.npy")
+    student = OrtPredictor(artifact_spec(art), art, threads=2).predict(texts)
+    s_pred = student.argmax(-1) if student.ndim == 2 else student
+    t_pred = teacher.argmax(-1)
+    diff = (s_pred == labels).astype(float) - (t_pred == labels).astype(float)
+    boot = mean_with_bootstrap(diff, seed=0, resamples=2000)
+    out[str(art)] = {"teacher_acc": float((t_pred == labels).mean()), "student_acc": float((s_pred == labels).mean()),
+                     "diff_points": 100 * boot["value"], "ci95_points": [100 * x for x in boot["ci95"]],
+                     "agreement": float((s_pred == t_pred).mean())}
+    print(json.dumps(out[str(art)]))
