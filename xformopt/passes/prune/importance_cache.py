@@ -22,7 +22,7 @@ import numpy as np
 from xformopt.atomic import temp_sibling
 from xformopt.cache import cache_root
 
-SCHEMA = 1
+SCHEMA = 1  # raise it when the scoring changes: older entries then miss instead of being read
 
 
 def folder() -> Path:
