@@ -27,6 +27,7 @@ from xformopt.errors import InputError
 from xformopt.passes import get_pass, surgery
 from xformopt.passes.prune import flops as prune_flops
 from xformopt.passes.prune import importance as prune_importance
+from xformopt.passes.prune import importance_cache
 from xformopt.passes.prune import plans as prune_plans
 from xformopt.passes.prune import run as P
 
@@ -151,8 +152,11 @@ def test_taylor_scores_are_reused_for_the_same_model_and_sample_only(tiny_classi
     with torch.no_grad():
         model.bert.encoder.layer[0].attention.output.dense.weight.mul_(1.5)
     model.save_pretrained(changed)
+    dead = importance_cache.folder() / ".abc.npz.tmp-999999999-1"  # what a run killed while saving leaves
+    dead.write_bytes(b"half")
     record = run_pass("prune", make_ctx(changed, sample_texts), changed, tmp_path / "e", heads_per_layer=3, **FAST)
     assert record["importance"]["reused_from_disk"] is False
+    assert not dead.exists() and all(p.suffix == ".npz" for p in importance_cache.folder().iterdir())
 
 
 def test_magnitude_record_says_data_free(tiny_classifier, sample_texts, tmp_path):

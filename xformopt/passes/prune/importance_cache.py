@@ -7,7 +7,7 @@ key is everything the scores depend on: the model folder's content hash, the obj
 sample (token ids, masks and labels, in order), the seed and a schema version, so a changed model,
 sample or tokenizer misses it. Stored as a plain ``.npz`` (read with ``allow_pickle=False``: no pickle)
 written to a temporary sibling and renamed into place, so a killed run never leaves a half-written entry
-that a later one would read.
+that a later one would read (its temporary file is swept by the next save).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from xformopt.atomic import temp_sibling
 from xformopt.cache import cache_root
+from xformopt.stale import sweep
 
 SCHEMA = 1  # raise it when the scoring changes: older entries then miss instead of being read
 
@@ -58,6 +59,7 @@ def load(entry_key: str) -> tuple[list, list, list] | None:
 def save(entry_key: str, heads: list, ffn: list, layers: list) -> Path:
     path = folder() / f"{entry_key}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
+    sweep(path.parent)  # temp files of runs killed while saving
     arrays = {"layers": np.asarray(layers, dtype=np.float64)}
     arrays.update({f"head_{i}": np.asarray(h, dtype=np.float64) for i, h in enumerate(heads)})
     arrays.update({f"ffn_{i}": np.asarray(f, dtype=np.float64) for i, f in enumerate(ffn)})
