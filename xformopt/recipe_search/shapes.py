@@ -210,11 +210,11 @@ def _try_shapes(ready: Prepared, model: str, recipe: recipes.Recipe, tries: list
     default_minutes = timed.options.get(get_pass(timed.name).minutes_option) if timed else None
     for n, candidate in enumerate(tries):
         resolved = candidate_shape(config, candidate)
+        flops = encoder_flops(resolved, 32.0)["total"]
         entry = {"shape": candidate.shape, "student_kind": "pretrained" if candidate.student else "pruned",
                  "distill_minutes": candidate.minutes or default_minutes,
-                 "flops_at_32_tokens": round(candidate_flops(config, candidate)),
-                 "flops_share_of_teacher": round(candidate_flops(config, candidate)
-                                                 / encoder_flops(config_shape(config), 32.0)["total"], 4),
+                 "flops_at_32_tokens": round(flops),
+                 "flops_share_of_teacher": round(flops / encoder_flops(config_shape(config), 32.0)["total"], 4),
                  "untrained_ms": candidate.untrained_ms,
                  "resolved": {"layers": resolved.num_layers, "heads_per_layer": resolved.heads[0],
                               "ffn_dim": resolved.ffn[0], "hidden_size": resolved.hidden}}

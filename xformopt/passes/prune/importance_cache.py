@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-from xformopt.atomic import temp_sibling
+from xformopt.atomic import replacing
 from xformopt.cache import cache_root
 from xformopt.stale import sweep
 
@@ -58,16 +57,10 @@ def load(entry_key: str) -> tuple[list, list, list] | None:
 
 def save(entry_key: str, heads: list, ffn: list, layers: list) -> Path:
     path = folder() / f"{entry_key}.npz"
-    path.parent.mkdir(parents=True, exist_ok=True)
     sweep(path.parent)  # temp files of runs killed while saving
     arrays = {"layers": np.asarray(layers, dtype=np.float64)}
     arrays.update({f"head_{i}": np.asarray(h, dtype=np.float64) for i, h in enumerate(heads)})
     arrays.update({f"ffn_{i}": np.asarray(f, dtype=np.float64) for i, f in enumerate(ffn)})
-    tmp = temp_sibling(path)
-    try:
-        with open(tmp, "wb") as handle:
-            np.savez(handle, **arrays)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with replacing(path) as tmp, open(tmp, "xb") as handle:
+        np.savez(handle, **arrays)
     return path
