@@ -8,6 +8,8 @@ so every pass runs on the same kind of directory a user would give it.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 # Before torch (or anything that imports it) loads: no hub, and no spinning OpenMP workers on
 # a 2-core host.
@@ -16,6 +18,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 os.environ["XFORMOPT_STRICT_RECORDS"] = "1"  # a pass record its type (passes/records.py) does not describe fails
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# A cache of the run's own from the start: module- and session-scoped fixtures run before the per-test
+# ``isolated_cache`` below and would otherwise write pass entries and stores into the user's ~/.cache/xformopt.
+os.environ["XFORMOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="xformopt-test-cache-")
 
 import gc
 import json
@@ -80,6 +85,10 @@ def pytest_configure(config):
         torch.set_num_threads(share)
     gc.collect()
     gc.freeze()  # what is imported by now (see settled_heap)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ["XFORMOPT_CACHE_DIR"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

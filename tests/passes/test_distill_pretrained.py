@@ -24,9 +24,9 @@ def distill(ctx, src: Path, dst: Path, **options) -> dict:
 
 
 def teacher_files() -> list[Path]:
-    from xformopt.passes.distill import checkpoint as ckpt
+    from xformopt.cache_stores import store
 
-    return sorted((ckpt.home() / "distill-teacher").glob("*.safetensors"))
+    return sorted(store("distill-teacher").glob("*.safetensors"))
 
 
 @pytest.fixture(scope="module")

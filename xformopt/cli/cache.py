@@ -1,7 +1,8 @@
-"""`xformopt cache list|verify|prune|clear`: the finished-pass cache, with sizes.
+"""`xformopt cache list|verify|prune|clear`: the finished-pass cache and the stores beside it
+(:mod:`xformopt.cache_stores`: teacher outputs, importance scores, distillation checkpoints), with sizes.
 
 Entries in use by a running `optimize` (they hold a shared lock) are never removed; they are
-listed as skipped.
+listed as skipped. The stores are kept whole while any run holds them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import re
 import typer
 from rich.table import Table
 
-from xformopt import cache
+from xformopt import cache, cache_stores
 from xformopt.cli import options as opt
 from xformopt.cli import output
 from xformopt.errors import GateFailed, InputError
@@ -59,6 +60,31 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def _stores_table(rows: list[dict]) -> Table:
+    table = Table("Store", "Holds", "Items", "Size", "Newest", "Status", title="beside the entries")
+    for row in rows:
+        count = row.get("removed", row.get("items"))
+        size = row.get("freed_bytes", row.get("size_bytes"))
+        age = row.get("age_s")
+        table.add_row(row["store"], row["holds"], str(count), human_size(size), "-" if age is None else f"{_age(age)} ago",
+                      row.get("action") or "")
+    return table
+
+
+def _trim_stores(max_age_s: float | None, dry_run: bool) -> list[dict]:
+    rows, busy = cache_stores.trim(max_age_s, dry_run)
+    for row in rows:
+        if busy:
+            row["action"] = "in use by a running command: kept"
+        elif row["linked"]:
+            row["action"] = "a symbolic link: kept (trim the folder it points to yourself)"
+        else:
+            row["action"] = ("would remove" if dry_run else "removed") if row["removed"] else "nothing to remove"
+    if busy:
+        output.log("the cache's stores are in use by a running command: kept (run it again when no run is going)")
+    return rows
+
+
 def _table(rows: list[dict], title: str) -> Table:
     table = Table("Key", "Pass", "Size", "Last used", "Status", title=title)
     for row in rows:
@@ -76,11 +102,14 @@ def list_entries(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
     Example: xformopt cache list --json | jq '[.entries[].size_bytes] | add'
     """
     rows = [cache.describe(e, deep=False) for e in cache.entries()]
-    doc = {"root": str(cache.cache_root()), "entries": rows, "total_bytes": sum(r["size_bytes"] for r in rows)}
+    stores = cache_stores.describe()
+    doc = {"root": str(cache.cache_root()), "entries": rows, "total_bytes": sum(r["size_bytes"] for r in rows),
+           "stores": stores, "stores_bytes": sum(r["size_bytes"] for r in stores)}
     if as_json:
         output.emit_json(doc)
         return
     output.stdout.print(_table(rows, f"{cache.cache_root()}: {len(rows)} entries, {human_size(doc['total_bytes'])}"))
+    output.stdout.print(_stores_table(stores))
 
 
 @app.command("verify")
@@ -116,17 +145,23 @@ def _remove(rows: list[dict], entries_by_key: dict, dry_run: bool) -> None:
             row["action"] = "removed" if cache.remove_if_unused(entries_by_key[row["key"]]) else "in use: kept"
 
 
-def _report(rows: list[dict], as_json: bool, verb: str) -> None:
+def _report(rows: list[dict], stores: list[dict], as_json: bool, verb: str) -> None:
+    """``removed`` counts entries; ``freed_bytes`` is the entries' and the stores' bytes together."""
     removed = [r for r in rows if r.get("action") in ("removed", "would remove")]
-    freed = sum(r["size_bytes"] for r in removed)
-    doc = {"root": str(cache.cache_root()), "entries": rows, "removed": len(removed), "freed_bytes": freed}
+    store_bytes = sum(r["freed_bytes"] for r in stores if r["action"] in ("removed", "would remove"))
+    freed = sum(r["size_bytes"] for r in removed) + store_bytes
+    doc = {"root": str(cache.cache_root()), "entries": rows, "removed": len(removed), "freed_bytes": freed,
+           "stores": stores}
     if as_json:
         output.emit_json(doc)
         return
     if rows:
         output.stdout.print(_table(rows, f"{cache.cache_root()}"))
-    output.stdout.print(f"{verb} {len(removed)} entr{'y' if len(removed) == 1 else 'ies'}, {human_size(freed)}",
-                        highlight=False)
+    if any(r["removed"] for r in stores):
+        output.stdout.print(_stores_table(stores))
+    items = sum(r["removed"] for r in stores if r["action"] in ("removed", "would remove"))
+    output.stdout.print(f"{verb} {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} and {items} stored "
+                        f"item{'' if items == 1 else 's'}, {human_size(freed)}", highlight=False)
 
 
 @app.command("prune")
@@ -137,7 +172,8 @@ def prune(
     as_json: opt.Json = False,
     quiet: opt.Quiet = False,
 ) -> None:
-    """Remove old entries, and least recently used ones beyond a size; entries in use are kept.
+    """Remove old entries (and stored teacher outputs, scores and checkpoints not used for as long), then
+    least recently used entries beyond a size; what a running command uses is kept.
 
     Example: xformopt cache prune --older-than 30d --max-size 5GB
     """
@@ -158,16 +194,17 @@ def prune(
                 chosen.append(row)
                 total -= row["size_bytes"]
     _remove(chosen, by_key, dry_run)
-    _report(chosen, as_json, "would remove" if dry_run else "removed")
+    stores = _trim_stores(max_age, dry_run) if max_age is not None else []
+    _report(chosen, stores, as_json, "would remove" if dry_run else "removed")
 
 
 @app.command("clear")
 def clear(as_json: opt.Json = False, quiet: opt.Quiet = False) -> None:
-    """Remove every entry not in use by a running command.
+    """Remove every entry, and everything in the stores beside them, not in use by a running command.
 
     Example: xformopt cache clear
     """
     by_key = {e.name: e for e in cache.entries()}
     rows = [cache.describe(e, deep=False) for e in by_key.values()]
     _remove(rows, by_key, False)
-    _report(rows, as_json, "removed")
+    _report(rows, _trim_stores(None, False), as_json, "removed")

@@ -13,6 +13,7 @@ import numpy as np
 
 from xformopt import progress as progress_events
 from xformopt.decoder.evaluate import evaluate_decoder_stages
+from xformopt.evaluate.baseline_store import baseline_outputs
 from xformopt.evaluate.seq2seq import evaluate_seq2seq_stages
 from xformopt.measure import memory, modes
 from xformopt.measure.latency import compare
@@ -63,11 +64,16 @@ def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int,
         with memory.measured(f"load {stage.name}") as loaded:
             predictors[stage.name] = stage_predictor(stage, spec, threads)
         stage_memory[stage.name] = {"load": loaded.to_dict()}
-    outputs = {}
-    for name, predictor in predictors.items():
+    outputs, read_from_disk = {}, {}
+    for stage in stages:
+        name, predictor = stage.name, predictors[stage.name]
         _log.info(f"evaluating {name} on {len(heldout)} held-out rows")
         with memory.measured(f"evaluate {name}") as scored:
-            outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
+            if stage is stages[0]:  # the baseline: the same model on the same rows is scored once (a search's trials)
+                outputs[name], read_from_disk[name] = baseline_outputs(stage, spec, heldout, predictor, threads,
+                                                                       bar(f"evaluating {name} (rows)"))
+            else:
+                outputs[name] = predictor.predict_data(heldout, progress=bar(f"evaluating {name} (rows)"))
         stage_memory[name]["evaluate"] = scored.to_dict()
     metrics = quality(spec.task_def, outputs, stages[0].name, heldout, settings.seed)
     texts, pairs = spec.task_def.timing_inputs(heldout)
@@ -103,6 +109,7 @@ def evaluate_encoder_stages(stages, spec, heldout, settings, threads: int,
             "speedup": speedup[name],
             "size_bytes": model_bytes(stage),
             "memory": stage_memory[name],
+            **({"outputs_read_from_disk": True} if read_from_disk.get(name) else {}),
         }
         for name, stage in ((stage.name, stage) for stage in stages)
     }

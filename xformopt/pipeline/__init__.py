@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from xformopt import cache
+from xformopt import cache, cache_stores
 from xformopt.locks import claim_output
 from xformopt.models.validate import check_threads
 from xformopt.pipeline.execute import (
@@ -73,7 +73,7 @@ def run(
     what it needs (``RunInputs``, ``Executed``) so no step calls back into this one."""
     check_threads(recipe.evaluation.threads)
     ready = prepare_run(model, recipe, out, force=force, trust_remote_code=trust_remote_code)
-    with claim_output(out, wait=wait), cache.session(), \
+    with claim_output(out, wait=wait), cache.session(), cache_stores.in_use(), \
             tempfile.TemporaryDirectory(prefix=run_workdir_prefix()) as workdir:
         sweep_at_start(Path(os.path.abspath(out)).parent, cache.cache_root())
         executed = execute_run(recipe, ready.ctx, use_cache, Path(workdir))

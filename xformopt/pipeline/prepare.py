@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from xformopt import cache, models, sources, targets
+from xformopt import cache_stores, models, sources, targets
 from xformopt.artifact import check_output
 from xformopt.data import TextDataset
 from xformopt.errors import InputError
@@ -75,7 +75,7 @@ def data_options(steps: list[tuple[str, dict]]) -> list[tuple[str, str, str]]:
 def read_paths(model_path: Path, data: str | None = None, steps: list[tuple[str, dict]] = ()) -> tuple[Path, ...]:
     """What a run reads and -o must never be, sit inside or hold: the model, the data files, the cache."""
     values = [data, str(vader_split_path("test"))] + [value for _, _, value in data_options(list(steps))]
-    return (Path(model_path), cache.cache_root().parent, *(Path(v.split("::")[0]) for v in values if v))
+    return (Path(model_path), cache_stores.home(), *(Path(v.split("::")[0]) for v in values if v))
 
 
 @dataclass

@@ -7,6 +7,7 @@ import os
 import time
 from pathlib import Path
 
+from xformopt import cache_stores
 from xformopt.artifact import atomic_dir, check_output, hash_dir, read_manifest, write_json
 from xformopt.errors import InputError
 from xformopt.measure import host as host_facts
@@ -80,7 +81,7 @@ def run_single(
     ctx = verification_context(spec, ready.target, data, None, host_facts.usable_cpus(), effective_cpu_flags())
     sweep_at_start(Path(os.path.abspath(out)).parent)
     started = time.perf_counter()
-    with atomic_dir(out, force, wait=wait, protected=protected) as tmp:
+    with atomic_dir(out, force, wait=wait, protected=protected) as tmp, cache_stores.in_use():
         with memory.measured(pass_name) as peak:
             record = execute(pass_cls, ctx, spec.path, tmp, validated)
             memory.release()

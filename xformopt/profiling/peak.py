@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from xformopt.atomic import write_json
-from xformopt.cache import cache_root
+from xformopt.cache_stores import store
 from xformopt.locks import Lock
 from xformopt.measure import host
 
@@ -34,8 +34,7 @@ BUDGET_S = 0.15
 
 
 def peak_dir() -> Path:
-
-    return cache_root().parent / "gemm-peak"
+    return store("gemm-peak")
 
 
 def _digest(payload: dict) -> str:

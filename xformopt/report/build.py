@@ -39,6 +39,7 @@ def build_report(spec, target, stages, evaluation: dict, host: dict, recipe, tar
             **({"graph": dict(facts)} if stage.kind == "onnx" else {}),
             "memory": {**({"pass": stage.record.memory} if stage.record and stage.record.memory else {}),
                        **ev.get("memory", {})},
+            **({"outputs_read_from_disk": True} if ev.get("outputs_read_from_disk") else {}),
         })
     return {
         "schema": REPORT_SCHEMA,

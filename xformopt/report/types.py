@@ -120,6 +120,7 @@ class StageRow(TypedDict):
     speedup: float
     graph: NotRequired[GraphFacts]  # ONNX stages only
     memory: StageMemory
+    outputs_read_from_disk: NotRequired[bool]  # the baseline's held-out outputs from an earlier run (evaluate/baseline_store.py)
 
 
 @with_config(_CLOSED)

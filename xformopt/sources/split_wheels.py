@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from xformopt.atomic import replacing, temp_sibling
-from xformopt.cache import cache_root
+from xformopt.cache_stores import home
 from xformopt.errors import InputError
 from xformopt.locks import build_lock
 from xformopt.stale import sweep
@@ -54,7 +54,7 @@ MARKER = ".assembled.json"
 
 def models_root() -> Path:
     """Assembled checkpoints live beside the pass cache (not inside it: its folders are pass entries)."""
-    return cache_root().parent / "models"
+    return home() / "models"
 
 
 def installed_part(dist_name: str, member: str = ".zip.") -> tuple[Path, str | None] | None:

@@ -23,18 +23,13 @@ import shutil
 import time
 from pathlib import Path
 
-from xformopt.cache import cache_root
+from xformopt.cache_stores import store
 
 SCHEMA = "xformopt.passes.distill-checkpoint/1"
 
 
-def home() -> Path:
-    """The xformopt cache folder (``$XFORMOPT_CACHE_DIR`` or ``~/.cache/xformopt``); passes live in ``passes/``."""
-    return cache_root().parent
-
-
 def default_root(identity: str) -> Path:
-    return home() / "distill-checkpoints" / identity[:24]
+    return store("distill-checkpoints") / identity[:24]
 
 
 def state_dict_cpu(model) -> dict:

@@ -46,6 +46,7 @@ import numpy as np
 
 from xformopt import progress
 from xformopt.artifact import copy_side_files, hash_dir
+from xformopt.cache_stores import store, touch
 from xformopt.errors import InputError, PassFailed
 from xformopt.models import load_tokenizer, load_torch_model
 from xformopt.passes.base import Pass, PassContext
@@ -388,7 +389,7 @@ class _Distillation:
         # search (or a rerun) pays for the teacher pass once; a changed teacher or data set misses the key.
         disk_key = hashlib.sha256(json.dumps([teacher_hash, self.objective, D.ids_digest(train_enc, heldout_enc),
                                               cached_layers]).encode())
-        disk_path = ckpt.home() / "distill-teacher" / f"{disk_key.hexdigest()[:24]}.safetensors"
+        disk_path = store("distill-teacher") / f"{disk_key.hexdigest()[:24]}.safetensors"
         reused = None if online else self.cached_targets(disk_path, train_enc, heldout_enc, cached_layers, layer_map)
         if reused is not None:
             ctx.log(f"distill: teacher outputs reused from {disk_path}")
@@ -417,6 +418,7 @@ class _Distillation:
         if set(cached_layers) - set(hidden) or (cached_layers and offsets is None):
             return None
         states = [hidden[j] for j in layer_map] if cached_layers else None
+        touch(path)
         return D.TeacherCache(train, list(cached_layers), states, offsets if cached_layers else None, 0.0), heldout
 
     def settings(self, layer_map: list[int], relations) -> T.Settings:

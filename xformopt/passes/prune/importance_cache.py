@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 
 from xformopt.atomic import replacing
-from xformopt.cache import cache_root
+from xformopt.cache_stores import store, touch
 from xformopt.stale import sweep
 
 SCHEMA = 1  # raise it when the scoring changes: older entries then miss instead of being read
 
 
 def folder() -> Path:
-    return cache_root().parent / "prune-importance"
+    return store("prune-importance")
 
 
 def key(model_hash: str, objective: str, batches, seed: int) -> str:
@@ -50,9 +50,11 @@ def load(entry_key: str) -> tuple[list, list, list] | None:
             layers = int(data["layers"].size)
             heads = [data[f"head_{i}"].astype(np.float64) for i in range(layers)]
             ffn = [data[f"ffn_{i}"].astype(np.float64) for i in range(layers)]
-            return heads, ffn, [float(x) for x in data["layers"]]
+            scores = heads, ffn, [float(x) for x in data["layers"]]
     except (OSError, KeyError, ValueError):  # absent, truncated or from another schema: recompute
         return None
+    touch(path)
+    return scores
 
 
 def save(entry_key: str, heads: list, ffn: list, layers: list) -> Path:
