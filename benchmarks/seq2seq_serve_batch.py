@@ -3,7 +3,9 @@ once to the server (``--max-batch 8``, so the server batches them), against CTra
 eight sources in one ``translate_batch`` call; interleaved rounds, tokens/s from the tokens each returned.
 
 The server is the real command (a subprocess on a free local port, 127.0.0.1), talked to with httpx.
-Generation stops at EOS or ``--tokens`` (requests take no minimum length), the same on both engines.
+Generation stops at EOS or ``--tokens`` (requests take no minimum length), the same on both engines; ``--beams``
+sets the beam width on both (length penalty 1.0; CTranslate2 has no early stop, the served model's generation
+config has ``early_stopping=False``: the same stop rule).
 
 Run: OMP_WAIT_POLICY=PASSIVE python benchmarks/seq2seq_serve_batch.py --work WORK --out benchmarks/results/seq2seq-serve-batch
 (``WORK``: where benchmarks/seq2seq_ctranslate2.py built its models).
@@ -58,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="t5-small")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--beams", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--work", type=Path, required=True)
@@ -79,7 +82,8 @@ def main() -> None:
     client = httpx.Client(timeout=600)
 
     def one(text):
-        body = client.post(f"{url}/v1/completions", json={"prompt": text, "max_tokens": args.tokens}).json()
+        body = client.post(f"{url}/v1/completions", json={"prompt": text, "max_tokens": args.tokens,
+                                                                "num_beams": args.beams, "length_penalty": 1.0}).json()
         return body["usage"]["completion_tokens"]
 
     def run_serve(chunk):
@@ -87,7 +91,8 @@ def main() -> None:
 
     def run_ct2(chunk):
         batch = [tokenizer.convert_ids_to_tokens(tokenizer(t)["input_ids"]) for t in chunk]
-        out = ct2.translate_batch(batch, beam_size=1, max_decoding_length=args.tokens, return_end_token=True)
+        out = ct2.translate_batch(batch, beam_size=args.beams, length_penalty=1.0,
+                                  max_decoding_length=args.tokens, return_end_token=True)
         return sum(len(r.hypotheses[0]) for r in out)
 
     fns = {"xformopt serve": run_serve, "ctranslate2 batch": run_ct2}
@@ -107,11 +112,12 @@ def main() -> None:
         proc.terminate()
         proc.wait(30)
     ratio = np.asarray(rates["xformopt serve"]) / np.asarray(rates["ctranslate2 batch"])
-    row = {"model": args.model, "threads": args.threads, "batch": BATCH, "rounds": args.rounds, "greedy": True,
+    row = {"model": args.model, "threads": args.threads, "batch": BATCH, "rounds": args.rounds, "beams": args.beams,
            **{f"{k} tokens/s median": float(np.median(v)) for k, v in rates.items()},
            "ratio_median": float(np.median(ratio)), "ratio_ci95": list(bootstrap_median(ratio))}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(row, indent=1) + "\n")
+    name = "results.json" if args.beams == 1 and args.threads == 2 else f"results-{args.threads}t-{args.beams}b.json"
+    (args.out / name).write_text(json.dumps(row, indent=1) + "\n")
     print(json.dumps(row))
 
 
