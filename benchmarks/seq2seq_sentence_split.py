@@ -5,7 +5,7 @@ Per round, in a shuffled order over the same ``--per-round`` sources, each of:
 - ``xformopt as served``: ``Text2TextModel.generate`` (tokenizing, the op's ``run``, reading its output, decoding);
 - ``op run alone``: the same ``run`` of ``generate.onnx`` on feeds built beforehand;
 - ``encoder graph alone``: ``encoder.onnx`` (the encoder and the first decoder step) on the same sources;
-- ``tokenizer alone``: the tokenizer call ``generate`` makes;
+- ``tokenizer alone``: the tokenization ``generate`` makes (``Text2TextModel.encode``: the Rust backend's);
 - ``ctranslate2 with tokenizer`` (as benchmarks/seq2seq_ctranslate2.py times it) and ``ctranslate2 alone``
   (``translate_batch`` on tokens split beforehand).
 ``xformopt as served`` less ``op run alone`` is the Python side of a call. Medians over rounds.
@@ -63,7 +63,8 @@ def main() -> None:
                                  inter_threads=1)
 
     def encode(text):
-        return model.tokenizer([text], padding=True, truncation=True, max_length=model.max_length, return_tensors="np")
+        ids, mask = model.encode([text])
+        return {"input_ids": ids, "attention_mask": mask}
 
     def op_feed(enc):
         one = lambda value, dtype: np.asarray([value], dtype=dtype)  # noqa: E731

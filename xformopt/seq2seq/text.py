@@ -7,14 +7,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from xformopt.errors import InputError
 from xformopt.models import artifact_task, load_tokenizer, position_limit
 from xformopt.seq2seq import GRAPH_FILES
 from xformopt.seq2seq.generate import GenerationSettings, generate
 from xformopt.seq2seq.runner import OrtSeq2Seq
 from xformopt.seq2seq.search_graph import open_search_graph
+from xformopt.seq2seq.source_encoding import SourceEncoder
 
 
 @dataclass
@@ -50,6 +49,7 @@ class Text2TextModel:
         self.runner = OrtSeq2Seq(path, threads=threads, search=search)
         self.settings = GenerationSettings.from_model_dir(path)
         self.max_length = position_limit(path) or int(self.tokenizer.model_max_length or 512)
+        self.encode = SourceEncoder(self.tokenizer, self.max_length)
 
     def options(self, num_beams: int | None = None, max_new_tokens: int | None = None,
                 length_penalty: float | None = None) -> GenerationSettings:
@@ -65,12 +65,12 @@ class Text2TextModel:
         if not sources or any(not isinstance(s, str) or not s.strip() for s in sources):
             raise InputError("every source must be a non-empty text")
         settings = settings or self.settings
-        enc = self.tokenizer(list(sources), padding=True, truncation=True, max_length=self.max_length, return_tensors="np")
-        rows = generate(self.runner, enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64), settings)
+        input_ids, attention_mask = self.encode(sources)
+        rows = generate(self.runner, input_ids, attention_mask, settings)
         eos = set(settings.eos_token_id)
         return [Generated(self.tokenizer.decode(r, skip_special_tokens=True).strip(), [int(t) for t in r],
                           int(m.sum()), "eos" if r and r[-1] in eos else "length")
-                for r, m in zip(rows, enc["attention_mask"])]
+                for r, m in zip(rows, attention_mask)]
 
     def timed(self, sources: list[str], settings: GenerationSettings | None = None) -> tuple[list[Generated], float]:
         started = time.perf_counter()
