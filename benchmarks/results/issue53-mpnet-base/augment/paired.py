@@ -1,7 +1,8 @@
-"""Usage: python paired.py OUT_DIR [OUT_DIR ...] (artifacts of `xformopt optimize` on the vendored sentiment split).
+"""Usage: python paired.py [--data TEST.jsonl] OUT_DIR [OUT_DIR ...] (artifacts of `xformopt optimize`).
 
-Paired bootstrap of (student INT8 correct - teacher fp32 correct) over the 2,014 test rows, for the artifacts
-given; the teacher's outputs are the report's reference/baseline_outputs.npy (PyTorch fp32, same rows)."""
+Paired bootstrap of (student INT8 correct - teacher fp32 correct) over the test rows (the vendored sentiment
+split's 2,014, or --data's: text, label negative/positive), for the artifacts given; the teacher's outputs are the
+report's reference/baseline_outputs.npy (PyTorch fp32, the same rows in the same order)."""
 import json
 import sys
 from pathlib import Path
@@ -13,12 +14,15 @@ from xformopt.runtime.encoder import OrtPredictor
 from xformopt.runtime.predictor import artifact_spec
 from xformopt.scoring.metrics import mean_with_bootstrap
 
+args = sys.argv[1:]
 TEST = Path(xformopt.__file__).parent / "resources" / "vader_movie" / "test.jsonl"
+if args[:1] == ["--data"]:
+    TEST, args = Path(args[1]), args[2:]
 rows = [json.loads(line) for line in TEST.open()]
 texts = [r["text"] for r in rows]
 labels = np.array([{"negative": 0, "positive": 1}[r["label"]] for r in rows])
 out = {}
-for art in sys.argv[1:]:
+for art in args:
     art = Path(art)
     teacher = np.load(art / "reference" / "baseline_outputs.npy")
     student = OrtPredictor(artifact_spec(art), art, threads=2).predict(texts)
