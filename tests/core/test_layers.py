@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2] / "xformopt"
 # below keeps two units of one layer from needing each other. Mirrors docs/architecture.md.
 LAYERS = [
     ("foundation", {"errors", "atomic", "locks", "stale", "progress", "signals", "plot_style", "accuracy_budget",
-                    "artifact", "cache", "safe_yaml", "no_telemetry", "version", "logs",
+                    "artifact", "cache", "cache_stores", "safe_yaml", "no_telemetry", "version", "logs",
                     "typed_json"}),
     ("measurement", {"measure"}),
     ("data, model facts, families, tasks", {"scoring", "data_files", "data", "resources", "families", "tasks",
