@@ -139,13 +139,17 @@ def problem(entry: Path, *, deep: bool = True) -> str | None:
 
 
 def evict(entry: Path) -> None:
-    """Remove an entry: renamed away first (so nobody sees it half-deleted), then deleted."""
+    """Remove an entry (a folder, or a store's file): renamed away first (so nobody sees it half-deleted), then
+    deleted."""
     gone = temp_sibling(entry)
     try:
         Path(entry).rename(gone)
     except FileNotFoundError:
         return
-    shutil.rmtree(gone, ignore_errors=True)
+    if gone.is_dir():
+        shutil.rmtree(gone, ignore_errors=True)
+    else:
+        gone.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- lookup and build
@@ -237,7 +241,11 @@ def entries() -> list[Path]:
 
 
 def size_of(entry: Path) -> int:
-    return sum(p.stat().st_size for p in Path(entry).rglob("*") if p.is_file())
+    """Bytes of a folder's files, or of one file."""
+    entry = Path(entry)
+    if entry.is_file():
+        return entry.stat().st_size
+    return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
 
 
 def describe(entry: Path, *, deep: bool = False) -> dict:

@@ -15,14 +15,12 @@ split_wheels`), an install rather than a cache of results.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from xformopt.atomic import temp_sibling
-from xformopt.cache import cache_root, lock_dir
+from xformopt.cache import cache_root, evict, lock_dir, size_of
 from xformopt.locks import Lock
 
 STORES = {
@@ -74,12 +72,6 @@ def items(name: str) -> list[Path]:
     return sorted(p for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
 
 
-def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def describe() -> list[dict]:
     """One row per store: its path, what it holds, how many items and bytes, the newest item's age."""
     rows = []
@@ -87,22 +79,9 @@ def describe() -> list[dict]:
         found = items(name)
         newest = max((p.stat().st_mtime for p in found), default=None)
         rows.append({"store": name, "holds": holds, "path": str(store(name)), "items": len(found),
-                     "size_bytes": sum(_size(p) for p in found),
+                     "size_bytes": sum(size_of(p) for p in found),
                      "age_s": None if newest is None else max(0.0, time.time() - newest)})
     return rows
-
-
-def _remove(path: Path) -> None:
-    """Renamed away first (a reader never sees half a folder), then deleted."""
-    gone = temp_sibling(path)
-    try:
-        path.rename(gone)
-    except FileNotFoundError:
-        return
-    if gone.is_dir():
-        shutil.rmtree(gone, ignore_errors=True)
-    else:
-        gone.unlink(missing_ok=True)
 
 
 def trim(max_age_s: float | None = None, dry_run: bool = False) -> tuple[list[dict], bool]:
@@ -120,10 +99,10 @@ def trim(max_age_s: float | None = None, dry_run: bool = False) -> tuple[list[di
         for name, holds in STORES.items():
             linked = store(name).is_symlink()  # another folder's files, maybe not ours: never deleted through it
             chosen = [] if linked else [p for p in items(name) if max_age_s is None or now - p.stat().st_mtime > max_age_s]
-            freed = sum(_size(p) for p in chosen)
+            freed = sum(size_of(p) for p in chosen)
             if not dry_run:
                 for path in chosen:
-                    _remove(path)
+                    evict(path)
             rows.append({"store": name, "holds": holds, "path": str(store(name)), "removed": len(chosen),
                          "freed_bytes": freed, "linked": linked})
         return rows, False
