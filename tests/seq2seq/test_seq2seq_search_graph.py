@@ -101,11 +101,24 @@ def test_what_the_op_cannot_run_falls_back_to_the_python_loop_and_says_why(graph
         assert decode_loop(search, settings.with_(num_beams=1), batch=3) == PYTHON_LOOP  # slower in the op
         assert decode_loop(search, settings.with_(early_stopping=True)) == PYTHON_LOOP
         assert decode_loop(search, settings.with_(forced_eos_token_id=(1,))) == PYTHON_LOOP
+        assert decode_loop(search, settings.with_(max_new_tokens=1)) == PYTHON_LOOP
+        assert decode_loop(search, settings.with_(max_new_tokens=1, num_beams=1)) == ORT_LOOP
         rows = generate(search, enc["input_ids"], enc["attention_mask"], settings)
     said = caplog.text
     assert "beam search over a batch" in said and "greedy batch" in said and "early_stopping=True" in said and "forced BOS/EOS" in said
+    assert "one new token with several beams" in said
     python, _ = _runners(stage)
     assert rows == generate(python, enc["input_ids"], enc["attention_mask"], settings)
+
+
+@pytest.mark.parametrize("beams", [2, 4])
+def test_one_new_token_with_several_beams_gives_the_python_loops_tokens(graphs, beams):
+    """ORT's op with several beams and max_length 2 decodes from an unset buffer (an error or other tokens, by what
+    memory held): such calls run in the Python loop, one source at a time as served."""
+    stage, _, _, _, tokenizer, sources, _ = graphs
+    python, search = _runners(stage)
+    settings = GenerationSettings.from_model_dir(stage).with_(max_new_tokens=1, num_beams=beams)
+    assert _one_by_one(search, tokenizer, sources[:20], settings) == _one_by_one(python, tokenizer, sources[:20], settings)
 
 
 def test_a_search_graph_over_other_graphs_is_not_used(graphs, tmp_path, caplog):

@@ -64,15 +64,22 @@ def test_fuse_slims_the_decoder_and_records_it(fused):
     assert after["MultiHeadAttention"] == before["MultiHeadAttention"] == 4
 
 
-def test_fuse_drops_the_encoder_graphs_reshape_round_trips(fused):
-    """Head splits straight back for MultiHeadAttention and the first step's output round trips go; the head splits
-    of the cache outputs stay (4 per layer: self and cross key and value)."""
+def test_fuse_slims_the_encoder_graph(fused):
+    """Head splits straight back for MultiHeadAttention and the first step's output round trips go; the cache outputs
+    come from the attention nodes (no head splits left); T5's bidirectional position bias and the padding mask are a
+    clipped table gather, and a Where per masked bias (no log, bucket arithmetic or GatherND)."""
     slimmed, unslimmed, record, *_ = fused
     slim = record["slim"][ENCODER_FILE]
     before, after = _ops(unslimmed / ENCODER_FILE), _ops(slimmed / ENCODER_FILE)
     assert slim["nodes_before"] == sum(before.values()) and slim["nodes_after"] == sum(after.values())
-    assert slim["applied"]["identity_layouts"] > 0 and after["Reshape"] == 8 < before["Reshape"], (before, after)
+    assert slim["applied"]["identity_layouts"] > 0 and before["Reshape"] > 0 == after["Reshape"], (before, after)
+    # the encoder's bias, the first step's self-attention bias and its cross-attention mask; 2 layers x self and cross
+    assert slim["applied"]["attention_bias"] == 3 and slim["applied"]["present_from_attention"] == 4, slim
+    gone = ("Log", "Abs", "GatherND", "Transpose")  # bucket arithmetic, mask gathering, head splits
+    assert all(before[op] for op in gone) and not any(after[op] for op in gone), (before, after)
+    assert after["Where"] == 2 and after["Clip"] == 1 and not after["Identity"], after
     assert after["MultiHeadAttention"] == before["MultiHeadAttention"]
+    assert slim["nodes_after"] < 0.5 * slim["nodes_before"], slim
 
 
 def test_a_transpose_that_reorders_elements_is_kept(tmp_path):
@@ -164,3 +171,47 @@ def test_a_graph_shape_inference_cannot_finish_is_left_as_it_is_and_nothing_is_w
     got = drop_identity_layouts(path)
     assert got["chains"] == 0 and _ops(path)["Reshape"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.onnx"]
+
+
+def _encoder_outputs(path, ids, mask) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, {"input_ids": ids, "attention_mask": mask}), strict=True))
+
+
+def test_the_encoder_bias_beyond_its_clip_distance_equals_the_fused_graphs(tmp_path):
+    """A T5 whose buckets stop growing at 6 positions (relative_attention_max_distance 6), on padded sources of 30
+    tokens: the clipped table gives every output bit for bit as the fused graph without the rewrites."""
+    from tiny_seq2seq import build_seq2seq
+
+    from xformopt.passes.export.dynamo import onnxscript_fusions
+
+    src = build_seq2seq(tmp_path / "hf", "t5", seed=3)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "relative_attention_max_distance": 6}))
+    stage = _export(src, tmp_path / "onnx")
+    record = run_pass("fuse", make_ctx(src, ["w1 w2", "w1 w2 w3", "w4 w5 w6 w7"]), stage, tmp_path / "fused", select="all")
+    assert record["slim"][ENCODER_FILE]["applied"]["attention_bias"] == 3, record["slim"]
+    onnxscript_fusions(stage / ENCODER_FILE, tmp_path / "unslimmed.onnx")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 20, (2, 30)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 21:] = 0
+    want = _encoder_outputs(tmp_path / "unslimmed.onnx", ids, mask)
+    got = _encoder_outputs(tmp_path / "fused" / ENCODER_FILE, ids, mask)
+    assert want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+
+
+def test_an_encoder_graph_whose_outputs_would_change_is_left_as_it_is(fused, tmp_path, monkeypatch):
+    """The whole-graph check is the last word: where it finds a differing output, nothing is written."""
+    from xformopt.seq2seq import slim_encoder
+
+    _, unslimmed, *_ = fused
+    path = tmp_path / ENCODER_FILE
+    shutil.copy(unslimmed / ENCODER_FILE, path)
+    before = path.read_bytes()
+    monkeypatch.setattr(slim_encoder, "_differing_outputs", lambda original, model: ["logits"])
+    got = slim_encoder.slim_encoder(path)
+    assert got["nodes_after"] == got["nodes_before"] and "logits" in got["reason"] and path.read_bytes() == before

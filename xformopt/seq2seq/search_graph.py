@@ -17,6 +17,7 @@ The op's own rules, and how a call is held to ours (:mod:`xformopt.seq2seq.gener
   at offset ``b * beams`` of scores laid out ``2 * beams`` per row, so rows after the first may stop early (a measured
   example in docs/seq2seq.md); greedy batches give the loop's tokens but measured slower in the op than in the
   Python loop's batched steps (0.92-0.96x at t5-small's shapes, batch 8), so they stay in Python too;
+- several beams need at least two new tokens: with one (``max_length`` 2) the op feeds its decoder an unset buffer;
 - one EOS id, no forced BOS/EOS and no banned tokens: T5's generation configs. Anything else returns a reason,
   and the caller runs the Python loop.
 """
@@ -62,6 +63,10 @@ class OrtSearchGraph:
             # ORT's scorer reads row b's best score for its stop check at b * beams, not b * 2 * beams
             # (beam_search_scorer.cc): a row past the first may stop early (measured: docs/seq2seq.md)
             return "beam search over a batch of several rows (ORT's stop check reads another row's scores)"
+        if settings.num_beams > 1 and settings.max_new_tokens < 2:
+            # measured: ORT's op then feeds the decoder a token id read from an unset buffer (an out-of-range
+            # Gather error, or whatever tokens that memory held): docs/seq2seq.md
+            return "one new token with several beams (ORT's BeamSearch reads an unset buffer there)"
         if batch > 1:  # the op's tokens are the loop's here (tested), its speed is not (docs/seq2seq.md)
             return "a greedy batch of several rows (measured slower in the op than in the Python loop)"
         if settings.eos_token_id != (fixed["eos_token_id"],):

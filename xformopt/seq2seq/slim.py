@@ -34,6 +34,8 @@ from xformopt.onnx_graph import drop_dead
 from xformopt.onnx_graph import producers as graph_producers
 from xformopt.seq2seq import DECODER_FILE, GRAPH_FILES
 from xformopt.seq2seq.identity_layouts import drop_identity_layouts
+from xformopt.seq2seq.slim_encoder import slim_encoder
+from xformopt.seq2seq.subgraph import cone, evaluator, replace_output
 
 TABLE_LENGTH = 8192  # past lengths the position table covers; a longer past fails in ORT (bias width mismatch)
 TOKEN_INPUT = "decoder_input_ids"
@@ -43,17 +45,21 @@ PROBE_MASKS = ((1, 5), (2, 7), (3, 4))  # (batch, source) of the padded masks th
 
 
 def slim_graphs(folder: Path) -> dict[str, dict]:
-    """Both graphs of a fused stage in ``folder``, rewritten in place: the decoder step's rewrites, then in both graphs
-    the Reshape/Transpose round trips (:mod:`xformopt.seq2seq.identity_layouts`); per graph, nodes before and after
+    """Both graphs of a fused stage in ``folder``, rewritten in place: the decoder step's rewrites
+    (:func:`slim_decoder`) and the encoder graph's (:mod:`xformopt.seq2seq.slim_encoder`), and in both graphs the
+    Reshape/Transpose round trips (:mod:`xformopt.seq2seq.identity_layouts`); per graph, nodes before and after
     and what applied."""
     record = {}
     for name in GRAPH_FILES:
-        step = slim_decoder(folder / name) if name == DECODER_FILE else None
-        layouts = drop_identity_layouts(folder / name)
-        before = step["nodes_before"] if step else layouts["nodes_before"]
-        applied = {**(step or {}).get("applied", {}), "identity_layouts": layouts["chains"]}
-        skipped = (step or {}).get("skipped", []) + ([layouts["reason"]] if "reason" in layouts else [])
-        record[name] = {"nodes_before": before, "nodes_after": layouts["nodes_after"], "applied": applied,
+        if name == DECODER_FILE:
+            first = step = slim_decoder(folder / name)
+            last = layouts = drop_identity_layouts(folder / name)
+        else:  # the cache outputs' head splits are found once the round trips before the attention are gone
+            first = layouts = drop_identity_layouts(folder / name)
+            last = step = slim_encoder(folder / name)
+        applied = {**step["applied"], "identity_layouts": layouts["chains"]}
+        skipped = step.get("skipped", []) + [r["reason"] for r in (step, layouts) if "reason" in r]
+        record[name] = {"nodes_before": first["nodes_before"], "nodes_after": last["nodes_after"], "applied": applied,
                         **({"skipped": skipped} if skipped else {})}
     return record
 
@@ -123,50 +129,12 @@ def _untransposed_input(producers, inputs, name: str, heads: int) -> str | None:
     return transpose.input[0]
 
 
-def _cone(graph, name: str) -> tuple[list, set[str], set[str]]:
-    """The nodes computing ``name`` (graph order), the graph inputs whose values they read and those read only
-    through ``Shape``."""
-    producers, inputs = graph_producers(graph), {i.name for i in graph.input}
-    wanted, stack, values, shapes = set(), [name], set(), set()
-    while stack:
-        node = producers.get(stack.pop())
-        if node is None or id(node) in wanted:
-            continue
-        wanted.add(id(node))
-        for tensor in node.input:
-            if tensor in inputs:
-                (shapes if node.op_type == "Shape" else values).add(tensor)
-            elif tensor:
-                stack.append(tensor)
-    return [n for n in graph.node if id(n) in wanted], values, shapes - values
-
-
 def _bias_kind(graph, name: str) -> str | None:
-    _, values, shapes = _cone(graph, name)
+    _, values, shapes = cone(graph, name)
     shaped_by = {s for s in shapes if s == TOKEN_INPUT or s.startswith("past.")}
     if not values and shaped_by == shapes and TOKEN_INPUT in shapes:
         return "position"
     return "mask" if values == {MASK_INPUT} and shaped_by == shapes - {MASK_INPUT} else None
-
-
-def _evaluator(model, name: str):
-    """A function feeding {input: array} to the subgraph that computes ``name`` alone (ORT, one thread)."""
-    import onnx
-    import onnxruntime as ort
-
-    nodes, values, shapes = _cone(model.graph, name)
-    used = {t for n in nodes for t in n.input}
-    known = [v.type.tensor_type.elem_type for v in model.graph.value_info if v.name == name]
-    sub = onnx.helper.make_graph(  # an attention bias is float unless the graph says otherwise
-        nodes, "cone", [i for i in model.graph.input if i.name in values | shapes],
-        [onnx.helper.make_tensor_value_info(name, known[0] if known else onnx.TensorProto.FLOAT, None)],
-        [t for t in model.graph.initializer if t.name in used])
-    cut = onnx.helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(cut.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    return lambda feed: session.run(None, {k: v for k, v in feed.items() if k in names})[0]
 
 
 def _probe_feed(graph, past: int, batch: int = 1, source: int = 3) -> dict[str, np.ndarray]:
@@ -184,23 +152,12 @@ def _probe_feed(graph, past: int, batch: int = 1, source: int = 3) -> dict[str, 
     return feed
 
 
-def _replace(graph, name: str, nodes: list, tables: list) -> None:
-    """``nodes`` compute ``name`` from now on (the old producer's output is renamed, left for :func:`drop_dead`)."""
-    old = graph_producers(graph)[name]
-    old.output[list(old.output).index(name)] = f"{name}/replaced"
-    graph.initializer.extend(tables)
-    for info in [v for v in graph.value_info if v.name == name]:  # the old shape (e.g. per-head) no longer holds
-        graph.value_info.remove(info)
-    for i, node in enumerate(nodes):  # they read inputs and initializers only: first in graph order
-        graph.node.insert(i, node)
-
-
 def _position_table(model, name: str) -> bool:
     """The position-only bias as a slice of its own values at the longest past (see the module's docstring)."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    evaluate = _evaluator(model, name)
+    evaluate = evaluator(model, name)
     table = evaluate(_probe_feed(graph, TABLE_LENGTH - 1))
     if table.ndim != 4 or table.shape[2] != 1 or table.shape[3] != TABLE_LENGTH:
         return False
@@ -209,7 +166,7 @@ def _position_table(model, name: str) -> bool:
         rows = evaluate(_probe_feed(graph, past, batch=2))
         if not all(np.array_equal(row[None], table[..., -(past + 1):]) for row in rows):
             return False
-    _, _, shapes = _cone(graph, name)
+    _, _, shapes = cone(graph, name)
     past_input = sorted(s for s in shapes if s.startswith("past."))[0]
     prefix = f"{name}/table"
     tables = [numpy_helper.from_array(table, prefix), numpy_helper.from_array(np.array([-1], np.int64), f"{prefix}/minus_one"),
@@ -218,7 +175,7 @@ def _position_table(model, name: str) -> bool:
     nodes = [helper.make_node("Shape", [past_input], [f"{prefix}/past"], start=2, end=3),
              helper.make_node("Sub", [f"{prefix}/minus_one", f"{prefix}/past"], [f"{prefix}/start"]),  # -(past + 1)
              helper.make_node("Slice", [prefix, f"{prefix}/start", f"{prefix}/end", f"{prefix}/axis"], [name])]
-    _replace(graph, name, nodes, tables)
+    replace_output(graph, name, nodes, tables)
     return True
 
 
@@ -227,7 +184,7 @@ def _mask_where(model, name: str) -> bool:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
-    evaluate = _evaluator(model, name)
+    evaluate = evaluator(model, name)
     rng = np.random.default_rng(0)
     values = None
     for batch, source in PROBE_MASKS:
@@ -249,7 +206,7 @@ def _mask_where(model, name: str) -> bool:
     nodes = [helper.make_node("Cast", [MASK_INPUT], [f"{prefix}/bool"], to=TensorProto.BOOL),
              helper.make_node("Unsqueeze", [f"{prefix}/bool", f"{prefix}/axes"], [f"{prefix}/keys"]),
              helper.make_node("Where", [f"{prefix}/keys", f"{prefix}/keep", f"{prefix}/drop"], [name])]
-    _replace(graph, name, nodes, tables)
+    replace_output(graph, name, nodes, tables)
     return True
 
 
