@@ -215,3 +215,54 @@ def test_an_encoder_graph_whose_outputs_would_change_is_left_as_it_is(fused, tmp
     monkeypatch.setattr(slim_encoder, "_differing_outputs", lambda original, model: ["logits"])
     got = slim_encoder.slim_encoder(path)
     assert got["nodes_after"] == got["nodes_before"] and "logits" in got["reason"] and path.read_bytes() == before
+
+
+def test_the_search_graph_drops_padding_masks_and_says_so(fused):
+    """generate.onnx decodes one unpadded row: its subgraphs lose the padding masks (the encoder's and both cross-
+    attentions'), and the decoder's self-attention is ONNX Attention where this ONNX Runtime runs it."""
+    from xformopt.seq2seq.search_rewrites import runs_onnx_attention
+
+    _, _, record, *_ = fused
+    search = record["search_graph"]
+    assert search["file"] and search["rewrites"]["padding_masks"] == 4 and search["rewrites"]["agreed"], search
+    assert search["rewrites"]["onnx_attention"] == (2 if runs_onnx_attention() else 0), search
+
+
+def test_a_padded_source_decodes_in_the_python_loop(fused, caplog):
+    """The search graph's masks are gone: a row with padding runs the Python loop, with the same tokens as a
+    Python loop over the same padded row, and says why."""
+    import logging
+
+    slimmed, _, _, tokenizer, sources, _ = fused
+    settings = GenerationSettings.from_model_dir(slimmed).with_(max_new_tokens=MAX_NEW, num_beams=4)
+    enc = tokenizer([sources[0]], padding="max_length", max_length=24, return_tensors="np")
+    assert not enc["attention_mask"].all()
+    op = OrtSeq2Seq(slimmed, threads=1, search=open_search_graph(slimmed, 1))
+    with caplog.at_level(logging.INFO, logger="xformopt"):
+        rows = generate(op, enc["input_ids"], enc["attention_mask"], settings)
+    assert "a padded source" in caplog.text
+    assert rows == generate(OrtSeq2Seq(slimmed, threads=1), enc["input_ids"], enc["attention_mask"], settings)
+
+
+def test_a_search_graph_whose_attention_kernel_disagrees_is_built_without_it(fused, tmp_path, monkeypatch):
+    """Where the graph with ONNX Attention gives other tokens than the Python loop, the one without it is checked and
+    kept; the record lists both tries."""
+    from xformopt.seq2seq import search_graph
+    from xformopt.seq2seq.search_rewrites import runs_onnx_attention
+
+    if not runs_onnx_attention():
+        pytest.skip("this ONNX Runtime has no Attention (opset 23) CPU kernel: no graph with it to refuse")
+    slimmed, _, _, tokenizer, sources, _ = fused
+    folder = tmp_path / "stage"
+    shutil.copytree(slimmed, folder)
+    real = search_graph._disagreement
+
+    def picky(folder, texts, tokenizer, settings, threads):
+        model = onnx.load(str(folder / search_graph.GENERATE_FILE))
+        uses = any(n.op_type == "Attention" for a in model.graph.node[0].attribute if a.g.node for n in a.g.node)
+        return "tokens differ (made up)" if uses else real(folder, texts, tokenizer, settings, threads)
+
+    monkeypatch.setattr(search_graph, "_disagreement", picky)
+    record = search_graph.write_search_graph(folder, sources[:4], tokenizer, 1)
+    assert record["file"] and [t["onnx_attention"] for t in record["tried"]] == [2, 0], record
+    assert [t["agreed"] for t in record["tried"]] == [False, True] and record["rewrites"]["onnx_attention"] == 0

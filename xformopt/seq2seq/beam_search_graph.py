@@ -21,10 +21,12 @@ import json
 from pathlib import Path
 
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE, GRAPH_FILES
+from xformopt.seq2seq.search_rewrites import ATTENTION_OPSET, drop_padding_masks, self_attention_as_onnx_attention
 
 GENERATE_FILE = "generate.onnx"
 SEARCH_GRAPH_PAD = -1  # the op's pad_token_id: it fills the output past a hypothesis' end (no token id is negative)
 METADATA_KEY = "xformopt.search"  # the node's fixed attributes, in the model's metadata: read back without the graph
+MASK_INPUT = "encoder_attention_mask"  # both subgraphs' attention mask (the contract's name)
 # the model's inputs, in the op's order (vocab_mask and prefix_vocab_mask left empty)
 SEARCH_INPUTS = ("input_ids", "max_length", "min_length", "num_beams", "num_return_sequences", "length_penalty",
                  "repetition_penalty", "", "", "attention_mask")
@@ -89,11 +91,12 @@ def _wrap(model, prefix: str, inputs: list, outputs: list, dims: dict, name: str
                              sparse_initializer=list(graph.sparse_initializer)), list(inner.functions)
 
 
-def _opsets(*models) -> list:
-    """Every domain the subgraphs use, at the highest version either imports, and the op's own domain."""
+def _opsets(*models, at_least: dict[str, int]) -> list:
+    """Every domain the subgraphs use, at the highest version either imports or ``at_least`` names, and the op's own
+    domain."""
     from onnx import helper
 
-    versions: dict[str, int] = {"com.microsoft": 1}
+    versions: dict[str, int] = {"com.microsoft": 1, **at_least}
     for model in models:
         for opset in model.opset_import:
             versions[opset.domain] = max(versions.get(opset.domain, 0), opset.version)
@@ -109,8 +112,10 @@ def _dims(encoder, config: dict) -> dict:
             "vocab": logits[2] or int(config["vocab_size"])}
 
 
-def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_id: int):
-    """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written).
+def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_id: int, onnx_attention: bool = False):
+    """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written), with the
+    search graph's own rewrites (:mod:`xformopt.seq2seq.search_rewrites`: padding masks dropped, and with
+    ``onnx_attention`` the decoder's self-attention as ONNX ``Attention``); the metadata counts them.
 
     Its pad id is -1, not the model's: the op pads finished hypotheses with it, and T5's pad id (0) is also a token
     the model may generate, so the output's end would be ambiguous. A finished row of a batch is fed the pad id
@@ -128,6 +133,8 @@ def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_
     enc_in, enc_out, dec_in, dec_out = _contract_io(layers)
     enc_graph, enc_functions = _wrap(encoder, "e/", enc_in, enc_out, dims, "t5 encoder and decoder init")
     dec_graph, dec_functions = _wrap(decoder, "d/", dec_in, dec_out, dims, "t5 decoder")
+    rewrites = {"padding_masks": sum(drop_padding_masks(g, MASK_INPUT) for g in (enc_graph, dec_graph)),
+                "onnx_attention": self_attention_as_onnx_attention(dec_graph) if onnx_attention else 0}
     shared = share_initializers(enc_graph, dec_graph)  # before the node: make_node copies the graphs
     fixed = {"eos_token_id": int(eos_token_id), "decoder_start_token_id": int(decoder_start_token_id),
              "no_repeat_ngram_size": 0}
@@ -142,10 +149,11 @@ def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_
               helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["batch", "source"])]
     outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", "returned", "max_length"])]
     graph = helper.make_graph([node], "t5 beam search", inputs, outputs, initializer=shared)
-    model = helper.make_model(graph, opset_imports=_opsets(encoder, decoder), producer_name="xformopt",
-                              functions=enc_functions + dec_functions)
+    opsets = _opsets(encoder, decoder, at_least={"": ATTENTION_OPSET} if rewrites["onnx_attention"] else {})
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="xformopt", functions=enc_functions + dec_functions)
     model.ir_version = max(encoder.ir_version, decoder.ir_version)
-    helper.set_model_props(model, {METADATA_KEY: json.dumps({**fixed, "graphs": graph_digests(path)})})
+    helper.set_model_props(model, {METADATA_KEY: json.dumps({**fixed, "graphs": graph_digests(path),
+                                                             "unpadded": True, "rewrites": rewrites})})
     return model
 
 

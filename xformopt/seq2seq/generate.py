@@ -110,7 +110,7 @@ def process(scores: np.ndarray, sequences: np.ndarray, settings: GenerationSetti
 def generate(runner, input_ids: np.ndarray, attention_mask: np.ndarray, settings: GenerationSettings) -> list[list[int]]:
     """Generated token ids per row (the start token and padding left out; EOS kept where reached): in the runner's
     BeamSearch graph where it has one that takes ``settings`` (one ONNX Runtime call), else in the Python loop."""
-    if decode_loop(runner, settings, len(input_ids)) == ORT_LOOP:
+    if decode_loop(runner, settings, len(input_ids), padded=not attention_mask.all()) == ORT_LOOP:
         rows = runner.search.generate(input_ids, attention_mask, settings)
         for i in runner.search.capped(rows, settings):  # the op ranks length-capped beams by its own rule: redone here
             rows[i] = beam_search(runner, input_ids[i:i + 1], attention_mask[i:i + 1], settings)[0]
@@ -122,13 +122,13 @@ def generate(runner, input_ids: np.ndarray, attention_mask: np.ndarray, settings
 ORT_LOOP, PYTHON_LOOP = "onnxruntime BeamSearch op", "python"
 
 
-def decode_loop(runner, settings: GenerationSettings, batch: int = 1) -> str:
-    """Which loop :func:`generate` runs for ``settings`` over ``batch`` rows on ``runner`` (a record field); a
-    fallback's reason is logged once per reason and search graph."""
+def decode_loop(runner, settings: GenerationSettings, batch: int = 1, padded: bool = False) -> str:
+    """Which loop :func:`generate` runs for ``settings`` over ``batch`` rows (``padded``: with padding) on ``runner``
+    (a record field); a fallback's reason is logged once per reason and search graph."""
     search = getattr(runner, "search", None)
     if search is None:
         return PYTHON_LOOP
-    reason = search.unfit(settings, batch)
+    reason = search.unfit(settings, batch, padded)
     if reason is not None and reason not in search.said:
         search.said.add(reason)
         log.info("the Python decode loop runs: %s", reason)

@@ -41,6 +41,7 @@ from xformopt.seq2seq.beam_search_graph import (
 )
 from xformopt.seq2seq.generate import GenerationSettings, generate
 from xformopt.seq2seq.runner import OrtSeq2Seq
+from xformopt.seq2seq.search_rewrites import runs_onnx_attention
 
 log = logging.getLogger(__name__)
 CHECK_ROWS = 4  # sample sources a stage's search graph is checked on (greedy and 4 beams) before it is kept
@@ -56,9 +57,12 @@ class OrtSearchGraph:
         self.fixed = json.loads(meta[METADATA_KEY])
         self.said: set[str] = set()  # the fallback reasons logged so far (each once)
 
-    def unfit(self, settings: GenerationSettings, batch: int = 1) -> str | None:
-        """Why this graph cannot run ``settings`` over ``batch`` rows as the Python loop would (None: it can)."""
+    def unfit(self, settings: GenerationSettings, batch: int = 1, padded: bool = False) -> str | None:
+        """Why this graph cannot run ``settings`` over ``batch`` rows (``padded``: with padding) as the Python loop
+        would (None: it can)."""
         fixed = self.fixed
+        if padded and fixed.get("unpadded"):  # its padding masks are gone (xformopt/seq2seq/search_rewrites.py)
+            return "a padded source (the search graph decodes unpadded rows)"
         if batch > 1 and settings.num_beams > 1:
             # ORT's scorer reads row b's best score for its stop check at b * beams, not b * 2 * beams
             # (beam_search_scorer.cc): a row past the first may stop early (measured: docs/seq2seq.md)
@@ -155,20 +159,26 @@ def write_search_graph(folder: Path, texts: list[str], tokenizer, threads: int |
     path.unlink(missing_ok=True)  # a stage copied from the previous one carries that stage's
     settings = GenerationSettings.from_model_dir(folder)
     reason = refusal(folder, settings)
-    if reason is None:
-        model = build_search_model(folder, settings.eos_token_id[0], settings.decoder_start_token_id)
+    tried = []
+    # the ONNX Attention kernel computes the same scores another way: where its tokens differ, the graph without it
+    for onnx_attention in ((True, False) if runs_onnx_attention() else (False,)) if reason is None else ():
+        model = build_search_model(folder, settings.eos_token_id[0], settings.decoder_start_token_id, onnx_attention)
         if model.ByteSize() >= 2**31 - 2**24:
             reason = "the two graphs together pass protobuf's 2 GB: no single-file search graph"
-        else:
-            onnx.save(model, str(path))
-            reason = _disagreement(folder, texts, tokenizer, settings, threads)
+            break
+        onnx.save(model, str(path))
+        reason = _disagreement(folder, texts, tokenizer, settings, threads)
+        rewrites = json.loads(next(prop.value for prop in model.metadata_props if prop.key == METADATA_KEY))["rewrites"]
+        tried.append({**rewrites, "agreed": reason is None})
+        if reason is None or not rewrites["onnx_attention"]:
+            break
     if reason is not None:
         path.unlink(missing_ok=True)
         log.info("no %s: %s", GENERATE_FILE, reason)
-        return {"file": None, "reason": reason}
-    return {"file": GENERATE_FILE, "bytes": path.stat().st_size, "checked_rows": len(texts),
-            "reason": "the whole decode loop in ONNX Runtime's BeamSearch op: greedy and 4 beams gave the Python "
-                      "loop's tokens on the checked rows"}
+        return {"file": None, "reason": reason, **({"tried": tried} if tried else {})}
+    return {"file": GENERATE_FILE, "bytes": path.stat().st_size, "checked_rows": len(texts), "rewrites": tried[-1],
+            "tried": tried, "reason": "the whole decode loop in ONNX Runtime's BeamSearch op: greedy and 4 beams gave "
+                                      "the Python loop's tokens on the checked rows"}
 
 
 def _disagreement(folder: Path, texts: list[str], tokenizer, settings: GenerationSettings, threads) -> str | None:

@@ -1,0 +1,106 @@
+"""Rewrites only the search graph's subgraphs take (issue 55): ``generate.onnx`` decodes one row at a time, unpadded
+(:meth:`xformopt.seq2seq.search_graph.OrtSearchGraph.unfit` sends a padded row to the Python loop), which the two
+graphs the Python loop runs on a padded batch cannot assume.
+
+- **Padding masks dropped**: an attention bias ``Where(cond, kept, masked)`` whose condition reads only the
+  attention mask's values is ``kept`` wherever the mask is all ones; the attention reads ``kept``, or no bias where
+  ``kept`` is a constant zero (adding 0.0 changes no score). On the trained tiny T5: 3 nodes and the bias add gone
+  from each decoder step.
+- **Self-attention with a past as the ONNX ``Attention`` op** (opset 23): ``MultiHeadAttention`` with a past, no
+  packed bias and no key padding mask becomes ``Attention`` with the same inputs, scale and head count, where this
+  ONNX Runtime runs it. At the tiny T5's step shapes ORT's ``MultiHeadAttention`` took 4.7 us, its ``Attention``
+  3.4 (docs/seq2seq.md). Same arithmetic, another kernel: the search graph's own check (the Python loop's tokens
+  on sample sources, greedy and 4 beams) decides, and a graph built without this rewrite is tried where it fails.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from xformopt.onnx_graph import drop_dead
+from xformopt.onnx_graph import producers as graph_producers
+from xformopt.seq2seq.subgraph import cone
+
+ATTENTION_OPSET = 23
+MHA_ATTRIBUTES = {"num_heads", "scale"}  # a MultiHeadAttention with any other attribute keeps its op
+
+
+def drop_padding_masks(graph, mask_input: str) -> int:
+    """Attention biases that only mask padding, replaced by what they keep (see the module's docstring); returns how
+    many attention nodes now read another bias."""
+    from onnx import numpy_helper
+
+    producers, tables = graph_producers(graph), {t.name: t for t in graph.initializer}
+    done = 0
+    for node in graph.node:
+        if node.op_type not in ("MultiHeadAttention", "Attention") or not _bias(node):
+            continue
+        where = producers.get(_bias(node))
+        if where is None or where.op_type != "Where":
+            continue
+        _, values, _ = cone(graph, where.input[0])
+        _, kept_reads, _ = cone(graph, where.input[1])
+        if values != {mask_input} or mask_input in kept_reads:
+            continue
+        kept = tables.get(where.input[1])
+        zero = kept is not None and not np.any(numpy_helper.to_array(kept))
+        _set_bias(node, "" if zero else where.input[1])
+        done += 1
+    drop_dead(graph)
+    return done
+
+
+def _bias(node) -> str:
+    index = 5 if node.op_type == "MultiHeadAttention" else 3
+    return node.input[index] if len(node.input) > index else ""
+
+
+def _set_bias(node, name: str) -> None:
+    node.input[5 if node.op_type == "MultiHeadAttention" else 3] = name
+
+
+def self_attention_as_onnx_attention(graph) -> int:
+    """``MultiHeadAttention`` nodes with a past (and nothing ``Attention`` lacks) replaced by ``Attention``; returns
+    how many. The caller raises the model's opset to :data:`ATTENTION_OPSET` where any was."""
+    from onnx import helper
+
+    done = 0
+    for i, node in enumerate(list(graph.node)):
+        if node.op_type != "MultiHeadAttention" or node.domain != "com.microsoft":
+            continue
+        inputs = list(node.input) + [""] * (8 - len(node.input))
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if not (inputs[6] and inputs[7]) or inputs[3] or inputs[4] or set(attributes) - MHA_ATTRIBUTES:
+            continue
+        heads = attributes["num_heads"]
+        scale = {"scale": attributes["scale"]} if "scale" in attributes else {}  # both default to 1/sqrt(head size)
+        attention = helper.make_node("Attention", [inputs[0], inputs[1], inputs[2], inputs[5], inputs[6], inputs[7]],
+                                     list(node.output), name=f"{node.name}/onnx_attention", q_num_heads=heads,
+                                     kv_num_heads=heads, **scale)
+        graph.node.remove(node)
+        graph.node.insert(i, attention)
+        done += 1
+    return done
+
+
+@functools.cache
+def runs_onnx_attention() -> bool:
+    """Whether this ONNX Runtime's CPU provider runs ``Attention`` (opset 23) with a past and a float bias."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    shapes = {"q": [1, 1, 8], "b": [1, 2, 1, 2], "pk": [1, 2, 1, 4], "pv": [1, 2, 1, 4]}
+    node = helper.make_node("Attention", ["q", "q", "q", "b", "pk", "pv"], ["y", "k", "v"], q_num_heads=2,
+                            kv_num_heads=2)
+    graph = helper.make_graph([node], "probe", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                                for n, s in shapes.items()],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "k", "v")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ATTENTION_OPSET)])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session.run(None, {n: np.zeros(s, np.float32) for n, s in shapes.items()})
+    except Exception:  # noqa: BLE001  # an older ORT (no kernel) or a refused shape: MultiHeadAttention stays
+        return False
+    return True
