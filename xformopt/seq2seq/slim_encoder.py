@@ -32,7 +32,7 @@ from xformopt.onnx_graph import producers as graph_producers
 from xformopt.seq2seq.subgraph import cone, evaluator, nodes_evaluator, replace_output
 
 IDS, MASK = "input_ids", "attention_mask"
-PROBE_LENGTH = 1024  # source length the position table is read at; D (the clip) must be at most half of it
+PROBE_LENGTH = 512  # source length the position table is read at; D (the clip) must be at most half of it (T5: 128)
 PROBES = ((1, 1), (2, 7), (3, 40), (2, 129), (1, 300), (1, PROBE_LENGTH + 37))  # (batch, length) of the checks
 MAX_CHECKED_BYTES = 2**31 - 2**26  # a graph this large is not serialized whole for the check: left as it is
 
