@@ -1,5 +1,5 @@
-"""What one ONNX Runtime node costs at the trained tiny T5's decoder-step shapes (d_model 64, 4 heads of 16, one
-token, a past of 8), one thread (issue 55): a graph of that one node, run 1,000 times per round, less a graph of
+"""What one ONNX Runtime node costs at the trained tiny T5's shapes (d_model 64, 4 heads of 16; a decoder step: one
+token, a past of 8; the encoder graph: 8 source tokens), one thread (issue 55): a graph of that one node, run 1,000 times per round, less a graph of
 one ``Identity`` (the call's own cost), median over interleaved rounds. The decoder step's ~40 nodes are these.
 
 Run: python benchmarks/ort_node_costs.py --out benchmarks/results/seq2seq-encoder-slim
@@ -39,6 +39,7 @@ def cases() -> dict:
     normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
     x = {"x": normal(1, 1, HIDDEN)}
     cache = {"k": normal(1, HEADS, PAST, HEAD), "v": normal(1, HEADS, PAST, HEAD)}
+    source = normal(1, PAST, HIDDEN)  # an 8-token source, projected
     ms = "com.microsoft"
     return {
         "Identity": _session([helper.make_node("Identity", ["x"], ["y"])], x),
@@ -61,6 +62,18 @@ def cases() -> dict:
         "MultiHeadAttention cross, 8 keys, no bias": _session(
             [helper.make_node("MultiHeadAttention", ["x", "k", "v"], ["y"], domain=ms, num_heads=HEADS, scale=1.0)],
             {**x, **cache}),
+        "MultiHeadAttention encoder self, 8 tokens, bias": _session(
+            [helper.make_node("MultiHeadAttention", ["s", "s", "s", "", "", "b"], ["y"], domain=ms, num_heads=HEADS,
+                              scale=1.0)], {"s": source, "b": normal(1, HEADS, PAST, PAST)}),
+        "Attention (opset 23) encoder self, 8 tokens, bias": _session(
+            [helper.make_node("Attention", ["s", "s", "s", "b"], ["y"], q_num_heads=HEADS, kv_num_heads=HEADS,
+                              scale=1.0)], {"s": source, "b": normal(1, HEADS, PAST, PAST)}, opset=23),
+        "MultiHeadAttention first-step cross, 8 keys, cache outputs": _session(
+            [helper.make_node("MultiHeadAttention", ["x", "s", "s"], ["y", "pk", "pv"], domain=ms, num_heads=HEADS,
+                              scale=1.0)], {**x, "s": source}),
+        "Attention (opset 23) first-step cross, 8 keys, cache outputs": _session(
+            [helper.make_node("Attention", ["x", "s", "s"], ["y", "pk", "pv"], q_num_heads=HEADS, kv_num_heads=HEADS,
+                              scale=1.0)], {**x, "s": source}, opset=23),
         "Attention (opset 23) self, past 8, bias": _session(
             [helper.make_node("Attention", ["x", "x", "x", "b", "k", "v"], ["y", "pk", "pv"], q_num_heads=HEADS,
                               kv_num_heads=HEADS, scale=1.0)], {**x, "b": normal(1, HEADS, 1, PAST + 1), **cache},

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from xformopt.seq2seq import DECODER_FILE, ENCODER_FILE, GRAPH_FILES
-from xformopt.seq2seq.search_rewrites import ATTENTION_OPSET, drop_padding_masks, self_attention_as_onnx_attention
+from xformopt.seq2seq.search_rewrites import ATTENTION_OPSET, attention_as_onnx_attention, drop_padding_masks
 
 GENERATE_FILE = "generate.onnx"
 SEARCH_GRAPH_PAD = -1  # the op's pad_token_id: it fills the output past a hypothesis' end (no token id is negative)
@@ -115,7 +115,7 @@ def _dims(encoder, config: dict) -> dict:
 def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_id: int, onnx_attention: bool = False):
     """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written), with the
     search graph's own rewrites (:mod:`xformopt.seq2seq.search_rewrites`: padding masks dropped, and with
-    ``onnx_attention`` the decoder's self-attention as ONNX ``Attention``); the metadata counts them.
+    ``onnx_attention`` the attention over 3-D inputs as ONNX ``Attention``); the metadata counts them.
 
     Its pad id is -1, not the model's: the op pads finished hypotheses with it, and T5's pad id (0) is also a token
     the model may generate, so the output's end would be ambiguous. A finished row of a batch is fed the pad id
@@ -134,7 +134,7 @@ def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_
     enc_graph, enc_functions = _wrap(encoder, "e/", enc_in, enc_out, dims, "t5 encoder and decoder init")
     dec_graph, dec_functions = _wrap(decoder, "d/", dec_in, dec_out, dims, "t5 decoder")
     rewrites = {"padding_masks": sum(drop_padding_masks(g, MASK_INPUT) for g in (enc_graph, dec_graph)),
-                "onnx_attention": self_attention_as_onnx_attention(dec_graph) if onnx_attention else 0}
+                "onnx_attention": sum(attention_as_onnx_attention(g) for g in (enc_graph, dec_graph)) if onnx_attention else 0}
     shared = share_initializers(enc_graph, dec_graph)  # before the node: make_node copies the graphs
     fixed = {"eos_token_id": int(eos_token_id), "decoder_start_token_id": int(decoder_start_token_id),
              "no_repeat_ngram_size": 0}

@@ -167,7 +167,10 @@ def write_search_graph(folder: Path, texts: list[str], tokenizer, threads: int |
             reason = "the two graphs together pass protobuf's 2 GB: no single-file search graph"
             break
         onnx.save(model, str(path))
-        reason = _disagreement(folder, texts, tokenizer, settings, threads)
+        try:
+            reason = _disagreement(folder, texts, tokenizer, settings, threads)
+        except Exception as err:  # noqa: BLE001  # ORT refused the graph (an op or shape it lacks): the next build
+            reason = f"ONNX Runtime could not run it: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
         rewrites = json.loads(next(prop.value for prop in model.metadata_props if prop.key == METADATA_KEY))["rewrites"]
         tried.append({**rewrites, "agreed": reason is None})
         if reason is None or not rewrites["onnx_attention"]:

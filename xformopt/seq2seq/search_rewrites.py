@@ -4,13 +4,13 @@ graphs the Python loop runs on a padded batch cannot assume.
 
 - **Padding masks dropped**: an attention bias ``Where(cond, kept, masked)`` whose condition reads only the
   attention mask's values is ``kept`` wherever the mask is all ones; the attention reads ``kept``, or no bias where
-  ``kept`` is a constant zero (adding 0.0 changes no score). On the trained tiny T5: 3 nodes and the bias add gone
-  from each decoder step.
-- **Self-attention with a past as the ONNX ``Attention`` op** (opset 23): ``MultiHeadAttention`` with a past, no
-  packed bias and no key padding mask becomes ``Attention`` with the same inputs, scale and head count, where this
-  ONNX Runtime runs it. At the tiny T5's step shapes ORT's ``MultiHeadAttention`` took 4.7 us, its ``Attention``
-  3.4 (docs/seq2seq.md). Same arithmetic, another kernel: the search graph's own check (the Python loop's tokens
-  on sample sources, greedy and 4 beams) decides, and a graph built without this rewrite is tried where it fails.
+  ``kept`` is a constant zero (adding 0.0 changes no score).
+- **Attention as the ONNX ``Attention`` op** (opset 23): ``MultiHeadAttention`` over 3-D queries, keys and values
+  (the encoder's, the first step's, a decoder step's self-attention with its past), with no packed bias and no key
+  padding mask, becomes ``Attention`` with the same inputs, scale and head count, where this ONNX Runtime runs it.
+  ORT's ``Attention`` kernel is the faster of the two at small widths (docs/seq2seq.md has the figures). Same
+  arithmetic, another kernel: the search graph's own check (the Python loop's tokens on sample sources, greedy and
+  4 beams) decides, and a graph built without this rewrite is tried where it fails or ORT refuses it.
 """
 
 from __future__ import annotations
@@ -61,10 +61,20 @@ def _set_bias(node, name: str) -> None:
     node.input[5 if node.op_type == "MultiHeadAttention" else 3] = name
 
 
-def self_attention_as_onnx_attention(graph) -> int:
-    """``MultiHeadAttention`` nodes with a past (and nothing ``Attention`` lacks) replaced by ``Attention``; returns
-    how many. The caller raises the model's opset to :data:`ATTENTION_OPSET` where any was."""
+def attention_as_onnx_attention(graph) -> int:
+    """``MultiHeadAttention`` nodes over 3-D queries, keys and values (with a past or none, and nothing ``Attention``
+    lacks) replaced by ``Attention``; returns how many. A cross-attention reading the cache as ``[batch, heads,
+    length, head]`` keeps its op (``Attention`` wants the query at the keys' rank). The caller raises the model's
+    opset to :data:`ATTENTION_OPSET` where any was."""
     from onnx import helper
+
+    ranks = {v.name: len(v.type.tensor_type.shape.dim) for v in list(graph.input) + list(graph.value_info)}
+    producers = graph_producers(graph)
+
+    def four_d(name: str) -> bool:  # through the contract wrapper's Identity renames
+        while name not in ranks and name in producers and producers[name].op_type == "Identity":
+            name = producers[name].input[0]
+        return ranks.get(name) == 4
 
     done = 0
     for i, node in enumerate(list(graph.node)):
@@ -72,13 +82,13 @@ def self_attention_as_onnx_attention(graph) -> int:
             continue
         inputs = list(node.input) + [""] * (8 - len(node.input))
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if not (inputs[6] and inputs[7]) or inputs[3] or inputs[4] or set(attributes) - MHA_ATTRIBUTES:
+        if not (inputs[1] and inputs[2]) or four_d(inputs[1]) or four_d(inputs[2]) or bool(inputs[6]) != bool(inputs[7]) \
+                or inputs[3] or inputs[4] or set(attributes) - MHA_ATTRIBUTES:
             continue
         heads = attributes["num_heads"]
         scale = {"scale": attributes["scale"]} if "scale" in attributes else {}  # both default to 1/sqrt(head size)
-        attention = helper.make_node("Attention", [inputs[0], inputs[1], inputs[2], inputs[5], inputs[6], inputs[7]],
-                                     list(node.output), name=f"{node.name}/onnx_attention", q_num_heads=heads,
-                                     kv_num_heads=heads, **scale)
+        attention = helper.make_node("Attention", [*inputs[:3], inputs[5], inputs[6], inputs[7]], list(node.output),
+                                     name=f"{node.name}/onnx_attention", q_num_heads=heads, kv_num_heads=heads, **scale)
         graph.node.remove(node)
         graph.node.insert(i, attention)
         done += 1
