@@ -61,8 +61,6 @@ class OrtSearchGraph:
         """Why this graph cannot run ``settings`` over ``batch`` rows (``padded``: with padding) as the Python loop
         would (None: it can)."""
         fixed = self.fixed
-        if padded and fixed.get("unpadded"):  # its padding masks are gone (xformopt/seq2seq/search_rewrites.py)
-            return "a padded source (the search graph decodes unpadded rows)"
         if batch > 1 and settings.num_beams > 1:
             # ORT's scorer reads row b's best score for its stop check at b * beams, not b * 2 * beams
             # (beam_search_scorer.cc): a row past the first may stop early (measured: docs/seq2seq.md)
@@ -73,6 +71,8 @@ class OrtSearchGraph:
             return "one new token with several beams (ORT's BeamSearch reads an unset buffer there)"
         if batch > 1:  # the op's tokens are the loop's here (tested), its speed is not (docs/seq2seq.md)
             return "a greedy batch of several rows (measured slower in the op than in the Python loop)"
+        if padded and fixed.get("unpadded"):  # its padding masks are gone (xformopt/seq2seq/search_rewrites.py)
+            return "a padded source (the search graph decodes unpadded rows)"
         if settings.eos_token_id != (fixed["eos_token_id"],):
             return f"EOS ids {list(settings.eos_token_id)}: the graph stops at {fixed['eos_token_id']} only"
         if settings.decoder_start_token_id != fixed["decoder_start_token_id"]:
