@@ -113,9 +113,9 @@ def _dims(encoder, config: dict) -> dict:
 
 
 def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_id: int, onnx_attention: bool = False):
-    """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written), with the
-    search graph's own rewrites (:mod:`xformopt.seq2seq.search_rewrites`: padding masks dropped, and with
-    ``onnx_attention`` the attention over 3-D inputs as ONNX ``Attention``); the metadata counts them.
+    """The ``BeamSearch`` model over the artifact at ``path`` (an ``onnx.ModelProto``; not written) and the count of
+    each of the search graph's own rewrites (:mod:`xformopt.seq2seq.search_rewrites`: padding masks dropped, and with
+    ``onnx_attention`` the attention over 3-D inputs as ONNX ``Attention``), which its metadata also holds.
 
     Its pad id is -1, not the model's: the op pads finished hypotheses with it, and T5's pad id (0) is also a token
     the model may generate, so the output's end would be ambiguous. A finished row of a batch is fed the pad id
@@ -154,7 +154,7 @@ def build_search_model(path: str | Path, eos_token_id: int, decoder_start_token_
     model.ir_version = max(encoder.ir_version, decoder.ir_version)
     helper.set_model_props(model, {METADATA_KEY: json.dumps({**fixed, "graphs": graph_digests(path),
                                                              "unpadded": True, "rewrites": rewrites})})
-    return model
+    return model, rewrites
 
 
 def share_initializers(*graphs) -> list:

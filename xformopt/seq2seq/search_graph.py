@@ -162,7 +162,8 @@ def write_search_graph(folder: Path, texts: list[str], tokenizer, threads: int |
     tried = []
     # the ONNX Attention kernel computes the same scores another way: where its tokens differ, the graph without it
     for onnx_attention in ((True, False) if runs_onnx_attention() else (False,)) if reason is None else ():
-        model = build_search_model(folder, settings.eos_token_id[0], settings.decoder_start_token_id, onnx_attention)
+        model, rewrites = build_search_model(folder, settings.eos_token_id[0], settings.decoder_start_token_id,
+                                             onnx_attention)
         if model.ByteSize() >= 2**31 - 2**24:
             reason = "the two graphs together pass protobuf's 2 GB: no single-file search graph"
             break
@@ -171,7 +172,6 @@ def write_search_graph(folder: Path, texts: list[str], tokenizer, threads: int |
             reason = _disagreement(folder, texts, tokenizer, settings, threads)
         except Exception as err:  # noqa: BLE001  # ORT refused the graph (an op or shape it lacks): the next build
             reason = f"ONNX Runtime could not run it: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
-        rewrites = json.loads(next(prop.value for prop in model.metadata_props if prop.key == METADATA_KEY))["rewrites"]
         tried.append({**rewrites, "agreed": reason is None})
         if reason is None or not rewrites["onnx_attention"]:
             break

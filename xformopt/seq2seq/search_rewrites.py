@@ -21,9 +21,11 @@ import numpy as np
 
 from xformopt.onnx_graph import drop_dead
 from xformopt.onnx_graph import producers as graph_producers
+from xformopt.runtime.session import ort_session
 from xformopt.seq2seq.subgraph import cone
 
 ATTENTION_OPSET = 23
+BIAS_INPUT = {"MultiHeadAttention": 5, "Attention": 3}  # where each attention op reads its additive bias
 MHA_ATTRIBUTES = {"num_heads", "scale"}  # a MultiHeadAttention with any other attribute keeps its op
 
 
@@ -35,7 +37,7 @@ def drop_padding_masks(graph, mask_input: str) -> int:
     producers, tables = graph_producers(graph), {t.name: t for t in graph.initializer}
     done = 0
     for node in graph.node:
-        if node.op_type not in ("MultiHeadAttention", "Attention") or not _bias(node):
+        if node.op_type not in BIAS_INPUT or not _bias(node):
             continue
         where = producers.get(_bias(node))
         if where is None or where.op_type != "Where":
@@ -53,12 +55,12 @@ def drop_padding_masks(graph, mask_input: str) -> int:
 
 
 def _bias(node) -> str:
-    index = 5 if node.op_type == "MultiHeadAttention" else 3
+    index = BIAS_INPUT[node.op_type]
     return node.input[index] if len(node.input) > index else ""
 
 
 def _set_bias(node, name: str) -> None:
-    node.input[5 if node.op_type == "MultiHeadAttention" else 3] = name
+    node.input[BIAS_INPUT[node.op_type]] = name
 
 
 def attention_as_onnx_attention(graph) -> int:
@@ -98,7 +100,6 @@ def attention_as_onnx_attention(graph) -> int:
 @functools.cache
 def runs_onnx_attention() -> bool:
     """Whether this ONNX Runtime's CPU provider runs ``Attention`` (opset 23) with a past and a float bias."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     shapes = {"q": [1, 1, 8], "b": [1, 2, 1, 2], "pk": [1, 2, 1, 4], "pv": [1, 2, 1, 4]}
@@ -109,7 +110,7 @@ def runs_onnx_attention() -> bool:
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "k", "v")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ATTENTION_OPSET)])
     try:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ort_session(model.SerializeToString())
         session.run(None, {n: np.zeros(s, np.float32) for n, s in shapes.items()})
     except Exception:  # noqa: BLE001  # an older ORT (no kernel) or a refused shape: MultiHeadAttention stays
         return False

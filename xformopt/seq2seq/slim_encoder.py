@@ -29,6 +29,7 @@ import numpy as np
 
 from xformopt.onnx_graph import drop_dead
 from xformopt.onnx_graph import producers as graph_producers
+from xformopt.runtime.session import ort_session
 from xformopt.seq2seq.subgraph import cone, evaluator, nodes_evaluator, replace_output
 
 IDS, MASK = "input_ids", "attention_mask"
@@ -123,7 +124,7 @@ def _fit_bias(model, name: str, front: _SharedNodes) -> bool:
         return False
     prefix = f"{name}/fit"
     if full.shape[2:] == (PROBE_LENGTH, PROBE_LENGTH):
-        kept_nodes, kept_tables = _toeplitz(full, graph, prefix)
+        kept_nodes, kept_tables = _toeplitz(full, prefix)
         if kept_nodes is None:
             return False
     elif full.shape[2] == 1 and np.array_equal(full, np.broadcast_to(full[..., :1], full.shape)):
@@ -137,17 +138,17 @@ def _fit_bias(model, name: str, front: _SharedNodes) -> bool:
         axes = numpy_helper.from_array(np.array([1, 2], np.int64), f"{MASK}/key_axes")
         shared = [helper.make_node("Cast", [MASK], [f"{MASK}/bool"], to=TensorProto.BOOL),
                   helper.make_node("Unsqueeze", [f"{MASK}/bool", axes.name], [f"{MASK}/keys"])]
+        shared_tables = [axes]
         nodes = [*kept_nodes, helper.make_node("Where", [f"{MASK}/keys", kept, masked.name], [name])]
-        tables = [*kept_tables, masked, axes]
+        tables = [*kept_tables, masked]
     elif kept_nodes:  # the position bias alone: its gather gives the bias
         kept_nodes[-1].output[0] = name
-        shared, nodes, tables = [], kept_nodes, list(kept_tables)
+        shared, shared_tables, nodes, tables = [], [], kept_nodes, kept_tables
     else:  # a constant: the bias is an initializer
         kept_tables[0].name = name
-        shared, nodes, tables = [], [], list(kept_tables)
-    new_shared = [n for n in shared if n.output[0] not in front.made]
-    candidate = nodes_evaluator(model, [*front.nodes, *new_shared, *nodes],
-                                [*front.tables, *(t for t in tables if t.name not in front.made)], name)
+        shared, shared_tables, nodes, tables = [], [], [], kept_tables
+    candidate = nodes_evaluator(model, [*front.nodes, *(n for n in shared if n.output[0] not in front.made), *nodes],
+                                [*front.tables, *(t for t in shared_tables if t.name not in front.made), *tables], name)
     rng = np.random.default_rng(0)
     for batch, length in PROBES:
         feed = _feed(graph, batch, length, _random_mask(rng, batch, length) if MASK in values else None)
@@ -156,14 +157,12 @@ def _fit_bias(model, name: str, front: _SharedNodes) -> bool:
                 np.broadcast_shapes(got.shape, want.shape) != want.shape or \
                 not np.array_equal(np.broadcast_to(got, want.shape), want):
             return False
-    front.add(shared, [t for t in tables if t.name.startswith(f"{MASK}/")])
-    replace_output(graph, name, [], [t for t in tables if not t.name.startswith(f"{MASK}/")])
-    for i, node in enumerate(nodes):  # after the shared ones, which the front inserts first
-        graph.node.insert(i, node)
+    front.add(shared, shared_tables)  # inserted before these, once every bias is done
+    replace_output(graph, name, nodes, tables)
     return True
 
 
-def _toeplitz(full: np.ndarray, graph, prefix: str):
+def _toeplitz(full: np.ndarray, prefix: str):
     """Nodes gathering ``full``'s ``g(key - query)`` from a table over offsets ``[-D, D]`` (offsets clipped to D),
     or (None, None) where ``full`` is no such matrix or its tail is not constant over the last half."""
     from onnx import helper, numpy_helper
@@ -241,12 +240,7 @@ def _head_split_output(outputs, graph, source: str, heads: int) -> str | None:
 
 def _differing_outputs(original: bytes, model) -> list[str]:
     """The outputs of ``model`` that differ from ``original``'s on a padded batch of two (bitwise)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    sessions = [ort.InferenceSession(m, options, providers=["CPUExecutionProvider"])
-                for m in (original, model.SerializeToString())]
+    sessions = [ort_session(m, threads=1) for m in (original, model.SerializeToString())]
     rng = np.random.default_rng(1)
     feed = _feed(model.graph, 2, 9, np.array([[1] * 9, [1] * 6 + [0] * 3]))
     feed[IDS] = rng.integers(2, 6, feed[IDS].shape).astype(feed[IDS].dtype)

@@ -5,6 +5,7 @@ subgraph they replace before they replace it)."""
 from __future__ import annotations
 
 from xformopt.onnx_graph import producers as graph_producers
+from xformopt.runtime.session import ort_session
 
 
 def cone(graph, name: str) -> tuple[list, set[str], set[str]]:
@@ -36,7 +37,6 @@ def nodes_evaluator(model, nodes: list, initializers: list, name: str):
     """A function feeding {input: array} to ``nodes`` (reading ``model``'s inputs and ``initializers``) and returning
     ``name`` (ORT, one thread)."""
     import onnx
-    import onnxruntime as ort
 
     read = {t for n in nodes for t in n.input}
     known = [v.type.tensor_type.elem_type for v in model.graph.value_info if v.name == name]
@@ -45,9 +45,7 @@ def nodes_evaluator(model, nodes: list, initializers: list, name: str):
         [onnx.helper.make_tensor_value_info(name, known[0] if known else onnx.TensorProto.FLOAT, None)],
         initializers)
     cut = onnx.helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(cut.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort_session(cut.SerializeToString(), threads=1)
     names = [i.name for i in session.get_inputs()]
     return lambda feed: session.run(None, {k: v for k, v in feed.items() if k in names})[0]
 
