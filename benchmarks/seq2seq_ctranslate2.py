@@ -114,8 +114,10 @@ def engines(src: Path, artifact: Path, ct2_dir: Path, threads: int, beams: int, 
     def ours(model):
         return lambda texts: [len(g.ids) for g in model.generate(texts, settings)]
 
+    rust = tokenizer.backend_tokenizer  # the Rust tokenizer, as xformopt's own encode calls it (not transformers' wrapper)
+
     def run_ct2(texts):
-        batch = [tokenizer.convert_ids_to_tokens(tokenizer(t)["input_ids"]) for t in texts]
+        batch = [encoding.tokens for encoding in rust.encode_batch(texts)]
         out = ct2.translate_batch(batch, beam_size=beams, length_penalty=1.0, max_decoding_length=tokens,
                                   min_decoding_length=tokens if fixed else 0, num_hypotheses=1, return_end_token=True)
         return [len(r.hypotheses[0]) for r in out]

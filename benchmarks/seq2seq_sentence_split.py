@@ -78,7 +78,8 @@ def main() -> None:
     feeds = {t: op_feed(encoded[t]) for t in texts}
     names = [i.name for i in encoder.get_inputs()]
     encoder_feeds = {t: {n: encoded[t][n].astype(np.int64) for n in names if n in encoded[t]} for t in texts}
-    pieces = {t: tokenizer.convert_ids_to_tokens(tokenizer(t)["input_ids"]) for t in texts}
+    rust = tokenizer.backend_tokenizer  # CTranslate2's tokens from the Rust tokenizer, as generate's own encode
+    pieces = {t: rust.encode(t).tokens for t in texts}
     ct2_options = dict(beam_size=args.beams, length_penalty=1.0, max_decoding_length=args.tokens, num_hypotheses=1,
                        return_end_token=True)
     parts = {
@@ -86,8 +87,7 @@ def main() -> None:
         "op run alone": lambda t: search.session.run(None, feeds[t]),
         "encoder graph alone": lambda t: encoder.run(None, encoder_feeds[t]),
         "tokenizer alone": encode,
-        "ctranslate2 with tokenizer": lambda t: ct2.translate_batch(
-            [tokenizer.convert_ids_to_tokens(tokenizer(t)["input_ids"])], **ct2_options),
+        "ctranslate2 with tokenizer": lambda t: ct2.translate_batch([rust.encode(t).tokens], **ct2_options),
         "ctranslate2 alone": lambda t: ct2.translate_batch([pieces[t]], **ct2_options),
     }
     tokens = sum(len(g.ids) for t in texts for g in model.generate([t], settings))
