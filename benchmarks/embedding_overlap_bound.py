@@ -63,7 +63,7 @@ def main() -> None:
     reference = args.artifacts[0] / "reference"
     baseline = np.load(reference / "baseline_outputs.npy")
     rows = json.loads((reference / "rows.json").read_text())
-    texts = texts_of(rows)
+    texts = texts_of(args.artifacts[0], rows)
     result = {"host": cpu_model(), "versions": library_versions(), "rows": rows["source"], "batch_size": args.batch_size,
               "noise": noisy_overlaps(baseline, [0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3]),
               "near_ties": near_ties(baseline), "artifacts": {}}
@@ -78,13 +78,15 @@ def main() -> None:
     print(json.dumps(result, indent=1))
 
 
-def texts_of(rows: dict) -> list[str]:
-    """The report's rows, read back from the file and row ids its reference names."""
-    source = rows["source"]
-    path = Path(source.split(" (", 1)[0])
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    field = source.split("text='", 1)[1].split("'", 1)[0]
-    return [lines[i][field] for i in rows["row_ids"]]
+def texts_of(artifact: Path, rows: dict) -> list[str]:
+    """The report's rows: its held-out file loaded as optimize loaded it, then the reference's row ids."""
+    from xformopt.data import load_text_dataset
+
+    report = json.loads((artifact / "report.json").read_text())
+    dataset = load_text_dataset(report["settings"]["heldout"]["path"])
+    if dataset.source != rows["source"]:  # other columns or a sample: not the rows the reference holds
+        sys.exit(f"{artifact}: the held-out file now reads as {dataset.source!r}, the reference as {rows['source']!r}")
+    return [dataset.texts[i] for i in rows["row_ids"]]
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ def main() -> None:
     from xformopt.measure.host import cpu_model, library_versions
     from xformopt.resources import word_seq2seq_path
     from xformopt.runtime.session import ort_session
+    from xformopt.seq2seq.search_graph import search_feed
     from xformopt.seq2seq.text import Text2TextModel
 
     src, artifact, ct2_dir = prepared(args.model, args.work)
@@ -66,16 +67,8 @@ def main() -> None:
         ids, mask = model.encode([text])
         return {"input_ids": ids, "attention_mask": mask}
 
-    def op_feed(enc):
-        one = lambda value, dtype: np.asarray([value], dtype=dtype)  # noqa: E731
-        return {"input_ids": enc["input_ids"].astype(np.int32), "attention_mask": enc["attention_mask"].astype(np.int32),
-                "max_length": one(1 + args.tokens, np.int32), "min_length": one(1, np.int32),
-                "num_beams": one(args.beams, np.int32), "num_return_sequences": one(1, np.int32),
-                "length_penalty": one(0.0 if args.beams == 1 else 1.0, np.float32),
-                "repetition_penalty": one(1.0, np.float32)}
-
     encoded = {t: encode(t) for t in texts}
-    feeds = {t: op_feed(encoded[t]) for t in texts}
+    feeds = {t: search_feed(encoded[t]["input_ids"], encoded[t]["attention_mask"], settings) for t in texts}
     names = [i.name for i in encoder.get_inputs()]
     encoder_feeds = {t: {n: encoded[t][n].astype(np.int64) for n in names if n in encoded[t]} for t in texts}
     rust = tokenizer.backend_tokenizer  # CTranslate2's tokens from the Rust tokenizer, as generate's own encode

@@ -36,6 +36,8 @@ def main() -> None:
 
     from xformopt.measure.host import cpu_model, library_versions
     from xformopt.resources import word_seq2seq_path
+    from xformopt.seq2seq.generate import GenerationSettings
+    from xformopt.seq2seq.search_graph import search_feed
 
     texts = [json.loads(line)["source"] for line in word_seq2seq_path("reverse", "test").read_text().splitlines()]
     texts = texts[:args.sources]
@@ -48,13 +50,12 @@ def main() -> None:
     ct2 = ctranslate2.Translator(str(args.ct2), device="cpu", compute_type="int8", intra_threads=1, inter_threads=1)
     pieces = [tokenizer.convert_ids_to_tokens(tokenizer(t)["input_ids"]) for t in texts]
 
-    def feed(text: str, n: int) -> dict:
+    settings = GenerationSettings.from_model_dir(args.src).with_(num_beams=args.beams, length_penalty=1.0,
+                                                                 early_stopping=False)
+
+    def feed(text: str, n: int) -> dict:  # exactly n new tokens
         enc = tokenizer([text], return_tensors="np")
-        one = lambda value, dtype: np.asarray([value], dtype)  # noqa: E731
-        return {"input_ids": enc["input_ids"].astype(np.int32), "attention_mask": enc["attention_mask"].astype(np.int32),
-                "max_length": one(1 + n, np.int32), "min_length": one(1 + n, np.int32),
-                "num_beams": one(args.beams, np.int32), "num_return_sequences": one(1, np.int32),
-                "length_penalty": one(1.0, np.float32), "repetition_penalty": one(1.0, np.float32)}
+        return search_feed(enc["input_ids"], enc["attention_mask"], settings.with_(max_new_tokens=n, min_new_tokens=n))
 
     feeds = {n: [feed(t, n) for t in texts] for n in steps}
     runs = {name: (lambda s: lambda n: [s.run(None, f) for f in feeds[n]])(s) for name, s in graphs.items()}

@@ -105,27 +105,25 @@ def graph_width(model) -> int:
     return dims[1].dim_value * dims[3].dim_value
 
 
-def same_tokens(reference: Path, variant: Path, src: Path, beams: int) -> tuple[int, int]:
-    import onnxruntime as ort
+def same_tokens(reference: Path, variant: Path, beams: int) -> tuple[int, int]:
+    """Sources (of the held-out reverse split) on which the two graphs give the same tokens, and how many."""
     from transformers import AutoTokenizer
 
     from xformopt.resources import word_seq2seq_path
+    from xformopt.seq2seq.generate import GenerationSettings
+    from xformopt.seq2seq.search_graph import OrtSearchGraph
 
-    tokenizer = AutoTokenizer.from_pretrained(src)
+    artifact = reference.parent
+    tokenizer = AutoTokenizer.from_pretrained(artifact)
     texts = [json.loads(line)["source"] for line in word_seq2seq_path("reverse", "test").read_text().splitlines()]
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    sessions = [ort.InferenceSession(str(p), options, providers=["CPUExecutionProvider"]) for p in (reference, variant)]
-    one = lambda value, dtype: np.asarray([value], dtype)  # noqa: E731
+    settings = GenerationSettings.from_model_dir(artifact).with_(num_beams=beams, max_new_tokens=47,
+                                                                 length_penalty=1.0, early_stopping=False)
+    graphs = [OrtSearchGraph(p, threads=1) for p in (reference, variant)]
     equal = 0
     for text in texts:
         enc = tokenizer([text], return_tensors="np")
-        feed = {"input_ids": enc["input_ids"].astype(np.int32), "attention_mask": enc["attention_mask"].astype(np.int32),
-                "max_length": one(48, np.int32), "min_length": one(1, np.int32), "num_beams": one(beams, np.int32),
-                "num_return_sequences": one(1, np.int32), "length_penalty": one(1.0, np.float32),
-                "repetition_penalty": one(1.0, np.float32)}
-        a, b = (s.run(None, feed)[0] for s in sessions)
-        equal += int(np.array_equal(a, b))
+        a, b = (g.generate(enc["input_ids"], enc["attention_mask"], settings) for g in graphs)
+        equal += int(a == b)
     return equal, len(texts)
 
 
@@ -160,7 +158,7 @@ def main() -> None:
         variants[name] = graphs / f"{name}.onnx"
         checks[name] = {"attentions_replaced": replaced}
         for beams in map(int, args.beams.split(",")):
-            equal, total = same_tokens(args.int8, variants[name], args.src, beams)
+            equal, total = same_tokens(args.int8, variants[name], beams)
             checks[name][f"same_tokens_{beams}_beams"] = f"{equal}/{total}"
         print(name, checks[name], file=sys.stderr)
     (args.out / "variants.json").write_text(json.dumps(

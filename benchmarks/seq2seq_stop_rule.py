@@ -36,12 +36,12 @@ def main() -> None:
     args = parser.parse_args()
     import ctranslate2
     import onnx
-    import onnxruntime as ort
     from transformers import AutoTokenizer
 
     from xformopt.measure.host import cpu_model, library_versions
     from xformopt.resources import word_seq2seq_path
-    from xformopt.seq2seq.beam_search_graph import GENERATE_FILE, SEARCH_GRAPH_PAD
+    from xformopt.seq2seq.beam_search_graph import GENERATE_FILE
+    from xformopt.seq2seq.search_graph import OrtSearchGraph, search_feed
     from xformopt.seq2seq.text import Text2TextModel
 
     root = args.work / "trained"
@@ -54,35 +54,24 @@ def main() -> None:
     texts = [json.loads(line)["source"] for line in word_seq2seq_path("reverse", "test").read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(root / "hf")
     rust = tokenizer.backend_tokenizer
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    ops = {"op early_stopping=0": ort.InferenceSession(str(artifact / GENERATE_FILE), options,
-                                                        providers=["CPUExecutionProvider"]),
-           "op early_stopping=1": ort.InferenceSession(str(early), options, providers=["CPUExecutionProvider"])}
+    ops = {f"op early_stopping={i}": OrtSearchGraph(path, threads=1)
+           for i, path in enumerate((artifact / GENERATE_FILE, early))}
     ct2 = ctranslate2.Translator(str(root / "ct2-int8"), device="cpu", compute_type="int8", intra_threads=1,
                                  inter_threads=1)
-    one = lambda value, dtype: np.asarray([value], dtype)  # noqa: E731
-
-    def feed(text):
-        enc = tokenizer([text], return_tensors="np")
-        return {"input_ids": enc["input_ids"].astype(np.int32), "attention_mask": enc["attention_mask"].astype(np.int32),
-                "max_length": one(1 + args.tokens, np.int32), "min_length": one(1, np.int32),
-                "num_beams": one(args.beams, np.int32), "num_return_sequences": one(1, np.int32),
-                "length_penalty": one(1.0, np.float32), "repetition_penalty": one(1.0, np.float32)}
-
-    feeds = [feed(t) for t in texts]
+    loop = Text2TextModel(artifact, threads=1, search_graph=False)
+    settings = loop.settings.with_(num_beams=args.beams, max_new_tokens=args.tokens, length_penalty=1.0,
+                                   early_stopping=False)
+    encoded = [tokenizer([t], return_tensors="np") for t in texts]
+    feeds = [search_feed(e["input_ids"], e["attention_mask"], settings) for e in encoded]
     ct2_options = dict(beam_size=args.beams, length_penalty=1.0, max_decoding_length=args.tokens, num_hypotheses=1)
-    tokens = {name: [[x for x in s.run(None, f)[0][0, 0, 1:].tolist() if x != SEARCH_GRAPH_PAD] for f in feeds]
-              for name, s in ops.items()}
+    eos = tokenizer.eos_token_id
+    tokens = {name: [[i for i in op.generate(e["input_ids"], e["attention_mask"], settings)[0] if i != eos]
+                     for e in encoded] for name, op in ops.items()}
     tokens["ctranslate2"] = [tokenizer.convert_tokens_to_ids(r.hypotheses[0])
                              for r in ct2.translate_batch([rust.encode(t).tokens for t in texts], **ct2_options)]
-    loop = Text2TextModel(artifact, threads=1, search_graph=False)
-    eos = tokenizer.eos_token_id
     for rule in (False, True):
-        settings = loop.settings.with_(num_beams=args.beams, max_new_tokens=args.tokens, length_penalty=1.0,
-                                       early_stopping=rule)
         tokens[f"python loop early_stopping={rule}"] = [[i for i in g.ids if i != eos] for t in texts
-                                                         for g in loop.generate([t], settings)]
+                                                         for g in loop.generate([t], settings.with_(early_stopping=rule))]
     names = list(tokens)
     agree = {f"{a} = {b}": sum(x == y for x, y in zip(tokens[a], tokens[b], strict=True))
              for i, a in enumerate(names) for b in names[i + 1:]}
@@ -91,7 +80,7 @@ def main() -> None:
         for text in texts:
             ct2.translate_batch([rust.encode(text).tokens], **ct2_options)
 
-    runs = {**{name: (lambda s: lambda: [s.run(None, f) for f in feeds])(s) for name, s in ops.items()},
+    runs = {**{name: (lambda s: lambda: [s.run(None, f) for f in feeds])(op.session) for name, op in ops.items()},
             "ctranslate2 with tokenizer": run_ct2}
     for run in runs.values():
         run()

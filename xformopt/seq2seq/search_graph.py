@@ -97,24 +97,27 @@ class OrtSearchGraph:
 
     def generate(self, input_ids: np.ndarray, attention_mask: np.ndarray, settings: GenerationSettings) -> list[list[int]]:
         """Generated token ids per row, as :func:`xformopt.seq2seq.generate.generate` returns them."""
-        greedy = settings.num_beams == 1
-
-        def one(value, dtype):
-            return np.asarray([value], dtype=dtype)
-
-        feed = {"input_ids": input_ids.astype(np.int32), "attention_mask": attention_mask.astype(np.int32),
-                "max_length": one(1 + settings.max_new_tokens, np.int32),
-                "min_length": one(1 + settings.min_new_tokens, np.int32),
-                "num_beams": one(settings.num_beams, np.int32), "num_return_sequences": one(1, np.int32),
-                "length_penalty": one(0.0 if greedy else settings.length_penalty, np.float32),
-                "repetition_penalty": one(1.0, np.float32)}
-        sequences = self.session.run(None, feed)[0][:, 0, 1:]  # the best hypothesis, after the start token
+        best = self.session.run(None, search_feed(input_ids, attention_mask, settings))[0][:, 0]  # the best hypothesis
+        sequences = best[:, 1:]  # after the start token
         eos = self.fixed["eos_token_id"]
         rows = []
         for row in sequences.tolist():
             ends = row.index(SEARCH_GRAPH_PAD) if SEARCH_GRAPH_PAD in row else len(row)
             rows.append(row[:ends] + ([eos] if ends < settings.max_new_tokens else []))
         return rows
+
+
+def search_feed(input_ids: np.ndarray, attention_mask: np.ndarray, settings: GenerationSettings) -> dict:
+    """The op's inputs for ``settings`` (its lengths count the start token; greedy with length penalty 0)."""
+    def one(value, dtype):
+        return np.asarray([value], dtype=dtype)
+
+    return {"input_ids": input_ids.astype(np.int32), "attention_mask": attention_mask.astype(np.int32),
+            "max_length": one(1 + settings.max_new_tokens, np.int32),
+            "min_length": one(1 + settings.min_new_tokens, np.int32),
+            "num_beams": one(settings.num_beams, np.int32), "num_return_sequences": one(1, np.int32),
+            "length_penalty": one(0.0 if settings.num_beams == 1 else settings.length_penalty, np.float32),
+            "repetition_penalty": one(1.0, np.float32)}
 
 
 def open_search_graph(folder: Path, threads: int | None) -> OrtSearchGraph | None:
