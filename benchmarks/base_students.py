@@ -85,15 +85,17 @@ def pretrained_student(name: str, teacher_dir: Path, out: Path) -> Path:
     return out
 
 
-def chain(src: Path, root: Path, target, texts: list[str], threads: int) -> Path:
-    """xformopt's export -> fuse (fastest) -> dynamic INT8 (no accuracy budget: random weights)."""
+def chain(src: Path, root: Path, target, texts: list[str], threads: int, fuse: str = "all") -> Path:
+    """xformopt's export -> fuse (the candidate ``fuse``, or ``fastest``) -> dynamic INT8 (no accuracy budget:
+    random weights)."""
     from xformopt.models import stage_spec
     from xformopt.passes import get_pass
     from xformopt.passes.base import PassContext
     from xformopt.sources import resolve
 
     spec = resolve(str(src))
-    stages = [("export", {}), ("fuse", {"select": "all"}), ("quantize", {"mode": "dynamic"})]
+    fusing = {"select": "fastest"} if fuse == "fastest" else {"select": "fastest", "candidates": [fuse]}
+    stages = [("export", {}), ("fuse", fusing), ("quantize", {"mode": "dynamic"})]
     prev = src
     for name, options in stages:
         dst = root / name
@@ -113,10 +115,12 @@ def op_counts(path: Path) -> dict:
 
     counts = Counter(n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node)
     return {op: counts[op] for op in ("Attention", "MultiHeadAttention", "MatMulInteger", "DynamicQuantizeMatMul",
-                                      "MatMul", "SkipLayerNormalization") if counts[op]}
+                                      "MatMul", "SkipLayerNormalization", "LayerNormalization") if counts[op]}
 
 
 def main() -> None:
+    from xformopt.passes.fuse.run import FUSION_ORDER
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", type=Path, default=None,
                         help="a classifier folder to cut [default: a random-weight BertConfig() BERT-base]")
@@ -128,6 +132,8 @@ def main() -> None:
     parser.add_argument("--pretrained", action="append", default=[],
                         help="a pretrained student (folder or source name: minilm) beside the cuts; repeatable")
     parser.add_argument("--no-cuts", action="store_true", help="time the pretrained students alone with the teacher")
+    parser.add_argument("--fuse", default="all", choices=[*FUSION_ORDER, "fastest"],
+                        help="the fuse candidate every xformopt chain keeps (fastest: timed per artifact, as recipes do)")
     args = parser.parse_args()
 
     from xformopt import targets
@@ -152,7 +158,7 @@ def main() -> None:
         arch = arch_for(spec.model_type)
         artifacts = {"teacher INT8 (optimum settings)": optimum_dynamic_int8(src, root / "reference", spec, target.name)}
         # the teacher through xformopt's own chain too: what the students' ratios would be against its best INT8
-        artifacts["teacher, xformopt INT8 (fused)"] = chain(src, root / "teacher-stages", target, texts, threads)
+        artifacts["teacher, xformopt INT8 (fused)"] = chain(src, root / "teacher-stages", target, texts, threads, args.fuse)
         facts = {}
         from xformopt.models import load_torch_model
 
@@ -170,7 +176,7 @@ def main() -> None:
                            "hidden": shape.hidden,
                            "flops_share_at_32_tokens": round(encoder_flops(shape, 32)["total"]
                                                              / encoder_flops(shape0, 32)["total"], 4)}
-            artifacts[f"{name}, xformopt INT8"] = chain(s, root / f"s{i}-stages", target, texts, threads)
+            artifacts[f"{name}, xformopt INT8"] = chain(s, root / f"s{i}-stages", target, texts, threads, args.fuse)
         ops = {k: op_counts(d / "model.onnx") for k, d in artifacts.items()}
         print(f"timing {len(artifacts)} artifacts interleaved ({args.rounds} rounds)", file=sys.stderr)
         predictors = {k: OrtPredictor(spec, d, threads=threads) for k, d in artifacts.items()}
@@ -181,7 +187,7 @@ def main() -> None:
         "what": "batch 1, real texts (vendored sentiment test split), tokenization included, interleaved rounds",
         "host": {k: host.get(k) for k in ("cpu_model", "cpu_flags", "cores_usable", "versions")} | {"threads": threads},
         "load_average_1m": round(os.getloadavg()[0], 2), "rounds": args.rounds, "texts": len(texts),
-        "target": target.name, "seconds": round(time.perf_counter() - started, 1),
+        "target": target.name, "fuse": args.fuse, "seconds": round(time.perf_counter() - started, 1),
         "teacher": str(args.teacher) if args.teacher else "random-weight BertConfig() (BERT-base shape)",
         "median_ms": {k: round(v.median_ms, 3) for k, v in stats.items()},
         "p90_ms": {k: round(v.p90_ms, 3) for k, v in stats.items()},

@@ -150,7 +150,7 @@ def test_fastest_times_fused_against_unfused(mpnet, tmp_path, sample_texts):
     model, exported, _, _ = mpnet
     ctx = make_ctx(model, sample_texts, target="avx2", host_flags=cpu_flags() | {"avx2"})
     record = run_pass("fuse", ctx, exported, tmp_path / "f", select="fastest", timing_rounds=3)
-    assert set(record["timings_ms"]) == {"all", "no_attention", "none"}
+    assert set(record["timings_ms"]) == {"all", "all_split_norms", "no_attention", "no_attention_split_norms", "none"}
     assert record["fused_possible"]["MultiHeadAttention"] == LAYERS
     assert record["fused_kept"]["MultiHeadAttention"] == (LAYERS if record["kept"] == "all" else 0)
     assert onnx_op_counts(tmp_path / "f" / "model.onnx")["MultiHeadAttention"] == record["fused_kept"]["MultiHeadAttention"]

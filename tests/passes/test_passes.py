@@ -16,7 +16,7 @@ from xformopt.errors import InputError, PassFailed
 from xformopt.exporting import compare, parity_texts
 from xformopt.onnx_graph import INT8_GEMM_OPS, load_graph, weighted_gemms
 from xformopt.passes import all_passes, get_pass
-from xformopt.passes.fuse.run import choose
+from xformopt.passes.fuse.run import FUSION_ORDER, choose
 
 LAYERS = TINY["layers"]
 
@@ -340,14 +340,16 @@ def test_fuse_fastest_times_candidates_on_host(exported_classifier, tiny_classif
     ctx = make_ctx(tiny_classifier, sample_texts, target="avx2", host_flags=flags | {"avx2"})
     assert ctx.host_runs_target
     record = run_pass("fuse", ctx, exported_classifier[0], tmp_path / "f", select="fastest", timing_rounds=3)
-    assert set(record["timings_ms"]) == {"all", "no_attention", "none"}
+    assert set(record["timings_ms"]) == set(FUSION_ORDER)  # the tiny BERT's norms split: both split candidates
+    assert record["split_norms"] == {"all_split_norms": 2 * LAYERS, "no_attention_split_norms": 2 * LAYERS}
     assert all(t["n"] == 3 and t["median_ms"] > 0 for t in record["timings_ms"].values())
-    assert record["kept"] in {"all", "no_attention", "none"}
+    assert record["kept"] in FUSION_ORDER
     # what was kept is on disk
     assert onnx_op_counts(tmp_path / "f" / "model.onnx")["Attention"] == record["fused_kept"]["Attention"]
     want, _ = choose(record["timings_ms"], 0.05)
     assert record["kept"] == want
-    assert any(m.startswith("timing all, no_attention, none") for m in ctx.messages)
+    assert any(m.startswith("timing all, all_split_norms, no_attention, no_attention_split_norms, none")
+               for m in ctx.messages)
 
 
 @pytest.mark.host_sensitive

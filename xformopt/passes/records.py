@@ -66,6 +66,7 @@ class FuseRecord(TypedDict, total=False):
     reason: Required[str]
     timings_ms: Required[dict[str, Timing]]
     ort_fuses_unfused_at_load: dict[str, Any]
+    split_norms: dict[str, int]  # each *_split_norms candidate built: SkipLayerNormalizations it split
     decoder: dict[str, Any]
     fused_by_graph: dict[str, Counts]  # seq2seq
     onnxscript_rewrites: dict[str, Any]

@@ -31,7 +31,7 @@ CATEGORIES: dict[str, frozenset[str]] = {
         "BiasFastGelu",
     }),
     "elementwise": frozenset({
-        "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Log", "Reciprocal", "Cast", "Where", "Equal",
+        "Add", "Sum", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Exp", "Log", "Reciprocal", "Cast", "Where", "Equal",
         "Not", "And", "Or", "Less", "Greater", "Min", "Max", "Clip", "BiasAdd", "BiasDropout",
     }),
     "reduce": frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2", "ArgMax", "TopK", "CumSum"}),

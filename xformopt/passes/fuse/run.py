@@ -1,9 +1,10 @@
 """fuse: ONNX Runtime's transformer fusions, verified by count and kept only where they pay.
 
 ORT's fused CPU kernels (Attention, SkipLayerNormalization, ...) are usually faster, but not on
-every CPU and shape. So the pass builds candidates (fully fused, attention left unfused, and the
-unfused input), times them against each other interleaved on real held-out texts at batch 1 on
-this host, and keeps the fastest. ``expect`` checks what *can* be fused (the fully fused candidate):
+every CPU and shape. So the pass builds candidates (fully fused, attention left unfused, each of
+those with its SkipLayerNormalizations split back into Sum + LayerNormalization (split_norms.py),
+and the unfused input), times them against each other interleaved on real held-out texts at batch 1
+on this host, and keeps the fastest. ``expect`` checks what *can* be fused (the fully fused candidate):
 a recipe that expects 6 Attention nodes fails loudly when only 5 fuse.
 """
 
@@ -35,12 +36,13 @@ from xformopt.passes.export.dynamo import (
     is_dynamo_graph,
     onnxscript_fusions,
 )
+from xformopt.passes.fuse.split_norms import split_skip_norms
 from xformopt.passes.records import FuseRecord
 from xformopt.passes.seq2seq_stages import fuse_seq2seq
 from xformopt.passes.stage_runs import stage_runs
 from xformopt.passes.timing import preferred_within_tolerance
 
-Candidate = Literal["all", "no_attention", "none"]
+Candidate = Literal["all", "all_split_norms", "no_attention", "no_attention_split_norms", "none"]
 
 # FusionOptions switches each candidate turns off (on top of what the target disables).
 CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -48,9 +50,10 @@ CANDIDATES: dict[str, tuple[str, ...]] = {
     "no_attention": ("enable_attention",),
     "none": (),  # the unfused input graph, copied as is
 }
+# A candidate with this suffix is its base candidate with the SkipLayerNormalizations split (split_norms.py).
+SPLIT_NORMS = "_split_norms"
 
-
-FUSION_ORDER = ("all", "no_attention", "none")  # most fused first
+FUSION_ORDER = ("all", "all_split_norms", "no_attention", "no_attention_split_norms", "none")  # most fused first
 
 # Graph kinds (``Task.graph``) whose stages are not one model.onnx: fused by their own function.
 OWN_GRAPH_RUNS = {"seq2seq": fuse_seq2seq}
@@ -60,8 +63,9 @@ class FuseOptions(PassOptions):
     select: Literal["fastest", "all", "none"] = Field(
         "fastest", description="fastest: time candidates and keep the quickest; all: keep full fusion"
     )
-    candidates: list[Candidate] = Field(["all", "no_attention", "none"], min_length=1,
-                                        description="select fastest: the fusion levels timed against each other")
+    candidates: list[Candidate] = Field(list(FUSION_ORDER), min_length=1,
+                                        description="select fastest: the fusion levels timed against each other "
+                                                    "(a split_norms candidate is dropped where it splits nothing)")
     expect: dict[str, int] = Field(default_factory=dict, description="minimum fused-op counts, e.g. {Attention: 6}")
     expect_full: bool = Field(True, description="every layer's attention and layer norms must fuse")
     timing_rounds: int = Field(40, ge=3, description="interleaved rounds when selecting the fastest")
@@ -229,6 +233,21 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     return counts
 
 
+def split_candidate(base: Path, cdir: Path) -> int:
+    """``base``'s stage copied to ``cdir`` with its SkipLayerNormalizations split (split_norms.py); how many.
+
+    Only the graph proto is rewritten: weights kept in a file beside it keep their relative location."""
+    import onnx
+
+    cdir.mkdir(parents=True, exist_ok=True)
+    copy_stage(base, cdir)
+    model = load_graph(cdir / "model.onnx")
+    count = split_skip_norms(model)
+    if count:
+        onnx.save(model, str(cdir / "model.onnx"))
+    return count
+
+
 def prepared_for_ort(src_model: Path, out_model: Path, attention: bool, rotary: bool = False):
     """The graph ORT's optimizer gets: a dynamo export first goes through onnxscript's ORT fusions
     (its attention fuses only there: xformopt/passes/export/dynamo.py), skipped when attention must stay
@@ -305,16 +324,23 @@ class FusePass(Pass):
         candidates: dict[str, Path] = {}
         counts: dict[str, dict[str, int]] = {}
         wanted = ["all"] if options.select == "all" else ["none"] if options.select == "none" else options.candidates
-        for name in dict.fromkeys(["all", *wanted]):  # "all" is always built: it proves fusability
+        split_counts: dict[str, int] = {}
+        # "all" is always built: it proves fusability; a split candidate's base is built before it
+        for name in dict.fromkeys(["all", *(n.removesuffix(SPLIT_NORMS) for n in wanted), *wanted]):
             cdir = work / name
             cdir.mkdir(parents=True)
-            copy_stage(src, cdir)
-            if name != "none":
+            if name.endswith(SPLIT_NORMS):
+                split_counts[name] = split_candidate(candidates[name.removesuffix(SPLIT_NORMS)], cdir)
+                counts[name] = fused_counts(load_graph(cdir / "model.onnx"))
+            elif name != "none":
+                copy_stage(src, cdir)
                 ctx.log(f"fusing ({name})")
                 counts[name] = build_fused(src / "model.onnx", cdir / "model.onnx", ctx, CANDIDATES[name])
             else:
+                copy_stage(src, cdir)
                 counts[name] = before
             candidates[name] = cdir
+        wanted = [n for n in wanted if split_counts.get(n, 1)]  # a split that changed nothing is its base
 
         expected = {**(full_fusion_expectation(ctx, before, src) if options.expect_full else {}), **options.expect}
         missing = {op: (reached(counts["all"], op), n) for op, n in expected.items() if reached(counts["all"], op) < n}
@@ -352,6 +378,7 @@ class FusePass(Pass):
             "kept": chosen,
             "reason": reason,
             "timings_ms": {name: {k: t[k] for k in ("median_ms", "p90_ms", "n")} for name, t in timings.items()},
+            "split_norms": split_counts,
             **graph_facts,
         }
 
