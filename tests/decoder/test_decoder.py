@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import error_lines, make_ctx, run_cli, run_pass
+from helpers import error_lines, make_ctx, onnx_op_counts, run_cli, run_pass
 
 from xformopt import sources
 from xformopt.errors import InputError, PassFailed
@@ -187,6 +187,24 @@ def test_gpt2_fuses_attention_with_past_and_quantizes_it(gpt2_stages):
     assert coverage["int8_ops"]["QAttention"] == 2
     assert quantized["agreement"]["measured_on"] == "logits at every position"
     assert quantized["agreement"]["mean_agreement"] > 0.99
+
+
+def test_gpt2_split_norms_candidate_keeps_the_logits_with_and_without_cache(gpt2_stages, tmp_path):
+    """GPT-2's fused norms also carry the residual sum (SkipLayerNormalization's 4th output, the next layer's
+    input): the split keeps it as the Sum's output, and the logits agree on the prompt and on a cached step."""
+    from xformopt.passes.fuse.run import split_candidate
+    from xformopt.runtime.decoder import OrtDecoder
+
+    fused = gpt2_stages["fuse"][0]
+    assert split_candidate(fused, tmp_path / "split") == 4
+    counts = onnx_op_counts(tmp_path / "split" / "model.onnx")
+    assert counts["SkipLayerNormalization"] == 0 and counts["LayerNormalization"] >= 4 and counts["Attention"] == 2
+    want, got = OrtDecoder(fused, threads=1), OrtDecoder(tmp_path / "split", threads=1)
+    prompt = np.array([[5, 17, 42, 8, 3, 99]], dtype=np.int64)
+    (want_logits, want_state), (got_logits, got_state) = want.forward(prompt), got.forward(prompt)
+    np.testing.assert_allclose(got_logits, want_logits, atol=1e-4)
+    step = np.array([[11]], dtype=np.int64)
+    np.testing.assert_allclose(got.forward(step, got_state)[0], want.forward(step, want_state)[0], atol=1e-4)
 
 
 def test_llama_fuse_keeps_grouped_query_attention_or_says_it_did_not_fuse(llama_exported, tiny_llama, sample_texts, tmp_path):
