@@ -207,6 +207,15 @@ def test_gpt2_split_norms_candidate_keeps_the_logits_with_and_without_cache(gpt2
     np.testing.assert_allclose(got.forward(step, got_state)[0], want.forward(step, want_state)[0], atol=1e-4)
 
 
+def test_a_split_norms_candidate_that_splits_nothing_is_its_base(llama_exported, tiny_llama, sample_texts, tmp_path):
+    """Llama's norms are RMS norms (SkipSimplifiedLayerNormalization): nothing to split, so a recipe that asks for
+    the split candidate alone gets the fused graph it is built on."""
+    ctx = make_ctx(tiny_llama, sample_texts)
+    record = run_pass("fuse", ctx, llama_exported[0], tmp_path / "f", select="fastest", candidates=["all_split_norms"])
+    assert record["split_norms"] == {"all_split_norms": 0}
+    assert record["kept"] == "all" and record["timings_ms"] == {}
+
+
 def test_llama_fuse_keeps_grouped_query_attention_or_says_it_did_not_fuse(llama_exported, tiny_llama, sample_texts, tmp_path):
     """With onnxruntime-genai's builder (extra genai) the export already holds one GroupQueryAttention
     per layer and fuse keeps it; without it, the dynamo export writes GroupQueryAttention itself
