@@ -5,8 +5,8 @@
    threads, interleaved rounds, median microseconds per call (the call's own cost included, as in a graph it is
    not). ``Add + LayerNormalization`` is timed as ORT loads it: its SkipLayerNormFusion turns it back into the
    fused node, which is why the split writes a Sum.
-2. Artifacts (``--artifact DIR``, repeatable): each artifact's model.onnx against the same graph with its
-   SkipLayerNormalizations split, model call only, batch 1, on the vendored movie test texts tokenized by the
+2. Artifacts (``--artifact DIR``, repeatable): each artifact against the same graph with its SkipLayerNormalizations
+   split (fuse's own ``split_candidate``), model call only, batch 1, on the vendored movie test texts tokenized by the
    artifact's own tokenizer, interleaved, 2 threads; with the largest output difference.
 
 Run: python benchmarks/layer_norm_kernels.py [--artifact OUT ...] --json benchmarks/results/layer-norm-kernels/run.json
@@ -29,15 +29,6 @@ from xformopt import no_telemetry  # noqa: E402,F401  (before onnxruntime)
 
 SHAPES = [(h, t) for h in (384, 768, 1024) for t in (8, 32, 128)]
 MS = "com.microsoft"
-
-
-def _session(model_bytes: bytes, threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
 def _norm_graph(kind: str, hidden: int) -> bytes:
@@ -68,12 +59,14 @@ KINDS = ("SkipLayerNormalization", "Sum + LayerNormalization", "Add + LayerNorma
 
 
 def kernels(rounds: int, calls: int) -> list[dict]:
+    from xformopt.runtime.session import ort_session
+
     rows = []
     for threads in (1, 2):
         for hidden, tokens in SHAPES:
             rng = np.random.default_rng(1)
             feed = {n: (rng.standard_normal((1, tokens, hidden)) * 3).astype(np.float32) for n in ("x", "skip")}
-            sessions = {k: _session(_norm_graph(k, hidden), threads) for k in KINDS}
+            sessions = {k: ort_session(_norm_graph(k, hidden), threads) for k in KINDS}
             outs = {k: s.run(None, feed)[0] for k, s in sessions.items()}
             times: dict[str, list[float]] = {k: [] for k in KINDS}
             for r in range(rounds):
@@ -95,46 +88,33 @@ def kernels(rounds: int, calls: int) -> list[dict]:
 
 
 def _texts(limit: int) -> list[str]:
-    path = Path(__file__).resolve().parents[1] / "xformopt" / "resources" / "vader_movie" / "test.jsonl"
-    return [json.loads(line)["text"] for line in path.read_text().splitlines()[:limit]]
+    from xformopt.resources import vader_split_path
+
+    return [json.loads(line)["text"] for line in vader_split_path("test").read_text().splitlines()[:limit]]
 
 
 def artifact(path: Path, rounds: int, texts: int) -> dict:
-    import onnx
-    from tokenizers import Tokenizer
+    """``path`` against its norms split as fuse splits them (``split_candidate``), timed as ``benchmarks/artifacts.py
+    --model-only`` times (``measure.modes.model_call``): each text tokenized once, only the model call timed."""
+    from xformopt.measure.modes import model_call
+    from xformopt.passes.fuse.run import split_candidate
+    from xformopt.runtime.encoder import OrtPredictor
+    from xformopt.runtime.predictor import artifact_spec
 
-    from xformopt.passes.fuse.split_norms import split_skip_norms
-
-    model = onnx.load(str(path / "model.onnx"))
-    split = split_skip_norms(model)
+    spec, sample = artifact_spec(path), _texts(texts)
     with tempfile.TemporaryDirectory() as scratch:
-        split_path = Path(scratch) / "model.onnx"
-        onnx.save(model, str(split_path))
-        sessions = {"as written": _session(str(path / "model.onnx"), 2), "norms split": _session(str(split_path), 2)}
-    names = {i.name for i in sessions["as written"].get_inputs()}
-    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    feeds = []
-    for text in _texts(texts):
-        ids = np.array([tokenizer.encode(text).ids], np.int64)
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
-        feeds.append({k: v for k, v in feed.items() if k in names})
-    diff = max(float(np.abs(sessions["as written"].run(None, f)[0] - sessions["norms split"].run(None, f)[0]).max())
-               for f in feeds)
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    order = list(sessions)
-    for r in range(rounds):
-        for k in (order if r % 2 else order[::-1]):
-            for feed in feeds:
-                start = time.perf_counter()
-                sessions[k].run(None, feed)
-                times[k].append((time.perf_counter() - start) * 1e3)
-    med = {k: float(np.median(v)) for k, v in times.items()}
-    row = {"artifact": str(path), "split": split, "median_ms": med, "p90_ms": {k: float(np.percentile(v, 90))
-                                                                               for k, v in times.items()},
+        split_dir = Path(scratch) / "split"
+        split, _ = split_candidate(path, split_dir)
+        predictors = {"as written": OrtPredictor(spec, path, threads=2),
+                      "norms split": OrtPredictor(spec, split_dir, threads=2)}
+        encoded = [predictors["as written"].tokenize([t]) for t in sample]
+        diff = max(float(np.abs(predictors["as written"].raw_outputs(e) - predictors["norms split"].raw_outputs(e)).max())
+                   for e in encoded)
+        stats = model_call(predictors, sample, None, rounds=rounds * len(sample), warmup=20)
+    med = {k: s.median_ms for k, s in stats.items()}
+    row = {"artifact": str(path), "split": split, "median_ms": med, "p90_ms": {k: s.p90_ms for k, s in stats.items()},
            "speedup": med["as written"] / med["norms split"], "max_abs_diff_first_output": diff,
-           "mean_tokens": float(np.mean([f["input_ids"].shape[1] for f in feeds]))}
+           "mean_tokens": float(np.mean([e["input_ids"].shape[1] for e in encoded]))}
     print(f"{path}: {split} split; {med['as written']:.3f} -> {med['norms split']:.3f} ms ({row['speedup']:.2f}x), "
           f"max |diff| {diff:.2e}", file=sys.stderr)
     return row

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -10,19 +12,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from xformopt.passes.fuse.run import FUSION_ORDER, choose
 from xformopt.passes.fuse.split_norms import SKIP_NORM_DEFAULT_EPSILON, split_skip_norms
+from xformopt.runtime.session import ort_session
 
 HIDDEN = 16
 
 
 def _session(model_or_path, optimized: str | None = None):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    if optimized:
-        options.optimized_model_filepath = optimized
-    source = model_or_path.SerializeToString() if isinstance(model_or_path, onnx.ModelProto) else str(model_or_path)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    source = model_or_path.SerializeToString() if isinstance(model_or_path, onnx.ModelProto) else Path(model_or_path)
+    return ort_session(source, threads=1, optimized_path=optimized)
 
 
 def _skip_norm_graph(*, bias: bool, beta: bool, epsilon: float | None, outputs=("y",), read=("y",),
@@ -76,7 +73,7 @@ def test_onnx_runtime_does_not_fuse_the_split_back(tmp_path):
     split = _skip_norm_graph(bias=True, beta=True, epsilon=1e-5)
     assert split_skip_norms(split) == 1
     _session(split, optimized=str(tmp_path / "loaded.onnx"))
-    loaded = [n.op_type for n in onnx.load(str(tmp_path / "loaded.onnx")).graph.node]
+    loaded = [n.op_type for n in onnx.load(str(tmp_path / "loaded.onnx"), load_external_data=False).graph.node]
     assert "SkipLayerNormalization" not in loaded and "LayerNormalization" in loaded
 
 
@@ -110,9 +107,10 @@ def test_fuse_builds_split_candidates_that_match_the_fused_graph(exported_classi
     fused = tmp_path / "all" / "model.onnx"
     n_norms = onnx_op_counts(fused)["SkipLayerNormalization"]
     assert n_norms > 0 and record["split_norms"] == {}
-    count = fuse_run.split_candidate(tmp_path / "all", tmp_path / "split")
+    count, written = fuse_run.split_candidate(tmp_path / "all", tmp_path / "split")
     assert count == n_norms
     counts = onnx_op_counts(tmp_path / "split" / "model.onnx")
+    assert written["SkipLayerNormalization"] == 0 and written["LayerNormalization"] == counts["LayerNormalization"]
     assert counts["SkipLayerNormalization"] == 0 and counts["Sum"] == n_norms
     assert counts["Attention"] == onnx_op_counts(fused)["Attention"]
     assert (tmp_path / "split" / "tokenizer.json").is_file()

@@ -233,8 +233,9 @@ def build_fused(src_model: Path, out_model: Path, ctx: PassContext, disabled: tu
     return counts
 
 
-def split_candidate(base: Path, cdir: Path) -> int:
-    """``base``'s stage copied to ``cdir`` with its SkipLayerNormalizations split (split_norms.py); how many.
+def split_candidate(base: Path, cdir: Path) -> tuple[int, dict[str, int]]:
+    """``base``'s stage copied to ``cdir`` with its SkipLayerNormalizations split (split_norms.py): how many, and
+    the fused-op counts of the graph written.
 
     Only the graph proto is rewritten: weights kept in a file beside it keep their relative location."""
     import onnx
@@ -245,7 +246,7 @@ def split_candidate(base: Path, cdir: Path) -> int:
     count = split_skip_norms(model)
     if count:
         onnx.save(model, str(cdir / "model.onnx"))
-    return count
+    return count, fused_counts(model)
 
 
 def prepared_for_ort(src_model: Path, out_model: Path, attention: bool, rotary: bool = False):
@@ -330,8 +331,7 @@ class FusePass(Pass):
             cdir = work / name
             cdir.mkdir(parents=True)
             if name.endswith(SPLIT_NORMS):
-                split_counts[name] = split_candidate(candidates[name.removesuffix(SPLIT_NORMS)], cdir)
-                counts[name] = fused_counts(load_graph(cdir / "model.onnx"))
+                split_counts[name], counts[name] = split_candidate(candidates[name.removesuffix(SPLIT_NORMS)], cdir)
             elif name != "none":
                 copy_stage(src, cdir)
                 ctx.log(f"fusing ({name})")

@@ -1,7 +1,7 @@
 """SkipLayerNormalization written back as ``Sum`` + ``LayerNormalization``, for ONNX Runtime's CPU kernels.
 
 ORT's CPU ``SkipLayerNormalization`` (float) normalizes one row at a time in plain loops; its
-``LayerNormalization`` kernel is vectorized. On the host measured (2-vCPU Zen 4) the pair ran 2.5-6.7x faster
+``LayerNormalization`` kernel is vectorized. On the host measured (2-vCPU Zen 4) the pair ran 2.5-6.5x faster
 than the fused node for the same rows at one thread (``benchmarks/layer_norm_kernels.py``,
 docs/results/layer-norm-kernels.md). ORT's own ``SkipLayerNormFusion`` turns an ``Add`` feeding
 ``LayerNormalization`` back into the slow node when a session loads the graph, but not a ``Sum``: the
